@@ -1,0 +1,9 @@
+"""The embedded engine's own flags (beyond the shared SGLang ones)."""
+
+from __future__ import annotations
+
+from ...config import ExperimentConfig
+
+
+def engine_flags(cfg: ExperimentConfig) -> list[str]:
+    return ["--device", cfg.hardware.device]

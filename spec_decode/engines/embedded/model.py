@@ -1,0 +1,451 @@
+"""A tiny Llama target and an EAGLE-3 drafter, in the checkpoint layouts HF and SGLang load.
+
+The target uses Hugging Face's `LlamaForCausalLM` names (``model.layers.0.self_attn.q_proj.weight``,
+...), so ``transformers`` loads it offline. The drafter uses SGLang 0.5.23's ``LlamaForCausalLMEagle3``
+layout: ``fc`` (3h -> h) over the concatenated hidden states of three target layers, one decoder layer
+``midlayer.*`` whose attention reads ``[norm(embed); norm(hidden)]`` (2h wide), ``norm``, ``lm_head``,
+``d2t``/``t2d``. The drafter shares the target's token embedding (SGLang does the same).
+
+Layer-id convention (SGLang's): an aux layer id ``i`` means "the output of decoder layer i" (SGLang
+captures the *input* of layer ``i + 1``), so valid ids are ``0 .. num_layers - 2``.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+TARGET_ARCH = "LlamaForCausalLM"
+DRAFTER_ARCH = "LlamaForCausalLMEagle3"
+
+
+@dataclass
+class LlamaShape:
+    """The config.json fields our models use (HF names)."""
+
+    vocab_size: int = 256
+    hidden_size: int = 192
+    num_hidden_layers: int = 6
+    num_attention_heads: int = 6
+    num_key_value_heads: int = 6
+    intermediate_size: int = 512
+    max_position_embeddings: int = 1024
+    rope_theta: float = 10000.0
+    rms_norm_eps: float = 1e-5
+
+    @property
+    def head_dim(self) -> int:
+        return self.hidden_size // self.num_attention_heads
+
+    @classmethod
+    def from_config(cls, cfg: dict) -> LlamaShape:
+        names = cls.__dataclass_fields__
+        return cls(**{k: cfg[k] for k in names if k in cfg})
+
+
+@dataclass
+class DrafterShape(LlamaShape):
+    num_hidden_layers: int = 1
+    target_hidden_size: int = 192
+    draft_vocab_size: int = 256
+    aux_layer_ids: list[int] = field(default_factory=lambda: [1, 3, 4])
+
+
+def target_config_json(shape: LlamaShape) -> dict:
+    return {
+        "architectures": [TARGET_ARCH],
+        "model_type": "llama",
+        **asdict(shape),
+        "head_dim": shape.head_dim,
+        "hidden_act": "silu",
+        "tie_word_embeddings": False,
+        "attention_bias": False,
+        "mlp_bias": False,
+        "bos_token_id": None,
+        "eos_token_id": None,
+        "torch_dtype": "float32",
+    }
+
+
+def drafter_config_json(shape: DrafterShape) -> dict:
+    base = asdict(shape)
+    ids = base.pop("aux_layer_ids")
+    return {
+        "architectures": [DRAFTER_ARCH],
+        "model_type": "llama",
+        **base,
+        "head_dim": shape.head_dim,
+        "hidden_act": "silu",
+        "tie_word_embeddings": False,
+        "num_aux_hidden_states": len(ids),
+        "eagle_config": {"eagle_aux_hidden_state_layer_ids": ids, "use_aux_hidden_state": True},
+        "torch_dtype": "float32",
+    }
+
+
+def read_config(model_dir: str | Path) -> dict:
+    path = Path(model_dir) / "config.json"
+    return json.loads(path.read_text())
+
+
+# --------------------------------------------------------------------------- building blocks
+
+
+class RMSNorm(nn.Module):
+    def __init__(self, dim: int, eps: float):
+        super().__init__()
+        self.weight = nn.Parameter(torch.ones(dim))
+        self.eps = eps
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + self.eps) * self.weight
+
+
+def rope_tables(head_dim: int, max_pos: int, theta: float) -> tuple[torch.Tensor, torch.Tensor]:
+    inv = 1.0 / (theta ** (torch.arange(0, head_dim, 2, dtype=torch.float32) / head_dim))
+    freqs = torch.outer(torch.arange(max_pos, dtype=torch.float32), inv)
+    emb = torch.cat([freqs, freqs], dim=-1)  # HF's rotate_half layout
+    return emb.cos(), emb.sin()
+
+
+def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    half = x.shape[-1] // 2
+    rotated = torch.cat([-x[..., half:], x[..., :half]], dim=-1)
+    return x * cos + rotated * sin
+
+
+class Attention(nn.Module):
+    def __init__(self, in_dim: int, shape: LlamaShape):
+        super().__init__()
+        hd, nh, nkv = shape.head_dim, shape.num_attention_heads, shape.num_key_value_heads
+        self.nh, self.nkv, self.hd = nh, nkv, hd
+        self.q_proj = nn.Linear(in_dim, nh * hd, bias=False)
+        self.k_proj = nn.Linear(in_dim, nkv * hd, bias=False)
+        self.v_proj = nn.Linear(in_dim, nkv * hd, bias=False)
+        self.o_proj = nn.Linear(nh * hd, shape.hidden_size, bias=False)
+        self._qkv: torch.Tensor | None = None  # fused weight for inference
+
+    def fuse(self) -> None:
+        self._qkv = torch.cat([self.q_proj.weight, self.k_proj.weight, self.v_proj.weight]).detach()
+
+    def qkv(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor):
+        """x (B, T, in) -> q, k, v as (B, heads, T, head_dim) with RoPE applied to q and k."""
+        b, t, _ = x.shape
+        if self._qkv is not None:
+            q, k, v = F.linear(x, self._qkv).split(
+                [self.nh * self.hd, self.nkv * self.hd, self.nkv * self.hd], dim=-1
+            )
+        else:
+            q, k, v = self.q_proj(x), self.k_proj(x), self.v_proj(x)
+        q = q.view(b, t, self.nh, self.hd).transpose(1, 2)
+        k = k.view(b, t, self.nkv, self.hd).transpose(1, 2)
+        v = v.view(b, t, self.nkv, self.hd).transpose(1, 2)
+        return apply_rope(q, cos, sin), apply_rope(k, cos, sin), v
+
+    def out(self, a: torch.Tensor) -> torch.Tensor:
+        b, _, t, _ = a.shape
+        return self.o_proj(a.transpose(1, 2).reshape(b, t, self.nh * self.hd))
+
+
+class MLP(nn.Module):
+    def __init__(self, shape: LlamaShape):
+        super().__init__()
+        h, ff = shape.hidden_size, shape.intermediate_size
+        self.gate_proj = nn.Linear(h, ff, bias=False)
+        self.up_proj = nn.Linear(h, ff, bias=False)
+        self.down_proj = nn.Linear(ff, h, bias=False)
+        self._gate_up: torch.Tensor | None = None
+
+    def fuse(self) -> None:
+        self._gate_up = torch.cat([self.gate_proj.weight, self.up_proj.weight]).detach()
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if self._gate_up is not None:
+            gate, up = F.linear(x, self._gate_up).chunk(2, dim=-1)
+        else:
+            gate, up = self.gate_proj(x), self.up_proj(x)
+        return self.down_proj(F.silu(gate) * up)
+
+
+class KVCache:
+    """Preallocated per-layer K/V for batch 1. Rolling back only lowers ``length``: attention reads
+    ``[:length]``, so stale slots beyond it are never seen and are overwritten by the next write."""
+
+    def __init__(self, layers: int, kv_heads: int, max_len: int, head_dim: int, device=None):
+        self.k = torch.zeros(layers, 1, kv_heads, max_len, head_dim, device=device)
+        self.v = torch.zeros_like(self.k)
+        self.max_len = max_len
+        self.length = 0
+
+    def crop(self, n: int) -> None:
+        self.length = n
+
+    def attend(self, layer: int, q, k, v, start: int, mask) -> torch.Tensor:
+        end = start + k.shape[2]
+        self.k[layer, :, :, start:end] = k
+        self.v[layer, :, :, start:end] = v
+        return F.scaled_dot_product_attention(
+            q, self.k[layer, :, :, :end], self.v[layer, :, :, :end], attn_mask=mask
+        )
+
+
+def causal_mask(start: int, t: int, device=None) -> torch.Tensor | None:
+    """Query i (at position start+i) sees keys at positions <= start+i. SDPA's ``is_causal`` aligns
+    its mask to the top-left corner, which is wrong for a multi-token step on a non-empty cache."""
+    if t == 1:
+        return None
+    keys = torch.arange(start + t, device=device)
+    queries = torch.arange(start, start + t, device=device)
+    return keys[None, :] <= queries[:, None]
+
+
+# --------------------------------------------------------------------------- target
+
+
+class DecoderLayer(nn.Module):
+    def __init__(self, shape: LlamaShape):
+        super().__init__()
+        self.input_layernorm = RMSNorm(shape.hidden_size, shape.rms_norm_eps)
+        self.self_attn = Attention(shape.hidden_size, shape)
+        self.post_attention_layernorm = RMSNorm(shape.hidden_size, shape.rms_norm_eps)
+        self.mlp = MLP(shape)
+
+
+class LlamaBody(nn.Module):
+    def __init__(self, shape: LlamaShape):
+        super().__init__()
+        self.embed_tokens = nn.Embedding(shape.vocab_size, shape.hidden_size)
+        self.layers = nn.ModuleList(DecoderLayer(shape) for _ in range(shape.num_hidden_layers))
+        self.norm = RMSNorm(shape.hidden_size, shape.rms_norm_eps)
+
+
+class LlamaTarget(nn.Module):
+    def __init__(self, shape: LlamaShape):
+        super().__init__()
+        self.shape = shape
+        self.model = LlamaBody(shape)
+        self.lm_head = nn.Linear(shape.hidden_size, shape.vocab_size, bias=False)
+        cos, sin = rope_tables(shape.head_dim, shape.max_position_embeddings, shape.rope_theta)
+        self.register_buffer("cos", cos, persistent=False)
+        self.register_buffer("sin", sin, persistent=False)
+
+    def prepare_inference(self) -> LlamaTarget:
+        self.eval()
+        for layer in self.model.layers:
+            layer.self_attn.fuse()
+            layer.mlp.fuse()
+        return self
+
+    def new_cache(self, max_len: int | None = None) -> KVCache:
+        s = self.shape
+        return KVCache(
+            s.num_hidden_layers, s.num_key_value_heads, max_len or s.max_position_embeddings,
+            s.head_dim, device=self.lm_head.weight.device,
+        )
+
+    def forward_train(self, ids: torch.Tensor, capture: list[int] | None = None):
+        """Full causal forward over (B, T). Returns logits (B, T, V) and the captured layer outputs
+        concatenated (B, T, len(capture) * h), or None."""
+        t = ids.shape[1]
+        cos, sin = self.cos[:t], self.sin[:t]
+        x = self.model.embed_tokens(ids)
+        outs = {}
+        for i, layer in enumerate(self.model.layers):
+            q, k, v = layer.self_attn.qkv(layer.input_layernorm(x), cos, sin)
+            a = F.scaled_dot_product_attention(q, k, v, is_causal=True)
+            x = x + layer.self_attn.out(a)
+            x = x + layer.mlp(layer.post_attention_layernorm(x))
+            if capture and i in capture:
+                outs[i] = x
+        logits = self.lm_head(self.model.norm(x))
+        # The order of ids matters: it is the order of the fc's input blocks.
+        aux = torch.cat([outs[i] for i in capture], dim=-1) if capture else None
+        return logits, aux
+
+    def forward(self, ids: torch.Tensor, cache: KVCache, capture: list[int] | None = None):
+        """Incremental forward of (1, T) new tokens at positions cache.length.. ; appends to cache.
+        Returns logits (T, V) and the captured hidden states (1, T, len(capture) * h) or None."""
+        start, t = cache.length, ids.shape[1]
+        if start + t > cache.max_len:
+            raise ValueError(f"sequence of {start + t} tokens exceeds the context of {cache.max_len}")
+        cos, sin = self.cos[start : start + t], self.sin[start : start + t]
+        mask = causal_mask(start, t, ids.device)
+        x = self.model.embed_tokens(ids)
+        outs = {}
+        for i, layer in enumerate(self.model.layers):
+            q, k, v = layer.self_attn.qkv(layer.input_layernorm(x), cos, sin)
+            x = x + layer.self_attn.out(cache.attend(i, q, k, v, start, mask))
+            x = x + layer.mlp(layer.post_attention_layernorm(x))
+            if capture and i in capture:
+                outs[i] = x
+        cache.length = start + t
+        logits = self.lm_head(self.model.norm(x))[0]
+        aux = torch.cat([outs[i] for i in capture], dim=-1) if capture else None
+        return logits, aux
+
+
+# --------------------------------------------------------------------------- drafter
+
+
+class Eagle3Layer(nn.Module):
+    """SGLang's EAGLE-3 midlayer: attention over [input_layernorm(embed); hidden_norm(hidden)]."""
+
+    def __init__(self, shape: DrafterShape):
+        super().__init__()
+        h = shape.hidden_size
+        self.input_layernorm = RMSNorm(h, shape.rms_norm_eps)
+        self.hidden_norm = RMSNorm(h, shape.rms_norm_eps)
+        self.self_attn = Attention(2 * h, shape)
+        self.post_attention_layernorm = RMSNorm(h, shape.rms_norm_eps)
+        self.mlp = MLP(shape)
+
+
+class Eagle3Drafter(nn.Module):
+    def __init__(self, shape: DrafterShape, embed_tokens: nn.Embedding):
+        super().__init__()
+        self.shape = shape
+        h = shape.hidden_size
+        self.fc = nn.Linear(len(shape.aux_layer_ids) * shape.target_hidden_size, h, bias=False)
+        self.midlayer = Eagle3Layer(shape)
+        self.norm = RMSNorm(h, shape.rms_norm_eps)
+        self.lm_head = nn.Linear(h, shape.draft_vocab_size, bias=False)
+        self.register_buffer("d2t", torch.zeros(shape.draft_vocab_size, dtype=torch.int64))
+        self.register_buffer("t2d", torch.ones(shape.vocab_size, dtype=torch.bool))
+        # Shared with the target, never saved with the drafter (SGLang: set_embed).
+        self._embed = [embed_tokens]
+        cos, sin = rope_tables(shape.head_dim, shape.max_position_embeddings, shape.rope_theta)
+        self.register_buffer("cos", cos, persistent=False)
+        self.register_buffer("sin", sin, persistent=False)
+
+    @property
+    def embed_tokens(self) -> nn.Embedding:
+        return self._embed[0]
+
+    def prepare_inference(self) -> Eagle3Drafter:
+        self.eval()
+        self.midlayer.self_attn.fuse()
+        self.midlayer.mlp.fuse()
+        return self
+
+    def new_cache(self, max_len: int | None = None) -> KVCache:
+        s = self.shape
+        return KVCache(
+            1, s.num_key_value_heads, max_len or s.max_position_embeddings, s.head_dim,
+            device=self.lm_head.weight.device,
+        )
+
+    def _inputs(self, tokens: torch.Tensor, hidden: torch.Tensor):
+        """Step inputs: the fc is applied only to target features (3h wide), as in SGLang, and not
+        to the drafter's own hidden state that later chain steps feed back (h wide)."""
+        g = self.fc(hidden) if hidden.shape[-1] != self.shape.hidden_size else hidden
+        layer = self.midlayer
+        x = torch.cat([layer.input_layernorm(self.embed_tokens(tokens)), layer.hidden_norm(g)], -1)
+        return x, g
+
+    def _finish(self, attn_out: torch.Tensor, residual: torch.Tensor):
+        layer = self.midlayer
+        residual = layer.self_attn.out(attn_out) + residual
+        residual = layer.mlp(layer.post_attention_layernorm(residual)) + residual
+        return self.lm_head(self.norm(residual)), residual
+
+    def forward(self, tokens: torch.Tensor, hidden: torch.Tensor, cache: KVCache):
+        """Incremental step over (1, T) positions starting at cache.length. Returns draft-vocab
+        logits (T, Vd) and the pre-norm hidden state (1, T, h) that the next chain step reads."""
+        start, t = cache.length, tokens.shape[1]
+        x, residual = self._inputs(tokens, hidden)
+        q, k, v = self.midlayer.self_attn.qkv(
+            x, self.cos[start : start + t], self.sin[start : start + t]
+        )
+        a = cache.attend(0, q, k, v, start, causal_mask(start, t, tokens.device))
+        cache.length = start + t
+        logits, h = self._finish(a, residual)
+        return logits[0], h
+
+    def to_target_ids(self, draft_ids: torch.Tensor) -> torch.Tensor:
+        return draft_ids + self.d2t[draft_ids]
+
+    # ---- EAGLE-3 training-time test: several unrolled steps in one pass --------------------------
+    def ttt_logits(self, tokens: torch.Tensor, feats: torch.Tensor, steps: int) -> list[torch.Tensor]:
+        """tokens (B, T): the token sequence; feats (B, T, 3h): target features at each position.
+
+        Chain t (one per position) starts with step 1 at position t reading (embed(x[t+1]), fc(f[t]))
+        and predicting x[t+2]. Step j sits at position t+j-1, reads (embed(x[t+j]), own hidden of step
+        j-1) and attends to step-1 keys at positions <= t plus its own chain's keys of steps 2..j --
+        exactly what the incremental cache holds at inference. Returns per-step logits (B, C, Vd)
+        over the C = T-1 chains; positions past the end read token 0 and must be masked by the loss.
+        """
+        b, t = tokens.shape
+        c = t - 1
+        att = self.midlayer.self_attn
+        scale = 1.0 / math.sqrt(att.hd)
+        causal = torch.ones(c, c, dtype=torch.bool, device=tokens.device).tril()
+        hidden = feats[:, :c]
+        k1 = v1 = None
+        extra_k: list[torch.Tensor] = []
+        extra_v: list[torch.Tensor] = []
+        out = []
+        for j in range(1, steps + 1):
+            tok = torch.zeros(b, c, dtype=tokens.dtype, device=tokens.device)
+            n = max(0, t - j)  # chains whose input token x[t'+j] exists
+            tok[:, :n] = tokens[:, j : j + n]
+            x, residual = self._inputs(tok, hidden)
+            pos = slice(j - 1, j - 1 + c)
+            q, k, v = att.qkv(x, self.cos[pos], self.sin[pos])
+            if j == 1:
+                k1, v1 = k, v
+                scores = (q @ k1.transpose(-1, -2)) * scale
+                scores = scores.masked_fill(~causal, float("-inf"))
+                a = torch.softmax(scores, -1) @ v1
+            else:
+                extra_k.append(k)
+                extra_v.append(v)
+                s1 = ((q @ k1.transpose(-1, -2)) * scale).masked_fill(~causal, float("-inf"))
+                sx = torch.stack([(q * kk).sum(-1) * scale for kk in extra_k], dim=-1)
+                p = torch.softmax(torch.cat([s1, sx], -1), -1)
+                a = p[..., :c] @ v1
+                for i, vv in enumerate(extra_v):
+                    a = a + p[..., c + i : c + i + 1] * vv
+            logits, hidden = self._finish(a, residual)
+            out.append(logits)
+        return out
+
+
+# --------------------------------------------------------------------------- loading
+
+
+def load_target(model_dir: str | Path, device: str = "cpu") -> LlamaTarget:
+    from safetensors.torch import load_file
+
+    cfg = read_config(model_dir)
+    model = LlamaTarget(LlamaShape.from_config(cfg))
+    model.load_state_dict(load_file(str(Path(model_dir) / "model.safetensors")))
+    return model.to(device).prepare_inference()
+
+
+def drafter_shape_from_config(cfg: dict) -> DrafterShape:
+    ids = (cfg.get("eagle_config") or {}).get("eagle_aux_hidden_state_layer_ids")
+    shape = DrafterShape(**{k: cfg[k] for k in LlamaShape.__dataclass_fields__ if k in cfg})
+    shape.target_hidden_size = cfg.get("target_hidden_size", shape.hidden_size)
+    shape.draft_vocab_size = cfg.get("draft_vocab_size", shape.vocab_size)
+    if ids is not None:
+        shape.aux_layer_ids = list(ids)
+    return shape
+
+
+def load_drafter(model_dir: str | Path, target: LlamaTarget, device: str = "cpu") -> Eagle3Drafter:
+    from safetensors.torch import load_file
+
+    cfg = read_config(model_dir)
+    shape = drafter_shape_from_config(cfg)
+    if not (cfg.get("eagle_config") or {}).get("eagle_aux_hidden_state_layer_ids"):
+        n = target.shape.num_hidden_layers
+        shape.aux_layer_ids = [1, n // 2 - 1, n - 4]  # SGLang's default capture
+    model = Eagle3Drafter(shape, target.model.embed_tokens)
+    model.load_state_dict(load_file(str(Path(model_dir) / "model.safetensors")))
+    return model.to(device).prepare_inference()
