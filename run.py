@@ -1,0 +1,35 @@
+"""spec-decode-bench's main job: compose the config, run the benchmark job, return its throughput.
+
+    python run.py                                             # one job, embedded engine
+    python run.py -m spec.steps=1,2,3,5 nccl=tuned,default    # a sweep (+ the baseline arm)
+    python run.py -m experiment=embedded_steps_nccl           # a reported experiment
+    python run.py engine=sglang hardware=rtx_pro_6000x8 model=kimi_k25 drafter=kimi_k25_eagle3 dry_run=true
+    python run.py --help                                      # config groups and options
+
+Results: the job dir's results.json, and MLflow (mlflow ui --backend-store-uri sqlite:///mlflow.db).
+"""
+
+from __future__ import annotations
+
+import os
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+os.environ.setdefault("MLFLOW_DISABLE_TELEMETRY", "true")
+
+import hydra  # noqa: E402
+from omegaconf import DictConfig  # noqa: E402
+
+from spec_decode.config import register_configs  # noqa: E402
+
+register_configs()
+
+
+@hydra.main(version_base="1.3", config_path="conf", config_name="config")
+def main(cfg: DictConfig) -> float | None:
+    from spec_decode.cli import run_from_hydra
+
+    return run_from_hydra(cfg)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,80 @@
+"""Self-consistency checks on a job's record: do its numbers agree with each other?
+
+Each check: ``{"name", "ok": True|False|None (not applicable), "value", "expected", "message"}``.
+A failed check is a visible warning in the console, results.json, MLflow tags and reports.
+"""
+
+from __future__ import annotations
+
+CONSISTENCY_TOL = 0.03  # tok/s vs accept_len / cycle time (the source story missed by ~8%)
+ENGINE_CLIENT_TOL = 0.05  # client wall time vs server e2e latency
+COLLAPSE_ACCEPT_LEN = 1.05
+
+
+def _check(name: str, ok: bool | None, value, expected, message: str) -> dict:
+    return {"name": name, "ok": ok, "value": value, "expected": expected, "message": message}
+
+
+def run_checks(rec: dict) -> list[dict]:
+    m = rec.get("metrics", {})
+    out: list[dict] = []
+    tput = m.get("throughput_tok_s")
+    # 1. tok/s == accept_len / cycle time (both over the same timed runs).
+    if tput and m.get("accept_len") and m.get("cycle_ms"):
+        predicted = m["accept_len"] / (m["cycle_ms"] / 1e3)
+        rel = tput / predicted - 1
+        out.append(_check(
+            "throughput_vs_accept_over_cycle", abs(rel) <= CONSISTENCY_TOL, round(rel, 4),
+            f"|rel| <= {CONSISTENCY_TOL}",
+            f"measured {tput:.1f} tok/s vs accept_len/cycle = {m['accept_len']:.3f} / "
+            f"{m['cycle_ms']:.3f} ms = {predicted:.1f} tok/s ({100 * rel:+.1f}%; prefill and HTTP "
+            "time are in the measured side only)",
+        ))
+    # 2. The phases fit in the cycle.
+    if m.get("cycle_ms"):
+        parts = m["draft_ms"] + m["verify_ms"] + m["extend_ms"]
+        out.append(_check(
+            "phases_within_cycle", parts <= m["cycle_ms"] * 1.01, round(parts / m["cycle_ms"], 4), "<= 1.01",
+            f"draft + verify + re-extend = {parts:.3f} ms of a {m['cycle_ms']:.3f} ms cycle "
+            f"(other {m['other_pct']:.1f}%)",
+        ))
+    # 3. Client-side vs engine-side time (HTTP and queueing overhead).
+    runs = rec.get("runs", [])
+    lat = [(r["wall_s"], r["e2e_latency_s"]) for r in runs if r.get("e2e_latency_s")]
+    if lat:
+        rel = sum(w for w, _ in lat) / sum(e for _, e in lat) - 1
+        out.append(_check(
+            "client_vs_engine_time", -0.01 <= rel <= ENGINE_CLIENT_TOL, round(rel, 4),
+            f"0 <= rel <= {ENGINE_CLIENT_TOL}",
+            f"client wall time is {100 * rel:+.1f}% of the engine's e2e latency",
+        ))
+    # 4. Speculation is working at all.
+    if rec.get("speculative") and runs:
+        al = m.get("accept_len")
+        out.append(_check(
+            "acceptance_not_collapsed", al is not None and al > COLLAPSE_ACCEPT_LEN, al,
+            f"> {COLLAPSE_ACCEPT_LEN}",
+            "accept length missing" if al is None else f"accept length {al:.2f} tokens per verify",
+        ))
+    # 5. Verify/decode ratio and break-even accept length vs the measured speedup.
+    base = m.get("baseline_throughput_tok_s")
+    if base and m.get("cycle_ms") and m.get("accept_len") and m.get("speedup_vs_baseline"):
+        t_dec = 1e3 / base
+        break_even = m["cycle_ms"] / t_dec
+        predicted = m["accept_len"] / break_even
+        m["verify_decode_ratio"] = m["verify_ms"] / t_dec
+        m["break_even_accept_len"] = break_even
+        m["predicted_speedup"] = predicted
+        rel = m["speedup_vs_baseline"] / predicted - 1
+        out.append(_check(
+            "speedup_vs_cost_model", abs(rel) <= 2 * CONSISTENCY_TOL, round(rel, 4),
+            f"|rel| <= {2 * CONSISTENCY_TOL}",
+            f"verify/decode ratio {m['verify_decode_ratio']:.2f}, break-even accept length "
+            f"{break_even:.2f}; accept_len x T_decode / T_cycle predicts {predicted:.3f}x, measured "
+            f"{m['speedup_vs_baseline']:.3f}x",
+        ))
+    return out
+
+
+def failed(rec: dict) -> list[dict]:
+    return [c for c in rec.get("checks", []) if c.get("ok") is False]

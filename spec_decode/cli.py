@@ -1,0 +1,63 @@
+"""The wiring between Hydra's runtime and run_job (kept out of run.py so tests can call it)."""
+
+from __future__ import annotations
+
+import os
+import sys
+from pathlib import Path
+
+from omegaconf import DictConfig
+
+from .config import ConfigError, to_experiment
+from .job import JobContext, JobFailed, run_job
+from .preflight import PreflightError
+from .tracking import PARENT_ENV, Tracker
+
+
+def run_from_hydra(cfg: DictConfig) -> float | None:
+    from hydra.core.hydra_config import HydraConfig
+    from hydra.types import RunMode
+
+    hc = HydraConfig.get()
+    try:
+        exp = to_experiment(cfg)
+    except ConfigError as e:
+        print(f"error: {e}", file=sys.stderr)
+        raise SystemExit(2) from None
+    multirun = hc.mode == RunMode.MULTIRUN
+    root = Path(hc.runtime.cwd)
+    ctx = JobContext(
+        out_dir=Path(hc.runtime.output_dir),
+        run_name=hc.job.override_dirname,
+        root=root,
+        sweep_dir=Path(hc.sweep.dir).resolve() if multirun else None,
+        parent_run_id=os.environ.get(PARENT_ENV) if multirun else None,
+        overrides=list(hc.overrides.task),
+        tracker=None if exp.dry_run else Tracker.from_config(exp.tracking, root),
+    )
+    if multirun and exp.fail_fast and ctx.sweep_dir and (ctx.sweep_dir / "FAILED").exists():
+        print(f"skipping {ctx.run_name}: an earlier job failed and fail_fast=true", file=sys.stderr)
+        return None
+    try:
+        rec = run_job(exp, ctx)
+    except PreflightError as e:
+        print(f"error: {e}", file=sys.stderr)
+        _mark_failed(ctx, exp.fail_fast)
+        if multirun:
+            return None
+        raise SystemExit(2) from None
+    except JobFailed as e:
+        _mark_failed(ctx, exp.fail_fast)
+        if multirun:  # the sweep goes on; its summary and parent run list the failure
+            print(f"error: {e}", file=sys.stderr)
+            return None
+        print(f"error: {e}", file=sys.stderr)
+        raise SystemExit(1) from None
+    if rec is None:
+        return None
+    return rec.get("metrics", {}).get("throughput_tok_s")
+
+
+def _mark_failed(ctx: JobContext, fail_fast: bool) -> None:
+    if fail_fast and ctx.sweep_dir is not None:
+        (ctx.sweep_dir / "FAILED").write_text(ctx.run_name + "\n")

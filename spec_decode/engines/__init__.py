@@ -1,0 +1,56 @@
+"""Server command lines from the typed config (DESIGN 3.1).
+
+Both engines take the same SGLang flags for what they share; each adds its own. The baseline has no
+speculative flag at all; with a drafter the three spec numbers always travel together.
+"""
+
+from __future__ import annotations
+
+import sys
+
+from ..config import ExperimentConfig
+
+
+def launcher(cfg: ExperimentConfig) -> list[str]:
+    argv = list(cfg.engine.launcher)
+    if argv and argv[0] in ("python", "python3"):
+        argv[0] = sys.executable  # the interpreter that runs us, with our venv
+    return argv
+
+
+def common_flags(cfg: ExperimentConfig, port: int) -> list[str]:
+    e = cfg.engine
+    flags = ["--model-path", cfg.model.path]
+    if cfg.speculative:
+        s = cfg.spec
+        flags += [
+            "--speculative-algorithm", "EAGLE3",
+            "--speculative-draft-model-path", str(cfg.drafter.path),
+            "--speculative-num-steps", str(s.steps),
+            "--speculative-eagle-topk", str(s.topk),
+            "--speculative-num-draft-tokens", str(s.num_draft_tokens),
+        ]
+    flags += [
+        "--host", e.host, "--port", str(port), "--random-seed", str(e.random_seed),
+        "--tp-size", str(cfg.hardware.tp_size), "--decode-log-interval", str(e.decode_log_interval),
+    ]
+    return flags
+
+
+def server_command(cfg: ExperimentConfig, port: int) -> list[str]:
+    if cfg.engine.name == "sglang":
+        from .sglang import engine_flags
+    else:
+        from .embedded.launch import engine_flags
+    return launcher(cfg) + common_flags(cfg, port) + engine_flags(cfg) + list(cfg.engine.extra_args)
+
+
+def server_extra_env(cfg: ExperimentConfig, profile_path: str | None) -> dict[str, str]:
+    """What the server's environment gets on top of ours: NCCL profile, engine env, profiler, and
+    no network at run time (nothing may download a model)."""
+    env = {"HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1"}
+    env.update({k: str(v) for k, v in cfg.engine.env.items()})
+    env.update({k: str(v) for k, v in cfg.nccl.env.items()})
+    if profile_path and cfg.speculative:
+        env["SPEC_DECODE_PROFILE"] = profile_path
+    return env

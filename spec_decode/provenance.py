@@ -1,0 +1,172 @@
+"""Provenance: what explains a number. Git state, packages, machine, the server's real environment
+(read back from the live process, filtered and with secrets redacted), GPU/NCCL facts, file hashes.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import platform
+import re
+import subprocess
+import sys
+from functools import lru_cache
+from importlib.metadata import PackageNotFoundError, version
+from pathlib import Path
+
+ENV_PREFIXES = ("NCCL_", "SGLANG_", "CUDA_", "TORCH_", "HF_HUB_OFFLINE", "TRANSFORMERS_OFFLINE",
+                "SPEC_DECODE_", "OMP_NUM_THREADS")
+SECRET = re.compile(r"(TOKEN|_KEY|SECRET|PASSWORD|PASSWD|CREDENTIAL)", re.IGNORECASE)
+REDACTED = "***redacted***"
+PACKAGES = ("spec-decode-bench", "sglang", "torch", "transformers", "mlflow", "dvc", "hydra-core")
+
+
+def is_secret(name: str) -> bool:
+    return bool(SECRET.search(name))
+
+
+def redact_env(env: dict[str, str]) -> dict[str, str]:
+    return {k: (REDACTED if is_secret(k) else v) for k, v in env.items()}
+
+
+def filter_env(env: dict[str, str]) -> dict[str, str]:
+    """The variables that change a server's behaviour, secrets redacted, sorted."""
+    return redact_env({k: env[k] for k in sorted(env) if k.startswith(ENV_PREFIXES)})
+
+
+def secret_values(env: dict[str, str] | None = None) -> list[str]:
+    """Values of secret-looking variables in our environment (to scrub from anything we write)."""
+    env = os.environ if env is None else env
+    return [v for k, v in env.items() if is_secret(k) and len(v) >= 6]
+
+
+def scrub(text: str, secrets: list[str]) -> str:
+    for s in secrets:
+        text = text.replace(s, REDACTED)
+    return text
+
+
+def _run(argv: list[str], cwd: str | None = None) -> str | None:
+    try:
+        return subprocess.run(argv, capture_output=True, text=True, timeout=10, cwd=cwd,
+                              check=True).stdout.strip()
+    except (OSError, subprocess.SubprocessError):
+        return None
+
+
+def git_state(root: Path) -> dict:
+    commit = _run(["git", "rev-parse", "HEAD"], str(root))
+    status = _run(["git", "status", "--porcelain", "--untracked-files=no"], str(root))
+    return {"commit": commit, "dirty": bool(status) if status is not None else None}
+
+
+@lru_cache(maxsize=1)
+def packages() -> dict[str, str | None]:
+    out: dict[str, str | None] = {}
+    for name in PACKAGES:
+        try:
+            out[name] = version(name)
+        except PackageNotFoundError:
+            out[name] = None
+    return out
+
+
+@lru_cache(maxsize=1)
+def machine() -> dict:
+    cpu = None
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                cpu = line.split(":", 1)[1].strip()
+                break
+    except OSError:
+        pass
+    return {
+        "python": sys.version.split()[0], "platform": platform.platform(), "cpu": cpu,
+        "cpu_count": os.cpu_count(), "hostname": platform.node(),
+    }
+
+
+def gpu_facts() -> dict | None:
+    """GPU names, driver and topology where nvidia-smi exists; None on a CPU-only machine."""
+    names = _run(["nvidia-smi", "--query-gpu=name,driver_version", "--format=csv,noheader"])
+    if not names:
+        return None
+    return {"gpus": names.splitlines(), "topology": _run(["nvidia-smi", "topo", "-m"])}
+
+
+def sha256_file(path: Path) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        for chunk in iter(lambda: f.read(1 << 20), b""):
+            h.update(chunk)
+    return h.hexdigest()
+
+
+def dvc_hashes(root: Path) -> dict[str, str]:
+    """path -> md5 of every stage output and dependency in dvc.lock, and of every .dvc file."""
+    out: dict[str, str] = {}
+    lock = root / "dvc.lock"
+    if lock.exists():
+        import yaml
+
+        data = yaml.safe_load(lock.read_text()) or {}
+        for stage in (data.get("stages") or {}).values():
+            for entry in (stage.get("outs") or []) + (stage.get("deps") or []):
+                if "md5" in entry:
+                    out[entry["path"]] = entry["md5"]
+    for dvc_file in root.glob("**/*.dvc"):
+        if ".dvc" in dvc_file.parts[:-1] or ".venv" in dvc_file.parts:
+            continue
+        try:
+            import yaml
+
+            for entry in (yaml.safe_load(dvc_file.read_text()) or {}).get("outs", []):
+                rel = (dvc_file.parent / entry["path"]).relative_to(root)
+                out[str(rel)] = entry.get("md5", "")
+        except (OSError, ValueError, KeyError, TypeError):
+            continue
+    return out
+
+
+def data_hashes(root: Path, paths: dict[str, str | None]) -> dict[str, dict]:
+    """For each named input (target, drafter, prompts): its DVC md5 when DVC tracks it, else the
+    sha256 of the file (or of config.json + model.safetensors for a model directory)."""
+    dvc = dvc_hashes(root)
+    out: dict[str, dict] = {}
+    for name, p in paths.items():
+        if not p:
+            continue
+        path = Path(p)
+        rel = str(path.resolve().relative_to(root.resolve())) if path.resolve().is_relative_to(root.resolve()) else p
+        if rel in dvc:
+            out[name] = {"path": rel, "dvc_md5": dvc[rel]}
+            continue
+        full = path if path.is_absolute() else root / path
+        if full.is_file():
+            out[name] = {"path": rel, "sha256": sha256_file(full)}
+        elif full.is_dir():
+            files = [full / f for f in ("config.json", "model.safetensors") if (full / f).exists()]
+            h = hashlib.sha256()
+            for f in files:
+                h.update(sha256_file(f).encode())
+            out[name] = {"path": rel, "sha256": h.hexdigest() if files else None}
+        else:
+            out[name] = {"path": rel, "missing": True}
+    return out
+
+
+def collect(root: Path, inputs: dict[str, str | None]) -> dict:
+    return {
+        "root": str(root.resolve()),
+        "git": git_state(root),
+        "packages": packages(),
+        "machine": machine(),
+        "gpu": gpu_facts(),
+        "data": data_hashes(root, inputs),
+    }
+
+
+def dumps_clean(obj: object, secrets: list[str]) -> str:
+    return scrub(json.dumps(obj, indent=2, sort_keys=False, default=str), secrets)

@@ -1,0 +1,182 @@
+"""Reports: a table per sweep and PNG plots, rendered from results.json files.
+
+    python -m spec_decode.report multirun/2026-11-29/10-00-00_adhoc     # a sweep dir
+    python -m spec_decode.report experiments/embedded_steps_nccl          # an experiment dir
+    python -m spec_decode.report --mlflow-run <parent run id>             # a sweep logged to MLflow
+
+Plots: throughput vs steps per NCCL profile (95% CI bars, baseline lines); stacked phase bars per
+job; accept length vs steps.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+COLUMNS = ("job", "status", "tok/s", "95% CI", "CV%", "speedup", "speedup 95% CI", "accept len",
+           "cycle ms", "draft%", "verify%", "extend%", "other%", "checks")
+
+
+def _fmt(v, spec: str = ".1f") -> str:
+    return "-" if v is None else format(v, spec)
+
+
+def row(rec: dict) -> dict:
+    m = rec.get("metrics", {})
+    failed = [c["name"] for c in rec.get("checks", []) if c.get("ok") is False]
+    return {
+        "job": rec.get("name") or "(defaults)",
+        "status": rec.get("status"),
+        "tok/s": _fmt(m.get("throughput_tok_s")),
+        "95% CI": (f"[{m['throughput_tok_s_ci95_lo']:.1f}, {m['throughput_tok_s_ci95_hi']:.1f}]"
+                   if "throughput_tok_s_ci95_lo" in m else "-"),
+        "CV%": _fmt(100 * m["throughput_tok_s_cv"] if "throughput_tok_s_cv" in m else None),
+        "speedup": _fmt(m.get("speedup_vs_baseline"), ".3f"),
+        "speedup 95% CI": (f"[{m['speedup_vs_baseline_ci95_lo']:.3f}, {m['speedup_vs_baseline_ci95_hi']:.3f}]"
+                           if "speedup_vs_baseline_ci95_lo" in m else "-"),
+        "accept len": _fmt(m.get("accept_len"), ".2f"),
+        "cycle ms": _fmt(m.get("cycle_ms"), ".2f"),
+        "draft%": _fmt(m.get("draft_pct"), ".0f"),
+        "verify%": _fmt(m.get("verify_pct"), ".0f"),
+        "extend%": _fmt(m.get("extend_pct"), ".0f"),
+        "other%": _fmt(m.get("other_pct"), ".0f"),
+        "checks": "ok" if not failed else "FAILED: " + ",".join(failed),
+    }
+
+
+def sweep_summary(recs: list[dict]) -> tuple[str, dict[str, list]]:
+    """A text table (console) and the same as columns (MLflow log_table)."""
+    rows = [row(r) for r in recs]
+    widths = {c: max([len(c)] + [len(str(r[c])) for r in rows]) for c in COLUMNS}
+    lines = ["  ".join(c.ljust(widths[c]) for c in COLUMNS),
+             "  ".join("-" * widths[c] for c in COLUMNS)]
+    lines += ["  ".join(str(r[c]).ljust(widths[c]) for c in COLUMNS) for r in rows]
+    failed = [r["job"] for r in rows if r["status"] != "FINISHED"]
+    lines.append(f"{len(rows)} job(s), {len(rows) - len(failed)} finished"
+                 + (f"; not finished: {', '.join(failed)}" if failed else ""))
+    table = {c: [r[c] for r in rows] for c in COLUMNS}
+    return "\n".join(lines), table
+
+
+def write_plots(recs: list[dict], out_dir: Path) -> list[Path]:
+    """throughput_vs_steps.png, phases.png, accept_len_vs_steps.png (those that have data)."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    out_dir.mkdir(parents=True, exist_ok=True)
+    done = [r for r in recs if r.get("status") == "FINISHED" and r.get("metrics")]
+    spec = [r for r in done if r.get("speculative")]
+    base = [r for r in done if not r.get("speculative")]
+    paths: list[Path] = []
+    if spec:
+        fig, ax = plt.subplots(figsize=(7, 4.5))
+        profiles = sorted({r["config"]["nccl"]["name"] for r in spec})
+        for i, prof in enumerate(profiles):
+            pts = sorted((r["config"]["spec"]["steps"], r["metrics"]) for r in spec
+                         if r["config"]["nccl"]["name"] == prof)
+            xs = [p[0] for p in pts]
+            ys = [p[1]["throughput_tok_s"] for p in pts]
+            err = [[y - p[1].get("throughput_tok_s_ci95_lo", y) for y, p in zip(ys, pts)],
+                   [p[1].get("throughput_tok_s_ci95_hi", y) - y for y, p in zip(ys, pts)]]
+            line = ax.errorbar(xs, ys, yerr=err, marker="o", capsize=4, label=f"EAGLE-3, nccl={prof}")
+            for b in base:
+                if b["config"]["nccl"]["name"] == prof:
+                    ax.axhline(b["metrics"]["throughput_tok_s"], ls="--", color=line[0].get_color(),
+                               label=f"baseline, nccl={prof}")
+                    break
+        ax.set_xlabel("speculative steps (draft tokens per cycle)")
+        ax.set_ylabel("throughput (tok/s), mean with 95% CI")
+        engine = spec[0]["engine"]["name"]
+        ax.set_title(f"Throughput vs steps ({engine} engine, {spec[0]['config']['hardware']['name']})")
+        ax.grid(alpha=0.3)
+        ax.legend(fontsize=8)
+        paths.append(_save(fig, out_dir / "throughput_vs_steps.png"))
+
+        fig, ax = plt.subplots(figsize=(7, 4.5))
+        pts = sorted(((r["config"]["spec"]["steps"], r["config"]["nccl"]["name"]), r["metrics"]["accept_len"])
+                     for r in spec if "accept_len" in r["metrics"])
+        for prof in sorted({p[0][1] for p in pts}):
+            sel = [(k[0], v) for k, v in pts if k[1] == prof]
+            ax.plot([s for s, _ in sel], [v for _, v in sel], marker="o", label=f"nccl={prof}")
+        if pts:
+            top = max(p[0][0] for p in pts)
+            ax.plot([1, top], [2, top + 1], ls=":", color="grey", label="ideal (all drafts accepted)")
+        ax.set_xlabel("speculative steps")
+        ax.set_ylabel("accept length (tokens per verify, incl. bonus)")
+        ax.set_title("Acceptance vs steps")
+        ax.grid(alpha=0.3)
+        ax.legend(fontsize=8)
+        paths.append(_save(fig, out_dir / "accept_len_vs_steps.png"))
+
+        prof = [r for r in spec if "cycle_ms" in r["metrics"]]
+        if prof:
+            fig, ax = plt.subplots(figsize=(max(6, 1.1 * len(prof)), 4.5))
+            labels = [r.get("name") or "(defaults)" for r in prof]
+            bottom = [0.0] * len(prof)
+            for phase, label in (("draft", "draft"), ("verify", "target verify"),
+                                 ("extend", "draft re-extend"), ("other", "other")):
+                vals = [r["metrics"][f"{phase}_ms"] for r in prof]
+                ax.bar(range(len(prof)), vals, bottom=bottom, label=label)
+                bottom = [b + v for b, v in zip(bottom, vals)]
+            ax.set_xticks(range(len(prof)), labels, rotation=30, ha="right", fontsize=7)
+            ax.set_ylabel("ms per speculative cycle")
+            ax.set_title("Where each cycle's time goes")
+            ax.legend(fontsize=8)
+            paths.append(_save(fig, out_dir / "phases.png"))
+    return paths
+
+
+def _save(fig, path: Path) -> Path:
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    import matplotlib.pyplot as plt
+
+    plt.close(fig)
+    return path
+
+
+def main(argv: list[str] | None = None) -> None:
+    ap = argparse.ArgumentParser(prog="python -m spec_decode.report", description=__doc__,
+                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("path", nargs="?", type=Path, help="a sweep dir or experiment dir")
+    ap.add_argument("--plots", type=Path, default=None, help="where to write PNGs (default: PATH)")
+    ap.add_argument("--mlflow-run", default=None, help="a sweep's parent run id (downloads its children)")
+    ap.add_argument("--uri", default="sqlite:///mlflow.db")
+    args = ap.parse_args(argv)
+    from .tracking import collect
+
+    if args.mlflow_run:
+        import tempfile
+
+        from mlflow.tracking import MlflowClient
+
+        from .tracking import resolve_uri
+
+        client = MlflowClient(tracking_uri=resolve_uri(args.uri, Path.cwd()))
+        parent = client.get_run(args.mlflow_run)
+        kids = client.search_runs([parent.info.experiment_id],
+                                  f"tags.mlflow.parentRunId = '{args.mlflow_run}'")
+        tmp = Path(tempfile.mkdtemp(prefix="report_"))
+        for k in kids:
+            client.download_artifacts(k.info.run_id, "results.json", str(tmp / k.info.run_id))
+        root = tmp
+    elif args.path is not None:
+        if not args.path.is_dir():
+            ap.error(f"{args.path}: not a directory")
+        root = args.path
+    else:
+        ap.error("give a sweep/experiment dir or --mlflow-run ID")
+    recs = collect(root)
+    if not recs:
+        ap.error(f"no results.json under {root}")
+    text, _ = sweep_summary(recs)
+    print(text)
+    for p in write_plots(recs, args.plots or (args.path or Path("."))):
+        print(f"plot: {p}", file=sys.stderr)
+
+
+if __name__ == "__main__":
+    main()

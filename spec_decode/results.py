@@ -1,0 +1,185 @@
+"""results.json: the one authoritative record of a job (DESIGN §3.5). MLflow, reports and DVC
+metrics are views of it. This module builds, finishes, writes and reads it."""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+from pathlib import Path
+from typing import Any
+
+from . import provenance, stats
+from .config import ExperimentConfig, config_hash, resolved_dict
+from .parsers import decode_log, profile
+
+SCHEMA_VERSION = 1
+FILENAME = "results.json"
+
+
+def new_record(cfg: ExperimentConfig, ctx: Any, role: str, extra_env: dict[str, str],
+               warnings: list[str]) -> dict:
+    conf = resolved_dict(cfg)
+    return {
+        "schema_version": SCHEMA_VERSION,
+        "status": "RUNNING",
+        "error": None,
+        "role": role,  # spec | baseline
+        "name": ctx.run_name,
+        "experiment": cfg.name,
+        "overrides": list(ctx.overrides),
+        "config": conf,
+        "config_hash": config_hash(conf),
+        "engine": {"name": cfg.engine.name, "version": None},
+        "speculative": cfg.speculative,
+        "server_env_extra": provenance.redact_env(extra_env),
+        "launches": [],
+        "runs": [],
+        "warnings": list(warnings),
+        "started_at": time.time(),
+        "out_dir": str(ctx.out_dir),
+        "provenance": provenance.collect(ctx.root, {
+            "target": cfg.model.path, "drafter": cfg.drafter.path, "prompts": cfg.benchmark.prompts,
+        }),
+    }
+
+
+def finish(rec: dict, cfg: ExperimentConfig, status: str, error: str | None, out_dir: Path,
+           log_path: Path, log_windows: list[tuple[int, int]], baseline: dict | None) -> None:
+    rec["status"], rec["error"] = status, error
+    rec["ended_at"] = time.time()
+    live = rec.pop("server_env_live", None)
+    rec["server_env"] = provenance.filter_env(live) if live else None
+    info = rec.get("server_info") or {}
+    rec["engine"]["version"] = info.get("version")
+    runs = rec["runs"]
+    metrics: dict[str, float] = {}
+    if runs:
+        tput = [r["throughput_tok_s"] for r in runs]
+        s = stats.summarize(tput)
+        rec["throughput_tok_s"] = s.as_dict()
+        metrics["throughput_tok_s"] = s.mean
+        for k in ("median", "std", "cv", "ci95_lo", "ci95_hi"):
+            metrics[f"throughput_tok_s_{k}"] = getattr(s, k)
+        metrics["mde_pct"] = 100 * stats.min_detectable_effect(s.cv, s.n)
+        if s.cv > stats.CV_WARN:
+            rec["warnings"].append(
+                f"run-to-run CV {100 * s.cv:.1f}% > {100 * stats.CV_WARN:.0f}%: differences below "
+                f"~{metrics['mde_pct']:.1f}% are not detectable with {s.n} runs"
+            )
+        if cfg.benchmark.launches > 1:
+            groups = [[r["throughput_tok_s"] for r in runs if r["launch"] == i]
+                      for i in range(cfg.benchmark.launches)]
+            rec["variance_components"] = stats.variance_components(groups)
+    starts = [x["server_start_s"] for x in rec["launches"] if x.get("server_start_s") is not None]
+    if starts:
+        metrics["server_start_s"] = sum(starts) / len(starts)
+    if cfg.speculative and runs:
+        acc = stats.acceptance(
+            sum(r["completion_tokens"] for r in runs),
+            sum(r["spec_verify_ct"] or 0 for r in runs),
+            sum(r["spec_num_correct_drafts"] or 0 for r in runs) if runs[0]["spec_num_correct_drafts"] is not None else None,
+            sum(r["spec_num_proposed_drafts"] or 0 for r in runs) if runs[0]["spec_num_proposed_drafts"] is not None else None,
+            cfg.spec.num_draft_tokens or 0,
+        )
+        rec["acceptance"] = {**acc, "source": "meta_info counters (run-scoped)",
+                             "per_run_accept_len": [r["completion_tokens"] / r["spec_verify_ct"]
+                                                    for r in runs if r["spec_verify_ct"]]}
+        metrics.update({k: v for k, v in acc.items() if v is not None})
+    # Phase profile inside the timed windows.
+    if cfg.speculative:
+        cycles = profile.read_profile(out_dir / "profile.jsonl")
+        windows = [(r["start_wall"], r["end_wall"]) for r in runs]
+        per_run = profile.in_windows(cycles, windows)
+        summary = profile.phase_summary([c for w in per_run for c in w])
+        if summary is None:
+            why = "profiling off (benchmark.profile=false)" if not cfg.benchmark.profile else \
+                "no profile lines from the server in the timed runs (plugin not loaded?)"
+            rec["profile"] = {"missing": why}
+            if cfg.benchmark.profile and runs:
+                rec["warnings"].append(f"phase profile missing: {why}")
+        else:
+            rec["profile"] = summary
+            for k in ("cycle_ms", "draft_ms", "verify_ms", "extend_ms", "other_ms",
+                      "draft_pct", "verify_pct", "extend_pct", "other_pct"):
+                metrics[k] = summary[k]
+    # Decode-log summary inside the timed windows.
+    lines = []
+    for lo, hi in log_windows:
+        with open(log_path, "rb") as f:
+            f.seek(lo)
+            lines += f.read(hi - lo).decode(errors="replace").splitlines()
+    dl = decode_log.summarize(decode_log.parse_lines(lines))
+    rec["decode_log"] = dl.__dict__
+    if dl.gen_throughput_tok_s_median is not None:
+        metrics["decode_log_gen_throughput_tok_s"] = dl.gen_throughput_tok_s_median
+    # Speedup against the matching baseline.
+    if baseline is not None and runs and baseline.get("runs"):
+        b = [r["throughput_tok_s"] for r in baseline["runs"]]
+        ratio = stats.ratio_of_means([r["throughput_tok_s"] for r in runs], b)
+        rec["baseline"] = {"out_dir": baseline.get("out_dir"), "mlflow_run_id": baseline.get("mlflow_run_id"),
+                           "throughput_tok_s": baseline.get("throughput_tok_s")}
+        rec["speedup_vs_baseline"] = ratio.as_dict()
+        metrics["speedup_vs_baseline"] = ratio.ratio
+        metrics["speedup_vs_baseline_ci95_lo"] = ratio.ci95_lo
+        metrics["speedup_vs_baseline_ci95_hi"] = ratio.ci95_hi
+        metrics["baseline_throughput_tok_s"] = baseline["throughput_tok_s"]["mean"]
+    rec["metrics"] = {k: float(v) for k, v in metrics.items() if v is not None}
+    from .checks import run_checks
+
+    rec["checks"] = run_checks(rec)
+
+
+def write(out_dir: Path, rec: dict) -> Path:
+    """Atomic write; secret values of our environment are scrubbed from the whole record."""
+    out_dir.mkdir(parents=True, exist_ok=True)
+    path = out_dir / FILENAME
+    tmp = path.with_suffix(".tmp")
+    tmp.write_text(provenance.dumps_clean(rec, provenance.secret_values()) + "\n")
+    os.replace(tmp, path)
+    return path
+
+
+def read(out_dir: Path) -> dict | None:
+    path = Path(out_dir) / FILENAME
+    if not path.exists():
+        return None
+    try:
+        return json.loads(path.read_text())
+    except json.JSONDecodeError:
+        return None
+
+
+def job_summary(rec: dict) -> str:
+    """A few console lines for one finished job."""
+    m = rec.get("metrics", {})
+    head = f"[{rec['status']}] {rec.get('name') or '(defaults)'} ({rec['role']}, engine={rec['engine']['name']})"
+    lines = [head]
+    if rec.get("error"):
+        lines.append(f"  error: {rec['error']}")
+    if "throughput_tok_s" in m:
+        lines.append(
+            f"  throughput {m['throughput_tok_s']:.1f} tok/s  95% CI [{m['throughput_tok_s_ci95_lo']:.1f}, "
+            f"{m['throughput_tok_s_ci95_hi']:.1f}]  CV {100 * m['throughput_tok_s_cv']:.1f}%  "
+            f"({len(rec['runs'])} runs)"
+        )
+    if "accept_len" in m:
+        lines.append(f"  accept len {m['accept_len']:.2f}  draft accept rate {m.get('accept_rate_draft', float('nan')):.2f}")
+    if "cycle_ms" in m:
+        lines.append(
+            f"  cycle {m['cycle_ms']:.2f} ms = draft {m['draft_ms']:.2f} ({m['draft_pct']:.0f}%) + verify "
+            f"{m['verify_ms']:.2f} ({m['verify_pct']:.0f}%) + re-extend {m['extend_ms']:.2f} "
+            f"({m['extend_pct']:.0f}%) + other {m['other_ms']:.2f} ({m['other_pct']:.0f}%)"
+        )
+    if "speedup_vs_baseline" in m:
+        lines.append(
+            f"  speedup vs baseline {m['speedup_vs_baseline']:.3f}x  95% CI "
+            f"[{m['speedup_vs_baseline_ci95_lo']:.3f}, {m['speedup_vs_baseline_ci95_hi']:.3f}]"
+        )
+    for c in rec.get("checks", []):
+        if c.get("ok") is False:
+            lines.append(f"  CHECK FAILED {c['name']}: {c['message']}")
+    for w in rec.get("warnings", []):
+        lines.append(f"  warning: {w}")
+    lines.append(f"  -> {rec.get('out_dir')}/{FILENAME}")
+    return "\n".join(lines)

@@ -1,0 +1,124 @@
+"""Statistics for noisy throughput: pure functions on lists of numbers (scipy.stats underneath).
+
+The unit of replication is the run (5 x 500 tokens by default), and the server launch when
+``benchmark.launches > 1``. Method (shared/reference/measurement-and-peers.md §4):
+
+- per job: mean, median, std (n-1), CV, Student-t 95% CI of the mean (t(0.975, 4) = 2.776 for 5 runs);
+- speedup A/B = mean(A) / mean(B), 95% CI by Welch's t on the log of the ratio (delta method):
+  SE = sqrt(s_a^2 / (n_a m_a^2) + s_b^2 / (n_b m_b^2)), Welch-Satterthwaite df, CI = ratio * exp(+-t SE);
+- minimum detectable effect of a two-sample t-test (alpha 0.05, power 0.8) from the observed CV:
+  MDE = (t(0.975, df) + t(0.8, df)) * sqrt(2 / n) * CV; with 5 runs per arm that is about 2.0 CV;
+- CV above 3% is flagged: a 5.9% gain needs CV <= ~3% to be seen with 5 runs.
+"""
+
+from __future__ import annotations
+
+import math
+import statistics
+from dataclasses import asdict, dataclass
+
+from scipy import stats as st
+
+CV_WARN = 0.03
+
+
+@dataclass
+class Summary:
+    n: int
+    mean: float
+    median: float
+    std: float
+    cv: float
+    ci95_lo: float
+    ci95_hi: float
+
+    def as_dict(self) -> dict:
+        return asdict(self)
+
+
+def summarize(values: list[float], confidence: float = 0.95) -> Summary:
+    if not values:
+        raise ValueError("no values to summarize")
+    n = len(values)
+    mean = statistics.fmean(values)
+    median = statistics.median(values)
+    if n < 2:
+        return Summary(n, mean, median, 0.0, 0.0, mean, mean)
+    std = statistics.stdev(values)
+    half = st.t.ppf(0.5 + confidence / 2, n - 1) * std / math.sqrt(n)
+    return Summary(n, mean, median, std, std / mean if mean else float("nan"), mean - half, mean + half)
+
+
+@dataclass
+class Ratio:
+    ratio: float
+    ci95_lo: float
+    ci95_hi: float
+    df: float
+    significant: bool  # the CI excludes 1.0
+
+    def as_dict(self) -> dict:
+        return asdict(self)
+
+
+def ratio_of_means(a: list[float], b: list[float], confidence: float = 0.95) -> Ratio:
+    """mean(a) / mean(b) with a Welch CI on the log scale (see module doc)."""
+    ma, mb = statistics.fmean(a), statistics.fmean(b)
+    r = ma / mb
+    if len(a) < 2 or len(b) < 2:
+        return Ratio(r, float("nan"), float("nan"), float("nan"), False)
+    va = statistics.variance(a) / (len(a) * ma * ma)
+    vb = statistics.variance(b) / (len(b) * mb * mb)
+    se = math.sqrt(va + vb)
+    if se == 0:
+        return Ratio(r, r, r, float("inf"), r != 1.0)
+    df = (va + vb) ** 2 / (va * va / (len(a) - 1) + vb * vb / (len(b) - 1))
+    t = st.t.ppf(0.5 + confidence / 2, df)
+    lo, hi = r * math.exp(-t * se), r * math.exp(t * se)
+    return Ratio(r, lo, hi, df, not (lo <= 1.0 <= hi))
+
+
+def min_detectable_effect(cv: float, n: int, alpha: float = 0.05, power: float = 0.8) -> float:
+    """Smallest relative difference a two-sample t-test with n runs per arm detects (as a fraction)."""
+    if n < 2 or not math.isfinite(cv):
+        return float("nan")
+    df = 2 * n - 2
+    return (st.t.ppf(1 - alpha / 2, df) + st.t.ppf(power, df)) * math.sqrt(2.0 / n) * cv
+
+
+def variance_components(groups: list[list[float]]) -> dict:
+    """One-way random-effects split for launches (groups) x runs: std between launches and within.
+
+    Returns std_within, std_between (0 when the between-launch mean square is below the within one)
+    and the share of variance between launches."""
+    groups = [g for g in groups if g]
+    k = len(groups)
+    if k < 2 or any(len(g) < 2 for g in groups):
+        return {"launches": k, "std_within": None, "std_between": None, "between_share": None}
+    n_bar = statistics.fmean(len(g) for g in groups)
+    grand = statistics.fmean(v for g in groups for v in g)
+    msw = sum(sum((v - statistics.fmean(g)) ** 2 for v in g) for g in groups) / sum(len(g) - 1 for g in groups)
+    msb = sum(len(g) * (statistics.fmean(g) - grand) ** 2 for g in groups) / (k - 1)
+    var_between = max(0.0, (msb - msw) / n_bar)
+    total = var_between + msw
+    return {
+        "launches": k, "std_within": math.sqrt(msw), "std_between": math.sqrt(var_between),
+        "between_share": var_between / total if total > 0 else 0.0,
+    }
+
+
+def acceptance(completion: int, verify_ct: int, correct: int | None, proposed: int | None,
+               num_draft_tokens: int) -> dict:
+    """Acceptance from raw counters, each convention named (SGLang changed its 'accept rate').
+
+    - accept_len: tokens committed per verify, incl. the bonus (and the prefill token), as SGLang's
+      spec_accept_length = completion_tokens / spec_verify_ct;
+    - accept_rate_draft: correct drafts / proposed drafts (SGLang >= 0.5.15 'accept rate');
+    - accept_rate_incl_bonus: accepted tokens / (verify steps x num_draft_tokens) (SGLang <= 0.5.10).
+    """
+    out: dict = {"accept_len": completion / verify_ct if verify_ct else None}
+    out["accept_rate_draft"] = correct / proposed if correct is not None and proposed else None
+    out["accept_rate_incl_bonus"] = (
+        completion / (verify_ct * num_draft_tokens) if verify_ct and num_draft_tokens else None
+    )
+    return out
