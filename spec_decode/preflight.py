@@ -75,7 +75,10 @@ def _dvc_tracked(root: Path, path: str) -> bool:
 
 
 def _missing_weights(root: Path, path: str, flag: str) -> str:
-    hint = f"run `dvc pull {path}`" if _dvc_tracked(root, path) else "check the path"
+    hint = f"run `dvc pull {path}`"
+    if not _dvc_tracked(root, path):
+        hint += (" (this repo has no DVC pointer for it yet: where the weights live, "
+                 f"`dvc add {path} && dvc push`, and commit {path}.dvc)")
     return f"{flag}={path}: weights not found (no config.json there); {hint}"
 
 

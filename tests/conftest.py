@@ -1,0 +1,45 @@
+"""Shared fixtures: real Hydra composition, real engine processes, real MLflow stores in tmp dirs."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+TARGET = ROOT / "models" / "tiny" / "target"
+DRAFTER = ROOT / "models" / "tiny" / "drafter"
+PROMPTS = ROOT / "data" / "prompts.jsonl"
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+os.environ.setdefault("MLFLOW_DISABLE_TELEMETRY", "true")
+
+
+def run_py(args: list[str], *, cwd: Path = ROOT, env: dict | None = None, timeout: float = 600,
+           check: bool = True) -> subprocess.CompletedProcess:
+    """python run.py ARGS in a subprocess (real Hydra, real launcher)."""
+    full_env = {**os.environ, **(env or {})}
+    proc = subprocess.run([sys.executable, str(ROOT / "run.py"), *args], cwd=cwd, env=full_env,
+                          capture_output=True, text=True, timeout=timeout)
+    if check and proc.returncode != 0:
+        raise AssertionError(f"run.py {' '.join(args)} exited {proc.returncode}\n{proc.stdout}\n{proc.stderr}")
+    return proc
+
+
+@pytest.fixture
+def tmp_store(tmp_path: Path) -> dict:
+    """A fresh MLflow sqlite store + artifact dir, as Hydra overrides and as a client URI."""
+    db = tmp_path / "mlflow.db"
+    art = tmp_path / "mlartifacts"
+    return {
+        "uri": f"sqlite:///{db}",
+        "overrides": [f"tracking.uri=sqlite:///{db}", f"tracking.artifact_location={art}"],
+    }
+
+
+def small(*extra: str) -> list[str]:
+    """Overrides that keep an embedded job to a second or two."""
+    return ["benchmark.max_new_tokens=48", "benchmark.runs=2", "benchmark.warmup=1", *extra]

@@ -1,0 +1,146 @@
+"""The embedded engine as a real server process over real HTTP: SGLang's contract, bad input."""
+
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+import requests
+
+from spec_decode.parsers.decode_log import read_log, summarize
+from spec_decode.server import ServerProcess, free_port
+
+from ..conftest import DRAFTER, TARGET
+
+pytestmark = pytest.mark.integration
+ENGINE = [sys.executable, "-m", "spec_decode.engines.embedded"]
+SPEC = ["--speculative-algorithm", "EAGLE3", "--speculative-draft-model-path", str(DRAFTER),
+        "--speculative-num-steps", "3", "--speculative-eagle-topk", "1", "--speculative-num-draft-tokens", "4"]
+BODY = {"text": "The old robot sleeps in the garden. ",
+        "sampling_params": {"max_new_tokens": 64, "temperature": 0, "ignore_eos": True}}
+
+
+@pytest.fixture(scope="class")
+def spec_server(tmp_path_factory):
+    d = tmp_path_factory.mktemp("spec_server")
+    port = free_port()
+    argv = ENGINE + ["--model-path", str(TARGET), *SPEC, "--port", str(port), "--decode-log-interval", "5"]
+    with ServerProcess(argv, env={"SPEC_DECODE_PROFILE": str(d / "profile.jsonl")}, log_path=d / "server.log",
+                       host="127.0.0.1", port=port, startup_timeout_s=60) as srv:
+        yield srv, d
+
+
+class TestSpecServer:
+    def test_generate_returns_sglang_meta_info(self, spec_server):
+        srv, _ = spec_server
+        r = requests.post(srv.base_url + "/generate", json=BODY, timeout=30)
+        assert r.status_code == 200
+        out = r.json()
+        meta = out["meta_info"]
+        assert meta["completion_tokens"] == 64 == len(out["output_ids"])
+        assert meta["finish_reason"] == {"type": "length", "length": 64}
+        assert meta["spec_verify_ct"] > 0
+        assert meta["spec_accept_length"] == pytest.approx(64 / meta["spec_verify_ct"])
+        assert meta["spec_num_proposed_drafts"] == 3 * meta["spec_verify_ct"]
+        assert 0 <= meta["spec_num_correct_drafts"] <= meta["spec_num_proposed_drafts"]
+        assert out["text"] and isinstance(meta["e2e_latency"], float)
+
+    def test_server_info_and_flush_cache_reset_counters(self, spec_server):
+        srv, _ = spec_server
+        requests.post(srv.base_url + "/generate", json=BODY, timeout=30)
+        info = requests.get(srv.base_url + "/server_info", timeout=5).json()
+        assert info["speculative_num_steps"] == 3 and info["speculative_num_draft_tokens"] == 4
+        assert info["eagle_aux_hidden_state_layer_ids"] == [1, 3, 4]
+        assert info["internal_states"][0]["avg_spec_accept_length"] > 1
+        assert requests.post(srv.base_url + "/flush_cache", timeout=5).status_code == 200
+        info = requests.get(srv.base_url + "/server_info", timeout=5).json()
+        assert info["internal_states"][0]["avg_spec_accept_length"] is None
+
+    def test_decode_log_and_profile_lines(self, spec_server):
+        srv, d = spec_server
+        requests.post(srv.base_url + "/generate", json=BODY, timeout=30)
+        lines = [x for x in read_log(d / "server.log") if x.kind == "Decode"]
+        assert lines and "accept len" in lines[-1].fields and lines[-1].fields["cpu graph"] is False
+        assert summarize(lines).accept_len_median > 1
+        prof = [json.loads(x) for x in (d / "profile.jsonl").read_text().splitlines()]
+        assert prof and set(prof[0]) == {"t", "draft_ms", "verify_ms", "extend_ms", "cycle_ms", "accepted"}
+        assert all(1 <= p["accepted"] <= 4 for p in prof)
+
+    @pytest.mark.parametrize("body,named", [
+        ({"text": "hi", "sampling_params": {"max_tokens": 5}}, "max_tokens"),
+        ({"text": "hi", "sampling_params": {"max_new_tokens": 5, "temperature": 0.8}}, "temperature"),
+        ({"text": "hi", "sampling_params": {"max_new_tokens": 5000, "temperature": 0}}, "max_new_tokens"),
+        ({"text": "x" * 1100, "sampling_params": {"max_new_tokens": 5, "temperature": 0}}, "context"),
+        ({"sampling_params": {"max_new_tokens": 5, "temperature": 0}}, "text"),
+        ({"input_ids": [1, 999], "sampling_params": {"temperature": 0}}, "input_ids"),
+    ])
+    def test_bad_requests_get_400_naming_the_key_and_server_keeps_serving(self, spec_server, body, named):
+        srv, _ = spec_server
+        r = requests.post(srv.base_url + "/generate", json=body, timeout=10)
+        assert r.status_code == 400
+        assert named in r.json()["error"]["message"]
+        assert requests.post(srv.base_url + "/generate", json=BODY, timeout=30).status_code == 200
+
+    def test_malformed_json_is_400(self, spec_server):
+        srv, _ = spec_server
+        r = requests.post(srv.base_url + "/generate", data=b"{not json", timeout=10)
+        assert r.status_code == 400 and "JSON" in r.json()["error"]["message"]
+
+
+def test_baseline_server_has_no_spec_fields(tmp_path):
+    port = free_port()
+    argv = ENGINE + ["--model-path", str(TARGET), "--port", str(port)]
+    with ServerProcess(argv, env={}, log_path=tmp_path / "server.log", host="127.0.0.1", port=port,
+                       startup_timeout_s=60) as srv:
+        out = requests.post(srv.base_url + "/generate", json=BODY, timeout=30).json()
+        assert out["meta_info"]["completion_tokens"] == 64
+        assert not [k for k in out["meta_info"] if k.startswith("spec_")]
+
+
+def start(args: list[str], timeout: float = 60) -> subprocess.CompletedProcess:
+    return subprocess.run(ENGINE + args, capture_output=True, text=True, timeout=timeout,
+                          env={**os.environ, "HF_HUB_OFFLINE": "1"})
+
+
+def _drafter_copy(tmp_path, edit) -> str:
+    import shutil
+
+    d = tmp_path / "drafter"
+    shutil.copytree(DRAFTER, d)
+    cfg = json.loads((d / "config.json").read_text())
+    edit(cfg)
+    (d / "config.json").write_text(json.dumps(cfg))
+    return str(d)
+
+
+@pytest.mark.parametrize("case", ["unknown_flag", "partial_spec", "topk", "tp"])
+def test_bad_flags_exit_2_naming_the_flag(case):
+    args = {"unknown_flag": ["--model-path", str(TARGET), "--cuda-graph-max-bs", "8"],
+            "partial_spec": ["--model-path", str(TARGET), "--speculative-algorithm", "EAGLE3",
+                             "--speculative-draft-model-path", str(DRAFTER), "--speculative-eagle-topk", "1"],
+            "topk": ["--model-path", str(TARGET), *SPEC[:-4], "--speculative-eagle-topk", "4",
+                     "--speculative-num-draft-tokens", "8"],
+            "tp": ["--model-path", str(TARGET), "--tp-size", "2"]}[case]
+    named = {"unknown_flag": "--cuda-graph-max-bs", "partial_spec": "--speculative-num-steps",
+             "topk": "--speculative-eagle-topk", "tp": "--tp-size"}[case]
+    p = start(args)
+    assert p.returncode == 2
+    assert named in p.stderr
+
+
+def test_missing_model_dir_says_dvc_pull(tmp_path):
+    p = start(["--model-path", str(tmp_path / "nope")])
+    assert p.returncode == 1
+    assert "dvc pull" in p.stderr and "nope" in p.stderr
+
+
+@pytest.mark.parametrize("edit,named", [
+    (lambda c: c.update(architectures=["LlamaForCausalLM"]), "LlamaForCausalLMEagle3"),
+    (lambda c: c["eagle_config"].update(eagle_aux_hidden_state_layer_ids=[1, 3, 9]), "0..4"),
+], ids=["not_eagle3", "layer_ids_out_of_range"])
+def test_bad_drafter_exits_1_with_a_message(tmp_path, edit, named):
+    d = _drafter_copy(tmp_path, edit)
+    p = start(["--model-path", str(TARGET), *SPEC[:2], "--speculative-draft-model-path", d, *SPEC[4:]])
+    assert p.returncode == 1
+    assert named in p.stderr

@@ -1,0 +1,93 @@
+"""run.py end to end: a real multirun in a subprocess against the embedded engine, MLflow checked
+through MlflowClient; single runs; dry runs; bad overrides fail before any server starts."""
+
+import json
+import time
+from pathlib import Path
+
+import pytest
+from mlflow.tracking import MlflowClient
+
+from ..conftest import run_py, small
+
+pytestmark = pytest.mark.integration
+TUNED = {"NCCL_PROTO": "LL", "NCCL_ALGO": "Ring", "NCCL_P2P_LEVEL": "SYS", "NCCL_MAX_NCHANNELS": "16",
+         "NCCL_BUFFSIZE": "16777216", "NCCL_NTHREADS": "512"}
+
+
+def runs_of(uri: str):
+    c = MlflowClient(uri)
+    exp = c.get_experiment_by_name("spec-decode-bench")
+    return c, c.search_runs([exp.experiment_id], order_by=["start_time ASC"])
+
+
+def test_sweep_steps_by_nccl_gives_parent_children_and_baseline_arm(tmp_path, tmp_store):
+    sweep = tmp_path / "sweep"
+    run_py(["-m", "spec.steps=1,3", "nccl=tuned,default", *small(), *tmp_store["overrides"],
+            f"hydra.sweep.dir={sweep}"], env={"NCCL_PROTO": "Simple"})  # a stray shell variable
+    c, runs = runs_of(tmp_store["uri"])
+    parents = [r for r in runs if r.data.tags.get("spec_decode.role") == "sweep"]
+    assert len(parents) == 1 and parents[0].info.status == "FINISHED"
+    kids = [r for r in runs if r.data.tags.get("mlflow.parentRunId") == parents[0].info.run_id]
+    spec = [r for r in kids if r.data.params["role"] == "spec"]
+    base = [r for r in kids if r.data.params["role"] == "baseline"]
+    assert len(spec) == 4 and len(base) == 2  # one baseline per NCCL profile
+    assert all(r.info.status == "FINISHED" for r in kids)
+    for r in spec:
+        m = r.data.metrics
+        for key in ("throughput_tok_s", "throughput_tok_s_ci95_lo", "accept_len", "cycle_ms", "draft_ms",
+                    "verify_ms", "extend_ms", "other_ms", "speedup_vs_baseline"):
+            assert key in m, key
+        assert m["accept_len"] > 1.5
+        hist = c.get_metric_history(r.info.run_id, "run_throughput_tok_s")
+        assert sorted(h.step for h in hist) == [0, 1]
+        assert "=" in r.info.run_name and "spec.steps=" in r.info.run_name
+        # the server env as read back from the live process
+        rec = json.loads(Path(c.download_artifacts(r.info.run_id, "results.json", str(tmp_path / r.info.run_id))).read_text())
+        nccl = {k: v for k, v in rec["server_env"].items() if k.startswith("NCCL_")}
+        assert nccl == (TUNED if r.data.params["nccl"] == "tuned" else {})
+        assert rec["speedup_vs_baseline"]["ratio"] == pytest.approx(m["speedup_vs_baseline"])
+    summary = (sweep / "sweep_summary.txt").read_text()
+    assert "6 job(s), 6 finished" in summary
+    assert {p.path for p in c.list_artifacts(parents[0].info.run_id)} >= {"sweep_summary.txt",
+                                                                        "sweep_summary.json", "plots"}
+
+
+def test_single_run_logs_a_standalone_run_with_real_metrics(tmp_path, tmp_store):
+    run_py([*small(), *tmp_store["overrides"], f"hydra.run.dir={tmp_path / 'job'}"])
+    rec = json.loads((tmp_path / "job" / "results.json").read_text())
+    assert rec["status"] == "FINISHED" and rec["engine"]["name"] == "embedded"
+    assert len(rec["runs"]) == 2 and all(r["completion_tokens"] == 48 for r in rec["runs"])
+    assert rec["acceptance"]["accept_len"] > 1.5 and rec["profile"]["cycles"] > 0
+    _, runs = runs_of(tmp_store["uri"])
+    job = [r for r in runs if r.data.params.get("role") == "spec"]
+    assert len(job) == 1 and "mlflow.parentRunId" not in job[0].data.tags
+    assert job[0].data.metrics["throughput_tok_s"] == pytest.approx(rec["metrics"]["throughput_tok_s"])
+
+
+def test_dry_run_prints_commands_and_env_and_launches_nothing(tmp_path, tmp_store):
+    t0 = time.monotonic()
+    p = run_py(["-m", "engine=sglang", "hardware=rtx_pro_6000x8", "model=kimi_k25", "drafter=kimi_k25_eagle3",
+                "spec.steps=1,3", "nccl=tuned,default", "dry_run=true", *tmp_store["overrides"],
+                f"hydra.sweep.dir={tmp_path / 'dry'}"])
+    out = p.stdout
+    assert out.count("# server command:") == 4
+    assert "sglang.launch_server" in out and "--tp-size 8" in out and "--cuda-graph-max-bs-decode" in out
+    assert out.count("NCCL_PROTO=LL") == 2
+    assert "dvc pull models/drafters/kimi-k2.5-eagle3" in out  # weights absent: warned, not fatal
+    assert not (tmp_path / "mlflow.db").exists()
+    assert time.monotonic() - t0 < 60
+
+
+@pytest.mark.parametrize("override,named", [
+    ("spec.steps=0", "spec.steps=0"),
+    ("spec.steps=three", "spec.steps"),
+    ("nccl=fast", "nccl"),
+    ("benchmark.runs=0", "benchmark.runs=0"),
+    ("drafter.path=models/missing_drafter", "drafter.path=models/missing_drafter"),
+])
+def test_bad_input_fails_before_any_server_starts(tmp_path, tmp_store, override, named):
+    p = run_py([override, *tmp_store["overrides"], f"hydra.run.dir={tmp_path / 'job'}"], check=False)
+    assert p.returncode != 0
+    assert named in p.stderr
+    assert not (tmp_path / "job" / "server.log").exists()

@@ -1,0 +1,122 @@
+"""Real Hydra composition of every config group, and bad overrides refused with the key named."""
+
+from pathlib import Path
+
+import pytest
+from hydra import compose, initialize_config_dir
+from hydra.errors import ConfigCompositionException
+
+from spec_decode.config import ConfigError, register_configs, to_experiment
+from spec_decode.engines import server_command, server_extra_env
+
+pytestmark = pytest.mark.unit
+CONF = Path(__file__).resolve().parents[2] / "conf"
+register_configs()
+
+
+def experiment(*overrides: str):
+    with initialize_config_dir(config_dir=str(CONF), version_base="1.3"):
+        return to_experiment(compose("config", overrides=list(overrides)))
+
+
+def options(group: str) -> list[str]:
+    return sorted(p.stem for p in (CONF / group).glob("*.yaml"))
+
+
+def test_defaults_are_the_embedded_spec_job():
+    cfg = experiment()
+    assert (cfg.engine.name, cfg.hardware.name, cfg.drafter.name, cfg.nccl.name) == (
+        "embedded", "cpu", "tiny_eagle3", "default")
+    assert (cfg.spec.steps, cfg.spec.topk, cfg.spec.num_draft_tokens) == (2, 1, 3)
+    assert (cfg.benchmark.warmup, cfg.benchmark.runs, cfg.benchmark.max_new_tokens) == (1, 5, 500)
+    assert cfg.speculative
+
+
+@pytest.mark.parametrize("group", ["hardware", "nccl", "drafter", "spec", "model", "engine", "benchmark",
+                                   "tracking"])
+def test_every_option_of_every_group_composes(group):
+    for option in options(group):
+        extra = []
+        if group == "hardware" and option not in ("cpu", "h200x1"):
+            extra = ["engine=sglang"]  # tp > 1 needs SGLang
+        if group == "drafter" and option == "kimi_k25_eagle3":
+            extra = ["model=kimi_k25"]  # its layer ids are those of a 61-layer target
+        cfg = experiment(f"{group}={option}", *extra)
+        assert getattr(cfg, group) is not None
+
+
+def test_every_experiment_composes():
+    for option in options("experiment"):
+        experiment(f"experiment={option}")
+
+
+def test_num_draft_tokens_is_derived_and_never_disagrees():
+    for steps in (1, 2, 3, 5):
+        cfg = experiment(f"spec.steps={steps}")
+        assert cfg.spec.num_draft_tokens == steps + 1
+        argv = server_command(cfg, 30000)
+        i = argv.index("--speculative-num-draft-tokens")
+        assert argv[i + 1] == str(steps + 1)
+    with pytest.raises(ConfigError, match=r"spec.num_draft_tokens=7 disagrees with spec.steps=2"):
+        experiment("spec.num_draft_tokens=7")
+
+
+def test_nccl_env_goes_to_the_server_only():
+    tuned = experiment("nccl=tuned")
+    env = server_extra_env(tuned, None)
+    assert {k: env[k] for k in env if k.startswith("NCCL_")} == {
+        "NCCL_PROTO": "LL", "NCCL_ALGO": "Ring", "NCCL_P2P_LEVEL": "SYS", "NCCL_MAX_NCHANNELS": "16",
+        "NCCL_BUFFSIZE": "16777216", "NCCL_NTHREADS": "512"}
+    assert not [k for k in server_extra_env(experiment("nccl=default"), None) if k.startswith("NCCL_")]
+
+
+def test_baseline_has_no_speculative_flags():
+    cfg = experiment("drafter=none", "spec.steps=3")  # the contradiction resolves to the baseline
+    assert not cfg.speculative
+    argv = server_command(cfg, 30000)
+    assert not [a for a in argv if a.startswith("--speculative")]
+
+
+def test_sglang_argv_uses_current_flag_names():
+    cfg = experiment("engine=sglang", "hardware=rtx_pro_6000x8", "model=kimi_k25", "drafter=kimi_k25_eagle3",
+                     "spec.steps=3")
+    argv = server_command(cfg, 30000)
+    assert argv[1:3] == ["-m", "sglang.launch_server"]
+    assert "--cuda-graph-max-bs-decode" in argv and "--cuda-graph-max-bs" not in argv
+    assert argv[argv.index("--tp-size") + 1] == "8"
+    assert "--random-seed" in argv
+    for flag, value in (("--speculative-num-steps", "3"), ("--speculative-eagle-topk", "1"),
+                        ("--speculative-num-draft-tokens", "4"), ("--speculative-algorithm", "EAGLE3")):
+        assert argv[argv.index(flag) + 1] == value
+
+
+BAD = [
+    (["spec.steps=0"], ConfigError, "spec.steps=0"),
+    (["spec.steps=three"], ConfigCompositionException, "spec.steps=three"),
+    (["spec.topk=0"], ConfigError, "spec.topk=0"),
+    (["spec.topk=4"], ConfigError, "spec.num_draft_tokens"),
+    (["nccl=fast"], ConfigCompositionException, "nccl"),
+    (["benchmark.runs=0"], ConfigError, "benchmark.runs=0"),
+    (["benchmark.max_new_tokens=-5"], ConfigError, "benchmark.max_new_tokens"),
+    (["benchmark.warmup=-1"], ConfigError, "benchmark.warmup"),
+    (["benchmark.temperature=0.7"], ConfigError, "benchmark.temperature"),
+    (["benchmark.runs=many"], ConfigCompositionException, "benchmark.runs=many"),
+    (["drafter=kimi_k25_eagle3"], ConfigError, "model=tiny_llama has 6 layers"),
+    (["hardware=h200x8", "engine=sglang", "hardware.tp_size=16"], ConfigError, "hardware.tp_size=16"),
+    (["hardware=h200x8"], ConfigError, "engine=embedded"),
+    (["hardware.tp_size=2"], ConfigError, "hardware.tp_size=2"),
+    (["engine.port=70000"], ConfigError, "engine.port"),
+    (["engine=vllm"], ConfigCompositionException, "engine"),
+    (["spec.bogus=1"], ConfigCompositionException, "bogus"),
+    (["drafter.layer_ids=[1,1,2]"], ConfigError, "drafter.layer_ids"),
+    (["drafter.layer_ids=[1,3,5]"], ConfigError, "0..4"),
+    (["engine.decode_log_interval=0"], ConfigError, "engine.decode_log_interval"),
+    (["hardware.device=tpu"], ConfigError, "hardware.device"),
+]
+
+
+@pytest.mark.parametrize("overrides,error,named", BAD, ids=[" ".join(b[0]) for b in BAD])
+def test_bad_overrides_fail_at_compose_time_naming_the_key(overrides, error, named):
+    with pytest.raises(error) as exc:
+        experiment(*overrides)
+    assert named in str(exc.value)
