@@ -32,8 +32,8 @@ def installed_version() -> str | None:
         return None
 
 
-def version_warning() -> str | None:
-    v = installed_version()
+def version_warning(v: str | None = None) -> str | None:
+    v = v or installed_version()
     if v is not None and v != TESTED_VERSION:
         return (f"sglang {v} is installed; spec-decode-bench is tested against sglang {TESTED_VERSION} "
                 "(flags, log lines and meta_info fields may differ)")

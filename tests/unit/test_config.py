@@ -120,3 +120,11 @@ def test_bad_overrides_fail_at_compose_time_naming_the_key(overrides, error, nam
     with pytest.raises(error) as exc:
         experiment(*overrides)
     assert named in str(exc.value)
+
+
+def test_other_sglang_version_warns_naming_the_tested_one():
+    from spec_decode.engines.sglang import TESTED_VERSION, version_warning
+
+    msg = version_warning("0.5.10")
+    assert msg is not None and "0.5.10" in msg and TESTED_VERSION in msg
+    assert version_warning(TESTED_VERSION) is None

@@ -27,11 +27,11 @@ log = logging.getLogger("spec_decode.embedded")
 
 # SGLang 0.5.23's sampling_params fields (sglang/api/v1/api_types.py). Unknown keys -> 400.
 SAMPLING_KEYS = (
-    "max_new_tokens", "temperature", "top_p", "top_k", "min_p", "ignore_eos", "min_new_tokens",
-    "stop", "stop_token_ids", "stop_regex", "repetition_penalty", "frequency_penalty",
-    "presence_penalty", "n", "skip_special_tokens", "spaces_between_special_tokens", "no_stop_trim",
-    "stream_interval", "sampling_seed", "json_schema", "regex", "ebnf", "structural_tag",
-    "custom_params", "logit_bias",
+    "max_new_tokens", "stop", "stop_token_ids", "stop_regex", "temperature", "top_p", "top_k", "min_p",
+    "frequency_penalty", "presence_penalty", "repetition_penalty", "min_new_tokens", "n", "json_schema",
+    "regex", "ebnf", "structural_tag", "ignore_eos", "skip_special_tokens",
+    "spaces_between_special_tokens", "no_stop_trim", "stream_interval", "logit_bias", "sampling_seed",
+    "custom_params", "beam_width", "watermark", "choice",
 )
 
 

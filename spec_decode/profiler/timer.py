@@ -1,0 +1,155 @@
+"""Per-cycle phase timing without breaking SGLang's overlap scheduler.
+
+A cycle is one ``EAGLEWorkerV2.forward_batch_generation`` call that ran a verify (prefill calls are
+dropped). Inside it, ``draft``, ``verify`` and ``extend`` are timed. On CUDA each boundary records an
+event on the *current* stream (the scheduler's forward stream); events are resolved later, when
+``query()`` says they completed -- never ``synchronize``/``elapsed_time`` inline. Without CUDA the host
+clock is used. Each resolved cycle becomes one JSON line (DESIGN §3.4); every ``summary_every`` cycles a
+human summary block goes to the server log.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import threading
+import time
+from collections import deque
+from dataclasses import dataclass, field
+
+log = logging.getLogger("spec_decode.profiler")
+PHASES = ("draft", "verify", "extend")
+
+
+class HostClock:
+    def mark(self):
+        return time.perf_counter()
+
+    @staticmethod
+    def ready(mark) -> bool:
+        return True
+
+    @staticmethod
+    def ms(a, b) -> float:
+        return (b - a) * 1e3
+
+
+class CudaClock:
+    def __init__(self, torch):
+        self.torch = torch
+
+    def mark(self):
+        ev = self.torch.cuda.Event(enable_timing=True)
+        ev.record(self.torch.cuda.current_stream())
+        return ev
+
+    @staticmethod
+    def ready(mark) -> bool:
+        return mark.query()
+
+    @staticmethod
+    def ms(a, b) -> float:
+        return a.elapsed_time(b)
+
+
+@dataclass
+class _Cycle:
+    start: object
+    end: object = None
+    t: float = 0.0
+    phases: dict = field(default_factory=dict)  # name -> (start mark, end mark)
+    accepted: object = None  # int, or a tensor resolved later
+
+
+class PhaseTimer:
+    def __init__(self, path: str, clock=None, summary_every: int = 200):
+        self.path = path
+        self.clock = clock or HostClock()
+        self.summary_every = summary_every
+        self._local = threading.local()
+        self._pending: deque[_Cycle] = deque()
+        self._lock = threading.Lock()
+        self._window: list[dict] = []
+
+    # ---- hooks (HookRegistry AROUND signature: fn(original_fn, *args, **kwargs)) -------------------
+    def around_cycle(self, original, *args, **kwargs):
+        cycle = _Cycle(start=self.clock.mark())
+        self._local.cycle = cycle
+        try:
+            result = original(*args, **kwargs)
+        finally:
+            self._local.cycle = None
+        if "verify" in cycle.phases:  # a decode cycle (prefill batches have no verify)
+            cycle.end = self.clock.mark()
+            cycle.t = time.time()
+            cycle.accepted = getattr(result, "accept_lens", None)
+            with self._lock:
+                self._pending.append(cycle)
+            self.drain()
+        return result
+
+    def phase(self, name: str):
+        def around(original, *args, **kwargs):
+            cycle = getattr(self._local, "cycle", None)
+            if cycle is None:
+                return original(*args, **kwargs)
+            a = self.clock.mark()
+            result = original(*args, **kwargs)
+            cycle.phases[name] = (a, self.clock.mark())
+            return result
+
+        around.__name__ = f"spec_decode_{name}_timer"
+        return around
+
+    # ---- resolution -------------------------------------------------------------------------------
+    def drain(self, wait: bool = False) -> int:
+        """Write every pending cycle whose events completed (all of them if ``wait``)."""
+        lines = []
+        with self._lock:
+            while self._pending:
+                c = self._pending[0]
+                if not wait and not self.clock.ready(c.end):
+                    break
+                self._pending.popleft()
+                lines.append(self._resolve(c))
+        if lines:
+            with open(self.path, "a", encoding="utf-8") as f:
+                f.writelines(json.dumps(x) + "\n" for x in lines)
+            self._window.extend(lines)
+            if len(self._window) >= self.summary_every:
+                log.info(summary_block(self._window))
+                self._window = []
+        return len(lines)
+
+    def _resolve(self, c: _Cycle) -> dict:
+        if hasattr(self.clock, "torch") and not self.clock.ready(c.end):
+            c.end.synchronize()
+        rec = {"t": round(c.t, 6)}
+        for p in PHASES:
+            a, b = c.phases.get(p, (None, None))
+            rec[f"{p}_ms"] = round(self.clock.ms(a, b), 4) if a is not None else 0.0
+        rec["cycle_ms"] = round(self.clock.ms(c.start, c.end), 4)
+        acc = c.accepted
+        if acc is not None and hasattr(acc, "sum"):
+            acc = int(acc.sum().item())  # its event completed: no stall
+        elif isinstance(acc, (list, tuple)):
+            acc = int(sum(acc))
+        rec["accepted"] = acc if acc is not None else None
+        return rec
+
+
+def summary_block(cycles: list[dict]) -> str:
+    """The source fork's profiler block: ms per cycle and % per phase, accept length, tok/s."""
+    n = len(cycles)
+    cycle = sum(c["cycle_ms"] for c in cycles) / n
+    parts = {p: sum(c[f"{p}_ms"] for c in cycles) / n for p in PHASES}
+    parts["other"] = cycle - sum(parts.values())
+    names = {"draft": "draft", "verify": "target verify", "extend": "draft re-extend", "other": "other"}
+    acc = [c["accepted"] for c in cycles if c.get("accepted") is not None]
+    lines = [f"[spec_decode profiler] last {n} cycles: {cycle:.2f} ms/cycle"]
+    for p, v in parts.items():
+        lines.append(f"  {names[p]:<16} {v:7.2f} ms  {100 * v / cycle if cycle else 0:5.1f}%")
+    if acc:
+        al = sum(acc) / len(acc)
+        lines.append(f"  accept len {al:.2f}  effective {al / (cycle / 1e3):.1f} tok/s (per request)")
+    return "\n".join(lines)

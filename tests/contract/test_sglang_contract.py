@@ -1,0 +1,153 @@
+"""What we generate, checked by SGLang 0.5.23's own code: argv parser, request schema, plugin hooks."""
+
+import inspect
+import itertools
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from hydra import compose, initialize_config_dir
+
+from spec_decode.client import Client
+from spec_decode.config import register_configs, to_experiment
+from spec_decode.engines import server_command
+from spec_decode.engines.embedded.server import SAMPLING_KEYS
+
+pytestmark = pytest.mark.contract
+ROOT = Path(__file__).resolve().parents[2]
+CONF = ROOT / "conf"
+register_configs()
+
+
+def all_sglang_jobs():
+    """Every hardware x nccl x drafter x spec combination in conf/, on engine=sglang."""
+    opts = lambda g: sorted(p.stem for p in (CONF / g).glob("*.yaml"))  # noqa: E731
+    with initialize_config_dir(config_dir=str(CONF), version_base="1.3"):
+        for hw, nccl, drafter, steps in itertools.product(opts("hardware"), opts("nccl"), opts("drafter"),
+                                                          (1, 2, 3, 5)):
+            model = "kimi_k25" if drafter == "kimi_k25_eagle3" else "tiny_llama"
+            yield to_experiment(compose("config", overrides=[
+                "engine=sglang", f"hardware={hw}", f"nccl={nccl}", f"drafter={drafter}", f"model={model}",
+                f"spec.steps={steps}"]))
+
+
+def test_every_generated_argv_passes_sglangs_own_parser(sglang_args):
+    seen = set()
+    for cfg in all_sglang_jobs():
+        argv = server_command(cfg, 30000)
+        assert argv[1:3] == ["-m", "sglang.launch_server"]
+        key = tuple(argv[3:])
+        if key in seen:
+            continue
+        seen.add(key)
+        args = sglang_args(list(key))
+        assert args.tp_size == cfg.hardware.tp_size
+        assert args.random_seed == cfg.engine.random_seed
+        if cfg.speculative:
+            assert args.speculative_algorithm == "EAGLE3"
+            assert (args.speculative_num_steps, args.speculative_eagle_topk,
+                    args.speculative_num_draft_tokens) == (cfg.spec.steps, 1, cfg.spec.steps + 1)
+        else:
+            assert args.speculative_algorithm is None
+    assert len(seen) >= 8
+
+
+@pytest.mark.parametrize("bad", [["--cuda-graph-max-bs", "8"], ["--speculative-num-stepz", "2"]])
+def test_a_wrong_flag_fails_sglangs_parser(sglang_args, bad):
+    with pytest.raises(SystemExit) as exc:
+        sglang_args(["--model-path", "m", *bad])
+    assert exc.value.code == 2
+
+
+def test_our_generate_body_passes_sglangs_request_schema(api_types):
+    body = Client("http://x", 1).generate_body("The robot sleeps. ", 500, 0.0, True)
+    req = api_types.GenerateRequest.from_json_value(body)
+    assert req.sampling_params.max_new_tokens == 500 and req.sampling_params.ignore_eos is True
+    with pytest.raises(Exception, match="max_tokens"):
+        api_types.GenerateRequest.from_json_value({"text": "x", "sampling_params": {"max_tokens": 5}})
+
+
+def test_embedded_engine_accepts_exactly_sglangs_sampling_keys(api_types):
+    assert set(SAMPLING_KEYS) == set(api_types.SamplingParams.__struct_fields__)
+
+
+def test_every_hook_target_exists_with_a_compatible_signature(sglang_args):
+    """Read from the installed SGLang's source (importing the worker needs real triton kernels)."""
+    import ast
+    import importlib.util
+
+    from spec_decode.profiler.plugin import TARGETS
+
+    expected = {"forward_batch_generation": ["self", "batch"], "draft": ["self", "batch"],
+                "verify": ["self", "batch"], "_draft_extend_for_decode": ["self", "batch", "batch_result"]}
+    for target, _ in TARGETS:
+        module, cls, meth = target.rsplit(".", 2)
+        base = Path(importlib.util.find_spec("sglang").submodule_search_locations[0])
+        source = base.parent / (module.replace(".", "/") + ".py")
+        tree = ast.parse(source.read_text())
+        classes = {n.name: n for n in tree.body if isinstance(n, ast.ClassDef)}
+        assert cls in classes, f"{cls} not in {source}"
+        methods = {n.name: n for n in classes[cls].body if isinstance(n, ast.FunctionDef)}
+        assert meth in methods, f"{cls}.{meth} not in {source}"
+        params = [a.arg for a in methods[meth].args.args]
+        assert params[: len(expected[meth])] == expected[meth], (target, params)
+
+
+HOOK_SCRIPT = r"""
+import json, os, sys, time
+sys.path.insert(0, sys.argv[1])
+import sglang.srt.plugins.hook_registry as hr
+from sglang.srt.plugins.hook_registry import HookRegistry
+from spec_decode.profiler import plugin
+import types
+# A stand-in module with the worker's method names, so the real HookRegistry wraps real callables.
+mod = types.ModuleType("fake_worker"); sys.modules["fake_worker"] = mod
+class Result: accept_lens = [3]
+class EagleDraftWorker:
+    def draft(self, batch): time.sleep(0.002); return "drafts"
+    def _draft_extend_for_decode(self, batch, batch_result, *, kv_loc_plan=None): time.sleep(0.001)
+class EAGLEWorkerV2:
+    def __init__(self): self.draft_worker = EagleDraftWorker()
+    def verify(self, batch, pp_proxy_tensors=None, grammar_barrier=None): time.sleep(0.003); return Result()
+    def forward_batch_generation(self, batch, on_publish=None, grammar_barrier=None, pp_proxy_tensors=None):
+        self.draft_worker.draft(batch); r = self.verify(batch); self.draft_worker._draft_extend_for_decode(batch, r); return r
+mod.EagleDraftWorker, mod.EAGLEWorkerV2 = EagleDraftWorker, EAGLEWorkerV2
+plugin.MODULE = "fake_worker"
+plugin.TARGETS = tuple((t.replace("sglang.srt.speculative.eagle_worker_v2", "fake_worker"), p) for t, p in plugin.TARGETS)
+plugin.register()
+HookRegistry.apply_hooks()
+w = EAGLEWorkerV2()
+outs = [w.forward_batch_generation(None) for _ in range(3)]
+assert all(isinstance(o, Result) for o in outs)
+import atexit; atexit._run_exitfuncs()
+print(json.dumps({"wrapped": EAGLEWorkerV2.verify.__name__}))
+"""
+
+
+def test_plugin_registers_through_sglangs_hook_registry_and_records(sglang_args, tmp_path):
+    out = tmp_path / "profile.jsonl"
+    env = {**os.environ, "SPEC_DECODE_PROFILE": str(out),
+           "PYTHONPATH": os.pathsep.join([str(Path(__file__).parent / "stubs"), str(ROOT)])}
+    p = subprocess.run([sys.executable, "-c", HOOK_SCRIPT, str(ROOT)], env=env, capture_output=True,
+                       text=True, timeout=120)
+    assert p.returncode == 0, p.stderr[-3000:]
+    lines = [json.loads(x) for x in out.read_text().splitlines()]
+    assert len(lines) == 3
+    for rec in lines:
+        assert rec["verify_ms"] >= 2.5 and rec["draft_ms"] >= 1.5 and rec["extend_ms"] >= 0.5
+        assert rec["cycle_ms"] >= rec["draft_ms"] + rec["verify_ms"] + rec["extend_ms"]
+        assert rec["accepted"] == 3
+
+
+def test_plugin_is_inert_without_the_env_var(sglang_args):
+    from sglang.srt.plugins.hook_registry import HookRegistry
+
+    from spec_decode.profiler import plugin
+
+    before = {k: list(v) for k, v in HookRegistry._hooks.items()}
+    os.environ.pop("SPEC_DECODE_PROFILE", None)
+    plugin.register()
+    assert {k: list(v) for k, v in HookRegistry._hooks.items()} == before
