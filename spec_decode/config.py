@@ -194,9 +194,20 @@ class ExperimentConfig:
         return self.drafter.path is not None
 
 
+def dir_name(overrides: str) -> str:
+    """A safe directory name from a job's overrides: no '/', at most ~100 characters (long ones keep a
+    readable head and a hash of the whole)."""
+    name = overrides.replace("/", "_").replace("\\", "") or "defaults"
+    if len(name) > 100:
+        name = name[:88] + "~" + hashlib.sha256(overrides.encode()).hexdigest()[:10]
+    return name
+
+
 def register_configs() -> None:
     cs = ConfigStore.instance()
     cs.store(name="base_config", node=ExperimentConfig)
+    if not OmegaConf.has_resolver("dirname"):
+        OmegaConf.register_new_resolver("dirname", dir_name)
 
 
 def to_experiment(cfg: DictConfig) -> ExperimentConfig:

@@ -20,7 +20,7 @@ from . import preflight, results
 from .client import Client, ClientError
 from .config import DrafterConfig, ExperimentConfig, config_hash, resolved_dict
 from .engines import server_command, server_extra_env
-from .server import ServerError, ServerProcess, choose_port
+from .server import PortTaken, ServerError, ServerProcess, choose_port
 
 
 @dataclass
@@ -163,24 +163,40 @@ def _abs(root: Path, p: str) -> Path:
     return path if path.is_absolute() else root / path
 
 
+def _start_server(cfg: ExperimentConfig, extra_env: dict[str, str], log_path: Path,
+                  attempts: int = 3) -> ServerProcess:
+    """Start the server on the configured port, or a free one when it is taken (also when another
+    sweep takes it between our check and the server's bind)."""
+    wanted = cfg.engine.port
+    for attempt in range(attempts):
+        port = choose_port(cfg.engine.host, wanted if attempt == 0 else 0)
+        srv = ServerProcess(server_command(cfg, port), env=extra_env, log_path=log_path,
+                            host=cfg.engine.host, port=port, startup_timeout_s=cfg.engine.startup_timeout_s)
+        try:
+            return srv.start()
+        except PortTaken:
+            continue
+    raise ServerError(f"could not get a free port for the server after {attempts} attempts")
+
+
 def _one_launch(cfg: ExperimentConfig, ctx: JobContext, launch: int, prompt: str,
                 extra_env: dict[str, str], rec: dict, log_path: Path,
                 log_windows: list[tuple[int, int]]) -> None:
     from tqdm import tqdm
 
-    port = choose_port(cfg.engine.host, cfg.engine.port)
-    argv = server_command(cfg, port)
-    rec.setdefault("argv", argv)
+    srv = _start_server(cfg, extra_env, log_path)
+    port = srv.port
+    rec.setdefault("argv", srv.argv)
     b = cfg.benchmark
-    with ServerProcess(argv, env=extra_env, log_path=log_path, host=cfg.engine.host, port=port,
-                       startup_timeout_s=cfg.engine.startup_timeout_s) as srv:
+    with srv:
         client = Client(srv.base_url, cfg.engine.request_timeout_s)
         rec["launches"].append({"launch": launch, "port": port, "pid": srv.pid,
                                 "server_start_s": srv.start_s})
         if launch == 0:
             rec["server_env_live"] = srv.environ()  # filtered + redacted in results.finish
         body = client.generate_body(prompt, b.max_new_tokens, b.temperature, b.ignore_eos)
-        label = f"{ctx.run_name or 'job'} launch {launch + 1}/{b.launches}"
+        name = ctx.run_name or "job"
+        label = f"{name if len(name) <= 48 else name[:45] + '...'} [{launch + 1}/{b.launches}]"
         bar = tqdm(total=b.warmup + b.runs, desc=label, unit="run", disable=ctx.quiet, file=sys.stderr,
                    leave=False)
         try:

@@ -31,8 +31,15 @@ class ServerError(RuntimeError):
     """The server failed to start or died; the message carries the tail of its log."""
 
 
+class PortTaken(ServerError):
+    """Another process took the port between our check and the server's bind (two sweeps at once)."""
+
+
 def port_is_free(host: str, port: int) -> bool:
+    """Free for a server: nobody listens there. SO_REUSEADDR as servers set it, so connections of
+    an earlier server lingering in TIME_WAIT do not count."""
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         try:
             s.bind((host, port))
         except OSError:
@@ -128,6 +135,11 @@ class ServerProcess:
         return self.proc.pid
 
     def __enter__(self) -> ServerProcess:
+        if self.proc is None:
+            self.start()
+        return self
+
+    def start(self) -> ServerProcess:
         self.log_path.parent.mkdir(parents=True, exist_ok=True)
         log = open(self.log_path, "ab", buffering=0)
         t0 = time.monotonic()
@@ -153,17 +165,25 @@ class ServerProcess:
         deadline = t0 + self.startup_timeout_s
         session = requests.Session()
         delay = 0.05
+        foreign = False  # another process answered on our port
         while True:
             code = self.proc.poll()
             if code is not None:
+                tail = log_tail(self.log_path)
+                if foreign or "address already in use" in tail.lower() or not port_is_free(self.host, self.port):
+                    raise PortTaken(f"port {self.port} was taken by another process during start-up")
                 raise ServerError(
                     f"server exited with code {code} during start-up; last lines of {self.log_path}:\n"
                     + log_tail(self.log_path)
                 )
             try:
                 r = session.get(self.base_url + self.health_path, timeout=2)
+                # Healthy only if the answer comes from our own process tree: another server may
+                # hold the port while ours is still loading (and about to fail its bind).
                 if r.status_code == 200:
-                    return
+                    if self.owns_port():
+                        return
+                    foreign = True
             except requests.RequestException:
                 pass
             if time.monotonic() > deadline:
@@ -173,6 +193,23 @@ class ServerProcess:
                 )
             time.sleep(delay)
             delay = min(delay * 1.5, 0.5)
+
+    def owns_port(self) -> bool:
+        """Whether a process of our server's tree listens on the port."""
+        assert self.proc is not None
+        try:
+            root = psutil.Process(self.proc.pid)
+            procs = [root, *root.children(recursive=True)]
+        except psutil.NoSuchProcess:
+            return False
+        for p in procs:
+            try:
+                conns = p.net_connections(kind="inet")
+            except (psutil.Error, OSError):
+                continue
+            if any(c.status == psutil.CONN_LISTEN and c.laddr and c.laddr.port == self.port for c in conns):
+                return True
+        return False
 
     def check_alive(self) -> None:
         assert self.proc is not None

@@ -54,6 +54,28 @@ def resolve_artifacts(location: str, root: Path) -> str:
     return (root / location).resolve().as_uri()
 
 
+class _store_lock:
+    """Serialise the first use of a sqlite store across processes: two sweeps creating the schema at
+    once race ("duplicate column name", "table already exists")."""
+
+    def __init__(self, uri: str):
+        self.path = uri[len("sqlite:///"):] + ".lock" if uri.startswith("sqlite:///") else None
+        self.fh = None
+
+    def __enter__(self):
+        if self.path:
+            import fcntl
+
+            Path(self.path).parent.mkdir(parents=True, exist_ok=True)
+            self.fh = open(self.path, "w")
+            fcntl.flock(self.fh, fcntl.LOCK_EX)
+        return self
+
+    def __exit__(self, *exc):
+        if self.fh:
+            self.fh.close()
+
+
 class Tracker:
     def __init__(self, uri: str, experiment: str, artifact_location: str, root: Path):
         _quiet_mlflow()
@@ -75,26 +97,45 @@ class Tracker:
         if self._client is None:
             from mlflow.tracking import MlflowClient
 
-            self._client = MlflowClient(tracking_uri=self.uri)
+            self.reachable()
+            with _store_lock(self.uri):  # schema creation/migration happens once, under the lock
+                client = MlflowClient(tracking_uri=self.uri)
+                client.search_experiments(max_results=1)
+            self._client = client
         return self._client
+
+    def reachable(self) -> None:
+        """Fail fast on a dead tracking server (MLflow's client would retry for minutes)."""
+        if self.uri.startswith(("http://", "https://")):
+            import requests
+
+            try:
+                requests.get(self.uri.rstrip("/") + "/health", timeout=3).raise_for_status()
+            except requests.RequestException as e:
+                raise ConnectionError(f"no MLflow server answers at {self.uri}: {e}") from None
 
     def experiment_id(self) -> str:
         if self._exp_id is None:
+            self.client  # noqa: B018 - creates the store under the lock first
+            with _store_lock(self.uri):
+                self._exp_id = self._get_or_create_experiment()
+        return self._exp_id
+
+    def _get_or_create_experiment(self) -> str:
+        exp = self.client.get_experiment_by_name(self.experiment)
+        if exp is not None:
+            return exp.experiment_id
+        try:
+            return self.client.create_experiment(
+                self.experiment,
+                artifact_location=None if self.uri.startswith("http") else self.artifact_location,
+            )
+        except Exception:  # created concurrently by a process without our lock (a server store)
             exp = self.client.get_experiment_by_name(self.experiment)
             if exp is None:
-                try:
-                    self._exp_id = self.client.create_experiment(
-                        self.experiment,
-                        artifact_location=None if self.uri.startswith("http") else self.artifact_location,
-                    )
-                except Exception:  # created concurrently by another sweep
-                    exp = self.client.get_experiment_by_name(self.experiment)
-                    if exp is None:
-                        raise
-                    self._exp_id = exp.experiment_id
-            else:
-                self._exp_id = exp.experiment_id
-        return self._exp_id
+                raise
+            return exp.experiment_id
+
 
     # ---- a job's run --------------------------------------------------------------------------------
     def start(self, rec: dict, ctx: Any) -> str | None:
@@ -116,6 +157,9 @@ class Tracker:
         if run_id is None:
             return
         try:
+            from . import drift
+
+            drift.check(rec, self.client, self.experiment_id())
             log_record(self.client, run_id, rec, out_dir)
             self.client.set_terminated(run_id, status=_status(rec["status"]))
         except Exception as e:  # noqa: BLE001
