@@ -6,21 +6,28 @@ from pathlib import Path
 
 import pytest
 
-STUBS = Path(__file__).parent / "stubs"
-
 
 @pytest.fixture(scope="session")
 def sglang_args():
-    pytest.importorskip("msgspec")
-    try:
-        import triton  # noqa: F401
-    except ImportError:
-        sys.path.insert(0, str(STUBS))  # parse-level tests need only `import triton` to succeed
-    sglang = pytest.importorskip("sglang")
-    from sglang.srt.server_args import prepare_server_args
+    """parse(argvs) -> one result per argv from SGLang's own prepare_server_args, in a subprocess."""
+    import importlib.util
+    import json
+    import subprocess
 
-    assert sglang.__version__ == "0.5.23", f"contract tests pin sglang 0.5.23, found {sglang.__version__}"
-    return prepare_server_args
+    if importlib.util.find_spec("sglang") is None or importlib.util.find_spec("msgspec") is None:
+        pytest.skip("sglang 0.5.23 not installed (.ci/install-sglang-contract.sh)")
+    from importlib.metadata import version
+
+    assert version("sglang") == "0.5.23", f"contract tests pin sglang 0.5.23, found {version('sglang')}"
+
+    def parse(argvs: list[list[str]]) -> list[dict]:
+        p = subprocess.run([sys.executable, str(Path(__file__).parent / "sglang_probe.py")],
+                           input=json.dumps(argvs), capture_output=True, text=True, timeout=300)
+        line = [x for x in p.stdout.splitlines() if x.startswith("PROBE_RESULT ")]
+        assert p.returncode == 0 and line, p.stderr[-3000:]
+        return json.loads(line[0][len("PROBE_RESULT "):])
+
+    return parse
 
 
 @pytest.fixture(scope="session")
