@@ -14,6 +14,8 @@ import argparse
 import sys
 from pathlib import Path
 
+from .costmodel import describe, fit, points_from_records
+
 COLUMNS = ("job", "status", "tok/s", "95% CI", "CV%", "speedup", "speedup 95% CI", "accept len",
            "cycle ms", "draft%", "verify%", "extend%", "other%", "checks")
 
@@ -56,7 +58,19 @@ def sweep_summary(recs: list[dict]) -> tuple[str, dict[str, list]]:
     lines.append(f"{len(rows)} job(s), {len(rows) - len(failed)} finished"
                  + (f"; not finished: {', '.join(failed)}" if failed else ""))
     table = {c: [r[c] for r in rows] for c in COLUMNS}
+    for prof, f in cost_models(recs).items():
+        lines += ["", f"[nccl={prof}] " + describe(f)]
     return "\n".join(lines), table
+
+
+def cost_models(recs: list[dict]) -> dict:
+    """A cost-model fit per NCCL profile with at least two measured step counts."""
+    out = {}
+    for prof in sorted({r["config"]["nccl"]["name"] for r in recs if r.get("speculative")}):
+        pts = points_from_records(recs, nccl=prof)
+        if len(pts) >= 2:
+            out[prof] = fit(pts, max_steps=max(8, max(p.steps for p in pts)))
+    return out
 
 
 def write_plots(recs: list[dict], out_dir: Path) -> list[Path]:
@@ -87,6 +101,10 @@ def write_plots(recs: list[dict], out_dir: Path) -> list[Path]:
                     ax.axhline(b["metrics"]["throughput_tok_s"], ls="--", color=line[0].get_color(),
                                label=f"baseline, nccl={prof}")
                     break
+        for prof, f in cost_models(spec).items():
+            ks = [r["steps"] for r in f.predictions]
+            ax.plot(ks, [r["predicted_tok_s"] for r in f.predictions], ls=":", marker="x",
+                    label=f"cost model, nccl={prof} (best: {f.best_steps} steps)")
         ax.set_xlabel("speculative steps (draft tokens per cycle)")
         ax.set_ylabel("throughput (tok/s), mean with 95% CI")
         engine = spec[0]["engine"]["name"]

@@ -99,6 +99,10 @@ def finish(rec: dict, cfg: ExperimentConfig, status: str, error: str | None, out
             if cfg.benchmark.profile and runs:
                 rec["warnings"].append(f"phase profile missing: {why}")
         else:
+            # Time per request outside the speculative cycles: prefill, HTTP, JSON (explains the gap
+            # between measured tok/s and accept_len / cycle time).
+            outside = [r["wall_s"] * 1e3 - sum(c["cycle_ms"] for c in w) for r, w in zip(runs, per_run) if w]
+            summary["non_cycle_ms_per_request"] = sum(outside) / len(outside) if outside else None
             rec["profile"] = summary
             for k in ("cycle_ms", "draft_ms", "verify_ms", "extend_ms", "other_ms",
                       "draft_pct", "verify_pct", "extend_pct", "other_pct"):

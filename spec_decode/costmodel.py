@@ -1,0 +1,152 @@
+"""Cost model: from a steps sweep, predict throughput for step counts not measured.
+
+- Acceptance: the i.i.d. chain model (Leviathan et al. 2023): with per-position acceptance alpha, a
+  cycle with k draft tokens commits L(k) = (1 - alpha^(k+1)) / (1 - alpha) tokens (incl. the bonus).
+  alpha is fitted by least squares to the measured accept lengths.
+- Time per cycle: each phase is fitted as fixed + per-token part over the measured points --
+  verify(k) = a + b (k+1) (the source found verify barely changes from 6 to 3 draft tokens, i.e. b is
+  small), draft(k) = c + d k, re-extend(k) = e + f k; other = its mean.
+- Predicted tok/s(k) = L(k) / cycle(k), scaled by the median measured/predicted ratio of the measured
+  points (the measured side also pays prefill and HTTP, which the per-cycle model does not see).
+- Interval: +- t(0.975, n-1) x the std of the measured points' relative residuals (n = points), a
+  plain measure of how well the model reproduced what was measured.
+"""
+
+from __future__ import annotations
+
+import math
+import statistics
+from dataclasses import asdict, dataclass, field
+
+import numpy as np
+from scipy import optimize
+from scipy import stats as st
+
+
+@dataclass
+class Point:
+    steps: int
+    accept_len: float
+    draft_ms: float
+    verify_ms: float
+    extend_ms: float
+    other_ms: float
+    throughput_tok_s: float | None = None
+
+
+@dataclass
+class Fit:
+    alpha: float
+    verify: tuple[float, float]  # a, b per verified token
+    draft: tuple[float, float]
+    extend: tuple[float, float]
+    other_ms: float
+    scale: float
+    rel_sd: float
+    n: int
+    predictions: list[dict] = field(default_factory=list)
+    best_steps: int | None = None
+    best_tok_s: tuple[float, float, float] | None = None  # predicted, lo, hi
+
+    def as_dict(self) -> dict:
+        return asdict(self)
+
+
+def chain_accept_len(alpha: float, k: int) -> float:
+    if abs(1 - alpha) < 1e-12:
+        return k + 1.0
+    return (1 - alpha ** (k + 1)) / (1 - alpha)
+
+
+def fit_alpha(points: list[Point]) -> float:
+    def loss(a: float) -> float:
+        return sum((chain_accept_len(a, p.steps) - p.accept_len) ** 2 for p in points)
+
+    res = optimize.minimize_scalar(loss, bounds=(1e-4, 0.9999), method="bounded", options={"xatol": 1e-12})
+    return float(res.x)
+
+
+def _line(xs: list[float], ys: list[float]) -> tuple[float, float]:
+    if len(set(xs)) < 2:
+        return (statistics.fmean(ys), 0.0)
+    b, a = np.polyfit(xs, ys, 1)
+    return float(a), float(b)
+
+
+def cycle_ms(fit: Fit, k: int) -> float:
+    return (fit.verify[0] + fit.verify[1] * (k + 1) + fit.draft[0] + fit.draft[1] * k
+            + fit.extend[0] + fit.extend[1] * k + fit.other_ms)
+
+
+def raw_tok_s(fit: Fit, k: int) -> float:
+    return chain_accept_len(fit.alpha, k) / (cycle_ms(fit, k) / 1e3)
+
+
+def fit(points: list[Point], max_steps: int = 8) -> Fit:
+    if len(points) < 2:
+        raise ValueError("the cost model needs at least 2 measured step counts")
+    ks = [p.steps for p in points]
+    f = Fit(
+        alpha=fit_alpha(points),
+        verify=_line([k + 1 for k in ks], [p.verify_ms for p in points]),
+        draft=_line(ks, [p.draft_ms for p in points]),
+        extend=_line(ks, [p.extend_ms for p in points]),
+        other_ms=statistics.fmean(p.other_ms for p in points),
+        scale=1.0, rel_sd=0.0, n=len(points),
+    )
+    measured = [(p, p.throughput_tok_s) for p in points if p.throughput_tok_s]
+    if measured:
+        f.scale = statistics.median(m / raw_tok_s(f, p.steps) for p, m in measured)
+        rel = [f.scale * raw_tok_s(f, p.steps) / m - 1 for p, m in measured]
+        f.rel_sd = statistics.stdev(rel) if len(rel) > 1 else 0.0
+    t = st.t.ppf(0.975, max(f.n - 1, 1))
+    by_k = {p.steps: p for p in points}
+    for k in range(1, max(max_steps, max(ks)) + 1):
+        pred = f.scale * raw_tok_s(f, k)
+        half = t * f.rel_sd * pred
+        row = {"steps": k, "predicted_tok_s": pred, "lo": pred - half, "hi": pred + half,
+               "predicted_accept_len": chain_accept_len(f.alpha, k), "predicted_cycle_ms": cycle_ms(f, k),
+               "measured_tok_s": by_k[k].throughput_tok_s if k in by_k else None}
+        f.predictions.append(row)
+    best = max(f.predictions, key=lambda r: r["predicted_tok_s"])
+    f.best_steps = best["steps"]
+    f.best_tok_s = (best["predicted_tok_s"], best["lo"], best["hi"])
+    return f
+
+
+def points_from_records(recs: list[dict], nccl: str | None = None) -> list[Point]:
+    """One point per step count from finished speculative records with a phase profile (averaged when
+    a step count appears more than once, e.g. under two NCCL profiles unless ``nccl`` selects one)."""
+    groups: dict[int, list[dict]] = {}
+    for r in recs:
+        m = r.get("metrics", {})
+        if r.get("status") != "FINISHED" or not r.get("speculative") or "cycle_ms" not in m:
+            continue
+        if nccl is not None and r["config"]["nccl"]["name"] != nccl:
+            continue
+        groups.setdefault(r["config"]["spec"]["steps"], []).append(m)
+    out = []
+    for k, ms in sorted(groups.items()):
+        avg = lambda key: statistics.fmean(m[key] for m in ms)  # noqa: E731
+        out.append(Point(k, avg("accept_len"), avg("draft_ms"), avg("verify_ms"), avg("extend_ms"),
+                         avg("other_ms"), avg("throughput_tok_s")))
+    return out
+
+
+def describe(f: Fit) -> str:
+    lines = [
+        f"cost model (n={f.n} step counts): alpha = {f.alpha:.3f} per position; verify = "
+        f"{f.verify[0]:.2f} + {f.verify[1]:.3f} x tokens ms; draft = {f.draft[0]:.2f} + {f.draft[1]:.3f} x k ms; "
+        f"re-extend = {f.extend[0]:.2f} + {f.extend[1]:.3f} x k ms; other {f.other_ms:.2f} ms; "
+        f"scale {f.scale:.3f}; residual sd {100 * f.rel_sd:.1f}%",
+        "steps  predicted tok/s [95% interval]   measured   accept len (pred)  cycle ms (pred)",
+    ]
+    for r in f.predictions:
+        meas = f"{r['measured_tok_s']:.1f}" if r["measured_tok_s"] else "-"
+        lines.append(f"{r['steps']:>5}  {r['predicted_tok_s']:8.1f} [{r['lo']:.1f}, {r['hi']:.1f}]"
+                     f"   {meas:>8}   {r['predicted_accept_len']:8.2f}          {r['predicted_cycle_ms']:7.2f}")
+    lo, hi = f.best_tok_s[1], f.best_tok_s[2]
+    lines.append(f"predicted best: steps={f.best_steps} at {f.best_tok_s[0]:.1f} tok/s [{lo:.1f}, {hi:.1f}]")
+    if not math.isfinite(f.rel_sd) or f.n < 3:
+        lines.append("(fewer than 3 measured step counts: the interval is not informative)")
+    return "\n".join(lines)
