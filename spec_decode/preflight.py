@@ -74,12 +74,19 @@ def _dvc_tracked(root: Path, path: str) -> bool:
     return dvc_yaml.exists() and path in dvc_yaml.read_text()
 
 
+def has_weights(model_dir: Path) -> bool:
+    """config.json plus at least one weights file (safetensors, possibly sharded, or a torch .bin)."""
+    if not (model_dir / "config.json").is_file():
+        return False
+    return any(model_dir.glob("*.safetensors")) or any(model_dir.glob("*.bin"))
+
+
 def _missing_weights(root: Path, path: str, flag: str) -> str:
     hint = f"run `dvc pull {path}`"
     if not _dvc_tracked(root, path):
         hint += (" (this repo has no DVC pointer for it yet: where the weights live, "
                  f"`dvc add {path} && dvc push`, and commit {path}.dvc)")
-    return f"{flag}={path}: weights not found (no config.json there); {hint}"
+    return f"{flag}={path}: weights not found (config.json + *.safetensors); {hint}"
 
 
 def visible_gpus() -> int | None:
@@ -109,7 +116,7 @@ def check(cfg: ExperimentConfig, root: Path) -> Preflight:
     model_dir = Path(cfg.model.path)
     model_dir = model_dir if model_dir.is_absolute() else root / model_dir
     tcfg: dict | None = None
-    if (model_dir / "config.json").is_file():
+    if has_weights(model_dir):
         tcfg = _read_json(model_dir / "config.json", pf, "the model's config.json")
     elif cfg.engine.name == "sglang" and not model_dir.exists() and cfg.model.path.count("/") == 1 \
             and not cfg.model.path.startswith((".", "/")):
@@ -164,7 +171,7 @@ def _check_drafter(cfg: ExperimentConfig, root: Path, pf: Preflight, tcfg: dict 
     d = cfg.drafter
     path = Path(str(d.path))
     full = path if path.is_absolute() else root / path
-    if not (full / "config.json").is_file():
+    if not has_weights(full):
         pf.need(False, _missing_weights(root, str(d.path), "drafter.path"), local=True, dry_run=cfg.dry_run)
         return
     dcfg = _read_json(full / "config.json", pf, "the drafter's config.json")

@@ -1,0 +1,86 @@
+"""DVC for real: a temp clone of this repo, real `dvc` and git, the ci_smoke experiment rebuilt."""
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from ..conftest import ROOT
+
+pytestmark = pytest.mark.integration
+DVC = str(Path(sys.executable).parent / "dvc")
+
+
+def sh(args, cwd, env=None, check=True, timeout=600):
+    p = subprocess.run(args, cwd=cwd, env=env, capture_output=True, text=True, timeout=timeout)
+    if check and p.returncode != 0:
+        raise AssertionError(f"{args} exited {p.returncode}\n{p.stdout[-3000:]}\n{p.stderr[-3000:]}")
+    return p
+
+
+@pytest.fixture(scope="module")
+def clone(tmp_path_factory):
+    if subprocess.run(["git", "-C", str(ROOT), "rev-parse", "HEAD"], capture_output=True).returncode != 0:
+        pytest.skip("not a git checkout")
+    d = tmp_path_factory.mktemp("clone") / "repo"
+    sh(["git", "clone", "-q", str(ROOT), str(d)], cwd=ROOT)
+    env = {**os.environ, "PYTHONPATH": str(d), "PATH": f"{Path(sys.executable).parent}:{os.environ['PATH']}",
+           "DVC_NO_ANALYTICS": "1", "HF_HUB_OFFLINE": "1"}
+    return d, env
+
+
+def test_fresh_clone_has_models_up_to_date_and_analytics_off(clone):
+    d, env = clone
+    out = sh([DVC, "status", "corpus", "target", "drafter"], cwd=d, env=env).stdout
+    assert "up to date" in out, out
+    assert "analytics = false" in (d / ".dvc" / "config").read_text()
+
+
+def test_repro_rebuilds_the_experiment_and_compare_judges_it(clone):
+    d, env = clone
+    sh([DVC, "repro", "bench@ci_smoke", "report@ci_smoke"], cwd=d, env=env, timeout=900)
+    status = sh([DVC, "status", "bench@ci_smoke", "report@ci_smoke"], cwd=d, env=env).stdout
+    assert "up to date" in status, status
+    metrics = json.loads((d / "experiments/ci_smoke/metrics.json").read_text())
+    assert set(metrics["jobs"]) == {"baseline,nccl=default", "nccl=default,spec.steps=1", "nccl=default,spec.steps=3"}
+    assert all(j["status"] == "FINISHED" and j["engine"] == "embedded" for j in metrics["jobs"].values())
+    assert (d / "experiments/ci_smoke/throughput_vs_steps.png").exists()
+    assert "speedup 95% CI" in (d / "experiments/ci_smoke/README.md").read_text()
+    out = sh([sys.executable, "-m", "spec_decode.experiment", "compare", "ci_smoke"], cwd=d, env=env).stdout
+    rows = [line for line in out.splitlines()[1:] if line.strip()]
+    assert len(rows) == 3 and all(("within noise" in r) or ("DIFFERS by" in r) for r in rows), out
+    shown = sh([DVC, "metrics", "show", "experiments/ci_smoke/metrics.json"], cwd=d, env=env).stdout
+    assert "throughput_tok_s" in shown
+
+
+def test_changing_a_prompt_marks_the_bench_stage_stale(clone):
+    d, env = clone
+    prompts = d / "data/prompts.jsonl"
+    lines = prompts.read_text().splitlines()
+    first = json.loads(lines[0])
+    first["text"] = "The kind robot waits by the river. " + first["text"]
+    prompts.write_text("\n".join([json.dumps(first), *lines[1:]]) + "\n")
+    try:
+        out = sh([DVC, "status", "bench@ci_smoke"], cwd=d, env=env).stdout
+        assert "data/prompts.jsonl" in out and "modified" in out, out
+    finally:
+        sh(["git", "checkout", "--", "data/prompts.jsonl"], cwd=d)
+
+
+def test_missing_drafter_weights_name_dvc_pull_and_nothing_runs(clone, tmp_path):
+    d, env = clone
+    weights = d / "models/tiny/drafter/model.safetensors"
+    shutil.move(weights, tmp_path / "w")
+    try:
+        p = sh([sys.executable, "run.py", "tracking=off", f"hydra.run.dir={tmp_path / 'job'}"], cwd=d, env=env,
+               check=False)
+        assert p.returncode == 2
+        assert "dvc pull models/tiny/drafter" in p.stderr
+        assert not (tmp_path / "job" / "server.log").exists()
+        assert not list((tmp_path / "job").glob("**/server.log"))
+    finally:
+        shutil.move(tmp_path / "w", weights)
