@@ -29,12 +29,18 @@ class HardwareConfig:
     num_gpus: int = 0
     interconnect: str = "none"  # none | pcie | nvlink
     tp_size: int = 1
+    # Jobs that may run their servers at once on this machine (CPU profiles; on GPUs the GPU count
+    # decides: each job takes tp_size GPUs). The pool lives in slots_dir, shared by every sweep.
+    parallel_jobs: int = 1
+    slots_dir: str = "/tmp/spec_decode_slots"
 
     def __post_init__(self) -> None:
         if self.device not in ("cpu", "cuda"):
             raise ConfigError(f"hardware.device={self.device!r}: use cpu or cuda")
         if self.tp_size < 1:
             raise ConfigError(f"hardware.tp_size={self.tp_size}: must be >= 1")
+        if self.parallel_jobs < 1:
+            raise ConfigError(f"hardware.parallel_jobs={self.parallel_jobs}: must be >= 1")
         if self.device == "cuda" and self.tp_size > self.num_gpus:
             raise ConfigError(
                 f"hardware.tp_size={self.tp_size} is larger than hardware.num_gpus={self.num_gpus} "

@@ -20,6 +20,7 @@ from . import preflight, results
 from .client import Client, ClientError
 from .config import DrafterConfig, ExperimentConfig, config_hash, resolved_dict
 from .engines import server_command, server_extra_env
+from .slots import SlotTimeout, allocate, pool_for
 from .server import PortTaken, ServerError, ServerProcess, choose_port
 
 
@@ -138,13 +139,18 @@ def measure(cfg: ExperimentConfig, ctx: JobContext, role: str, baseline: dict | 
     tracked = ctx.tracker.start(rec, ctx) if ctx.tracker is not None else None
     log_windows: list[tuple[int, int]] = []
     status, error = "FINISHED", None
+    pool, slots, need = pool_for(cfg.hardware)
     try:
-        for launch in range(cfg.benchmark.launches):
-            _one_launch(cfg, ctx, launch, prompt, extra_env, rec, log_path, log_windows)
+        with allocate(pool, slots, need, Path(cfg.hardware.slots_dir)) as mine:
+            rec["slots"] = mine
+            if cfg.hardware.device == "cuda":
+                extra_env["CUDA_VISIBLE_DEVICES"] = ",".join(mine)
+            for launch in range(cfg.benchmark.launches):
+                _one_launch(cfg, ctx, launch, prompt, extra_env, rec, log_path, log_windows)
     except KeyboardInterrupt:
         status, error = "KILLED", "interrupted (Ctrl-C / SIGINT)"
         raise
-    except (ServerError, ClientError, OSError) as e:
+    except (ServerError, ClientError, OSError, SlotTimeout) as e:
         status, error = "FAILED", f"{type(e).__name__}: {e}"
     finally:
         results.finish(rec, cfg, status, error, out, log_path, log_windows, baseline)

@@ -244,6 +244,10 @@ class SweepCallback(Callback):
         self._tracker: Tracker | None = None
         self._done = False
 
+    def __getstate__(self) -> dict:
+        # Shipped to submitit/joblib workers: the parent run id travels, the client does not.
+        return {**self.__dict__, "_tracker": None}
+
     def on_multirun_start(self, config, **kwargs) -> None:
         from omegaconf import OmegaConf
 
