@@ -167,6 +167,14 @@ class TrackingConfig:
 
 
 @dataclass
+class PreflightConfig:
+    # Measure all-reduce latency at decode sizes under the job's NCCL profile before the server
+    # starts (python -m spec_decode.nccl_probe); gloo with 2 processes on a CPU profile.
+    nccl_probe: bool = False
+    nccl_probe_iters: int = 200
+
+
+@dataclass
 class ExperimentConfig:
     hardware: HardwareConfig = MISSING
     nccl: NcclConfig = MISSING
@@ -176,6 +184,7 @@ class ExperimentConfig:
     engine: EngineConfig = MISSING
     benchmark: BenchmarkConfig = MISSING
     tracking: TrackingConfig = MISSING
+    preflight: PreflightConfig = field(default_factory=PreflightConfig)
     name: str = "adhoc"  # the experiment this job belongs to (experiment=<name> sets it)
     dry_run: bool = False  # print each job's server command and env; launch nothing
     fail_fast: bool = False  # stop the sweep at the first failed job

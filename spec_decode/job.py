@@ -116,15 +116,36 @@ def run_job(cfg: ExperimentConfig, ctx: JobContext) -> dict | None:
         return None
     ctx.out_dir.mkdir(parents=True, exist_ok=True)
     warnings = preflight.run(cfg, ctx.root)  # also covers the baseline: same target, prompts, GPUs
+    probe = run_nccl_probe(cfg, ctx) if cfg.preflight.nccl_probe else None
     baseline = None
     if cfg.speculative and cfg.benchmark.baseline_arm:
         baseline = ensure_baseline(cfg, ctx)
     return measure(cfg, ctx, role="spec" if cfg.speculative else "baseline", baseline=baseline,
-                   warnings=warnings)
+                   warnings=warnings, probe=probe)
+
+
+def run_nccl_probe(cfg: ExperimentConfig, ctx: JobContext) -> dict:
+    """All-reduce latency under the job's NCCL profile, at the standard sizes and the model's decode
+    size (hidden x batch 1 x dtype bytes); gloo with 2 processes on CPU profiles."""
+    import json as _json
+
+    from .nccl_probe import DEFAULT_SIZES, probe
+
+    cuda = cfg.hardware.device == "cuda"
+    sizes = list(DEFAULT_SIZES)
+    cfg_path = _abs(ctx.root, cfg.model.path) / "config.json"
+    if cfg_path.exists():
+        hidden = _json.loads(cfg_path.read_text()).get("hidden_size")
+        if hidden:
+            sizes.append(int(hidden) * (2 if cuda else 4))
+    world = cfg.hardware.tp_size if cuda else 2
+    _say(ctx, f"[nccl probe] {'nccl' if cuda else 'gloo'} x{world}, nccl={cfg.nccl.name}, sizes {sorted(set(sizes))}")
+    return probe(world, "nccl" if cuda else "gloo", sizes, iters=cfg.preflight.nccl_probe_iters,
+                 env=dict(cfg.nccl.env))
 
 
 def measure(cfg: ExperimentConfig, ctx: JobContext, role: str, baseline: dict | None = None,
-            warnings: list[str] | None = None) -> dict:
+            warnings: list[str] | None = None, probe: dict | None = None) -> dict:
     """Launch, run the protocol, collect; results.json whatever happens."""
     warnings = list(warnings or [])
     out = ctx.out_dir
@@ -136,6 +157,8 @@ def measure(cfg: ExperimentConfig, ctx: JobContext, role: str, baseline: dict | 
     prompt = preflight.load_prompts(_abs(ctx.root, cfg.benchmark.prompts))[cfg.benchmark.prompt_index]
     extra_env = server_extra_env(cfg, str(profile_path) if cfg.benchmark.profile else None)
     rec = results.new_record(cfg, ctx, role, extra_env, warnings)
+    if probe is not None:
+        rec["nccl_probe"] = probe
     tracked = ctx.tracker.start(rec, ctx) if ctx.tracker is not None else None
     log_windows: list[tuple[int, int]] = []
     status, error = "FINISHED", None

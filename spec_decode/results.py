@@ -128,6 +128,12 @@ def finish(rec: dict, cfg: ExperimentConfig, status: str, error: str | None, out
         metrics["speedup_vs_baseline_ci95_lo"] = ratio.ci95_lo
         metrics["speedup_vs_baseline_ci95_hi"] = ratio.ci95_hi
         metrics["baseline_throughput_tok_s"] = baseline["throughput_tok_s"]["mean"]
+    if rec.get("nccl_probe"):
+        from .nccl_probe import metrics_of
+
+        metrics.update(metrics_of(rec["nccl_probe"]))
+        rec["provenance"]["nccl"] = {k: rec["nccl_probe"].get(k) for k in
+                                     ("backend", "nccl_version", "algorithms", "protocols")}
     rec["metrics"] = {k: float(v) for k, v in metrics.items() if v is not None}
     from .checks import run_checks
 
