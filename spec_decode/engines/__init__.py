@@ -7,8 +7,10 @@ speculative flag at all; with a drafter the three spec numbers always travel tog
 from __future__ import annotations
 
 import sys
+from typing import TYPE_CHECKING
 
-from ..config import ExperimentConfig
+if TYPE_CHECKING:  # the embedded engine imports this package on GPU boxes without Hydra
+    from ..config import ExperimentConfig
 
 
 def launcher(cfg: ExperimentConfig) -> list[str]:

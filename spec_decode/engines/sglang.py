@@ -7,7 +7,10 @@ random one is drawn). Spec numbers travel together (``engines.common_flags``).
 
 from __future__ import annotations
 
-from ..config import ExperimentConfig
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from ..config import ExperimentConfig
 
 TESTED_VERSION = "0.5.23"
 

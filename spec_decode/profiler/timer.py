@@ -25,6 +25,9 @@ class HostClock:
     def mark(self):
         return time.perf_counter()
 
+    def release(self, *marks) -> None:
+        pass
+
     @staticmethod
     def ready(mark) -> bool:
         return True
@@ -35,13 +38,19 @@ class HostClock:
 
 
 class CudaClock:
+    """CUDA events from a pool (creating an event per mark costs a driver call each time)."""
+
     def __init__(self, torch):
         self.torch = torch
+        self._free: list = []
 
     def mark(self):
-        ev = self.torch.cuda.Event(enable_timing=True)
+        ev = self._free.pop() if self._free else self.torch.cuda.Event(enable_timing=True)
         ev.record(self.torch.cuda.current_stream())
         return ev
+
+    def release(self, *events) -> None:
+        self._free.extend(e for e in events if e is not None)
 
     @staticmethod
     def ready(mark) -> bool:
@@ -49,7 +58,7 @@ class CudaClock:
 
     @staticmethod
     def ms(a, b) -> float:
-        return a.elapsed_time(b)
+        return 0.0 if a is b else a.elapsed_time(b)
 
 
 @dataclass
@@ -59,13 +68,19 @@ class _Cycle:
     t: float = 0.0
     phases: dict = field(default_factory=dict)  # name -> (start mark, end mark)
     accepted: object = None  # int, or a tensor resolved later
+    last: object = None  # the latest boundary mark and when the host made it
+    last_host: float = 0.0
+    shared: int = 0
 
 
 class PhaseTimer:
-    def __init__(self, path: str, clock=None, summary_every: int = 200):
+    def __init__(self, path: str, clock=None, summary_every: int = 200, drain_every: int = 32,
+                 merge_us: float = 3.0):
         self.path = path
         self.clock = clock or HostClock()
         self.summary_every = summary_every
+        self.drain_every = drain_every  # resolve in batches: one query per batch, not per cycle
+        self.merge_us = merge_us
         self._local = threading.local()
         self._pending: deque[_Cycle] = deque()
         self._lock = threading.Lock()
@@ -74,28 +89,42 @@ class PhaseTimer:
     # ---- hooks (HookRegistry AROUND signature: fn(original_fn, *args, **kwargs)) -------------------
     def around_cycle(self, original, *args, **kwargs):
         cycle = _Cycle(start=self.clock.mark())
+        cycle.last, cycle.last_host = cycle.start, time.perf_counter()
         self._local.cycle = cycle
         try:
             result = original(*args, **kwargs)
         finally:
             self._local.cycle = None
         if "verify" in cycle.phases:  # a decode cycle (prefill batches have no verify)
-            cycle.end = self.clock.mark()
+            cycle.end = self._mark(cycle)
             cycle.t = time.time()
             cycle.accepted = getattr(result, "accept_lens", None)
             with self._lock:
                 self._pending.append(cycle)
-            self.drain()
+                due = len(self._pending) >= self.drain_every
+            if due:
+                self.drain()
         return result
+
+    def _mark(self, cycle: _Cycle):
+        """A boundary event; reuses the cycle's last one when the host spent under merge_us since
+        (no kernel can have been launched in between), halving the event records per cycle."""
+        now = time.perf_counter()
+        if cycle.last is not None and (now - cycle.last_host) * 1e6 < self.merge_us:
+            cycle.shared += 1
+            return cycle.last
+        ev = self.clock.mark()
+        cycle.last, cycle.last_host = ev, time.perf_counter()
+        return ev
 
     def phase(self, name: str):
         def around(original, *args, **kwargs):
             cycle = getattr(self._local, "cycle", None)
             if cycle is None:
                 return original(*args, **kwargs)
-            a = self.clock.mark()
+            a = self._mark(cycle)
             result = original(*args, **kwargs)
-            cycle.phases[name] = (a, self.clock.mark())
+            cycle.phases[name] = (a, self._mark(cycle))
             return result
 
         around.__name__ = f"spec_decode_{name}_timer"
@@ -129,6 +158,8 @@ class PhaseTimer:
             a, b = c.phases.get(p, (None, None))
             rec[f"{p}_ms"] = round(self.clock.ms(a, b), 4) if a is not None else 0.0
         rec["cycle_ms"] = round(self.clock.ms(c.start, c.end), 4)
+        marks = {id(m): m for m in (c.start, c.end, *(m for pair in c.phases.values() for m in pair))}
+        self.clock.release(*marks.values())
         acc = c.accepted
         if acc is not None and hasattr(acc, "sum"):
             acc = int(acc.sum().item())  # its event completed: no stall

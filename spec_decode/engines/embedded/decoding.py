@@ -56,6 +56,25 @@ class Generation:
     decode_steps: int = 0  # target forwards after prefill (verify cycles, or plain decode steps)
 
 
+@dataclass
+class _State:
+    """The decoding state carried between cycles."""
+
+    tcache: object
+    dcache: object
+    last: torch.Tensor | None = None  # committed, not yet in the target cache
+    first: torch.Tensor | None = None  # the next cycle's first draft token
+    h_last: torch.Tensor | None = None  # the drafter hidden state that produced it
+    committed: list = field(default_factory=list)
+
+
+@dataclass
+class CycleOut:
+    accepted_drafts: int
+    accept_lens: list[int]  # per request, incl. the bonus token (as SGLang's batch result)
+    timing: Cycle | None
+
+
 class Clock:
     """Host clock; on CUDA it synchronises at phase boundaries so host times mean device times.
     (The SGLang plugin uses CUDA events instead; here one request owns the device.)"""
@@ -67,6 +86,10 @@ class Clock:
         if self.cuda:
             torch.cuda.synchronize()
         return time.perf_counter()
+
+
+def _no_clock() -> float:
+    return 0.0
 
 
 class Decoder:
@@ -91,6 +114,53 @@ class Decoder:
             return self._greedy(ids, max_new_tokens, on_step)
         return self._speculative(ids, max_new_tokens, on_step)
 
+    def cycle(self, st: _State) -> CycleOut:
+        """One speculative cycle (SGLang: EAGLEWorkerV2.forward_batch_generation for a decode batch)."""
+        clock = self.clock if self.profile else _no_clock  # the CUDA clock synchronises: only when asked
+        t0 = clock()
+        base = st.tcache.length
+        draft = self.draft(st.first, st.h_last, st.dcache)
+        t1 = clock()
+        a, pred, aux = self.verify(st.last, draft, st.tcache)
+        t2 = clock()
+        new = pred[: a + 1]  # accepted drafts (== pred[:a]) and the bonus token
+        st.first, st.h_last = self.extend(new, aux[:, : a + 1], st.dcache, base)
+        st.last = new[-1:]
+        st.committed.append(new)
+        t3 = clock()
+        timing = None
+        if self.profile:
+            timing = Cycle(time.time(), (t1 - t0) * 1e3, (t2 - t1) * 1e3, (t3 - t2) * 1e3, (t3 - t0) * 1e3, a + 1)
+        return CycleOut(a, [a + 1], timing)
+
+    # The three phases as methods (the shape of SGLang's EagleDraftWorker.draft / EAGLEWorkerV2.verify /
+    # _draft_extend_for_decode), so that phase hooks such as the profiler plugin's can wrap them.
+    def draft(self, first: torch.Tensor, h: torch.Tensor, dcache) -> torch.Tensor:
+        """k draft tokens: the first from the last re-extend, then k-1 drafter steps on its own hidden."""
+        drafter = self.drafter
+        drafts, tok = [first], first
+        for _ in range(self.steps - 1):
+            dl, h = drafter(tok.view(1, 1), h, dcache)
+            tok = drafter.to_target_ids(dl[-1].argmax()).view(1)
+            drafts.append(tok)
+        return torch.cat(drafts)
+
+    def verify(self, last: torch.Tensor, draft: torch.Tensor, tcache):
+        """One target forward over [last, d1..dk]; returns (accepted count, argmax preds, features)."""
+        base = tcache.length
+        logits, aux = self.target(torch.cat([last, draft]).view(1, -1), tcache, self.capture)
+        pred = logits.argmax(-1)  # (k+1,)
+        a = int((draft == pred[: self.steps]).to(torch.int32).cumprod(0).sum())
+        tcache.crop(base + a + 1)
+        return a, pred, aux
+
+    def extend(self, new: torch.Tensor, feats: torch.Tensor, dcache, base: int):
+        """Drop the chain's own entries, re-extend with the true features of the committed tokens;
+        returns the next cycle's first draft token and hidden state."""
+        dcache.crop(base)
+        dl, dh = self.drafter(new.view(1, -1), feats, dcache)
+        return self.drafter.to_target_ids(dl[-1].argmax()).view(1), dh[:, -1:]
+
     def _greedy(self, ids: torch.Tensor, n: int, on_step) -> Generation:
         cache = self.target.new_cache()
         logits, _ = self.target(ids, cache)
@@ -108,54 +178,30 @@ class Decoder:
         return gen
 
     def _speculative(self, ids: torch.Tensor, n: int, on_step) -> Generation:
-        target, drafter, k, clock = self.target, self.drafter, self.steps, self.clock
+        target, drafter, k = self.target, self.drafter, self.steps
         assert drafter is not None
-        tcache, dcache = target.new_cache(), drafter.new_cache()
+        st = _State(tcache=target.new_cache(), dcache=drafter.new_cache())
         # Prefill: target over the prompt; the drafter extends over it pairing feature t with token t+1.
-        logits, aux = target(ids, tcache, self.capture)
-        last = logits[-1].argmax().view(1)
-        dlogits, dh = drafter(torch.cat([ids[0, 1:], last]).view(1, -1), aux, dcache)
-        first = drafter.to_target_ids(dlogits[-1].argmax()).view(1)
-        h_last = dh[:, -1:]
-        committed = [last]
+        logits, aux = target(ids, st.tcache, self.capture)
+        st.last = logits[-1].argmax().view(1)
+        dlogits, dh = drafter(torch.cat([ids[0, 1:], st.last]).view(1, -1), aux, st.dcache)
+        st.first = drafter.to_target_ids(dlogits[-1].argmax()).view(1)
+        st.h_last = dh[:, -1:]
+        st.committed = [st.last]
         produced = 1
         gen = Generation(output_ids=[], prompt_tokens=ids.shape[1], histogram=[0] * (k + 1))
         while produced < n:
-            t0 = clock()
-            base = tcache.length
-            drafts = [first]
-            tok, h = first, h_last
-            for _ in range(k - 1):
-                dl, h = drafter(tok.view(1, 1), h, dcache)
-                tok = drafter.to_target_ids(dl[-1].argmax()).view(1)
-                drafts.append(tok)
-            draft = torch.cat(drafts)
-            t1 = clock()
-            logits, aux = target(torch.cat([last, draft]).view(1, -1), tcache, self.capture)
-            pred = logits.argmax(-1)  # (k+1,)
-            a = int((draft == pred[:k]).to(torch.int32).cumprod(0).sum())
-            tcache.crop(base + a + 1)
-            t2 = clock()
-            dcache.crop(base)
-            new = pred[: a + 1]  # accepted drafts (== pred[:a]) and the bonus token
-            dl, dh = drafter(new.view(1, -1), aux[:, : a + 1], dcache)
-            first = drafter.to_target_ids(dl[-1].argmax()).view(1)
-            h_last = dh[:, -1:]
-            last = new[-1:]
-            committed.append(new)
+            out = self.cycle(st)
+            a = out.accepted_drafts
             produced += a + 1
-            t3 = clock()
             gen.verify_ct += 1
             gen.correct_drafts += a
             gen.histogram[a] += 1
-            if self.profile:
-                gen.cycles.append(
-                    Cycle(time.time(), (t1 - t0) * 1e3, (t2 - t1) * 1e3, (t3 - t2) * 1e3,
-                          (t3 - t0) * 1e3, a + 1)
-                )
+            if out.timing is not None:
+                gen.cycles.append(out.timing)
             if on_step is not None:
                 on_step(a + 1, a)
         gen.proposed_drafts = gen.verify_ct * k
         gen.decode_steps = gen.verify_ct
-        gen.output_ids = torch.cat(committed)[:n].tolist()
+        gen.output_ids = torch.cat(st.committed)[:n].tolist()
         return gen

@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
-from ...config import ExperimentConfig
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from ...config import ExperimentConfig
 
 
 def engine_flags(cfg: ExperimentConfig) -> list[str]:
