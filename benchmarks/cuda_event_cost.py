@@ -33,11 +33,42 @@ def main() -> None:
         "tiny kernel launch (x.add_(1))": lambda: x.add_(1),
         "time.perf_counter()": time.perf_counter,
     }
+    import tempfile
+
+    from spec_decode.profiler.timer import CudaClock, HostClock, PhaseTimer
+
+    class Out:
+        accept_lens = [3]
+
+    def make_cycle(timer):
+        draft, verify, extend = (timer.phase(n) for n in ("draft", "verify", "extend"))
+
+        def body():
+            draft(x.add_, 1)
+            verify(x.add_, 1)
+            extend(x.add_, 1)
+            return Out()
+
+        return lambda: timer.around_cycle(body)
+
+    def plain_body():
+        x.add_(1)
+        x.add_(1)
+        x.add_(1)
+        return Out()
+
+    tmp = tempfile.mkdtemp()
+    cuda_timer = PhaseTimer(f"{tmp}/c.jsonl", clock=CudaClock(torch))
+    host_timer = PhaseTimer(f"{tmp}/h.jsonl", clock=HostClock())
+    rows["cycle of 3 tiny kernels, no timer"] = plain_body
+    rows["same cycle + PhaseTimer (CUDA events)"] = make_cycle(cuda_timer)
+    rows["same cycle + PhaseTimer (host clock)"] = make_cycle(host_timer)
     print(f"torch {torch.__version__}, {torch.cuda.get_device_name()}")
     print("| call | us per call |")
     print("|---|---|")
     for name, fn in rows.items():
         print(f"| {name} | {per_call(fn):.2f} |")
+    cuda_timer.drain(wait=True)
 
 
 if __name__ == "__main__":

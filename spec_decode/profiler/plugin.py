@@ -34,7 +34,8 @@ def make_timer(path: str):
     except ImportError:
         pass
     every = int(os.environ.get("SPEC_DECODE_PROFILE_SUMMARY_EVERY", "200"))
-    return PhaseTimer(path, clock=clock, summary_every=every)
+    merge = os.environ.get("SPEC_DECODE_PROFILE_MERGE_US")
+    return PhaseTimer(path, clock=clock, summary_every=every, merge_us=float(merge) if merge else None)
 
 
 def register() -> None:

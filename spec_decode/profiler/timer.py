@@ -43,6 +43,18 @@ class CudaClock:
     def __init__(self, torch):
         self.torch = torch
         self._free: list = []
+        self.launch_us = self._launch_cost_us()
+
+    def _launch_cost_us(self) -> float:
+        """Host time of one tiny kernel launch here: a host gap shorter than half of it cannot hold
+        a launch, so two boundaries that close can share one event."""
+        x = self.torch.zeros(1, device="cuda")
+        for _ in range(5):
+            x.add_(1)
+        t0 = time.perf_counter()
+        for _ in range(20):
+            x.add_(1)
+        return (time.perf_counter() - t0) / 20 * 1e6
 
     def mark(self):
         ev = self._free.pop() if self._free else self.torch.cuda.Event(enable_timing=True)
@@ -75,11 +87,13 @@ class _Cycle:
 
 class PhaseTimer:
     def __init__(self, path: str, clock=None, summary_every: int = 200, drain_every: int = 32,
-                 merge_us: float = 3.0):
+                 merge_us: float | None = None):
         self.path = path
         self.clock = clock or HostClock()
         self.summary_every = summary_every
         self.drain_every = drain_every  # resolve in batches: one query per batch, not per cycle
+        if merge_us is None:
+            merge_us = 0.5 * getattr(self.clock, "launch_us", 0.0)
         self.merge_us = merge_us
         self._local = threading.local()
         self._pending: deque[_Cycle] = deque()
