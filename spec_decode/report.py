@@ -89,8 +89,8 @@ def write_plots(recs: list[dict], out_dir: Path) -> list[Path]:
         fig, ax = plt.subplots(figsize=(7, 4.5))
         profiles = sorted({r["config"]["nccl"]["name"] for r in spec})
         for i, prof in enumerate(profiles):
-            pts = sorted((r["config"]["spec"]["steps"], r["metrics"]) for r in spec
-                         if r["config"]["nccl"]["name"] == prof)
+            pts = sorted(((r["config"]["spec"]["steps"], r["metrics"]) for r in spec
+                          if r["config"]["nccl"]["name"] == prof), key=lambda p: p[0])
             xs = [p[0] for p in pts]
             ys = [p[1]["throughput_tok_s"] for p in pts]
             err = [[y - p[1].get("throughput_tok_s_ci95_lo", y) for y, p in zip(ys, pts)],
@@ -132,7 +132,7 @@ def write_plots(recs: list[dict], out_dir: Path) -> list[Path]:
         prof = [r for r in spec if "cycle_ms" in r["metrics"]]
         if prof:
             fig, ax = plt.subplots(figsize=(max(6, 1.1 * len(prof)), 4.5))
-            labels = [r.get("name") or "(defaults)" for r in prof]
+            labels = [_short(r.get("name") or "(defaults)") for r in prof]
             bottom = [0.0] * len(prof)
             for phase, label in (("draft", "draft"), ("verify", "target verify"),
                                  ("extend", "draft re-extend"), ("other", "other")):
@@ -145,6 +145,14 @@ def write_plots(recs: list[dict], out_dir: Path) -> list[Path]:
             ax.legend(fontsize=8)
             paths.append(_save(fig, out_dir / "phases.png"))
     return paths
+
+
+def _short(label: str, n: int = 32) -> str:
+    """Axis labels: the job's distinguishing overrides, cut to fit."""
+    parts = [p for p in label.split(",") if not p.startswith(("tracking.", "hydra.", "benchmark.max_new",
+                                                              "benchmark.runs", "benchmark.warmup"))]
+    text = ",".join(parts) or label
+    return text if len(text) <= n else text[: n - 1] + "~"
 
 
 def _save(fig, path: Path) -> Path:

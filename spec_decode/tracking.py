@@ -306,9 +306,13 @@ class SweepCallback(Callback):
 
                 for png in write_plots(recs, Path(self.sweep_dir)):
                     c.log_artifact(self.parent_run_id, str(png), artifact_path="plots")
-                c.set_terminated(self.parent_run_id, status=status)
-            except Exception as e:  # noqa: BLE001
-                print(f"warning: could not finish the MLflow parent run: {e}", file=sys.stderr)
+            except Exception as e:  # noqa: BLE001 - the summary is a view; the status must still land
+                print(f"warning: sweep summary not logged to MLflow: {type(e).__name__}: {e}", file=sys.stderr)
+            finally:
+                try:
+                    c.set_terminated(self.parent_run_id, status=status)
+                except Exception as e:  # noqa: BLE001
+                    print(f"warning: could not close the MLflow parent run: {e}", file=sys.stderr)
 
 
 def collect(directory: Path) -> list[dict]:

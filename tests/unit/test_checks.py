@@ -65,3 +65,18 @@ def test_speedup_vs_cost_model_and_break_even():
     assert c["ok"] is False  # measured 1.059x vs predicted 0.98x
     ok = record(accept_len=1.87, baseline_throughput_tok_s=88.8, speedup_vs_baseline=94.0 / 88.8)
     assert by_name(ok)["speedup_vs_cost_model"]["ok"] is True
+
+
+def test_plots_handle_repeated_step_counts(tmp_path):
+    """Two jobs with the same steps and profile (e.g. a prompt sweep) must not break the plots."""
+    from spec_decode.report import write_plots
+
+    def rec(steps, tput, prompt):
+        return {"status": "FINISHED", "speculative": True, "name": f"p{prompt},s{steps}",
+                "engine": {"name": "embedded"},
+                "config": {"nccl": {"name": "default"}, "spec": {"steps": steps}, "hardware": {"name": "cpu"}},
+                "metrics": {"throughput_tok_s": tput, "accept_len": 2.0 + steps / 3, "cycle_ms": 5.0,
+                            "draft_ms": 1.0, "verify_ms": 3.0, "extend_ms": 0.8, "other_ms": 0.2}}
+
+    recs = [rec(1, 300, 0), rec(1, 310, 1), rec(3, 500, 0), rec(3, 520, 1)]
+    assert len(write_plots(recs, tmp_path)) == 3
