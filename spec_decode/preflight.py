@@ -155,6 +155,13 @@ def check(cfg: ExperimentConfig, root: Path) -> Preflight:
         pf.need(n is not None and n >= cfg.hardware.tp_size,
                 f"hardware={cfg.hardware.name} needs {cfg.hardware.tp_size} GPU(s) for tp "
                 f"{cfg.hardware.tp_size}; {n or 0} visible here", local=True, dry_run=dry)
+    # A reported experiment from a dirty tree cannot be rebuilt from its commit.
+    if cfg.name != "adhoc":
+        from .provenance import git_state
+
+        if git_state(root).get("dirty"):
+            pf.warnings.append(f"experiment={cfg.name} runs from a dirty git tree: commit first, or the "
+                               "result's git.commit does not rebuild it")
     if cfg.engine.name == "sglang":
         from .engines.sglang import installed_version, version_warning
 

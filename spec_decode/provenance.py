@@ -93,7 +93,10 @@ def gpu_facts() -> dict | None:
     names = _run(["nvidia-smi", "--query-gpu=name,driver_version", "--format=csv,noheader"])
     if not names:
         return None
-    return {"gpus": names.splitlines(), "topology": _run(["nvidia-smi", "topo", "-m"])}
+    # The NCCL version torch loads (torch is not imported by the runner itself: ask a child).
+    nccl = _run([sys.executable, "-c", "import torch; print('.'.join(map(str, torch.cuda.nccl.version())))"])
+    return {"gpus": names.splitlines(), "topology": _run(["nvidia-smi", "topo", "-m"]),
+            "torch_nccl_version": nccl}
 
 
 def sha256_file(path: Path) -> str:
