@@ -28,35 +28,38 @@ def timed(args: list[str]) -> float:
     return time.perf_counter() - t0
 
 
+def job_overhead(rec: dict) -> float:
+    """In-process time of a job minus server start, warmup and timed requests: what the harness adds."""
+    busy = sum(x["server_start_s"] + x.get("warmup_s", 0.0) for x in rec["launches"])
+    busy += sum(r["wall_s"] for r in rec["runs"])
+    return rec["ended_at"] - rec["started_at"] - busy
+
+
 def main() -> None:
     tmp = Path(tempfile.mkdtemp(prefix="overhead_"))
     store = [f"tracking.uri=sqlite:///{tmp}/mlflow.db", f"tracking.artifact_location={tmp}/art"]
     help_s = [timed(["--help"]) for _ in range(3)]
-    rows = []
+    singles = []
     for i in range(3):
         d = tmp / f"job{i}"
         wall = timed([*SMALL, *store, f"hydra.run.dir={d}"])
         rec = json.loads((d / "results.json").read_text())
-        start = sum(x["server_start_s"] for x in rec["launches"])
-        runs = sum(r["wall_s"] for r in rec["runs"])
-        warm = runs / len(rec["runs"])  # one warmup request of the same shape
-        rows.append({"wall_s": wall, "server_start_s": start, "timed_runs_s": runs, "warmup_s": warm,
-                     "overhead_s": wall - start - runs - warm, "in_process_s": rec["ended_at"] - rec["started_at"]})
-    print("| job | wall s | server start s | timed runs s | warmup s | harness overhead s |")
-    print("|---|---|---|---|---|---|")
-    for i, r in enumerate(rows):
-        print(f"| {i} | {r['wall_s']:.2f} | {r['server_start_s']:.2f} | {r['timed_runs_s']:.2f} | "
-              f"{r['warmup_s']:.2f} | {r['overhead_s']:.2f} |")
-    print(f"median harness overhead per single job: {statistics.median(r['overhead_s'] for r in rows):.2f} s "
-          "(includes interpreter start-up, imports and MLflow store init, paid once per process)")
+        singles.append((wall, job_overhead(rec), rec))
     sweep = tmp / "sweep"
-    t_sweep = timed(["-m", "spec.steps=1,2,3,5", *SMALL, *store, f"hydra.sweep.dir={sweep}"])
+    t_sweep = timed(["-m", "spec.steps=1,2,3,5,1,2,3,5", *SMALL, *store, f"hydra.sweep.dir={sweep}"])
     recs = [json.loads(p.read_text()) for p in sweep.rglob("results.json")]
-    measured = sum(sum(x["server_start_s"] for x in r["launches"]) + sum(q["wall_s"] for q in r["runs"]) * 1.5
-                   for r in recs)
-    print(f"sweep of {len(recs)} jobs in one process: {t_sweep:.2f} s wall, "
-          f"{(t_sweep - measured) / len(recs):.2f} s harness overhead per job (amortised)")
-    print(f"python run.py --help: median {statistics.median(help_s):.2f} s")
+    per_job = [job_overhead(r) for r in recs]
+    in_jobs = sum(r["ended_at"] - r["started_at"] for r in recs)
+    print("| what | seconds |")
+    print("|---|---|")
+    print(f"| harness overhead per job inside a sweep (median of {len(recs)}; preflight, provenance, "
+          f"MLflow run + logging, results.json, teardown) | {statistics.median(per_job):.2f} |")
+    print(f"| same, single `python run.py` jobs (median of 3) | {statistics.median(o for _, o, _ in singles):.2f} |")
+    print(f"| single job: process wall minus in-job time (interpreter, imports, Hydra, MLflow store init) | "
+          f"{statistics.median(w - (r['ended_at'] - r['started_at']) for w, _, r in singles):.2f} |")
+    print(f"| sweep of {len(recs)}: wall minus in-job time (once per sweep: imports, store init, parent run, "
+          f"summary + plots) | {t_sweep - in_jobs:.2f} |")
+    print(f"| `python run.py --help` (median of 3) | {statistics.median(help_s):.2f} |")
 
 
 if __name__ == "__main__":

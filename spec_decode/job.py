@@ -230,7 +230,8 @@ def _one_launch(cfg: ExperimentConfig, ctx: JobContext, launch: int, prompt: str
                    leave=False)
         try:
             for _ in range(b.warmup):
-                client.generate(body, launch, -1)
+                w = client.generate(body, launch, -1)
+                rec["launches"][-1]["warmup_s"] = rec["launches"][-1].get("warmup_s", 0.0) + w.wall_s
                 bar.update()
             client.flush_cache()
             start = log_path.stat().st_size

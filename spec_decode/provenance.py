@@ -107,28 +107,27 @@ def sha256_file(path: Path) -> str:
     return h.hexdigest()
 
 
-def dvc_hashes(root: Path) -> dict[str, str]:
-    """path -> md5 of every stage output and dependency in dvc.lock, and of every .dvc file."""
+def dvc_hashes(root: Path, paths: list[str] | None = None) -> dict[str, str]:
+    """path -> md5 of every stage output and dependency in dvc.lock, and of the ``<path>.dvc`` files
+    of the given paths (looked up directly: walking the tree costs seconds in a big checkout)."""
+    import yaml
+
     out: dict[str, str] = {}
     lock = root / "dvc.lock"
     if lock.exists():
-        import yaml
-
         data = yaml.safe_load(lock.read_text()) or {}
         for stage in (data.get("stages") or {}).values():
             for entry in (stage.get("outs") or []) + (stage.get("deps") or []):
                 if "md5" in entry:
                     out[entry["path"]] = entry["md5"]
-    for dvc_file in root.glob("**/*.dvc"):
-        if ".dvc" in dvc_file.parts[:-1] or ".venv" in dvc_file.parts:
+    for p in paths or []:
+        dvc_file = root / f"{p}.dvc"
+        if not dvc_file.is_file():
             continue
         try:
-            import yaml
-
             for entry in (yaml.safe_load(dvc_file.read_text()) or {}).get("outs", []):
-                rel = (dvc_file.parent / entry["path"]).relative_to(root)
-                out[str(rel)] = entry.get("md5", "")
-        except (OSError, ValueError, KeyError, TypeError):
+                out[str((dvc_file.parent / entry["path"]).relative_to(root))] = entry.get("md5", "")
+        except (OSError, ValueError, KeyError, TypeError, yaml.YAMLError):
             continue
     return out
 
@@ -136,7 +135,7 @@ def dvc_hashes(root: Path) -> dict[str, str]:
 def data_hashes(root: Path, paths: dict[str, str | None]) -> dict[str, dict]:
     """For each named input (target, drafter, prompts): its DVC md5 when DVC tracks it, else the
     sha256 of the file (or of config.json + model.safetensors for a model directory)."""
-    dvc = dvc_hashes(root)
+    dvc = dvc_hashes(root, [p for p in paths.values() if p])
     out: dict[str, dict] = {}
     for name, p in paths.items():
         if not p:

@@ -192,7 +192,7 @@ class ServerProcess:
                     f"(engine.startup_timeout_s); last lines of {self.log_path}:\n" + log_tail(self.log_path)
                 )
             time.sleep(delay)
-            delay = min(delay * 1.5, 0.5)
+            delay = min(delay * 1.5, 0.1)
 
     def owns_port(self) -> bool:
         """Whether a process of our server's tree listens on the port."""
