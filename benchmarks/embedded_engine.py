@@ -83,7 +83,7 @@ def main() -> None:
                    for p in ("cycle", "draft", "verify", "extend")},
             }
         rows.append(row)
-        f = lambda k, spec=".2f": format(row[k], spec) if k in row else "-"  # noqa: E731
+        f = lambda k, spec=".2f", row=row: format(row[k], spec) if k in row else "-"  # noqa: E731
         print(f"| {name} | {row['tok_s']:.0f} | {ratio:.2f}x | {f('accept_len')} | {f('accept_rate')} | "
               f"{f('cycle_ms')} | {f('draft_ms')} | {f('verify_ms')} | {f('extend_ms')} | {row['lossless']} |")
     if args.json:

@@ -127,7 +127,9 @@ def points_from_records(recs: list[dict], nccl: str | None = None) -> list[Point
         groups.setdefault(r["config"]["spec"]["steps"], []).append(m)
     out = []
     for k, ms in sorted(groups.items()):
-        avg = lambda key: statistics.fmean(m[key] for m in ms)  # noqa: E731
+        def avg(key: str, ms: list[dict] = ms) -> float:
+            return statistics.fmean(m[key] for m in ms)
+
         out.append(Point(k, avg("accept_len"), avg("draft_ms"), avg("verify_ms"), avg("extend_ms"),
                          avg("other_ms"), avg("throughput_tok_s")))
     return out

@@ -88,7 +88,7 @@ def write_plots(recs: list[dict], out_dir: Path) -> list[Path]:
     if spec:
         fig, ax = plt.subplots(figsize=(7, 4.5))
         profiles = sorted({r["config"]["nccl"]["name"] for r in spec})
-        for i, prof in enumerate(profiles):
+        for prof in profiles:
             pts = sorted(((r["config"]["spec"]["steps"], r["metrics"]) for r in spec
                           if r["config"]["nccl"]["name"] == prof), key=lambda p: p[0])
             xs = [p[0] for p in pts]

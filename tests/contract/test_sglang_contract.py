@@ -1,6 +1,5 @@
 """What we generate, checked by SGLang 0.5.23's own code: argv parser, request schema, plugin hooks."""
 
-import inspect
 import itertools
 import json
 import os

@@ -15,7 +15,7 @@ from mlflow.tracking import MlflowClient
 from spec_decode.server import free_port, kill_tree
 from spec_decode.slots import allocate
 
-from ..conftest import ROOT, run_py, small
+from ..conftest import run_py, small
 
 pytestmark = pytest.mark.integration
 

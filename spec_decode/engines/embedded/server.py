@@ -148,7 +148,7 @@ class EngineState:
         c = self.counters
         now = time.monotonic()
         c.last_gen_throughput = c.window_tokens / max(now - c.last_log_tic, 1e-9)
-        parts = [f"#running-req: 1", f"#token: {self.kv_tokens}",
+        parts = ["#running-req: 1", f"#token: {self.kv_tokens}",
                  f"token usage: {self.kv_tokens / self.decoder.context:.2f}"]
         if self.decoder.drafter is not None:
             k = self.decoder.steps
