@@ -1,8 +1,10 @@
 """Cost model: from a steps sweep, predict throughput for step counts not measured.
 
-- Acceptance: the i.i.d. chain model (Leviathan et al. 2023): with per-position acceptance alpha, a
-  cycle with k draft tokens commits L(k) = (1 - alpha^(k+1)) / (1 - alpha) tokens (incl. the bonus).
-  alpha is fitted by least squares to the measured accept lengths.
+- Acceptance: the chain model (Leviathan et al. 2023): with per-position acceptance alpha, a cycle with
+  k draft tokens commits L(k) = (1 - alpha^(k+1)) / (1 - alpha) tokens (incl. the bonus). With 3 or more
+  measured step counts a decay is fitted too (position j accepted with alpha * decay^(j-1)): a drafter
+  trained for few steps (EAGLE-3's training-time test unrolls ~3) accepts less at deeper positions, and
+  the i.i.d. model then over-predicts long chains. Least squares on the measured accept lengths.
 - Time per cycle: each phase is fitted as fixed + per-token part over the measured points --
   verify(k) = a + b (k+1) (the source found verify barely changes from 6 to 3 draft tokens, i.e. b is
   small), draft(k) = c + d k, re-extend(k) = e + f k; other = its mean.
@@ -37,6 +39,7 @@ class Point:
 @dataclass
 class Fit:
     alpha: float
+    decay: float
     verify: tuple[float, float]  # a, b per verified token
     draft: tuple[float, float]
     extend: tuple[float, float]
@@ -52,18 +55,36 @@ class Fit:
         return asdict(self)
 
 
-def chain_accept_len(alpha: float, k: int) -> float:
-    if abs(1 - alpha) < 1e-12:
-        return k + 1.0
-    return (1 - alpha ** (k + 1)) / (1 - alpha)
+def chain_accept_len(alpha: float, k: int, decay: float = 1.0) -> float:
+    """Tokens per cycle of a k-draft chain whose position j is accepted with alpha * decay^(j-1)
+    (given all before it were); decay = 1 is the i.i.d. chain (1 - alpha^(k+1)) / (1 - alpha)."""
+    total, p = 1.0, 1.0
+    for j in range(k):
+        p *= alpha * decay**j
+        total += p
+    return total
 
 
-def fit_alpha(points: list[Point]) -> float:
-    def loss(a: float) -> float:
-        return sum((chain_accept_len(a, p.steps) - p.accept_len) ** 2 for p in points)
+def fit_acceptance(points: list[Point]) -> tuple[float, float]:
+    """(alpha, decay) by least squares on the measured accept lengths; decay is fitted only with 3 or
+    more step counts (a drafter trained for few steps accepts less at deeper positions)."""
 
-    res = optimize.minimize_scalar(loss, bounds=(1e-4, 0.9999), method="bounded", options={"xatol": 1e-12})
-    return float(res.x)
+    def loss(x) -> float:
+        return sum((chain_accept_len(x[0], p.steps, x[1]) - p.accept_len) ** 2 for p in points)
+
+    def loss_iid(a: float) -> float:
+        return loss((a, 1.0))
+
+    a = float(optimize.minimize_scalar(loss_iid, bounds=(1e-4, 0.9999), method="bounded",
+                                       options={"xatol": 1e-12}).x)
+    if len({p.steps for p in points}) < 3:
+        return a, 1.0
+    best = min((optimize.minimize(loss, x0=(a0, d0), bounds=[(1e-4, 0.9999), (0.3, 1.0)], method="L-BFGS-B",
+                                  options={"ftol": 1e-15, "gtol": 1e-12})
+                for a0, d0 in ((a, 1.0), (min(0.99, a + 0.05), 0.9), (0.9, 0.8))), key=lambda r: r.fun)
+    if best.fun < loss_iid(a) - 1e-12:
+        return float(best.x[0]), float(best.x[1])
+    return a, 1.0
 
 
 def _line(xs: list[float], ys: list[float]) -> tuple[float, float]:
@@ -79,15 +100,16 @@ def cycle_ms(fit: Fit, k: int) -> float:
 
 
 def raw_tok_s(fit: Fit, k: int) -> float:
-    return chain_accept_len(fit.alpha, k) / (cycle_ms(fit, k) / 1e3)
+    return chain_accept_len(fit.alpha, k, fit.decay) / (cycle_ms(fit, k) / 1e3)
 
 
 def fit(points: list[Point], max_steps: int = 8) -> Fit:
     if len(points) < 2:
         raise ValueError("the cost model needs at least 2 measured step counts")
     ks = [p.steps for p in points]
+    alpha, decay = fit_acceptance(points)
     f = Fit(
-        alpha=fit_alpha(points),
+        alpha=alpha, decay=decay,
         verify=_line([k + 1 for k in ks], [p.verify_ms for p in points]),
         draft=_line(ks, [p.draft_ms for p in points]),
         extend=_line(ks, [p.extend_ms for p in points]),
@@ -105,7 +127,8 @@ def fit(points: list[Point], max_steps: int = 8) -> Fit:
         pred = f.scale * raw_tok_s(f, k)
         half = t * f.rel_sd * pred
         row = {"steps": k, "predicted_tok_s": pred, "lo": pred - half, "hi": pred + half,
-               "predicted_accept_len": chain_accept_len(f.alpha, k), "predicted_cycle_ms": cycle_ms(f, k),
+               "predicted_accept_len": chain_accept_len(f.alpha, k, f.decay),
+               "predicted_cycle_ms": cycle_ms(f, k),
                "measured_tok_s": by_k[k].throughput_tok_s if k in by_k else None}
         f.predictions.append(row)
     best = max(f.predictions, key=lambda r: r["predicted_tok_s"])
@@ -137,7 +160,7 @@ def points_from_records(recs: list[dict], nccl: str | None = None) -> list[Point
 
 def describe(f: Fit) -> str:
     lines = [
-        f"cost model (n={f.n} step counts): alpha = {f.alpha:.3f} per position; verify = "
+        f"cost model (n={f.n} step counts): acceptance {f.alpha:.3f} x {f.decay:.3f}^(position-1); verify = "
         f"{f.verify[0]:.2f} + {f.verify[1]:.3f} x tokens ms; draft = {f.draft[0]:.2f} + {f.draft[1]:.3f} x k ms; "
         f"re-extend = {f.extend[0]:.2f} + {f.extend[1]:.3f} x k ms; other {f.other_ms:.2f} ms; "
         f"scale {f.scale:.3f}; residual sd {100 * f.rel_sd:.1f}%",

@@ -35,6 +35,23 @@ def test_recovers_parameters_and_known_optimum(alpha, verify, per_tok, draft):
     assert f.predictions[3]["predicted_accept_len"] == pytest.approx(chain_accept_len(alpha, 4))
 
 
+def test_decaying_acceptance_is_recovered_and_moves_the_optimum():
+    """A drafter whose acceptance decays with depth: the i.i.d. model would pick a too-long chain."""
+    def pts(decay):
+        out = []
+        for k in (1, 2, 3, 5):
+            L = chain_accept_len(0.95, k, decay)
+            parts = {"draft_ms": 0.4 * k, "verify_ms": 3.3 + 0.13 * (k + 1), "extend_ms": 0.9, "other_ms": 0.0}
+            out.append(Point(k, L, throughput_tok_s=L / (sum(parts.values()) / 1e3), **parts))
+        return out
+
+    f = fit(pts(0.85))
+    assert (f.alpha, f.decay) == (pytest.approx(0.95, abs=1e-3), pytest.approx(0.85, abs=1e-3))
+    truth = max(range(1, 9), key=lambda k: chain_accept_len(0.95, k, 0.85) / (0.4 * k + 3.3 + 0.13 * (k + 1) + 0.9))
+    assert f.best_steps == truth
+    assert fit(pts(1.0)).decay == pytest.approx(1.0, abs=1e-3)
+
+
 def test_interval_reflects_residuals():
     exact = fit(synthetic(0.8, 10, 0.5, 1.0, [1, 2, 3, 5]))
     noisy = fit(synthetic(0.8, 10, 0.5, 1.0, [1, 2, 3, 5], noise=0.05))
