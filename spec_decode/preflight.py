@@ -159,7 +159,7 @@ def check(cfg: ExperimentConfig, root: Path) -> Preflight:
     if cfg.name != "adhoc":
         from .provenance import git_state
 
-        if git_state(root).get("dirty"):
+        if git_state(root).get("code_dirty"):
             pf.warnings.append(f"experiment={cfg.name} runs from a dirty git tree: commit first, or the "
                                "result's git.commit does not rebuild it")
     if cfg.engine.name == "sglang":

@@ -55,10 +55,18 @@ def _run(argv: list[str], cwd: str | None = None) -> str | None:
         return None
 
 
+# Files that `dvc repro` itself rewrites: a change there does not make a result un-rebuildable.
+DVC_MANAGED = ("experiments/", "dvc.lock")
+
+
 def git_state(root: Path) -> dict:
     commit = _run(["git", "rev-parse", "HEAD"], str(root))
     status = _run(["git", "status", "--porcelain", "--untracked-files=no"], str(root))
-    return {"commit": commit, "dirty": bool(status) if status is not None else None}
+    if status is None:
+        return {"commit": commit, "dirty": None, "dirty_paths": []}
+    paths = [line[3:] for line in status.splitlines() if line.strip()]
+    code = [p for p in paths if not p.startswith(DVC_MANAGED)]
+    return {"commit": commit, "dirty": bool(paths), "dirty_paths": paths[:20], "code_dirty": bool(code)}
 
 
 @lru_cache(maxsize=1)
