@@ -64,7 +64,7 @@ def git_state(root: Path) -> dict:
     status = _run(["git", "status", "--porcelain", "--untracked-files=no"], str(root))
     if status is None:
         return {"commit": commit, "dirty": None, "dirty_paths": []}
-    paths = [line[3:] for line in status.splitlines() if line.strip()]
+    paths = [line.split(None, 1)[1] for line in status.splitlines() if len(line.split(None, 1)) == 2]
     code = [p for p in paths if not p.startswith(DVC_MANAGED)]
     return {"commit": commit, "dirty": bool(paths), "dirty_paths": paths[:20], "code_dirty": bool(code)}
 

@@ -79,6 +79,7 @@ def write_plots(recs: list[dict], out_dir: Path) -> list[Path]:
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
+    from matplotlib.ticker import MaxNLocator
 
     out_dir.mkdir(parents=True, exist_ok=True)
     done = [r for r in recs if r.get("status") == "FINISHED" and r.get("metrics")]
@@ -106,6 +107,7 @@ def write_plots(recs: list[dict], out_dir: Path) -> list[Path]:
             ax.plot(ks, [r["predicted_tok_s"] for r in f.predictions], ls=":", marker="x",
                     label=f"cost model, nccl={prof} (best: {f.best_steps} steps)")
         ax.set_xlabel("speculative steps (draft tokens per cycle)")
+        ax.xaxis.set_major_locator(MaxNLocator(integer=True))
         ax.set_ylabel("throughput (tok/s), mean with 95% CI")
         engine = spec[0]["engine"]["name"]
         ax.set_title(f"Throughput vs steps ({engine} engine, {spec[0]['config']['hardware']['name']})")
@@ -116,13 +118,16 @@ def write_plots(recs: list[dict], out_dir: Path) -> list[Path]:
         fig, ax = plt.subplots(figsize=(7, 4.5))
         pts = sorted(((r["config"]["spec"]["steps"], r["config"]["nccl"]["name"]), r["metrics"]["accept_len"])
                      for r in spec if "accept_len" in r["metrics"])
-        for prof in sorted({p[0][1] for p in pts}):
+        styles = [("o", "-"), ("s", "--"), ("^", ":"), ("D", "-.")]
+        for i, prof in enumerate(sorted({p[0][1] for p in pts})):
             sel = [(k[0], v) for k, v in pts if k[1] == prof]
-            ax.plot([s for s, _ in sel], [v for _, v in sel], marker="o", label=f"nccl={prof}")
+            marker, ls = styles[i % len(styles)]
+            ax.plot([s for s, _ in sel], [v for _, v in sel], marker=marker, ls=ls, label=f"nccl={prof}")
         if pts:
             top = max(p[0][0] for p in pts)
             ax.plot([1, top], [2, top + 1], ls=":", color="grey", label="ideal (all drafts accepted)")
         ax.set_xlabel("speculative steps")
+        ax.xaxis.set_major_locator(MaxNLocator(integer=True))
         ax.set_ylabel("accept length (tokens per verify, incl. bonus)")
         ax.set_title("Acceptance vs steps")
         ax.grid(alpha=0.3)
