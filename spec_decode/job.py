@@ -222,8 +222,9 @@ def _one_launch(cfg: ExperimentConfig, ctx: JobContext, launch: int, prompt: str
         body = client.generate_body(prompt, b.max_new_tokens, b.temperature, b.ignore_eos)
         name = ctx.run_name or "job"
         label = f"{name if len(name) <= 48 else name[:45] + '...'} [{launch + 1}/{b.launches}]"
-        bar = tqdm(total=b.warmup + b.runs, desc=label, unit="run", disable=ctx.quiet, file=sys.stderr,
-                   leave=False)
+        # disable=None: no bar when stderr is not a terminal (SLURM/CI logs stay readable)
+        bar = tqdm(total=b.warmup + b.runs, desc=label, unit="run", disable=True if ctx.quiet else None,
+                   file=sys.stderr, leave=False)
         try:
             for _ in range(b.warmup):
                 w = client.generate(body, launch, -1)
