@@ -77,7 +77,3 @@ def run_checks(rec: dict) -> list[dict]:
             f"{m['speedup_vs_baseline']:.3f}x",
         ))
     return out
-
-
-def failed(rec: dict) -> list[dict]:
-    return [c for c in rec.get("checks", []) if c.get("ok") is False]

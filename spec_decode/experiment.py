@@ -19,9 +19,8 @@ import subprocess
 import sys
 from pathlib import Path
 
-from scipy import stats as st
-
 from .report import sweep_summary, write_plots
+from .stats import ratio_from_summary
 from .tracking import collect
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -97,18 +96,6 @@ def report(name: str, root: Path) -> None:
     print(text)
 
 
-def welch_from_summary(m1: float, s1: float, n1: int, m2: float, s2: float, n2: int) -> tuple[float, float, float]:
-    """Ratio m1/m2 with a 95% Welch CI on the log scale, from summary statistics (as stats.ratio_of_means)."""
-    r = m1 / m2
-    va, vb = (s1 / m1) ** 2 / n1, (s2 / m2) ** 2 / n2
-    se = math.sqrt(va + vb)
-    if se == 0 or n1 < 2 or n2 < 2:
-        return r, r, r
-    df = (va + vb) ** 2 / (va**2 / (n1 - 1) + vb**2 / (n2 - 1))
-    t = st.t.ppf(0.975, df)
-    return r, r * math.exp(-t * se), r * math.exp(t * se)
-
-
 def compare(rebuilt: dict, reported: dict) -> list[str]:
     lines = ["job                          reported tok/s [95% CI]     rebuilt tok/s   ratio [95% CI]        verdict"]
     for key, rep in sorted(reported["jobs"].items()):
@@ -116,9 +103,12 @@ def compare(rebuilt: dict, reported: dict) -> list[str]:
         if new is None or "throughput_tok_s" not in new or "throughput_tok_s" not in rep:
             lines.append(f"{key:<28} missing in the rebuilt metrics")
             continue
-        r, lo, hi = welch_from_summary(new["throughput_tok_s"], new.get("throughput_tok_s_std", 0.0),
-                                       int(new.get("throughput_tok_s_n", 1)), rep["throughput_tok_s"],
-                                       rep.get("throughput_tok_s_std", 0.0), int(rep.get("throughput_tok_s_n", 1)))
+        ratio = ratio_from_summary(new["throughput_tok_s"], new.get("throughput_tok_s_std", 0.0),
+                                   int(new.get("throughput_tok_s_n", 1)), rep["throughput_tok_s"],
+                                   rep.get("throughput_tok_s_std", 0.0), int(rep.get("throughput_tok_s_n", 1)))
+        r = ratio.ratio
+        # a claim without an interval (n < 2) is a point: any difference counts
+        lo, hi = (r, r) if math.isnan(ratio.ci95_lo) else (ratio.ci95_lo, ratio.ci95_hi)
         inside = rep.get("throughput_tok_s_ci95_lo", -1) <= new["throughput_tok_s"] <= rep.get("throughput_tok_s_ci95_hi", -1)
         if lo <= 1.0 <= hi:
             verdict = "within noise" + ("" if inside else " (outside the reported CI, but not significantly different)")

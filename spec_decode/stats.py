@@ -63,16 +63,23 @@ class Ratio:
 
 def ratio_of_means(a: list[float], b: list[float], confidence: float = 0.95) -> Ratio:
     """mean(a) / mean(b) with a Welch CI on the log scale (see module doc)."""
-    ma, mb = statistics.fmean(a), statistics.fmean(b)
+    sa = statistics.stdev(a) if len(a) > 1 else 0.0
+    sb = statistics.stdev(b) if len(b) > 1 else 0.0
+    return ratio_from_summary(statistics.fmean(a), sa, len(a), statistics.fmean(b), sb, len(b), confidence)
+
+
+def ratio_from_summary(ma: float, sa: float, na: int, mb: float, sb: float, nb: int,
+                       confidence: float = 0.95) -> Ratio:
+    """The same ratio and CI from summary statistics (mean, std, n of each arm)."""
     r = ma / mb
-    if len(a) < 2 or len(b) < 2:
+    if na < 2 or nb < 2:
         return Ratio(r, float("nan"), float("nan"), float("nan"), False)
-    va = statistics.variance(a) / (len(a) * ma * ma)
-    vb = statistics.variance(b) / (len(b) * mb * mb)
+    va = sa * sa / (na * ma * ma)
+    vb = sb * sb / (nb * mb * mb)
     se = math.sqrt(va + vb)
     if se == 0:
         return Ratio(r, r, r, float("inf"), r != 1.0)
-    df = (va + vb) ** 2 / (va * va / (len(a) - 1) + vb * vb / (len(b) - 1))
+    df = (va + vb) ** 2 / (va * va / (na - 1) + vb * vb / (nb - 1))
     t = st.t.ppf(0.5 + confidence / 2, df)
     lo, hi = r * math.exp(-t * se), r * math.exp(t * se)
     return Ratio(r, lo, hi, df, not (lo <= 1.0 <= hi))
