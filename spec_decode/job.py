@@ -21,6 +21,7 @@ from . import preflight, results
 from .client import Client, ClientError
 from .config import DrafterConfig, ExperimentConfig, config_hash, resolved_dict
 from .engines import server_command, server_extra_env
+from .parsers.profile import rank_files
 from .server import PortTaken, ServerError, ServerProcess, choose_port
 from .slots import SlotTimeout, allocate, pool_for
 
@@ -148,7 +149,7 @@ def measure(cfg: ExperimentConfig, ctx: JobContext, role: str, baseline: dict | 
     out.mkdir(parents=True, exist_ok=True)
     profile_path = out / "profile.jsonl"
     log_path = out / "server.log"
-    for stale in (profile_path, log_path):
+    for stale in (profile_path, log_path, *rank_files(profile_path).values()):
         stale.unlink(missing_ok=True)
     prompt = preflight.load_prompts(_abs(ctx.root, cfg.benchmark.prompts))[cfg.benchmark.prompt_index]
     extra_env = server_extra_env(cfg, str(profile_path) if cfg.benchmark.profile else None)
@@ -219,6 +220,7 @@ def _one_launch(cfg: ExperimentConfig, ctx: JobContext, launch: int, prompt: str
                                 "server_start_s": srv.start_s})
         if launch == 0:
             rec["server_env_live"] = srv.environ()  # filtered + redacted in results.finish
+            rec["server_env_tree_live"] = srv.environ_tree()
         body = client.generate_body(prompt, b.max_new_tokens, b.temperature, b.ignore_eos)
         name = ctx.run_name or "job"
         label = f"{name if len(name) <= 48 else name[:45] + '...'} [{launch + 1}/{b.launches}]"
