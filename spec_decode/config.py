@@ -46,8 +46,6 @@ class HardwareConfig:
                 f"hardware.tp_size={self.tp_size} is larger than hardware.num_gpus={self.num_gpus} "
                 f"of hardware={self.name}: lower hardware.tp_size or pick another hardware profile"
             )
-        if self.device == "cpu" and self.tp_size != 1:
-            raise ConfigError(f"hardware.tp_size={self.tp_size}: a CPU profile runs tp 1")
 
 
 @dataclass
@@ -131,8 +129,8 @@ class EngineConfig:
         if self.decode_log_interval < 1:
             raise ConfigError(f"engine.decode_log_interval={self.decode_log_interval}: must be >= 1")
 
-    def check_spec(self, spec: SpecConfig) -> None:
-        """Engine limits on the speculation settings (ConfigError naming the key)."""
+    def check(self, spec: SpecConfig, hardware: HardwareConfig) -> None:
+        """This engine's limits on the other groups (ConfigError naming the key)."""
 
 
 @dataclass
@@ -141,7 +139,7 @@ class EmbeddedEngineConfig(EngineConfig):
 
     name: str = "embedded"
 
-    def check_spec(self, spec: SpecConfig) -> None:
+    def check(self, spec: SpecConfig, hardware: HardwareConfig) -> None:
         if spec.topk != 1:
             raise ConfigError(f"spec.topk={spec.topk}: engine=embedded drafts chains only (topk 1); "
                               "use engine=sglang for tree drafting")
@@ -154,6 +152,13 @@ class SglangEngineConfig(EngineConfig):
     name: str = "sglang"
     cuda_graph_max_bs_decode: Optional[int] = None  # --cuda-graph-max-bs-decode (0.5.20 removed -max-bs)
     enable_metrics: bool = False  # --enable-metrics (Prometheus /metrics)
+
+    def check(self, spec: SpecConfig, hardware: HardwareConfig) -> None:
+        if hardware.device == "cpu":
+            raise ConfigError(
+                f"engine=sglang with hardware={hardware.name} (a CPU profile): SGLang's EAGLE-3 "
+                "path needs GPUs; use a GPU hardware profile, or engine=embedded on CPU"
+            )
 
 
 ENGINES: dict[str, type[EngineConfig]] = {"embedded": EmbeddedEngineConfig, "sglang": SglangEngineConfig}
@@ -223,12 +228,7 @@ class ExperimentConfig:
     fail_fast: bool = False  # stop the sweep at the first failed job
 
     def __post_init__(self) -> None:
-        if self.engine.name == "embedded" and self.hardware.tp_size != 1:
-            raise ConfigError(
-                f"hardware={self.hardware.name} has tp_size={self.hardware.tp_size} but engine=embedded "
-                "runs in one process: use hardware=cpu (or h200x1), or engine=sglang"
-            )
-        self.engine.check_spec(self.spec)
+        self.engine.check(self.spec, self.hardware)
         ids = self.drafter.layer_ids
         if ids is not None and (len(ids) != 3 or len(set(ids)) != 3 or min(ids) < 0):
             raise ConfigError(f"drafter.layer_ids={ids}: EAGLE-3 reads 3 distinct target layers")

@@ -23,6 +23,7 @@ from . import drift, preflight, results
 from .client import Client, ClientError
 from .config import DrafterConfig, ExperimentConfig, config_hash, resolved_dict
 from .engines import server_command, server_extra_env
+from .parsers.profile import rank_files
 from .results import JobContext, JobRecord
 from .server import PortTaken, ServerError, ServerProcess, choose_port
 from .slots import SlotTimeout, allocate, pool_for
@@ -190,7 +191,7 @@ def measure(cfg: ExperimentConfig, ctx: JobContext, role: str, baseline: JobReco
     out.mkdir(parents=True, exist_ok=True)
     profile_path = out / "profile.jsonl"
     log_path = out / "server.log"
-    for stale in (profile_path, log_path):
+    for stale in (profile_path, log_path, *rank_files(profile_path).values()):
         stale.unlink(missing_ok=True)
     prompt = preflight.load_prompts(_abs(ctx.root, cfg.benchmark.prompts))[cfg.benchmark.prompt_index]
     extra_env = server_extra_env(cfg, str(profile_path) if cfg.benchmark.profile else None)
@@ -199,6 +200,7 @@ def measure(cfg: ExperimentConfig, ctx: JobContext, role: str, baseline: JobReco
     tracked = ctx.tracker.start(rec, ctx) if ctx.tracker is not None else None
     log_windows: list[tuple[int, int]] = []
     live_env: dict[str, str] = {}  # the first launch's server environment, read back from the process
+    live_env_tree: dict = {}  # ... and that of every server process (pid -> env)
     status, error = "FINISHED", None
     pool, slots, need = pool_for(cfg.hardware)
     try:
@@ -207,14 +209,16 @@ def measure(cfg: ExperimentConfig, ctx: JobContext, role: str, baseline: JobReco
             if cfg.hardware.device == "cuda":
                 extra_env["CUDA_VISIBLE_DEVICES"] = ",".join(mine)
             for launch in range(cfg.benchmark.launches):
-                _one_launch(cfg, ctx, launch, prompt, extra_env, rec, log_path, log_windows, live_env)
+                _one_launch(cfg, ctx, launch, prompt, extra_env, rec, log_path, log_windows, live_env,
+                            live_env_tree)
     except KeyboardInterrupt:
         status, error = "KILLED", "interrupted (Ctrl-C / SIGINT)"
         raise
     except (ServerError, ClientError, OSError, SlotTimeout) as e:
         status, error = "FAILED", f"{type(e).__name__}: {e}"
     finally:
-        results.finish(rec, cfg, status, error, out, log_path, log_windows, baseline, live_env)
+        results.finish(rec, cfg, status, error, out, log_path, log_windows, baseline, live_env,
+                       live_env_tree)
         if rec.role == "baseline" and rec.status == "FINISHED":
             results.add_drift(rec, earlier_baselines(cfg, ctx, rec))
         results.write(out, rec)  # the one write
@@ -249,7 +253,7 @@ def _start_server(cfg: ExperimentConfig, extra_env: dict[str, str], log_path: Pa
 
 def _one_launch(cfg: ExperimentConfig, ctx: JobContext, launch: int, prompt: str,
                 extra_env: dict[str, str], rec: JobRecord, log_path: Path,
-                log_windows: list[tuple[int, int]], live_env: dict[str, str]) -> None:
+                log_windows: list[tuple[int, int]], live_env: dict[str, str], live_env_tree: dict) -> None:
     from tqdm import tqdm
 
     srv = _start_server(cfg, extra_env, log_path)
@@ -262,6 +266,7 @@ def _one_launch(cfg: ExperimentConfig, ctx: JobContext, launch: int, prompt: str
                                 "server_start_s": srv.start_s})
         if launch == 0:
             live_env.update(srv.environ())  # filtered + redacted in results.finish
+            live_env_tree.update(srv.environ_tree())
         body = client.generate_body(prompt, b.max_new_tokens, b.temperature, b.ignore_eos)
         name = ctx.run_name or "job"
         label = f"{name if len(name) <= 48 else name[:45] + '...'} [{launch + 1}/{b.launches}]"

@@ -82,17 +82,22 @@ def cost_models(recs: list[JobRecord]) -> dict:
 
 def write_plots(recs: list[JobRecord], out_dir: Path) -> list[Path]:
     """throughput_vs_steps.png, phases.png, accept_len_vs_steps.png (those that have data)."""
+    out_dir.mkdir(parents=True, exist_ok=True)
+    return [_save(fig, out_dir / name) for name, fig in figures(recs).items()]
+
+
+def figures(recs: list[JobRecord]) -> dict:
+    """The report's matplotlib figures by file name (those that have data)."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
     from matplotlib.ticker import MaxNLocator
 
-    out_dir.mkdir(parents=True, exist_ok=True)
     done = [r for r in recs if r.status == "FINISHED" and r.metrics]
     spec = [r for r in done if r.speculative and "throughput_tok_s" in r.metrics]
     base = [r for r in done if not r.speculative and "throughput_tok_s" in r.metrics]
-    paths: list[Path] = []
+    out: dict = {}
     if spec:
         fig, ax = plt.subplots(figsize=(7, 4.5))
         profiles = sorted({r.choice("nccl") for r in spec})
@@ -118,7 +123,7 @@ def write_plots(recs: list[JobRecord], out_dir: Path) -> list[Path]:
         ax.set_title(f"Throughput vs steps ({spec[0].engine.name} engine, {spec[0].choice('hardware')})")
         ax.grid(alpha=0.3)
         ax.legend(fontsize=8)
-        paths.append(_save(fig, out_dir / "throughput_vs_steps.png"))
+        out["throughput_vs_steps.png"] = fig
 
         fig, ax = plt.subplots(figsize=(7, 4.5))
         pts = sorted(((r.steps, r.choice("nccl")), r.metrics["accept_len"]) for r in spec if "accept_len" in r.metrics)
@@ -136,7 +141,7 @@ def write_plots(recs: list[JobRecord], out_dir: Path) -> list[Path]:
         ax.set_title("Acceptance vs steps")
         ax.grid(alpha=0.3)
         ax.legend(fontsize=8)
-        paths.append(_save(fig, out_dir / "accept_len_vs_steps.png"))
+        out["accept_len_vs_steps.png"] = fig
 
         prof = [r for r in spec if "cycle_ms" in r.metrics]
         if prof:
@@ -152,8 +157,8 @@ def write_plots(recs: list[JobRecord], out_dir: Path) -> list[Path]:
             ax.set_ylabel("ms per speculative cycle")
             ax.set_title("Where each cycle's time goes")
             ax.legend(fontsize=8)
-            paths.append(_save(fig, out_dir / "phases.png"))
-    return paths
+            out["phases.png"] = fig
+    return out
 
 
 def _short(label: str, n: int = 32) -> str:
