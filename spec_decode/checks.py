@@ -10,7 +10,13 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass
 from typing import Any
 
-CONSISTENCY_TOL = 0.03  # tok/s vs accept_len / cycle time (the source story missed by ~8%)
+# tok/s inside the decode on the wall clock vs accept_len / cycle: they differ only by the gaps between
+# cycles (a few us of loop time each), so 1% is generous; the seed's story missed by 8%.
+IN_CYCLE_TOL = 0.01
+# Time outside the cycles (prefill, HTTP, JSON, gaps): never negative (cycles cannot outlast the request
+# that holds them); at most 10% of a 500-token request (a short prompt's prefill is one forward, ~1/50
+# of the decode's forwards at accept length 3; more means the cycles miss part of the decode loop).
+NON_CYCLE_MAX_PCT = 10.0
 ENGINE_CLIENT_TOL = 0.05  # client wall time vs server e2e latency
 COLLAPSE_ACCEPT_LEN = 1.05
 
@@ -21,7 +27,7 @@ class Check:
     ok: bool | None  # None: not applicable
     value: Any
     expected: str
-    message: str
+    message: str  # what was compared with what, with the numbers
 
     def as_dict(self) -> dict:
         return asdict(self)
@@ -32,63 +38,91 @@ def _check(name: str, ok: bool | None, value, expected, message: str) -> Check:
 
 
 def run_checks(metrics: dict[str, float], runs: list[dict], profile: dict | None,
-               speculative: bool) -> list[Check]:
-    """``runs``: the timed runs as dicts (``wall_s``, ``e2e_latency_s``); ``profile``: the phase
-    summary (``non_cycle_ms_per_request``) or None. Reads only; the cost-model figures
-    (``predicted_speedup`` ...) come from ``metrics``."""
+               speculative: bool, steps: int = 0) -> list[Check]:
+    """``runs``: the timed runs as dicts (``wall_s``, ``e2e_latency_s``, ``completion_tokens``,
+    ``spec_verify_ct``); ``profile``: the phase summary with ``per_run`` (``parsers.profile.run_timing``
+    for each run) or None; ``steps``: draft steps per cycle (bounds the last cycle's overshoot).
+    Reads only. Each check compares two figures of the same thing, measured two ways."""
     m = metrics
     out: list[Check] = []
-    tput = m.get("throughput_tok_s")
-    # 1. tok/s == accept_len / cycle time (both over the same timed runs).
-    if tput and m.get("accept_len") and m.get("cycle_ms"):
-        predicted = m["accept_len"] / (m["cycle_ms"] / 1e3)
-        rel = tput / predicted - 1
-        msg = (f"measured {tput:.1f} tok/s vs accept_len/cycle = {m['accept_len']:.3f} / "
-               f"{m['cycle_ms']:.3f} ms = {predicted:.1f} tok/s ({100 * rel:+.1f}%)")
-        outside = (profile or {}).get("non_cycle_ms_per_request")
-        if outside is not None and runs:
-            wall = 1e3 * sum(r["wall_s"] for r in runs) / len(runs)
-            msg += (f"; {outside:.1f} ms of each {wall:.0f} ms request is outside the cycles "
-                    f"(prefill, HTTP): {100 * outside / wall:.1f}% of the wall time")
-        out.append(_check("throughput_vs_accept_over_cycle", abs(rel) <= CONSISTENCY_TOL, round(rel, 4),
-                          f"|rel| <= {CONSISTENCY_TOL}", msg))
-    # 2. The phases fit in the cycle.
+    timing = [t for t in (profile or {}).get("per_run") or [] if t is not None]
+    # 1. tok/s inside the decode: wall clock between cycle ends vs accept_len / cycle duration. Per run
+    #    (the same cycles on both sides), the median over runs: one preempted gap does not decide.
+    rels = [t["span_tok_s"] / t["cycle_tok_s"] - 1 for t in timing if t["span_tok_s"] and t["cycle_tok_s"]]
+    if rels:
+        rels_sorted = sorted(rels)
+        mid = len(rels) // 2
+        rel = rels_sorted[mid] if len(rels) % 2 else (rels_sorted[mid - 1] + rels_sorted[mid]) / 2
+        span = sum(t["span_tok_s"] for t in timing if t["span_tok_s"]) / len(rels)
+        pred = sum(t["cycle_tok_s"] for t in timing if t["cycle_tok_s"]) / len(rels)
+        out.append(_check(
+            "throughput_in_cycles_vs_accept_over_cycle", abs(rel) <= IN_CYCLE_TOL, round(rel, 4),
+            f"|median rel| <= {IN_CYCLE_TOL}",
+            f"inside the decode (first to last cycle end, {len(rels)} runs): {span:.1f} tok/s on the wall "
+            f"clock vs {pred:.1f} tok/s = tokens / summed cycle_ms (accept_len / cycle); median "
+            f"{100 * rel:+.2f}% (per run: {', '.join(f'{100 * r:+.2f}' for r in rels)}%); the difference "
+            f"is time between cycles that no cycle covers",
+        ))
+    # 2. The time outside the cycles, its own figure: request wall time - summed cycle durations.
+    if timing:
+        wall = sum(t["wall_ms"] for t in timing)
+        outside = sum(t["non_cycle_ms"] for t in timing)
+        pct = 100 * outside / wall
+        n = len(timing)
+        out.append(_check(
+            "time_outside_cycles", 0.0 <= pct <= NON_CYCLE_MAX_PCT, round(pct, 3),
+            f"0 <= % of wall <= {NON_CYCLE_MAX_PCT:g}",
+            f"request wall {wall / n:.1f} ms - cycles {sum(t['cycle_ms_sum'] for t in timing) / n:.1f} ms = "
+            f"{outside / n:.1f} ms outside the cycles ({pct:.1f}% of the wall time): before the first "
+            f"cycle (HTTP, prefill) {sum(t['head_ms'] for t in timing) / n:.1f} ms, between cycles "
+            f"{sum(t['gap_ms'] for t in timing) / n:.1f} ms, after the last "
+            f"{sum(t['tail_ms'] for t in timing) / n:.1f} ms",
+        ))
+    # 3. Tokens: the profile's accepted counts vs the server's counters. Each run's completion holds
+    #    the prefill's token; its last cycle may commit up to `steps` tokens beyond max_new_tokens.
+    if timing and len(timing) == len(runs) and all(r.get("spec_verify_ct") is not None for r in runs):
+        completion = sum(r["completion_tokens"] for r in runs)
+        lo, hi = completion - len(runs), completion - len(runs) + len(runs) * steps
+        accepted = sum(t["accepted"] for t in timing)
+        cycles, verify = sum(t["cycles"] for t in timing), sum(r["spec_verify_ct"] for r in runs)
+        out.append(_check(
+            "profile_vs_counters", cycles == verify and lo <= accepted <= hi,
+            {"cycles": cycles, "accepted": accepted},
+            f"cycles == spec_verify_ct ({verify}); {lo} <= accepted <= {hi}",
+            f"profile: {cycles} cycles committing {accepted} tokens vs meta_info: {verify} verifies, "
+            f"{completion} completion tokens (minus 1 prefill token per run, plus up to {steps} "
+            f"overshoot per run)",
+        ))
+    # 4. The phases fit in the cycle.
     if m.get("cycle_ms"):
         parts = m["draft_ms"] + m["verify_ms"] + m["extend_ms"]
         out.append(_check(
             "phases_within_cycle", parts <= m["cycle_ms"] * 1.01, round(parts / m["cycle_ms"], 4), "<= 1.01",
-            f"draft + verify + re-extend = {parts:.3f} ms of a {m['cycle_ms']:.3f} ms cycle "
+            f"draft + verify + re-extend = {parts:.3f} ms vs the cycle's own {m['cycle_ms']:.3f} ms "
             f"(other {m['other_pct']:.1f}%)",
         ))
-    # 3. Client-side vs engine-side time (HTTP and queueing overhead).
+    # 5. Client-side vs engine-side time (HTTP and queueing overhead).
     lat = [(r["wall_s"], r["e2e_latency_s"]) for r in runs if r.get("e2e_latency_s")]
     if lat:
         rel = sum(w for w, _ in lat) / sum(e for _, e in lat) - 1
         out.append(_check(
             "client_vs_engine_time", -0.01 <= rel <= ENGINE_CLIENT_TOL, round(rel, 4),
-            f"0 <= rel <= {ENGINE_CLIENT_TOL}",
-            f"client wall time is {100 * rel:+.1f}% of the engine's e2e latency",
+            f"-0.01 <= rel <= {ENGINE_CLIENT_TOL}",
+            f"client wall time {sum(w for w, _ in lat):.3f} s vs the engine's e2e latency "
+            f"{sum(e for _, e in lat):.3f} s ({100 * rel:+.1f}%)",
         ))
-    # 4. Speculation is working at all.
+    # 6. Speculation is working at all.
     if speculative and runs:
         al = m.get("accept_len")
         out.append(_check(
             "acceptance_not_collapsed", al is not None and al > COLLAPSE_ACCEPT_LEN, al,
             f"> {COLLAPSE_ACCEPT_LEN}",
-            "accept length missing" if al is None else f"accept length {al:.2f} tokens per verify",
+            "accept length missing" if al is None else
+            f"accept length {al:.2f} tokens per verify (meta_info counters) vs {COLLAPSE_ACCEPT_LEN}",
         ))
-    # 5. The cost model (accept_len x T_decode / T_cycle, cost_model_metrics below) vs the
-    #    measured speedup.
-    if m.get("predicted_speedup") and m.get("speedup_vs_baseline"):
-        predicted = m["predicted_speedup"]
-        rel = m["speedup_vs_baseline"] / predicted - 1
-        out.append(_check(
-            "speedup_vs_cost_model", abs(rel) <= 2 * CONSISTENCY_TOL, round(rel, 4),
-            f"|rel| <= {2 * CONSISTENCY_TOL}",
-            f"verify/decode ratio {m['verify_decode_ratio']:.2f}, break-even accept length "
-            f"{m['break_even_accept_len']:.2f}; accept_len x T_decode / T_cycle predicts {predicted:.3f}x, "
-            f"measured {m['speedup_vs_baseline']:.3f}x",
-        ))
+    # The cost model's predicted speedup (accept_len x T_decode / T_cycle) is reported, not checked:
+    # against the measured speedup it is check 1 again (through the same baseline T_decode) mixed
+    # with the time outside the cycles -- no like-with-like comparison is left.
     return out
 
 

@@ -200,7 +200,7 @@ def as_records(items: list[Item]) -> list[dict]:
     return [asdict(it) for it in items]
 
 
-def warmup_checks(rec: dict, warmup, profile_path: Path, log_path: Path, log_start: int,
+def warmup_checks(rec, warmup, profile_path: Path, log_path: Path, log_start: int,
                   speculative: bool) -> list[Item]:
     """The live items on a job's own warmup request (no extra server, no extra request)."""
     import time

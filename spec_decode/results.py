@@ -99,6 +99,7 @@ class JobRecord:
     provenance: dict[str, Any] = field(default_factory=dict)
     server_info: dict | None = None
     nccl_probe: dict | None = None
+    doctor: list[dict] | None = None  # the self-check's live items on the warmup request
     throughput_tok_s: dict | None = None  # stats.Summary of the runs
     variance_components: dict | None = None
     acceptance: dict | None = None
@@ -248,10 +249,19 @@ def finish(rec: JobRecord, cfg: ExperimentConfig, status: str, error: str | None
             if cfg.benchmark.profile and runs:
                 rec.warnings.append(f"phase profile missing: {why}")
         else:
-            # Time per request outside the speculative cycles: prefill, HTTP, JSON (explains the gap
-            # between measured tok/s and accept_len / cycle time).
-            outside = [r.wall_s * 1e3 - sum(c["cycle_ms"] for c in w) for r, w in zip(runs, per_run) if w]
-            summary["non_cycle_ms_per_request"] = sum(outside) / len(outside) if outside else None
+            # Per request: tok/s inside the decode on the wall clock vs from the cycle durations, and
+            # the time outside the cycles (prefill, HTTP, gaps between cycles) as its own figure.
+            timing = [profile.run_timing(w, r.start_wall, r.end_wall, r.wall_s) for r, w in zip(runs, per_run)]
+            summary["per_run"] = timing
+            have = [t for t in timing if t is not None]
+            summary["non_cycle_ms_per_request"] = (sum(t["non_cycle_ms"] for t in have) / len(have)
+                                                   if have else None)
+            if have:
+                wall_ms = sum(t["wall_ms"] for t in have)
+                metrics["non_cycle_ms"] = summary["non_cycle_ms_per_request"]
+                metrics["non_cycle_pct"] = 100 * sum(t["non_cycle_ms"] for t in have) / wall_ms
+                for part in ("head", "gap", "tail"):
+                    metrics[f"non_cycle_{part}_ms"] = sum(t[f"{part}_ms"] for t in have) / len(have)
             # Every verify is one cycle: a complete profile has exactly the runs' verify count.
             verify_ct = sum(r.spec_verify_ct or 0 for r in runs)
             summary["spec_verify_ct"] = verify_ct
@@ -299,7 +309,8 @@ def finish(rec: JobRecord, cfg: ExperimentConfig, status: str, error: str | None
                                   ("backend", "nccl_version", "algorithms", "protocols")}
     metrics.update(cost_model_metrics(metrics))
     rec.metrics = {k: float(v) for k, v in metrics.items() if v is not None}
-    rec.checks = run_checks(rec.metrics, [r.as_dict() for r in runs], rec.profile, rec.speculative)
+    rec.checks = run_checks(rec.metrics, [r.as_dict() for r in runs], rec.profile, rec.speculative,
+                            cfg.spec.steps if cfg.speculative else 0)
 
 
 def add_drift(rec: JobRecord, earlier: list[Reference]) -> None:

@@ -61,6 +61,41 @@ def in_windows(cycles: list[dict], windows: list[tuple[float, float]]) -> list[l
     return [[c for c in cycles if lo <= c["t"] <= hi] for lo, hi in windows]
 
 
+def run_timing(cycles: list[dict], start_wall: float, end_wall: float, wall_s: float) -> dict | None:
+    """Where one timed request's wall time went, from its cycles (rank 0, inside its window).
+
+    Two clocks: each cycle's duration (``cycle_ms``) and the wall-clock time its end was stamped
+    (``t``). Between the first and the last cycle end, the decode span holds cycles 2..N and the gaps
+    between cycles (loop and scheduler time that no cycle covers):
+
+    - ``span_tok_s``: tokens committed by cycles 2..N / (t_N - t_1) -- tok/s inside the decode, on the
+      wall clock; ``cycle_tok_s``: the same tokens / the same cycles' summed ``cycle_ms`` -- what
+      accept_len / cycle predicts. They differ by the gaps only.
+    - outside the cycles: ``head_ms`` (request start -> first cycle's start: HTTP in, tokenize,
+      prefill), ``gap_ms``, ``tail_ms`` (last cycle end -> response received);
+      ``non_cycle_ms`` = wall - sum(cycle_ms) = head + gaps + tail.
+    None without cycles."""
+    if not cycles:
+        return None
+    first, last = cycles[0], cycles[-1]
+    later = cycles[1:]
+    span_ms = (last["t"] - first["t"]) * 1e3
+    later_cycle_ms = sum(c["cycle_ms"] for c in later)
+    later_tokens = sum(c.get("accepted") or 0 for c in later)
+    cycle_ms_sum = sum(c["cycle_ms"] for c in cycles)
+    return {
+        "cycles": len(cycles), "accepted": sum(c.get("accepted") or 0 for c in cycles),
+        "cycle_ms_sum": cycle_ms_sum, "span_ms": span_ms,
+        "span_tok_s": later_tokens / (span_ms / 1e3) if span_ms > 0 else None,
+        "cycle_tok_s": later_tokens / (later_cycle_ms / 1e3) if later_cycle_ms > 0 else None,
+        "head_ms": (first["t"] - start_wall) * 1e3 - first["cycle_ms"],
+        "gap_ms": span_ms - later_cycle_ms,
+        "tail_ms": (end_wall - last["t"]) * 1e3,
+        "non_cycle_ms": wall_s * 1e3 - cycle_ms_sum,
+        "wall_ms": wall_s * 1e3,
+    }
+
+
 def phase_summary(cycles: list[dict]) -> dict | None:
     """Mean ms per cycle for each phase, % of the cycle, accept length; None without cycles."""
     if not cycles:

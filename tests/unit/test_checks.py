@@ -1,79 +1,142 @@
-"""Each self-consistency check on crafted numbers that pass and that fail."""
+"""Each self-consistency check on crafted runs and profiles that pass, and on planted faults that fail.
+
+Runs and cycles are built as a server would stamp them (cycle durations and wall-clock cycle ends) and go
+through the same ``parsers.profile.run_timing`` the job uses."""
 
 import pytest
 
 from spec_decode.checks import cost_model_metrics, run_checks
+from spec_decode.parsers.profile import run_timing
 
 pytestmark = pytest.mark.unit
 
-
-def record(**metrics):
-    base = {"throughput_tok_s": 94.0, "accept_len": 1.73 * 94.0 / 87.15, "cycle_ms": 19.85, "draft_ms": 0.6,
-            "verify_ms": 18.66, "extend_ms": 0.4, "other_ms": 0.19, "other_pct": 1.0}
-    base.update(metrics)
-    return {"metrics": base, "speculative": True,
-            "runs": [{"wall_s": 5.0, "e2e_latency_s": 4.9}], "profile": {"non_cycle_ms_per_request": 20.0}}
+STEPS = 3
 
 
-def by_name(rec):
-    m = rec["metrics"]
+def make_run(cycles=125, cycle_ms=7.0, gap_ms=0.02, head_ms=20.0, tail_ms=3.0, accepted=4,
+             stamp_scale=1.0, completion=500, start=1000.0, verify_ct=None):
+    """One timed request: ``head_ms`` before the first cycle, ``cycles`` cycles of ``cycle_ms`` with
+    ``gap_ms`` between them, ``tail_ms`` after. ``stamp_scale`` scales the durations the profile
+    *reports* (a planted fault: the wall-clock stamps stay true)."""
+    t = start + head_ms / 1e3
+    prof = []
+    for _ in range(cycles):
+        t += cycle_ms / 1e3
+        prof.append({"t": t, "cycle_ms": cycle_ms * stamp_scale, "accepted": accepted})
+        t += gap_ms / 1e3
+    end = t - gap_ms / 1e3 + tail_ms / 1e3
+    run = {"wall_s": end - start, "start_wall": start, "end_wall": end, "e2e_latency_s": (end - start) * 0.99,
+           "completion_tokens": completion, "spec_verify_ct": cycles if verify_ct is None else verify_ct}
+    return run, run_timing(prof, start, end, end - start)
+
+
+def checks_of(pairs, **metrics):
+    runs = [r for r, _ in pairs]
+    m = {"throughput_tok_s": sum(r["completion_tokens"] / r["wall_s"] for r in runs) / len(runs),
+         "accept_len": 3.6, "cycle_ms": 7.0, "draft_ms": 1.5, "verify_ms": 4.5, "extend_ms": 0.9,
+         "other_ms": 0.1, "other_pct": 1.4}
+    m.update(metrics)
     m.update(cost_model_metrics(m))
-    return {c.name: c for c in run_checks(m, rec["runs"], rec["profile"], rec["speculative"])}
+    return {c.name: c for c in run_checks(m, runs, {"per_run": [t for _, t in pairs]}, True, STEPS)}
 
 
-def test_consistent_numbers_pass():
-    # accept_len chosen so that accept_len / cycle == measured tok/s
-    rec = record(accept_len=94.0 * 19.85 / 1e3)
-    checks = by_name(rec)
-    assert checks["throughput_vs_accept_over_cycle"].ok is True
-    assert checks["phases_within_cycle"].ok is True
-    assert checks["client_vs_engine_time"].ok is True
-    assert checks["acceptance_not_collapsed"].ok is True
+def healthy(n=5, **kw):
+    return [make_run(start=1000.0 + 10 * i, **kw) for i in range(n)]
 
 
-def test_source_story_is_inconsistent_by_8_percent():
-    # 94.0 tok/s x 19.85 ms/cycle = 1.87 tokens per cycle, but the reported accept length was 1.73
-    c = by_name(record(accept_len=1.73))["throughput_vs_accept_over_cycle"]
+def test_healthy_job_passes_every_check():
+    checks = checks_of(healthy())
+    assert {n: c.ok for n, c in checks.items()} == {
+        "throughput_in_cycles_vs_accept_over_cycle": True, "time_outside_cycles": True,
+        "profile_vs_counters": True, "phases_within_cycle": True, "client_vs_engine_time": True,
+        "acceptance_not_collapsed": True}
+    c = checks["throughput_in_cycles_vs_accept_over_cycle"]
+    assert c.value == pytest.approx(-0.02 / 7.02, abs=2e-4)  # the gaps, and nothing else
+    # 20 ms before + 124 x 0.02 ms between + 3 ms after the cycles, stated as its own figure
+    out = checks["time_outside_cycles"]
+    assert "20.0 ms" in out.message and "2.5 ms" in out.message and "3.0 ms" in out.message
+
+
+def test_outside_time_of_3_5_percent_is_no_longer_a_failure():
+    """The issue's healthy jobs: ~3.5% of the wall outside the cycles (prefill, HTTP) made the old
+    tok/s-over-the-wall check fail; now it is reported, and the in-decode comparison passes."""
+    checks = checks_of(healthy(head_ms=25.0, tail_ms=3.0))
+    assert 3.0 < checks["time_outside_cycles"].value < 4.0 and checks["time_outside_cycles"].ok
+    assert checks["throughput_in_cycles_vs_accept_over_cycle"].ok
+
+
+@pytest.mark.parametrize("scale", [1.10, 0.90, 1.02])
+def test_planted_fault_scaled_cycle_times_fails(scale):
+    """A profile whose cycle durations are scaled (a wrong clock, a timer around the wrong call)."""
+    c = checks_of(healthy(stamp_scale=scale))["throughput_in_cycles_vs_accept_over_cycle"]
     assert c.ok is False
-    assert c.value == pytest.approx(94.0 / (1.73 / 0.01985) - 1, abs=1e-4)
-    assert "outside the cycles" in c.message
+    assert c.value == pytest.approx(scale * 7.0 / 7.02 - 1, abs=2e-3)
+
+
+def test_one_preempted_gap_does_not_decide():
+    pairs = healthy(4) + [make_run(gap_ms=1.0, start=2000.0)]  # one run with 14% gaps
+    assert checks_of(pairs)["throughput_in_cycles_vs_accept_over_cycle"].ok is True
+    pairs = healthy(2) + [make_run(gap_ms=1.0, start=2000.0 + i) for i in range(3)]  # most runs
+    assert checks_of(pairs)["throughput_in_cycles_vs_accept_over_cycle"].ok is False
+
+
+def test_cycles_longer_than_the_request_fail_the_outside_check():
+    """The seed's story: 94.0 tok/s measured, but accept_len 1.73 at 19.85 ms/cycle allows only 87 tok/s:
+    the profile's cycles add up to more than the requests' wall time."""
+    pairs = healthy(cycles=289, cycle_ms=18.4, accepted=2, stamp_scale=19.85 / 18.4, head_ms=5.0)
+    out = checks_of(pairs)["time_outside_cycles"]
+    assert out.ok is False and out.value < 0
+
+
+def test_too_much_time_outside_the_cycles_fails():
+    out = checks_of(healthy(head_ms=200.0))["time_outside_cycles"]
+    assert out.ok is False and out.value > 10
+
+
+def test_profile_missing_cycles_or_tokens_fails():
+    assert checks_of(healthy(verify_ct=150))["profile_vs_counters"].ok is False
+    # 125 cycles x 4 = 500 tokens: 499 + at most 3 overshoot per run is allowed; x 5 = 625 is not
+    assert checks_of(healthy())["profile_vs_counters"].ok is True
+    assert checks_of(healthy(accepted=5))["profile_vs_counters"].ok is False
+    assert checks_of(healthy(completion=496))["profile_vs_counters"].ok is False  # 4 beyond: more than 3
 
 
 def test_phases_exceeding_cycle_fail():
-    assert by_name(record(verify_ms=25.0))["phases_within_cycle"].ok is False
+    assert checks_of(healthy(), verify_ms=25.0)["phases_within_cycle"].ok is False
 
 
 def test_collapsed_acceptance_fails():
-    assert by_name(record(accept_len=1.0))["acceptance_not_collapsed"].ok is False
-    rec = record()
-    del rec["metrics"]["accept_len"]
-    assert by_name(rec)["acceptance_not_collapsed"].ok is False
+    assert checks_of(healthy(), accept_len=1.0)["acceptance_not_collapsed"].ok is False
 
 
 def test_client_much_slower_than_engine_fails():
-    rec = record()
-    rec["runs"] = [{"wall_s": 6.0, "e2e_latency_s": 5.0}]
-    assert by_name(rec)["client_vs_engine_time"].ok is False
+    pairs = healthy()
+    for r, _ in pairs:
+        r["e2e_latency_s"] = r["wall_s"] / 1.2
+    assert checks_of(pairs)["client_vs_engine_time"].ok is False
 
 
-def test_speedup_vs_cost_model_and_break_even():
+def test_cost_model_figures_and_break_even():
     # source story: baseline 88.8 tok/s -> T_dec 11.26 ms; verify/decode 1.66; S = L T_dec / T_cycle
-    rec = record(accept_len=1.73, baseline_throughput_tok_s=88.8, speedup_vs_baseline=94.0 / 88.8)
-    c = by_name(rec)["speedup_vs_cost_model"]
-    m = rec["metrics"]
-    assert m["verify_decode_ratio"] == pytest.approx(18.66 / (1000 / 88.8), abs=1e-3)
-    assert m["break_even_accept_len"] == pytest.approx(19.85 / (1000 / 88.8), abs=1e-3)
-    assert m["predicted_speedup"] == pytest.approx(0.98, abs=0.01)
-    assert c.ok is False  # measured 1.059x vs predicted 0.98x
-    ok = record(accept_len=1.87, baseline_throughput_tok_s=88.8, speedup_vs_baseline=94.0 / 88.8)
-    assert by_name(ok)["speedup_vs_cost_model"].ok is True
+    m = {"accept_len": 1.73, "cycle_ms": 19.85, "verify_ms": 18.66, "baseline_throughput_tok_s": 88.8}
+    cm = cost_model_metrics(m)
+    assert cm["verify_decode_ratio"] == pytest.approx(18.66 / (1000 / 88.8), abs=1e-3)
+    assert cm["break_even_accept_len"] == pytest.approx(19.85 / (1000 / 88.8), abs=1e-3)
+    assert cm["predicted_speedup"] == pytest.approx(0.98, abs=0.01)
+
+
+def test_every_check_states_what_it_compared():
+    for c in checks_of(healthy()).values():
+        assert " vs " in c.message or " - " in c.message, c.name
 
 
 def test_checks_only_read_the_metrics():
-    rec = record(accept_len=1.73, baseline_throughput_tok_s=88.8, speedup_vs_baseline=94.0 / 88.8)
-    before = dict(rec["metrics"])
-    run_checks(rec["metrics"], rec["runs"], rec["profile"], True)
-    assert rec["metrics"] == before
+    pairs = healthy()
+    m = {"throughput_tok_s": 350.0, "accept_len": 3.6, "cycle_ms": 7.0, "draft_ms": 1.5, "verify_ms": 4.5,
+         "extend_ms": 0.9, "other_ms": 0.1, "other_pct": 1.4}
+    before = dict(m)
+    run_checks(m, [r for r, _ in pairs], {"per_run": [t for _, t in pairs]}, True, STEPS)
+    assert m == before
 
 
 def test_plots_handle_repeated_step_counts(tmp_path):

@@ -127,6 +127,7 @@ def main(argv: list[str] | None = None) -> None:
     from .decoding import Decoder
     from .model import load_drafter, load_target
     from .server import EngineState, serve
+    from ...parsers.profile import rank_path
 
     target = load_target(args.model_path, args.device)
     drafter = (load_drafter(args.speculative_draft_model_path, target, args.device)
@@ -139,7 +140,9 @@ def main(argv: list[str] | None = None) -> None:
     logging.info("server_args=%s", json.dumps(resolved, sort_keys=True))
     # Warm the kernels once so the first request does not pay for lazy initialisation.
     decoder.generate([32] * 8, 8)
-    state = EngineState(decoder, resolved, args.decode_log_interval, profile)
+    # One process, rank 0: its profile file is the one the runner reads (parsers.profile.rank_path).
+    state = EngineState(decoder, resolved, args.decode_log_interval,
+                        rank_path(profile, 0) if profile else None)
     try:
         serve(state, args.host, args.port)
     except OSError as e:
