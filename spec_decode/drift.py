@@ -3,15 +3,17 @@
 The job (not a view) runs it before results.json is written, with or without MLflow: the earlier
 baselines come from the MLflow store when tracking is on (``tracking.Tracker.earlier_baselines``), else
 from the results.json files under ``tracking.results_dirs`` (``references_from_records``). Earlier
-FINISHED baselines with the same identity (hardware, model, engine, engine version, NCCL profile and
-protocol: tokens, prompt set, prompt) are the reference. Two findings, each a visible warning naming
-what differs in provenance (e.g. "NCCL_PROTO was LL in the earlier runs, unset now"):
+FINISHED baselines with the same identity (hardware, model, engine, NCCL profile and
+protocol: tokens, prompt set, prompt) are the reference. Findings, each a visible warning naming what differs in provenance:
 
-- the live server environment differs from the newest earlier run's for the same profile (the source
-  story: NCCL variables lost after a restart) -- flagged even when throughput looks normal;
-- the throughput falls outside the earlier runs' 95% prediction interval for a new job mean
-  (mean +- t(0.975, n-1) * sd * sqrt(1 + 1/n) over n >= 2 earlier job means; with one earlier run,
-  its own 95% CI).
+- what differs from the newest earlier run: the live server environment for the same profile (the
+  source story: NCCL variables lost after a restart; e.g. "NCCL_PROTO was LL in the earlier runs,
+  unset now"), the hashes of the weights and the data (target, drafter, prompts), the engine version --
+  flagged even when throughput looks normal;
+- the throughput outside the earlier runs' 95% prediction interval for a new job mean
+  (mean +- t(0.975, n-1) * sd * sqrt(1 + 1/n) over n >= MIN_EARLIER earlier job means). With fewer,
+  there is no interval alarm: one or two earlier points on a machine whose runs differ by +-25% are
+  no evidence; the finding says "too few earlier baselines" instead.
 
 Pure functions: no MLflow, no files.
 """
@@ -25,6 +27,9 @@ from dataclasses import asdict, dataclass, field
 from scipy import stats as st
 
 ENV_PREFIXES = ("NCCL_", "SGLANG_", "CUDA_")
+# Earlier baselines needed before an interval can raise an alarm: with 2 points the t-interval's
+# t(0.975, 1) = 12.7 makes it meaningless, and one point's CI says nothing about launch-to-launch spread.
+MIN_EARLIER = 3
 
 
 @dataclass
@@ -36,6 +41,8 @@ class Reference:
     started_at: float = 0.0
     ci95: tuple[float, float] | None = None
     server_env: dict[str, str] = field(default_factory=dict)
+    data_hashes: dict[str, str] = field(default_factory=dict)  # target/drafter/prompts -> hash
+    engine_version: str | None = None
 
 
 @dataclass
@@ -47,26 +54,38 @@ class Drift:
     outside_interval: bool
     env_differences: list[str]
     message: str | None = None  # set when there is something to warn about
+    provenance_differences: list[str] = field(default_factory=list)  # hashes, engine version
+    note: str | None = None  # e.g. "too few earlier baselines": said, not warned
 
     def as_dict(self) -> dict:
         return asdict(self)
 
 
-def identity(config: dict, engine_version: str | None) -> dict[str, object]:
-    """What two baselines must share to be compared (throughput depends on the protocol too)."""
+def identity(config: dict) -> dict[str, object]:
+    """What two baselines must share to be compared (throughput depends on the protocol too). The
+    engine version and the weights are not part of it: a change there is a finding, not a new setup."""
     b = config["benchmark"]
     return {"hardware": config["hardware"]["name"], "model": config["model"]["name"],
             "engine": config["engine"]["name"], "nccl": config["nccl"]["name"],
-            "engine.version": engine_version, "benchmark.max_new_tokens": b["max_new_tokens"],
+            "benchmark.max_new_tokens": b["max_new_tokens"],
             "benchmark.prompts": b["prompts"], "benchmark.prompt_index": b["prompt_index"]}
 
 
-def interval(means: list[float], single_ci: tuple[float, float] | None = None) -> tuple[float, float] | None:
-    if len(means) >= 2:
-        m, sd, n = statistics.fmean(means), statistics.stdev(means), len(means)
-        half = st.t.ppf(0.975, n - 1) * sd * math.sqrt(1 + 1 / n)
-        return m - half, m + half
-    return single_ci
+def data_hashes_of(provenance: dict) -> dict[str, str]:
+    """{input name: hash} from a record's provenance (``provenance.data_hashes``)."""
+    out = {}
+    for name, h in (provenance.get("data") or {}).items():
+        out[name] = str(h.get("dvc_md5") or h.get("sha256") or "missing")
+    return out
+
+
+def interval(means: list[float]) -> tuple[float, float] | None:
+    """95% prediction interval for a new job mean; None with fewer than MIN_EARLIER means."""
+    if len(means) < MIN_EARLIER:
+        return None
+    m, sd, n = statistics.fmean(means), statistics.stdev(means), len(means)
+    half = st.t.ppf(0.975, n - 1) * sd * math.sqrt(1 + 1 / n)
+    return m - half, m + half
 
 
 def env_differences(earlier: dict[str, str], now: dict[str, str]) -> list[str]:
@@ -82,24 +101,45 @@ def env_differences(earlier: dict[str, str], now: dict[str, str]) -> list[str]:
     return out
 
 
-def check(throughput_tok_s: float, server_env: dict[str, str], earlier: list[Reference]) -> Drift | None:
-    """Compare a finished baseline with earlier ones; None when there is nothing to compare."""
+def provenance_differences(ref: Reference, data_hashes: dict[str, str], engine_version: str | None) -> list[str]:
+    """Weight/data hashes and engine version: what differs from the earlier run ``ref``."""
+    out = []
+    for name in sorted(set(ref.data_hashes) | set(data_hashes)):
+        a, b = ref.data_hashes.get(name), data_hashes.get(name)
+        if a != b:
+            out.append(f"{name} hash was {(a or 'unknown')[:12]} in the earlier runs, {(b or 'unknown')[:12]} now")
+    if ref.engine_version != engine_version:
+        out.append(f"engine version was {ref.engine_version} in the earlier runs, {engine_version} now")
+    return out
+
+
+def check(throughput_tok_s: float, server_env: dict[str, str], earlier: list[Reference],
+          data_hashes: dict[str, str] | None = None, engine_version: str | None = None) -> Drift | None:
+    """Compare a finished baseline with earlier ones; None when there is nothing to compare.
+
+    ``data_hashes`` / ``engine_version``: this baseline's (``data_hashes_of``); compared with the newest
+    earlier run's, like the server environment."""
     if not earlier:
         return None
     earlier = sorted(earlier, key=lambda r: r.started_at, reverse=True)  # newest first
     ref = earlier[0]
     diffs = env_differences(ref.server_env, server_env)
-    means = [r.throughput_tok_s for r in earlier]
-    iv = interval(means, ref.ci95 if len(means) == 1 else None)
+    prov = provenance_differences(ref, data_hashes or {}, engine_version)
+    iv = interval([r.throughput_tok_s for r in earlier])
     outside = iv is not None and not (iv[0] <= throughput_tok_s <= iv[1])
     finding = Drift(earlier_runs=len(earlier), earlier_run_ids=[r.run_id for r in earlier[:10]],
                     interval_tok_s=list(iv) if iv else None, throughput_tok_s=throughput_tok_s,
-                    outside_interval=outside, env_differences=diffs)
-    if outside or diffs:
-        assert iv is not None or not outside
-        what = (f"baseline {throughput_tok_s:.1f} tok/s is outside the {len(earlier)} earlier baseline(s)' "
+                    outside_interval=outside, env_differences=diffs, provenance_differences=prov)
+    if iv is None:
+        finding.note = (f"too few earlier baselines ({len(earlier)} < {MIN_EARLIER}) for an interval: "
+                        f"no throughput alarm yet")
+    found = diffs + prov
+    if outside or found:
+        what = (f"baseline {throughput_tok_s:.1f} tok/s is outside the {len(earlier)} earlier baselines' "
                 f"interval [{iv[0]:.1f}, {iv[1]:.1f}]" if outside and iv else
-                f"baseline throughput {throughput_tok_s:.1f} tok/s looks normal, but the server environment changed")
-        finding.message = "DRIFT: " + what + (" -- " + "; ".join(diffs) if diffs
+                f"baseline throughput {throughput_tok_s:.1f} tok/s "
+                + ("looks normal" if iv else "has no interval to compare with (too few earlier baselines)")
+                + ", but the provenance changed")
+        finding.message = "DRIFT: " + what + (" -- " + "; ".join(found) if found
                                               else " -- no provenance difference found")
     return finding

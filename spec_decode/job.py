@@ -148,18 +148,18 @@ def earlier_baselines(cfg: ExperimentConfig, ctx: JobContext, rec: JobRecord) ->
         found = ctx.tracker.earlier_baselines(rec)
         if found is not None:
             return found
-    want = drift.identity(rec.config, rec.engine.version)
+    want = drift.identity(rec.config)
     refs = []
     for d in cfg.tracking.results_dirs:
         for other in results.collect(_abs(ctx.root, d)):
             if (other.role == "baseline" and other.status == "FINISHED" and other.record_id != rec.record_id
-                    and "throughput_tok_s" in other.metrics
-                    and drift.identity(other.config, other.engine.version) == want):
+                    and "throughput_tok_s" in other.metrics and drift.identity(other.config) == want):
                 m = other.metrics
                 ci = (m["throughput_tok_s_ci95_lo"], m["throughput_tok_s_ci95_hi"]) \
                     if "throughput_tok_s_ci95_lo" in m else None
                 refs.append(drift.Reference(other.record_id, m["throughput_tok_s"], other.started_at, ci,
-                                            other.server_env or {}))
+                                            other.server_env or {}, drift.data_hashes_of(other.provenance),
+                                            other.engine.version))
     return refs
 
 

@@ -317,7 +317,8 @@ def add_drift(rec: JobRecord, earlier: list[Reference]) -> None:
     """The drift guard's finding for a finished baseline (a warning when it found something)."""
     if rec.role != "baseline" or rec.status != "FINISHED" or "throughput_tok_s" not in rec.metrics:
         return
-    rec.drift = drift.check(rec.metrics["throughput_tok_s"], rec.server_env or {}, earlier)
+    rec.drift = drift.check(rec.metrics["throughput_tok_s"], rec.server_env or {}, earlier,
+                            drift.data_hashes_of(rec.provenance), rec.engine.version)
     if rec.drift is not None and rec.drift.message:
         rec.warnings.append(rec.drift.message)
 
@@ -385,5 +386,7 @@ def job_summary(rec: JobRecord) -> str:
             lines.append(f"  CHECK FAILED {c.name}: {c.message}")
     for w in rec.warnings:
         lines.append(f"  warning: {w}")
+    if rec.drift is not None and rec.drift.note and not rec.drift.message:
+        lines.append(f"  drift guard: {rec.drift.note}")
     lines.append(f"  -> {rec.out_dir}/{FILENAME}")
     return "\n".join(lines)

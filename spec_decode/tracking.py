@@ -147,10 +147,9 @@ class Tracker:
 
     def earlier_baselines(self, rec: JobRecord) -> list[drift.Reference] | None:
         """Earlier FINISHED baselines with the same identity (drift.identity); None if unreachable."""
-        ident = drift.identity(rec.config, rec.engine.version)
+        ident = drift.identity(rec.config)
         filt = " and ".join(["params.role = 'baseline'", "attributes.status = 'FINISHED'"] + [
-            (f"tags.`{k}` = '{v}'" if k == "engine.version" else f"params.`{k}` = '{v}'")
-            for k, v in ident.items()])
+            f"params.`{k}` = '{v}'" for k, v in ident.items()])
         try:
             found = self.client.search_runs([self.experiment_id()], filt, max_results=50)
         except Exception as e:  # noqa: BLE001
@@ -163,7 +162,10 @@ class Tracker:
                 continue
             ci = (m["throughput_tok_s_ci95_lo"], m["throughput_tok_s_ci95_hi"]) if "throughput_tok_s_ci95_lo" in m else None
             env = {k[len(ENV_PARAM):]: v for k, v in r.data.params.items() if k.startswith(ENV_PARAM)}
-            refs.append(drift.Reference(r.info.run_id, m["throughput_tok_s"], r.info.start_time / 1e3, ci, env))
+            hashes = {k[len("data."):-len(".hash")]: v for k, v in r.data.tags.items()
+                      if k.startswith("data.") and k.endswith(".hash")}
+            refs.append(drift.Reference(r.info.run_id, m["throughput_tok_s"], r.info.start_time / 1e3, ci, env,
+                                        hashes, r.data.tags.get("engine.version")))
         return refs
 
     def finish(self, run_id: str | None, rec: JobRecord, out_dir: Path) -> None:

@@ -124,10 +124,10 @@ def main(argv: list[str] | None = None) -> None:
         torch.manual_seed(args.random_seed)
     if args.device == "cuda" and not torch.cuda.is_available():
         fail("--device cuda: no CUDA device is visible")
+    from ...parsers.profile import rank_path
     from .decoding import Decoder
     from .model import load_drafter, load_target
     from .server import EngineState, serve
-    from ...parsers.profile import rank_path
 
     target = load_target(args.model_path, args.device)
     drafter = (load_drafter(args.speculative_draft_model_path, target, args.device)

@@ -1,0 +1,81 @@
+"""The drift guard needs evidence: no interval alarm from fewer than 3 earlier baselines; every
+provenance difference (server env, weight/data hashes, engine version) listed."""
+
+import pytest
+
+from spec_decode import drift
+
+pytestmark = pytest.mark.unit
+
+ENV = {"NCCL_PROTO": "LL"}
+HASHES = {"target": "aaaa1111", "prompts": "bbbb2222"}
+
+
+def ref(tput: float, started: float, env=None, hashes=None, version="0.1.0") -> drift.Reference:
+    return drift.Reference(f"r{started}", tput, started, (tput - 5, tput + 5), dict(ENV if env is None else env),
+                           dict(HASHES if hashes is None else hashes), version)
+
+
+EARLIER = [ref(600.0, 1), ref(610.0, 2), ref(590.0, 3)]
+
+
+@pytest.mark.parametrize("n", [1, 2])
+def test_fewer_than_three_earlier_baselines_raise_no_interval_alarm(n):
+    """The issue's case: 585.3 tok/s against one earlier baseline's CI [599.4, 623.3] was an alarm."""
+    f = drift.check(400.0, ENV, EARLIER[:n], HASHES, "0.1.0")  # far below anything earlier
+    assert f.interval_tok_s is None and f.outside_interval is False
+    assert f.message is None
+    assert f.note.startswith(f"too few earlier baselines ({n} < 3)")
+
+
+def test_three_earlier_baselines_give_an_interval_and_an_alarm():
+    f = drift.check(400.0, ENV, EARLIER, HASHES, "0.1.0")
+    # mean 600, sd 10, n 3: 600 +- t(0.975, 2) x 10 x sqrt(4/3) = 600 +- 49.7
+    assert f.interval_tok_s == pytest.approx([600 - 49.68, 600 + 49.68], abs=0.01)
+    assert f.outside_interval and f.note is None
+    assert f.message.startswith("DRIFT: baseline 400.0 tok/s is outside the 3 earlier baselines' interval")
+    assert f.message.endswith("no provenance difference found")
+    inside = drift.check(605.0, ENV, EARLIER, HASHES, "0.1.0")
+    assert inside.message is None and not inside.outside_interval
+
+
+def test_changed_weight_hash_is_listed_even_when_throughput_looks_normal():
+    rebuilt = {**HASHES, "target": "cccc3333"}
+    f = drift.check(605.0, ENV, EARLIER, rebuilt, "0.1.0")
+    assert f.provenance_differences == ["target hash was aaaa1111 in the earlier runs, cccc3333 now"]
+    assert f.message.startswith("DRIFT: baseline throughput 605.0 tok/s looks normal, but the provenance changed")
+    assert "target hash was aaaa1111" in f.message
+    out = drift.check(400.0, ENV, EARLIER, rebuilt, "0.1.0")
+    assert "outside" in out.message and "no provenance difference found" not in out.message
+    # with one earlier baseline: no interval, but the hash change is still a finding
+    one = drift.check(400.0, ENV, EARLIER[:1], rebuilt, "0.1.0")
+    assert "too few earlier baselines" in one.message and "target hash" in one.message
+
+
+def test_engine_version_and_environment_differences_are_listed():
+    f = drift.check(605.0, {}, EARLIER, HASHES, "0.2.0")
+    assert f.env_differences == ["NCCL_PROTO was LL in the earlier runs, unset now"]
+    assert f.provenance_differences == ["engine version was 0.1.0 in the earlier runs, 0.2.0 now"]
+    assert "NCCL_PROTO was LL" in f.message and "engine version was 0.1.0" in f.message
+
+
+def test_the_newest_earlier_run_is_the_provenance_reference():
+    newest = ref(600.0, 9, env={"NCCL_PROTO": "Simple"}, hashes={**HASHES, "prompts": "dddd4444"})
+    f = drift.check(605.0, ENV, [*EARLIER, newest], HASHES, "0.1.0")
+    assert f.env_differences == ["NCCL_PROTO was Simple in the earlier runs, LL now"]
+    assert f.provenance_differences == ["prompts hash was dddd4444 in the earlier runs, bbbb2222 now"]
+
+
+def test_nothing_earlier_is_no_finding():
+    assert drift.check(300.0, ENV, [], HASHES, "0.1.0") is None
+
+
+def test_identity_leaves_engine_version_and_weights_to_the_findings():
+    cfg = {"hardware": {"name": "cpu"}, "model": {"name": "tiny"}, "engine": {"name": "embedded"},
+           "nccl": {"name": "default"}, "benchmark": {"max_new_tokens": 500, "prompts": "p", "prompt_index": 0}}
+    assert drift.identity(cfg) == {"hardware": "cpu", "model": "tiny", "engine": "embedded", "nccl": "default",
+                                   "benchmark.max_new_tokens": 500, "benchmark.prompts": "p",
+                                   "benchmark.prompt_index": 0}
+    assert drift.data_hashes_of({"data": {"target": {"dvc_md5": "m1"}, "prompts": {"sha256": "s1"},
+                                          "x": {"missing": True}}}) == {"target": "m1", "prompts": "s1",
+                                                                         "x": "missing"}
