@@ -176,6 +176,11 @@ class BenchmarkConfig:
     prompt_index: int = 0
     profile: bool = True  # per-cycle phase profile (SPEC_DECODE_PROFILE in the server env)
     baseline_arm: bool = True  # measure the matching no-speculation baseline once per sweep key
+    # Paired baseline: a baseline server up beside the spec server, timed runs alternating between
+    # them, the speedup taken per pair (machine noise hits both arms of a pair alike). null = auto:
+    # on where two servers fit side by side (CPU; GPUs >= 2 x tp_size), off where they cannot (one
+    # 8-GPU model on an 8-GPU box).
+    paired: Optional[bool] = None
 
     def __post_init__(self) -> None:
         for key in ("runs", "launches", "max_new_tokens"):
@@ -238,9 +243,25 @@ class ExperimentConfig:
                 f"so ids must be in 0..{self.model.num_layers - 2}"
             )
 
+        hw = self.hardware
+        if self.benchmark.paired and hw.device == "cuda" and hw.num_gpus < 2 * hw.tp_size:
+            raise ConfigError(
+                f"benchmark.paired=true needs 2 x hardware.tp_size = {2 * hw.tp_size} GPUs for the spec and the "
+                f"baseline server side by side, but hardware={hw.name} has {hw.num_gpus}: use benchmark.paired=false"
+            )
+
     @property
     def speculative(self) -> bool:
         return self.drafter.path is not None
+
+    @property
+    def paired(self) -> bool:
+        """Whether a spec job measures its baseline paired (benchmark.paired, null = where it fits)."""
+        if not (self.speculative and self.benchmark.baseline_arm):
+            return False
+        if self.benchmark.paired is not None:
+            return self.benchmark.paired
+        return self.hardware.device == "cpu" or self.hardware.num_gpus >= 2 * self.hardware.tp_size
 
 
 def dir_name(overrides: str) -> str:

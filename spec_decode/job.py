@@ -10,11 +10,13 @@ FAILED with the runs measured so far, KILLED on Ctrl-C); MLflow and reports only
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import re
 import shlex
 import sys
 import time
+from dataclasses import dataclass
 from pathlib import Path
 
 from filelock import FileLock
@@ -203,14 +205,23 @@ def measure(cfg: ExperimentConfig, ctx: JobContext, role: str, baseline: JobReco
     live_env_tree: dict = {}  # ... and that of every server process (pid -> env)
     status, error = "FINISHED", None
     pool, slots, need = pool_for(cfg.hardware)
+    pair = None
+    if role == "spec" and cfg.paired:
+        # The baseline server beside ours: same flags minus speculation, no profiler, its own log.
+        pair = Pair(baseline_config(cfg), server_extra_env(baseline_config(cfg), None), out / "baseline.server.log")
+        pair.log_path.unlink(missing_ok=True)
+        if cfg.hardware.device == "cuda":
+            need *= 2  # disjoint GPUs for the two servers (the slot allocator never shares one)
     try:
         with allocate(pool, slots, need, Path(cfg.hardware.slots_dir)) as mine:
             rec.slots = mine
             if cfg.hardware.device == "cuda":
-                extra_env["CUDA_VISIBLE_DEVICES"] = ",".join(mine)
+                extra_env["CUDA_VISIBLE_DEVICES"] = ",".join(mine[: cfg.hardware.tp_size])
+                if pair is not None:
+                    pair.env["CUDA_VISIBLE_DEVICES"] = ",".join(mine[cfg.hardware.tp_size:])
             for launch in range(cfg.benchmark.launches):
                 _one_launch(cfg, ctx, launch, prompt, extra_env, rec, log_path, log_windows, live_env,
-                            live_env_tree)
+                            live_env_tree, pair)
     except KeyboardInterrupt:
         status, error = "KILLED", "interrupted (Ctrl-C / SIGINT)"
         raise
@@ -235,11 +246,20 @@ def _abs(root: Path, p: str) -> Path:
     return path if path.is_absolute() else root / path
 
 
+@dataclass
+class Pair:
+    """The paired baseline server of a spec job (benchmark.paired)."""
+
+    cfg: ExperimentConfig
+    env: dict[str, str]
+    log_path: Path
+
+
 def _start_server(cfg: ExperimentConfig, extra_env: dict[str, str], log_path: Path,
-                  attempts: int = 3) -> ServerProcess:
-    """Start the server on the configured port, or a free one when it is taken (also when another
-    sweep takes it between our check and the server's bind)."""
-    wanted = cfg.engine.port
+                  attempts: int = 3, any_port: bool = False) -> ServerProcess:
+    """Start the server on the configured port (any free one with ``any_port``), or a free one when it
+    is taken (also when another sweep takes it between our check and the server's bind)."""
+    wanted = 0 if any_port else cfg.engine.port
     for attempt in range(attempts):
         port = choose_port(cfg.engine.host, wanted if attempt == 0 else 0)
         srv = ServerProcess(server_command(cfg, port), env=extra_env, log_path=log_path,
@@ -267,25 +287,37 @@ def _self_check(rec: JobRecord, cfg: ExperimentConfig, warmup, log_path: Path, l
 
 def _one_launch(cfg: ExperimentConfig, ctx: JobContext, launch: int, prompt: str,
                 extra_env: dict[str, str], rec: JobRecord, log_path: Path,
-                log_windows: list[tuple[int, int]], live_env: dict[str, str], live_env_tree: dict) -> None:
+                log_windows: list[tuple[int, int]], live_env: dict[str, str], live_env_tree: dict,
+                pair: Pair | None = None) -> None:
+    """One server launch: warmup, /flush_cache, the timed runs. With ``pair``, the baseline server runs
+    beside ours and the timed runs alternate between them, pair i ordered baseline-first when i is even
+    and spec-first when odd (an order effect cancels over the pairs)."""
     from tqdm import tqdm
 
     srv = _start_server(cfg, extra_env, log_path)
     port = srv.port
     rec.argv = rec.argv or srv.argv
     b = cfg.benchmark
-    with srv:
+    with contextlib.ExitStack() as stack:
+        stack.enter_context(srv)
         client = Client(srv.base_url, cfg.engine.request_timeout_s)
         rec.launches.append({"launch": launch, "port": port, "pid": srv.pid,
-                                "server_start_s": srv.start_s})
+                             "server_start_s": srv.start_s})
+        bclient = None
+        if pair is not None:
+            bsrv = stack.enter_context(_start_server(pair.cfg, pair.env, pair.log_path, any_port=True))
+            bclient = Client(bsrv.base_url, cfg.engine.request_timeout_s)
+            rec.launches[-1].update(baseline_port=bsrv.port, baseline_pid=bsrv.pid,
+                                    baseline_server_start_s=bsrv.start_s)
         if launch == 0:
             live_env.update(srv.environ())  # filtered + redacted in results.finish
             live_env_tree.update(srv.environ_tree())
         body = client.generate_body(prompt, b.max_new_tokens, b.temperature, b.ignore_eos)
         name = ctx.run_name or "job"
         label = f"{name if len(name) <= 48 else name[:45] + '...'} [{launch + 1}/{b.launches}]"
+        arms = 2 if bclient else 1
         # disable=None: no bar when stderr is not a terminal (SLURM/CI logs stay readable)
-        bar = tqdm(total=b.warmup + b.runs, desc=label, unit="run", disable=True if ctx.quiet else None,
+        bar = tqdm(total=arms * (b.warmup + b.runs), desc=label, unit="run", disable=True if ctx.quiet else None,
                    file=sys.stderr, leave=False)
         try:
             log_start = log_path.stat().st_size
@@ -293,20 +325,31 @@ def _one_launch(cfg: ExperimentConfig, ctx: JobContext, launch: int, prompt: str
                 w = client.generate(body, launch, -1)
                 rec.launches[-1]["warmup_s"] = rec.launches[-1].get("warmup_s", 0.0) + w.wall_s
                 bar.update()
+                if bclient is not None:
+                    bclient.generate(body, launch, -1)
+                    bar.update()
             if launch == 0 and b.warmup and b.profile:
                 _self_check(rec, cfg, w, log_path, log_start)
             client.flush_cache()
+            if bclient is not None:
+                bclient.flush_cache()
             start = log_path.stat().st_size
             for run in range(b.runs):
-                record = client.generate(body, launch, run)
-                rec.runs.append(record)
-                bar.set_postfix(tok_s=f"{record.throughput_tok_s:.1f}")
-                bar.update()
-                srv.check_alive()
+                order = ["spec"] if bclient is None else (["base", "spec"] if run % 2 == 0 else ["spec", "base"])
+                for arm in order:
+                    if arm == "spec":
+                        record = client.generate(body, launch, run)
+                        rec.runs.append(record)
+                        srv.check_alive()
+                    else:
+                        assert bclient is not None
+                        record = bclient.generate(body, launch, run)
+                        rec.baseline_runs.append(record)
+                        bsrv.check_alive()
+                    bar.set_postfix({arm: f"{record.throughput_tok_s:.1f} tok/s"})
+                    bar.update()
             time.sleep(0.05)  # let the last decode-log line reach the file
             log_windows.append((start, log_path.stat().st_size))
             rec.server_info = client.server_info()
         finally:
             bar.close()
-
-

@@ -92,6 +92,9 @@ class JobRecord:
     slots: list[str] | None = None
     launches: list[dict] = field(default_factory=list)
     runs: list[RunRecord] = field(default_factory=list)
+    # Paired baseline (benchmark.paired): the baseline server's timed runs, interleaved with ``runs``
+    # (pair i = runs[i], baseline_runs[i]).
+    baseline_runs: list[RunRecord] = field(default_factory=list)
     warnings: list[str] = field(default_factory=list)
     started_at: float = field(default_factory=time.time)
     ended_at: float | None = None
@@ -137,7 +140,7 @@ class JobRecord:
             if f.name == "extra":
                 continue
             v = getattr(self, f.name)
-            if f.name == "runs":
+            if f.name in ("runs", "baseline_runs"):
                 v = [r.as_dict() for r in v]
             elif dataclasses.is_dataclass(v):
                 v = dataclasses.asdict(v)
@@ -154,8 +157,9 @@ class JobRecord:
         names = {f.name for f in dataclasses.fields(cls)}
         known = {k: d.pop(k) for k in list(d) if k in names and k != "extra"}
         run_fields = {f.name for f in dataclasses.fields(RunRecord)}
-        known["runs"] = [RunRecord(**{k: v for k, v in r.items() if k in run_fields})
-                         for r in known.get("runs") or []]
+        for key in ("runs", "baseline_runs"):
+            known[key] = [RunRecord(**{k: v for k, v in r.items() if k in run_fields})
+                          for r in known.get(key) or []]
         known["engine"] = EngineInfo(**(known.get("engine") or {"name": "unknown"}))
         known["checks"] = [Check(**{k: c.get(k) for k in ("name", "ok", "value", "expected", "message")})
                            for c in known.get("checks") or []]
@@ -292,15 +296,35 @@ def finish(rec: JobRecord, cfg: ExperimentConfig, status: str, error: str | None
     rec.decode_log = dl.__dict__
     if dl.gen_throughput_tok_s_median is not None:
         metrics["decode_log_gen_throughput_tok_s"] = dl.gen_throughput_tok_s_median
-    # Speedup against the matching baseline.
-    if baseline is not None and runs and baseline.runs:
+    # Speedup against the matching baseline: per pair when its runs were interleaved with ours
+    # (benchmark.paired), else the ratio of two independent means (Welch CI).
+    if rec.baseline_runs and runs:
+        n = min(len(runs), len(rec.baseline_runs))
+        spec_tput = [r.throughput_tok_s for r in runs[:n]]
+        base_tput = [r.throughput_tok_s for r in rec.baseline_runs[:n]]
+        ratio = stats.paired_ratio(spec_tput, base_tput)
+        base_summary = stats.summarize(base_tput).as_dict()
+        rec.baseline = BaselineRef(baseline.out_dir if baseline else None,
+                                   baseline.mlflow_run_id if baseline else None, base_summary)
+        rec.speedup_vs_baseline = {**ratio.as_dict(), "method": "paired", "pairs": n,
+                                   "per_pair": [x / y for x, y in zip(spec_tput, base_tput)]}
+        if baseline is not None and baseline.runs:
+            # The unpaired figure against the sweep's separate baseline job, for comparison.
+            rec.speedup_vs_baseline["vs_baseline_job"] = stats.ratio_of_means(
+                [r.throughput_tok_s for r in runs], [r.throughput_tok_s for r in baseline.runs]).as_dict()
+        metrics["baseline_throughput_tok_s"] = base_summary["mean"]
+    elif baseline is not None and runs and baseline.runs:
         ratio = stats.ratio_of_means([r.throughput_tok_s for r in runs], [r.throughput_tok_s for r in baseline.runs])
         rec.baseline = BaselineRef(baseline.out_dir, baseline.mlflow_run_id, baseline.throughput_tok_s)
-        rec.speedup_vs_baseline = ratio.as_dict()
+        rec.speedup_vs_baseline = {**ratio.as_dict(), "method": "welch"}
+        metrics["baseline_throughput_tok_s"] = (baseline.throughput_tok_s or {})["mean"]
+    else:
+        ratio = None
+    if ratio is not None:
         metrics["speedup_vs_baseline"] = ratio.ratio
         metrics["speedup_vs_baseline_ci95_lo"] = ratio.ci95_lo
         metrics["speedup_vs_baseline_ci95_hi"] = ratio.ci95_hi
-        metrics["baseline_throughput_tok_s"] = (baseline.throughput_tok_s or {})["mean"]
+        metrics["speedup_ci95_halfwidth_pct"] = 100 * (ratio.ci95_hi - ratio.ci95_lo) / 2 / ratio.ratio
     if rec.nccl_probe:
         from .nccl_probe import metrics_of
 
@@ -377,9 +401,13 @@ def job_summary(rec: JobRecord) -> str:
             f"({m['extend_pct']:.0f}%) + other {m['other_ms']:.2f} ({m['other_pct']:.0f}%)"
         )
     if "speedup_vs_baseline" in m:
+        method = (rec.speedup_vs_baseline or {}).get("method", "welch")
+        how = (f"paired: {(rec.speedup_vs_baseline or {}).get('pairs')} interleaved pairs, baseline "
+               f"{m['baseline_throughput_tok_s']:.1f} tok/s" if method == "paired" else "vs a separate baseline job")
         lines.append(
             f"  speedup vs baseline {m['speedup_vs_baseline']:.3f}x  95% CI "
-            f"[{m['speedup_vs_baseline_ci95_lo']:.3f}, {m['speedup_vs_baseline_ci95_hi']:.3f}]"
+            f"[{m['speedup_vs_baseline_ci95_lo']:.3f}, {m['speedup_vs_baseline_ci95_hi']:.3f}] "
+            f"(+-{m['speedup_ci95_halfwidth_pct']:.1f}%; {how})"
         )
     for c in rec.checks:
         if c.ok is False:

@@ -6,6 +6,8 @@ The unit of replication is the run (5 x 500 tokens by default), and the server l
 - per job: mean, median, std (n-1), CV, Student-t 95% CI of the mean (t(0.975, 4) = 2.776 for 5 runs);
 - speedup A/B = mean(A) / mean(B), 95% CI by Welch's t on the log of the ratio (delta method):
   SE = sqrt(s_a^2 / (n_a m_a^2) + s_b^2 / (n_b m_b^2)), Welch-Satterthwaite df, CI = ratio * exp(+-t SE);
+- paired speedup (baseline and spec runs alternating on two live servers): geometric mean of the per-pair
+  ratios, t-CI on the mean log ratio with n_pairs - 1 df;
 - minimum detectable effect of a two-sample t-test (alpha 0.05, power 0.8) from the observed CV:
   MDE = (t(0.975, df) + t(0.8, df)) * sqrt(2 / n) * CV; with 5 runs per arm that is about 2.0 CV;
 - CV above 3% is flagged: a 5.9% gain needs CV <= ~3% to be seen with 5 runs.
@@ -83,6 +85,21 @@ def ratio_from_summary(ma: float, sa: float, na: int, mb: float, sb: float, nb: 
     t = st.t.ppf(0.5 + confidence / 2, df)
     lo, hi = r * math.exp(-t * se), r * math.exp(t * se)
     return Ratio(r, lo, hi, df, not (lo <= 1.0 <= hi))
+
+
+def paired_ratio(a: list[float], b: list[float], confidence: float = 0.95) -> Ratio:
+    """Speedup from pairs (a_i, b_i) measured back to back: the geometric mean of a_i / b_i with a
+    Student-t CI on the mean log ratio (df = n - 1). Noise shared by a pair cancels in its ratio."""
+    if len(a) != len(b) or not a:
+        raise ValueError(f"paired_ratio needs pairs: {len(a)} vs {len(b)} values")
+    logs = [math.log(x / y) for x, y in zip(a, b)]
+    n = len(logs)
+    m = statistics.fmean(logs)
+    if n < 2:
+        return Ratio(math.exp(m), float("nan"), float("nan"), float("nan"), False)
+    half = st.t.ppf(0.5 + confidence / 2, n - 1) * statistics.stdev(logs) / math.sqrt(n)
+    lo, hi = math.exp(m - half), math.exp(m + half)
+    return Ratio(math.exp(m), lo, hi, float(n - 1), not (lo <= 1.0 <= hi))
 
 
 def min_detectable_effect(cv: float, n: int, alpha: float = 0.05, power: float = 0.8) -> float:
