@@ -39,6 +39,11 @@ def run_from_hydra(cfg: DictConfig) -> float | None:
     if multirun and exp.fail_fast and ctx.sweep_dir and (ctx.sweep_dir / "FAILED").exists():
         print(f"skipping {ctx.run_name}: an earlier job failed and fail_fast=true", file=sys.stderr)
         return None
+    with ConsoleLog(ctx.out_dir / "run.log"):
+        return _run(exp, ctx, multirun)
+
+
+def _run(exp, ctx: JobContext, multirun: bool) -> float | None:
     try:
         rec = run_job(exp, ctx)
     except PreflightError as e:  # run_job wrote the job's FAILED record: the sweep summary counts it
@@ -57,6 +62,41 @@ def run_from_hydra(cfg: DictConfig) -> float | None:
     if rec is None:
         return None
     return rec.metrics.get("throughput_tok_s")
+
+
+class ConsoleLog:
+    """While a job runs, what it prints (stdout and stderr) also goes to ``run.log`` in its job dir;
+    progress-bar redraws (carriage returns) stay on the terminal only."""
+
+    class _Tee:
+        def __init__(self, stream, log):
+            self.stream, self.log = stream, log
+
+        def write(self, text: str) -> int:
+            if "\r" not in text:
+                self.log.write(text)
+                self.log.flush()
+            return self.stream.write(text)
+
+        def flush(self) -> None:
+            self.stream.flush()
+
+        def __getattr__(self, name):  # isatty, fileno, encoding ... of the real stream
+            return getattr(self.stream, name)
+
+    def __init__(self, path: Path):
+        self.path = path
+
+    def __enter__(self) -> ConsoleLog:
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        self.log = open(self.path, "a", encoding="utf-8")
+        self.saved = sys.stdout, sys.stderr
+        sys.stdout, sys.stderr = self._Tee(sys.stdout, self.log), self._Tee(sys.stderr, self.log)
+        return self
+
+    def __exit__(self, *exc) -> None:
+        sys.stdout, sys.stderr = self.saved
+        self.log.close()
 
 
 def _mark_failed(ctx: JobContext, fail_fast: bool) -> None:

@@ -236,9 +236,24 @@ def measure(cfg: ExperimentConfig, ctx: JobContext, role: str, baseline: JobReco
         if ctx.tracker is not None:
             ctx.tracker.finish(tracked, rec, out)  # a view: logs the record as written
         _say(ctx, results.job_summary(rec))
+        _say(ctx, where_to_look(rec, ctx))
     if status != "FINISHED":
         raise JobFailed(f"job {ctx.run_name or out.name} {status}: {error}")
     return rec
+
+
+def where_to_look(rec: JobRecord, ctx: JobContext) -> str:
+    """The lines that end a job: its directory, its MLflow run and how to open it, the report."""
+    lines = [f"  results: {ctx.out_dir} (results.json, run.log, server.log)"]
+    if rec.mlflow_run_id and ctx.tracker is not None:
+        try:
+            lines.append(f"  MLflow run {rec.mlflow_run_id}: {ctx.tracker.ui_command()}, then "
+                         f"{ctx.tracker.ui_url(rec.mlflow_run_id)}")
+        except Exception:  # noqa: BLE001 - a store gone since the run was logged: the id still helps
+            lines.append(f"  MLflow run {rec.mlflow_run_id}")
+    if not ctx.sweep_dir:
+        lines.append(f"  report: python -m spec_decode.report {ctx.out_dir}")
+    return "\n".join(lines)
 
 
 def _abs(root: Path, p: str) -> Path:

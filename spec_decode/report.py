@@ -196,14 +196,17 @@ def main(argv: list[str] | None = None) -> None:
     ap = argparse.ArgumentParser(prog="python -m spec_decode.report", description=__doc__,
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("path", nargs="?", type=Path, help="a sweep dir or experiment dir")
-    ap.add_argument("--plots", type=Path, default=None, help="where to write PNGs (default: PATH)")
+    ap.add_argument("--plots", type=Path, default=None,
+                    help="where to write PNGs (default: PATH, or the named download dir of --mlflow-run)")
     ap.add_argument("--mlflow-run", default=None, help="a sweep's parent run id (downloads its children)")
     ap.add_argument("--uri", default="sqlite:///mlflow.db")
     args = ap.parse_args(argv)
     if args.mlflow_run:
         import tempfile
 
-        root = from_mlflow(args.mlflow_run, args.uri, Path(tempfile.mkdtemp(prefix="report_")))
+        root = from_mlflow(args.mlflow_run, args.uri,
+                           Path(tempfile.mkdtemp(prefix=f"spec_decode_report_{args.mlflow_run[:8]}_")))
+        print(f"downloaded the sweep's results.json files to {root}", file=sys.stderr)
     elif args.path is not None:
         if not args.path.is_dir():
             ap.error(f"{args.path}: not a directory")
@@ -215,7 +218,8 @@ def main(argv: list[str] | None = None) -> None:
         ap.error(f"no results.json under {root}")
     text, _ = sweep_summary(recs)
     print(text)
-    for p in write_plots(recs, args.plots or (args.path or Path("."))):
+    # Plots go beside the records (the sweep dir, or the download dir of --mlflow-run): never the cwd.
+    for p in write_plots(recs, args.plots or root):
         print(f"plot: {p}", file=sys.stderr)
 
 

@@ -41,6 +41,10 @@ class RunLog(Protocol):
 
     def finish(self, run_id: str | None, rec: JobRecord, out_dir: Path) -> None: ...
 
+    def ui_command(self) -> str: ...
+
+    def ui_url(self, run_id: str | None = None) -> str: ...
+
 
 @dataclass
 class JobContext:

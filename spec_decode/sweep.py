@@ -17,7 +17,27 @@ from hydra.experimental.callback import Callback
 
 from . import results
 from .report import sweep_summary, write_plots
-from .tracking import PARENT_ENV, Tracker
+from .tracking import PARENT_ENV, Tracker, experiment_tags
+
+
+def markdown_summary(table: dict[str, list], sweep_dir: str) -> str:
+    from tabulate import tabulate
+
+    cols = list(table)
+    rows = [[table[c][i] for c in cols] for i in range(len(table[cols[0]]) if cols else 0)]
+    return (f"Sweep `{sweep_dir}`\n\n" + tabulate(rows, headers=cols, tablefmt="github", disable_numparse=True)
+            + "\n\nPlots: Artifacts > plots. Per job: its child run (results.json, server.log, profile/).")
+
+
+def where_to_look(sweep_dir: str, parent_run_id: str | None, tracker: Tracker | None) -> str:
+    """The lines that end a sweep: where its files are, its MLflow parent run, what to run next."""
+    lines = [f"sweep dir: {sweep_dir} (sweep_summary.txt, plots, one dir per job with results.json and run.log)"]
+    if parent_run_id and tracker is not None:
+        lines.append(f"MLflow parent run: {parent_run_id}")
+        lines.append(f"  open: {tracker.ui_command()}  ->  {tracker.ui_url()}")
+    lines.append(f"report: python -m spec_decode.report {sweep_dir}"
+                 + (f"   (or: python -m spec_decode.report --mlflow-run {parent_run_id})" if parent_run_id else ""))
+    return "\n".join(lines)
 
 
 class SweepCallback(Callback):
@@ -85,6 +105,11 @@ class SweepCallback(Callback):
             try:
                 c.log_text(self.parent_run_id, text, "sweep_summary.txt")
                 c.log_table(self.parent_run_id, table, "sweep_summary.json")
+                # The run's description (shown on its page without a click) is the table.
+                c.set_tag(self.parent_run_id, "mlflow.note.content", markdown_summary(table, self.sweep_dir))
+                # The saved view opens with this sweep's children unfolded.
+                for key, value in experiment_tags(expanded=[self.parent_run_id]).items():
+                    c.set_experiment_tag(self._tracker.experiment_id(), key, value)
                 for png in write_plots(recs, Path(self.sweep_dir)):
                     c.log_artifact(self.parent_run_id, str(png), artifact_path="plots")
             except Exception as e:  # noqa: BLE001 - the summary is a view; the status must still land
@@ -94,3 +119,4 @@ class SweepCallback(Callback):
                     c.set_terminated(self.parent_run_id, status=status)
                 except Exception as e:  # noqa: BLE001
                     print(f"warning: could not close the MLflow parent run: {e}", file=sys.stderr)
+        print(where_to_look(self.sweep_dir, self.parent_run_id, self._tracker), file=sys.stderr)

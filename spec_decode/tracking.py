@@ -16,7 +16,9 @@ flattened config plus the group choices (``nccl``, ``drafter``...), tags hold pr
 from __future__ import annotations
 
 import argparse
+import math
 import os
+import re
 import sys
 import time
 import warnings
@@ -36,6 +38,27 @@ ENV_PARAM = "server_env."  # params holding the live server environment
 GROUPS = ("hardware", "nccl", "drafter", "model", "engine")
 ARTIFACTS = ("results.json", "server.log")
 PROFILE_GLOB = "profile.rank*.jsonl"  # one per TP rank (spec_decode.parsers.profile)
+
+# MLflow 3.x opens an experiment in the view its kind names; without the tag it guesses the GenAI
+# "Overview" (traces) for an empty or new experiment. custom_model_development is the runs table.
+EXPERIMENT_KIND = "custom_model_development"
+DESCRIPTION = (
+    "Speculative-decoding benchmarks from spec-decode-bench. One parent run per sweep (its description "
+    "holds the sweep's table; plots under Artifacts > plots); one child per job, named by what varies "
+    "(`steps=3 nccl=default`, `baseline nccl=default`). Each job's results.json (artifact) is the "
+    "authoritative record. Views > \"speedup by steps\" shows the key metrics side by side."
+)
+# A saved runs-table view (MLflow >= 3.15 keeps them as experiment tags mlflow.sharedViewState.<key>):
+# the columns a performance engineer compares, in order; opened by ?viewStateShareKey=<key>.
+VIEW_KEY = "spec-decode-speedup"
+VIEW_NAME = "speedup by steps"
+VIEW_METRICS = ("throughput_tok_s", "speedup_vs_baseline", "speedup_vs_baseline_ci95_lo",
+                "speedup_vs_baseline_ci95_hi", "accept_len", "cycle_ms", "non_cycle_pct", "throughput_tok_s_cv")
+VIEW_PARAMS = ("spec.steps", "nccl", "engine", "hardware")
+VIEW_TAGS = ("checks.failed",)
+# Precision kept when logging (MLflow shows every digit it is given): decimals by the metric's unit.
+DECIMALS = (("_tok_s", 1), ("_ms", 3), ("_pct", 2), ("_cv", 4), ("_s", 3), ("speedup", 4), ("accept", 4),
+            ("ratio", 4), ("_us", 2))
 
 
 def _quiet_mlflow() -> None:
@@ -112,7 +135,23 @@ class Tracker:
             self.client  # noqa: B018 - creates the store under the lock first
             with _store_lock(self.uri):
                 self._exp_id = self._get_or_create_experiment()
+                have = self.client.get_experiment(self._exp_id).tags
+                for key, value in experiment_tags().items():  # also on experiments made before
+                    if key not in have:  # a user's edits and the latest sweep's view stay
+                        self.client.set_experiment_tag(self._exp_id, key, value)
         return self._exp_id
+
+    def ui_url(self, run_id: str | None = None, host: str = "http://127.0.0.1:5000") -> str:
+        """Where to look in ``mlflow ui``: the run, or the experiment's compare view."""
+        exp = self.experiment_id()
+        if run_id:
+            return f"{host}/#/experiments/{exp}/runs/{run_id}"
+        return f"{host}/#/experiments/{exp}/runs?viewStateShareKey={VIEW_KEY}"
+
+    def ui_command(self) -> str:
+        if self.uri.startswith("sqlite:///"):
+            return f"mlflow ui --backend-store-uri {self.uri}"
+        return f"open {self.uri}"
 
     def _get_or_create_experiment(self) -> str:
         exp = self.client.get_experiment_by_name(self.experiment)
@@ -138,7 +177,7 @@ class Tracker:
         if ctx.parent_run_id:
             tags["mlflow.parentRunId"] = ctx.parent_run_id
         try:
-            run = self.client.create_run(self.experiment_id(), run_name=rec.name or "defaults", tags=tags)
+            run = self.client.create_run(self.experiment_id(), run_name=display_name(rec), tags=tags)
         except Exception as e:  # noqa: BLE001 - any store failure: keep measuring
             rec.warnings.append(self._unreachable(e))
             return None
@@ -190,6 +229,45 @@ def _status(status: str) -> str:
     return status if status in ("FINISHED", "FAILED", "KILLED") else "FAILED"
 
 
+def experiment_tags(expanded: list[str] | tuple = ()) -> dict[str, str]:
+    """The experiment's kind (runs view), description and saved view; ``expanded``: parent runs the view
+    opens unfolded (the latest sweep's)."""
+    import json
+
+    cols = ([f"params.`{p}`" for p in VIEW_PARAMS] + [f"metrics.`{m}`" for m in VIEW_METRICS]
+            + [f"tags.`{t}`" for t in VIEW_TAGS])
+    state = {"selectedColumns": cols, "columnOrder": cols, "orderByKey": "attributes.start_time",
+             "orderByAsc": False, "runsHiddenMode": "SHOW_ALL", "searchFilter": "",
+             "runsExpanded": {run_id: True for run_id in expanded}}
+    now = int(time.time() * 1000)
+    view = {"name": VIEW_NAME, "createdAt": now, "updatedAt": now, "state": json.dumps(state)}
+    return {"mlflow.experimentKind": EXPERIMENT_KIND, "mlflow.note.content": DESCRIPTION,
+            f"mlflow.sharedViewState.{VIEW_KEY}": json.dumps(view, separators=(",", ":"))}
+
+
+def display_name(rec: JobRecord) -> str:
+    """The run name, leading with what varies: ``steps=3 nccl=default``, ``baseline nccl=default``
+    (the job's overrides, keys shortened to their last part: the step count first, then group choices,
+    then other keys, so that MLflow's truncated name column still shows the sweep axes)."""
+    items = [i for i in re.split(r",(?=[+~]*[\w./@-]+=)", rec.name or "") if i and i != "baseline"]
+    steps = [i for i in items if i.split("=", 1)[0].lstrip("+~") == "spec.steps"]
+    # then config-group choices (nccl=tuned: usually a sweep axis), then dotted keys (often fixed knobs)
+    rest = sorted((i for i in items if i not in steps), key=lambda i: "." in i.split("=", 1)[0])
+    head = ["baseline"] if rec.role == "baseline" else [f"steps={rec.steps}"] if rec.steps is not None else []
+    short = [f"{k.lstrip('+~').rsplit('.', 1)[-1]}={v}" for k, v in (i.split("=", 1) for i in rest)]
+    return " ".join(head + short) or "defaults"
+
+
+def rounded(name: str, value: float) -> float:
+    for suffix, places in DECIMALS:  # the unit at the end wins (throughput_tok_s_cv is a fraction)
+        if name.endswith(suffix) or name.startswith(suffix):
+            return round(value, places)
+    for suffix, places in DECIMALS:  # then a unit inside (throughput_tok_s_ci95_lo, nccl_allreduce_us_4096)
+        if f"{suffix}_" in name:
+            return round(value, places)
+    return float(f"{value:.6g}")
+
+
 def params_of(rec: JobRecord) -> dict[str, str]:
     out = dict(flatten(rec.config))
     for g in GROUPS:  # the group choices, as the sweep axes name them
@@ -226,8 +304,9 @@ def log_record(client, run_id: str, rec: JobRecord, out_dir: Path) -> None:
     from mlflow.entities import Metric, Param, RunTag
 
     now = int(time.time() * 1000)
-    metrics = [Metric(k, v, now, 0) for k, v in rec.metrics.items()]
-    metrics += [Metric("run_throughput_tok_s", r.throughput_tok_s, now, i) for i, r in enumerate(rec.runs)]
+    metrics = [Metric(k, rounded(k, v), now, 0) for k, v in rec.metrics.items() if math.isfinite(v)]
+    metrics += [Metric("run_throughput_tok_s", rounded("_tok_s", r.throughput_tok_s), now, i)
+                for i, r in enumerate(rec.runs)]
     params = [Param(k, v) for k, v in params_of(rec).items()]
     params += [Param(f"{ENV_PARAM}{k}", v) for k, v in (rec.server_env or {}).items()]
     tags = [RunTag(k, v) for k, v in tags_of(rec).items()]
@@ -262,7 +341,7 @@ def sync(directory: Path, tracker: Tracker) -> tuple[int, int]:
             run_id = found[0].info.run_id
         else:
             run_id = tracker.client.create_run(
-                tracker.experiment_id(), run_name=rec.name or "defaults",
+                tracker.experiment_id(), run_name=display_name(rec),
                 tags={RECORD_TAG: rec.record_id, "spec_decode.role": rec.role, "spec_decode.synced": "true",
                       "spec_decode.out_dir": rec.out_dir}).info.run_id
         log_record(tracker.client, run_id, rec, Path(rec.out_dir))

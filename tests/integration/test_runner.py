@@ -2,6 +2,9 @@
 through MlflowClient; single runs; dry runs; bad overrides fail before any server starts."""
 
 import json
+import os
+import subprocess
+import sys
 import time
 from pathlib import Path
 
@@ -23,8 +26,8 @@ def runs_of(uri: str):
 
 def test_sweep_steps_by_nccl_gives_parent_children_and_baseline_arm(tmp_path, tmp_store):
     sweep = tmp_path / "sweep"
-    run_py(["-m", "spec.steps=1,3", "nccl=tuned,default", *small(), *tmp_store["overrides"],
-            f"hydra.sweep.dir={sweep}"], env={"NCCL_PROTO": "Simple"})  # a stray shell variable
+    proc = run_py(["-m", "spec.steps=1,3", "nccl=tuned,default", *small(), *tmp_store["overrides"],
+                   f"hydra.sweep.dir={sweep}"], env={"NCCL_PROTO": "Simple"})  # a stray shell variable
     c, runs = runs_of(tmp_store["uri"])
     parents = [r for r in runs if r.data.tags.get("spec_decode.role") == "sweep"]
     assert len(parents) == 1 and parents[0].info.status == "FINISHED"
@@ -41,19 +44,42 @@ def test_sweep_steps_by_nccl_gives_parent_children_and_baseline_arm(tmp_path, tm
         assert m["accept_len"] > 1.5
         hist = c.get_metric_history(r.info.run_id, "run_throughput_tok_s")
         assert sorted(h.step for h in hist) == [0, 1]
-        assert "=" in r.info.run_name and "spec.steps=" in r.info.run_name
+        # the name leads with what varies
+        assert r.info.run_name == (f"steps={r.data.params['spec.steps']} nccl={r.data.params['nccl']} "
+                                   "max_new_tokens=48 runs=2 warmup=1")
         # the server env as read back from the live process
         rec = json.loads(Path(c.download_artifacts(r.info.run_id, "results.json", str(tmp_path / r.info.run_id))).read_text())
         nccl = {k: v for k, v in rec["server_env"].items() if k.startswith("NCCL_")}
         assert nccl == (TUNED if r.data.params["nccl"] == "tuned" else {})
-        assert rec["speedup_vs_baseline"]["ratio"] == pytest.approx(m["speedup_vs_baseline"])
+        assert rec["speedup_vs_baseline"]["ratio"] == pytest.approx(m["speedup_vs_baseline"], abs=5e-5)
+        assert m["throughput_tok_s"] == round(m["throughput_tok_s"], 1)  # logged at its precision
+        # paired baseline (the default on the embedded engine): one baseline run per spec run
+        assert rec["speedup_vs_baseline"]["method"] == "paired"
+        assert len(rec["baseline_runs"]) == len(rec["runs"]) == 2
+        ratios = [a["throughput_tok_s"] / b["throughput_tok_s"] for a, b in zip(rec["runs"], rec["baseline_runs"])]
+        assert rec["speedup_vs_baseline"]["per_pair"] == pytest.approx(ratios)
+    assert sorted(r.info.run_name for r in base) == ["baseline nccl=default max_new_tokens=48 runs=2 warmup=1",
+                                                     "baseline nccl=tuned max_new_tokens=48 runs=2 warmup=1"]
+    # the experiment opens in the runs view, with a description and a saved view of the key metrics
+    exp = c.get_experiment(parents[0].info.experiment_id)
+    assert exp.tags["mlflow.experimentKind"] == "custom_model_development"
+    assert "speculative-decoding" in exp.tags["mlflow.note.content"].lower()
+    view = json.loads(exp.tags["mlflow.sharedViewState.spec-decode-speedup"])
+    state = json.loads(view["state"])
+    assert "metrics.`speedup_vs_baseline`" in state["selectedColumns"]
+    assert state["runsExpanded"] == {parents[0].info.run_id: True}
+    assert parents[0].data.tags["mlflow.note.content"].count("| FINISHED") == 6
+    # where to look: the sweep ends with its dir, the parent run, the UI command and the report command
+    tail = proc.stderr[proc.stderr.rindex("sweep dir:"):]
+    assert str(sweep) in tail and parents[0].info.run_id in tail and "mlflow ui --backend-store-uri" in tail
+    assert f"python -m spec_decode.report {sweep}" in tail
+    # run.log holds the job's console output
+    job_logs = sorted(sweep.glob("*/run.log"))
+    assert len(job_logs) == 4 and all("[FINISHED]" in p.read_text() for p in job_logs)
     summary = (sweep / "sweep_summary.txt").read_text()
     assert "6 job(s), 6 finished" in summary
     assert "cost model" in summary and "predicted best: steps=" in summary
     # the report CLI renders the same sweep from its results.json files
-    import subprocess
-    import sys
-
     plots = tmp_path / "plots"
     rep = subprocess.run([sys.executable, "-m", "spec_decode.report", str(sweep), "--plots", str(plots)],
                          capture_output=True, text=True, timeout=120)
@@ -63,6 +89,17 @@ def test_sweep_steps_by_nccl_gives_parent_children_and_baseline_arm(tmp_path, tm
         assert (plots / png).stat().st_size > 10_000
     assert {p.path for p in c.list_artifacts(parents[0].info.run_id)} >= {"sweep_summary.txt",
                                                                         "sweep_summary.json", "plots"}
+    # report --mlflow-run writes under the directory it names, nothing in the cwd
+    cwd = tmp_path / "cwd"
+    cwd.mkdir()
+    rep = subprocess.run([sys.executable, "-m", "spec_decode.report", "--mlflow-run", parents[0].info.run_id,
+                          "--uri", tmp_store["uri"]], capture_output=True, text=True, timeout=120, cwd=cwd,
+                         env={**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[2])})
+    assert rep.returncode == 0, rep.stderr
+    assert list(cwd.iterdir()) == []
+    named = Path(rep.stderr.split("downloaded the sweep's results.json files to ", 1)[1].split()[0])
+    assert {p.name for p in named.glob("*.png")} == {"throughput_vs_steps.png", "phases.png",
+                                                     "accept_len_vs_steps.png"}
 
 
 def test_single_run_logs_a_standalone_run_with_real_metrics(tmp_path, tmp_store):
@@ -74,7 +111,7 @@ def test_single_run_logs_a_standalone_run_with_real_metrics(tmp_path, tmp_store)
     _, runs = runs_of(tmp_store["uri"])
     job = [r for r in runs if r.data.params.get("role") == "spec"]
     assert len(job) == 1 and "mlflow.parentRunId" not in job[0].data.tags
-    assert job[0].data.metrics["throughput_tok_s"] == pytest.approx(rec["metrics"]["throughput_tok_s"])
+    assert job[0].data.metrics["throughput_tok_s"] == pytest.approx(rec["metrics"]["throughput_tok_s"], abs=0.05)
 
 
 def test_dry_run_prints_commands_and_env_and_launches_nothing(tmp_path, tmp_store):
