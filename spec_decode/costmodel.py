@@ -141,13 +141,16 @@ def fit(points: list[Point], max_steps: int = 8) -> Fit:
     return f
 
 
+POINT_METRICS = {"accept_len", "cycle_ms", "draft_ms", "verify_ms", "extend_ms", "other_ms", "throughput_tok_s"}
+
+
 def points_from_records(recs: list[JobRecord], nccl: str | None = None) -> list[Point]:
     """One point per step count from finished speculative records with a phase profile (averaged when
     a step count appears more than once, e.g. under two NCCL profiles unless ``nccl`` selects one)."""
     groups: dict[int, list[dict]] = {}
     for r in recs:
         m = r.metrics
-        if r.status != "FINISHED" or not r.speculative or "cycle_ms" not in m:
+        if r.status != "FINISHED" or not r.speculative or not POINT_METRICS <= m.keys():
             continue
         if nccl is not None and r.choice("nccl") != nccl:
             continue

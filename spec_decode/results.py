@@ -351,10 +351,20 @@ def add_drift(rec: JobRecord, earlier: list[Reference]) -> None:
         rec.warnings.append(rec.drift.message)
 
 
+class WrittenTwice(RuntimeError):
+    """A job wrote its record a second time: everything must be computed before the one write."""
+
+
 def write(out_dir: Path, rec: JobRecord) -> Path:
-    """Atomic write; secret values of our environment are scrubbed from the whole record."""
+    """The one write of a job's record (atomic; secret values of our environment scrubbed from the
+    whole record). Refuses to overwrite this record's own earlier write (WrittenTwice); a record of
+    another job in the same dir (a retried baseline) is replaced."""
     out_dir.mkdir(parents=True, exist_ok=True)
     path = out_dir / FILENAME
+    earlier = read(out_dir)
+    if earlier is not None and earlier.record_id == rec.record_id:
+        raise WrittenTwice(f"{path}: record {rec.record_id} is already written (status {earlier.status}); "
+                           "compute everything before results.write")
     tmp = path.with_suffix(".tmp")
     tmp.write_text(provenance.dumps_clean(rec.to_dict(), provenance.secret_values()) + "\n")
     os.replace(tmp, path)
