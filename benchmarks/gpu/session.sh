@@ -63,9 +63,17 @@ install() {
   # Our package, so that its entry point (sglang.srt.plugins -> spec_decode_profiler) is visible.
   # Built from a copy: the repository tree stays as it came (no build/ or egg-info in it).
   rm -rf "$WORK/src" && mkdir -p "$WORK/src" && cp -r pyproject.toml README.md spec_decode "$WORK/src/" || return 1
-  "$PY" -m pip install -q --no-index --no-deps --no-build-isolation --no-compile --no-cache-dir --upgrade \
-    --target "$SITE" "$WORK/src" || return 1
-  export PYTHONPATH="$SITE${PYTHONPATH:+:$PYTHONPATH}"
+  if ! "$PY" -m pip install -q --no-index --no-deps --no-build-isolation --no-compile --no-cache-dir --upgrade \
+      --target "$SITE" "$WORK/src"; then
+    # No usable setuptools there: the entry point needs only a dist-info folder on the path (the
+    # code itself is imported from the repository, which goes on PYTHONPATH below).
+    echo "[session] pip could not build this package: writing its dist-info by hand"
+    local di="$SITE/spec_decode_bench-0.0.0.dist-info"
+    mkdir -p "$di" && printf 'Metadata-Version: 2.1\nName: spec-decode-bench\nVersion: 0.0.0\n' > "$di/METADATA"
+    sed -n '/^\[project.entry-points."sglang.srt.plugins"\]/,/^$/p' pyproject.toml \
+      | sed 's/^\[project.entry-points."\(.*\)"\]/[\1]/' | tr -d '"' > "$di/entry_points.txt"
+  fi
+  export PYTHONPATH="$SITE:$PWD${PYTHONPATH:+:$PYTHONPATH}"
   "$PY" - <<'EOF' || return 1
 from importlib.metadata import entry_points
 import hydra, omegaconf, torch
@@ -157,7 +165,7 @@ step_sweep() {
 
 install 2>&1 | tee "$OUT/install.log"
 [ "${PIPESTATUS[0]}" = 0 ] || { echo "[session] install failed: see install.log"; exit 1; }
-export PYTHONPATH="$SITE${PYTHONPATH:+:$PYTHONPATH}"
+export PYTHONPATH="$SITE:$PWD${PYTHONPATH:+:$PYTHONPATH}"
 status=0
 for s in ${STEPS//,/ }; do
   echo "[session] === $s (t=${SECONDS}s, budget left $(left)s)"
