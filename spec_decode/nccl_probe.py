@@ -45,7 +45,7 @@ DEFAULT_SIZES = (4096, 16384, 65536, 262144, 1048576)
 DEBUG_SUBSYS = "INIT,ENV,TUNING,COLL"
 DEBUG_VARS = ("NCCL_DEBUG", "NCCL_DEBUG_SUBSYS", "NCCL_DEBUG_FILE")
 DEBUG_CALLS = 2  # all-reduces per size in the debug pass: the choice is per size, one line per call
-SPIN_MARGIN = 2.0  # spin >= this x the eager time of a round, + SPIN_EXTRA_US: the host must be done first
+SPIN_MARGIN = 3.0  # spin = this x the median eager time of a round + SPIN_EXTRA_US: the host must be done first
 SPIN_EXTRA_US = 2000.0
 DTYPE_BYTES = {"float32": 4, "float": 4, "bfloat16": 2, "float16": 2, "half": 2}
 
@@ -109,7 +109,7 @@ def _time_size(torch, dist, cuda: bool, y, iters: int, warmup: int, rounds: int,
     device: list[float] = []
     host_ahead: list[bool] = []
     if cuda:
-        spin_cycles = int((SPIN_MARGIN * iters * max(eager) + SPIN_EXTRA_US) * cycles_per_us)
+        spin_cycles = int((SPIN_MARGIN * iters * statistics.median(eager) + SPIN_EXTRA_US) * cycles_per_us)
         for _ in range(rounds):
             spun, start, end = (torch.cuda.Event(enable_timing=True) for _ in range(3))
             sync()
@@ -304,9 +304,18 @@ def probe(world_size: int, backend: str = "gloo", sizes: list[int] | None = None
                world_size, timeout_s, "timing")
         ranks = [json.loads(Path(tmp, f"rank{r}.json").read_text()) for r in range(world_size)]
     out["machine"] = ranks[0].get("meta", {})
+    out["sizes"] = combine(ranks, sizes, rounds, iters, backend)
+    out["correct"] = all(v["correct"] for v in out["sizes"].values())
+    return out
+
+
+def combine(ranks: list[dict], sizes: list[int], rounds: int, iters: int, backend: str) -> dict:
+    """Per size, from every rank's per-round figures: per round the slowest rank, then median and p90
+    over rounds; device figures only from rounds in which every rank's host was ahead of its GPU."""
+    out = {}
     for s in map(str, sizes):
         per = [r["sizes"][s] for r in ranks]
-        eager = [max(p["eager_us"][i] for p in per) for i in range(rounds)]  # the slowest rank per round
+        eager = [max(p["eager_us"][i] for p in per) for i in range(rounds)]
         rec: dict = {"iters": iters, "rounds": rounds, "correct": all(p["correct"] for p in per)}
         rec["median_us"], rec["p90_us"] = _summary(eager)
         if backend == "nccl":
@@ -319,8 +328,7 @@ def probe(world_size: int, backend: str = "gloo", sizes: list[int] | None = None
                 rec["device_median_us"] = rec["device_p90_us"] = None
                 rec["device_note"] = ("the host was not done queueing before the GPU spin ended in any round "
                                       "(launch queue full?): no device figure")
-        out["sizes"][s] = rec
-    out["correct"] = all(v["correct"] for v in out["sizes"].values())
+        out[s] = rec
     return out
 
 

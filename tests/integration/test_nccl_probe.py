@@ -12,6 +12,7 @@ from spec_decode.nccl_probe import (
     ALGO_NAMES,
     DEFAULT_SIZES,
     PROTO_NAMES,
+    combine,
     metrics_of,
     parse_nccl_debug,
     probe,
@@ -38,6 +39,20 @@ def test_gloo_two_processes_give_plausible_latencies_and_the_right_sum():
 def test_probe_env_does_not_leak_into_the_caller():
     probe(2, "gloo", [4096], iters=5, warmup=1, rounds=1, env={"NCCL_ALGO": "Ring"})
     assert "NCCL_ALGO" not in os.environ
+
+
+def test_ranks_combine_per_round_slowest_and_drop_rounds_where_the_host_was_late():
+    r0 = {"sizes": {"4096": {"eager_us": [40.0, 41.0, 90.0], "device_us": [7.0, 7.2, 30.0],
+                             "host_ahead": [True, True, True], "correct": True}}}
+    r1 = {"sizes": {"4096": {"eager_us": [42.0, 40.0, 39.0], "device_us": [7.4, 7.1, 7.3],
+                             "host_ahead": [True, True, False], "correct": True}}}
+    got = combine([r0, r1], [4096], rounds=3, iters=200, backend="nccl")["4096"]
+    assert got["median_us"] == 42.0  # per round max(40, 42), max(41, 40), max(90, 39) -> 42, 41, 90
+    assert got["device_rounds"] == 2  # round 3: rank 1's host was still queueing when its spin ended
+    assert got["device_median_us"] == pytest.approx(7.3) and got["device_p90_us"] == pytest.approx(7.38)
+    late = {"sizes": {"4096": {**r1["sizes"]["4096"], "host_ahead": [False] * 3}}}
+    none = combine([r0, late], [4096], rounds=3, iters=200, backend="nccl")["4096"]
+    assert none["device_median_us"] is None and "no device figure" in none["device_note"]
 
 
 def test_device_figures_become_metrics_next_to_the_eager_ones():
