@@ -103,12 +103,12 @@ def env_differences(earlier: dict[str, str], now: dict[str, str]) -> list[str]:
 
 def provenance_differences(ref: Reference, data_hashes: dict[str, str], engine_version: str | None) -> list[str]:
     """Weight/data hashes and engine version: what differs from the earlier run ``ref``."""
-    out = []
-    for name in sorted(set(ref.data_hashes) | set(data_hashes)):
-        a, b = ref.data_hashes.get(name), data_hashes.get(name)
+    out = []  # only what both sides know: an older record without hashes is no evidence of a change
+    for name in sorted(set(ref.data_hashes) & set(data_hashes)):
+        a, b = ref.data_hashes[name], data_hashes[name]
         if a != b:
-            out.append(f"{name} hash was {(a or 'unknown')[:12]} in the earlier runs, {(b or 'unknown')[:12]} now")
-    if ref.engine_version != engine_version:
+            out.append(f"{name} hash was {a[:12]} in the earlier runs, {b[:12]} now")
+    if ref.engine_version and engine_version and ref.engine_version != engine_version:
         out.append(f"engine version was {ref.engine_version} in the earlier runs, {engine_version} now")
     return out
 

@@ -27,7 +27,7 @@ from .config import DrafterConfig, ExperimentConfig, config_hash, resolved_dict
 from .engines import server_command, server_extra_env
 from .parsers.profile import rank_files
 from .results import JobContext, JobRecord
-from .server import PortTaken, ServerError, ServerProcess, choose_port
+from .server import ServerError, start_server
 from .slots import SlotTimeout, allocate, pool_for
 
 __all__ = ["JobContext", "JobFailed", "run_job", "dry_run", "measure"]
@@ -270,22 +270,6 @@ class Pair:
     log_path: Path
 
 
-def _start_server(cfg: ExperimentConfig, extra_env: dict[str, str], log_path: Path,
-                  attempts: int = 3, any_port: bool = False) -> ServerProcess:
-    """Start the server on the configured port (any free one with ``any_port``), or a free one when it
-    is taken (also when another sweep takes it between our check and the server's bind)."""
-    wanted = 0 if any_port else cfg.engine.port
-    for attempt in range(attempts):
-        port = choose_port(cfg.engine.host, wanted if attempt == 0 else 0)
-        srv = ServerProcess(server_command(cfg, port), env=extra_env, log_path=log_path,
-                            host=cfg.engine.host, port=port, startup_timeout_s=cfg.engine.startup_timeout_s)
-        try:
-            return srv.start()
-        except PortTaken:
-            continue
-    raise ServerError(f"could not get a free port for the server after {attempts} attempts")
-
-
 def _self_check(rec: JobRecord, cfg: ExperimentConfig, warmup, log_path: Path, log_start: int) -> None:
     """The doctor's live items on the warmup request: profile lines from rank 0 with every phase,
     meta_info counters, decode-log lines. A failure is a warning (the job still measures)."""
@@ -309,7 +293,7 @@ def _one_launch(cfg: ExperimentConfig, ctx: JobContext, launch: int, prompt: str
     and spec-first when odd (an order effect cancels over the pairs)."""
     from tqdm import tqdm
 
-    srv = _start_server(cfg, extra_env, log_path)
+    srv = start_server(cfg, extra_env, log_path)
     port = srv.port
     rec.argv = rec.argv or srv.argv
     b = cfg.benchmark
@@ -320,7 +304,7 @@ def _one_launch(cfg: ExperimentConfig, ctx: JobContext, launch: int, prompt: str
                              "server_start_s": srv.start_s})
         bclient = None
         if pair is not None:
-            bsrv = stack.enter_context(_start_server(pair.cfg, pair.env, pair.log_path, any_port=True))
+            bsrv = stack.enter_context(start_server(pair.cfg, pair.env, pair.log_path, any_port=True))
             bclient = Client(bsrv.base_url, cfg.engine.request_timeout_s)
             rec.launches[-1].update(baseline_port=bsrv.port, baseline_pid=bsrv.pid,
                                     baseline_server_start_s=bsrv.start_s)
