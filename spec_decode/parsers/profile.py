@@ -68,9 +68,12 @@ def run_timing(cycles: list[dict], start_wall: float, end_wall: float, wall_s: f
     (``t``). Between the first and the last cycle end, the decode span holds cycles 2..N and the gaps
     between cycles (loop and scheduler time that no cycle covers):
 
+    - ``interval_over_cycle``: the median over cycles 2..N of (t_i - t_(i-1)) / cycle_ms_i -- a cycle's
+      wall-clock share against its own duration: 1 plus the typical gap, whatever the occasional long
+      gap (a log line, a preemption) adds; below 1 the durations are longer than the wall clock allows;
     - ``span_tok_s``: tokens committed by cycles 2..N / (t_N - t_1) -- tok/s inside the decode, on the
-      wall clock; ``cycle_tok_s``: the same tokens / the same cycles' summed ``cycle_ms`` -- what
-      accept_len / cycle predicts. They differ by the gaps only.
+      wall clock, gaps included; ``cycle_tok_s``: the same tokens / the same cycles' summed ``cycle_ms``
+      -- what accept_len / cycle predicts.
     - outside the cycles: ``head_ms`` (request start -> first cycle's start: HTTP in, tokenize,
       prefill), ``gap_ms``, ``tail_ms`` (last cycle end -> response received);
       ``non_cycle_ms`` = wall - sum(cycle_ms) = head + gaps + tail.
@@ -83,7 +86,9 @@ def run_timing(cycles: list[dict], start_wall: float, end_wall: float, wall_s: f
     later_cycle_ms = sum(c["cycle_ms"] for c in later)
     later_tokens = sum(c.get("accepted") or 0 for c in later)
     cycle_ms_sum = sum(c["cycle_ms"] for c in cycles)
+    ratios = [(b["t"] - a["t"]) * 1e3 / b["cycle_ms"] for a, b in zip(cycles, later) if b["cycle_ms"] > 0]
     return {
+        "interval_over_cycle": statistics.median(ratios) if ratios else None,
         "cycles": len(cycles), "accepted": sum(c.get("accepted") or 0 for c in cycles),
         "cycle_ms_sum": cycle_ms_sum, "span_ms": span_ms,
         "span_tok_s": later_tokens / (span_ms / 1e3) if span_ms > 0 else None,

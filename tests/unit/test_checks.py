@@ -14,7 +14,7 @@ STEPS = 3
 
 
 def make_run(cycles=125, cycle_ms=7.0, gap_ms=0.02, head_ms=20.0, tail_ms=3.0, accepted=4,
-             stamp_scale=1.0, completion=500, start=1000.0, verify_ct=None):
+             stamp_scale=1.0, completion=500, start=1000.0, verify_ct=None, long_gaps=(), long_gap_ms=0.0):
     """One timed request: ``head_ms`` before the first cycle, ``cycles`` cycles of ``cycle_ms`` with
     ``gap_ms`` between them, ``tail_ms`` after. ``stamp_scale`` scales the durations the profile
     *reports* (a planted fault: the wall-clock stamps stay true)."""
@@ -23,7 +23,7 @@ def make_run(cycles=125, cycle_ms=7.0, gap_ms=0.02, head_ms=20.0, tail_ms=3.0, a
     for _ in range(cycles):
         t += cycle_ms / 1e3
         prof.append({"t": t, "cycle_ms": cycle_ms * stamp_scale, "accepted": accepted})
-        t += gap_ms / 1e3
+        t += (long_gap_ms if len(prof) in long_gaps else gap_ms) / 1e3
     end = t - gap_ms / 1e3 + tail_ms / 1e3
     run = {"wall_s": end - start, "start_wall": start, "end_wall": end, "e2e_latency_s": (end - start) * 0.99,
            "completion_tokens": completion, "spec_verify_ct": cycles if verify_ct is None else verify_ct}
@@ -78,6 +78,14 @@ def test_one_preempted_gap_does_not_decide():
     assert checks_of(pairs)["throughput_in_cycles_vs_accept_over_cycle"].ok is True
     pairs = healthy(2) + [make_run(gap_ms=1.0, start=2000.0 + i) for i in range(3)]  # most runs
     assert checks_of(pairs)["throughput_in_cycles_vs_accept_over_cycle"].ok is False
+
+
+def test_a_few_long_gaps_count_outside_the_cycles_not_inside():
+    """A decode-log line or a preemption between two cycles: 3 gaps of 15 ms in a 0.9 s request (5%)."""
+    checks = checks_of(healthy(long_gaps=(10, 50, 90), long_gap_ms=15.0))
+    assert checks["throughput_in_cycles_vs_accept_over_cycle"].ok is True
+    out = checks["time_outside_cycles"]
+    assert out.ok is True and "between cycles 47.4 ms" in out.message  # 3 x 15 + 121 x 0.02
 
 
 def test_cycles_longer_than_the_request_fail_the_outside_check():
