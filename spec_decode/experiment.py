@@ -3,6 +3,7 @@
     python -m spec_decode.experiment bench embedded_steps_nccl    # run the sweep -> metrics.json
     python -m spec_decode.experiment report embedded_steps_nccl   # metrics.json -> table, facts, plots
     python -m spec_decode.experiment compare embedded_steps_nccl  # rebuilt (workspace) vs committed (HEAD)
+    python -m spec_decode.experiment headline embedded_steps_nccl # metrics.json -> README's headline table
 
 metrics.json holds one entry per job, keyed by the job's full override set (its Hydra override_dirname;
 ``baseline,<overrides>`` for a baseline): status, error, the config axes, the throughput summary
@@ -35,7 +36,7 @@ BEGIN, END = "<!-- table:begin (python -m spec_decode.experiment report) -->", "
 FACTS_BEGIN, FACTS_END = "<!-- facts:begin (python -m spec_decode.experiment report) -->", "<!-- facts:end -->"
 SUMMARY = ("mean", "std", "n", "ci95_lo", "ci95_hi", "cv")
 METRICS = ("accept_len", "accept_rate_draft", "speedup_vs_baseline", "speedup_vs_baseline_ci95_lo",
-           "speedup_vs_baseline_ci95_hi", "cycle_ms", "draft_ms", "verify_ms", "extend_ms", "other_ms",
+           "speedup_vs_baseline_ci95_hi", "speedup_ci95_halfwidth_pct", "non_cycle_pct", "cycle_ms", "draft_ms", "verify_ms", "extend_ms", "other_ms",
            "draft_pct", "verify_pct", "extend_pct", "other_pct", "baseline_throughput_tok_s")
 AXES = ("hardware", "model", "engine", "nccl", "drafter")
 
@@ -84,6 +85,8 @@ def to_metrics(recs: list[JobRecord]) -> dict:
             if k in t:
                 entry["throughput_tok_s" if k == "mean" else f"throughput_tok_s_{k}"] = round(t[k], 4)
         entry.update({k: round(m[k], 4) for k in METRICS if k in m})
+        if r.speedup_vs_baseline:
+            entry["speedup_method"] = r.speedup_vs_baseline.get("method", "welch")
         entry["checks_failed"] = r.failed_checks
         jobs[key] = entry
     git = recs[0].provenance.get("git", {}) if recs else {}
@@ -183,6 +186,47 @@ def report(name: str, root: Path) -> None:
     print(text)
 
 
+HEADLINE_BEGIN = "<!-- headline:begin (python -m spec_decode.experiment headline {name}) -->"
+HEADLINE_END = "<!-- headline:end -->"
+
+
+def headline(metrics: dict, name: str) -> str:
+    """The README's headline table, from a reported experiment's metrics.json: every job, baselines
+    first, then by NCCL profile and step count; the speedup with its CI and how it was taken."""
+    recs = [r for r in records_from_metrics(metrics) if r.status == "FINISHED" and "throughput_tok_s" in r.metrics]
+    recs.sort(key=lambda r: (r.speculative, r.choice("nccl") or "", r.steps or 0))
+    entries = metrics["jobs"]
+    rows = []
+    for r in recs:
+        m, e = r.metrics, entries[r.name]
+        ci = f"[{m['throughput_tok_s_ci95_lo']:.0f}, {m['throughput_tok_s_ci95_hi']:.0f}]"
+        speedup = "-"
+        if "speedup_vs_baseline" in m:
+            speedup = (f"{m['speedup_vs_baseline']:.2f}x [{m['speedup_vs_baseline_ci95_lo']:.2f}, "
+                       f"{m['speedup_vs_baseline_ci95_hi']:.2f}] ({e.get('speedup_method', 'welch')})")
+        rows.append([("baseline" if not r.speculative else f"steps={r.steps}"), r.choice("nccl"),
+                     f"{m['throughput_tok_s']:.0f} {ci}", speedup,
+                     f"{m['accept_len']:.2f}" if "accept_len" in m else "-",
+                     f"{m['accept_rate_draft']:.2f}" if "accept_rate_draft" in m else "-",
+                     f"{m['cycle_ms']:.2f}" if "cycle_ms" in m else "-",
+                     " / ".join(f"{m[k]:.2f}" for k in ("draft_ms", "verify_ms", "extend_ms")) if "cycle_ms" in m else "-",
+                     "ok" if not r.failed_checks else "FAILED: " + ", ".join(r.failed_checks)])
+    table = tabulate(rows, headers=["job", "nccl", "tok/s [95% CI]", "speedup [95% CI] (method)", "accept len",
+                                    "draft accept rate", "cycle ms", "draft / verify / re-extend ms", "checks"],
+                     tablefmt="github", disable_numparse=True)
+    commit = (metrics.get("git_commit") or "?")[:10] + (" (dirty tree)" if metrics.get("git_dirty") else "")
+    return (f"`python run.py -m experiment={name}` (5 runs x 500 greedy tokens per job, 1 warmup; "
+            f"[experiments/{name}/](experiments/{name}/); code {commit}; generated from its metrics.json by "
+            f"`python -m spec_decode.experiment headline {name}`):\n\n{table}")
+
+
+def write_headline(name: str, root: Path, readme: Path) -> str:
+    metrics = json.loads((exp_dir(name, root) / "metrics.json").read_text())
+    text = headline(metrics, name)
+    readme.write_text(_replace_block(readme.read_text(), HEADLINE_BEGIN.format(name=name), HEADLINE_END, text))
+    return text
+
+
 def _replace_block(body: str, begin: str, end: str, content: str) -> str:
     block = f"{begin}\n{content}\n{end}"
     if begin in body and end in body:
@@ -216,6 +260,16 @@ def compare(rebuilt: dict, reported: dict) -> list[str]:
                     tablefmt="plain", disable_numparse=True).splitlines()
 
 
+def same_metrics_warning(rebuilt: dict, reported: dict, name: str, rev: str) -> str | None:
+    """compare on a fresh clone reads the committed metrics.json twice (a plain ``dvc repro`` skips an
+    up-to-date stage): every verdict would be "within noise" by construction. Say so."""
+    if rebuilt != reported:
+        return None
+    return (f"warning: experiments/{name}/metrics.json in the workspace is the one committed at {rev}: "
+            f"nothing was rebuilt, so this compares the committed numbers with themselves. Rerun the "
+            f"experiment first: dvc repro -s -f bench@{name} (then compare again)")
+
+
 def committed_metrics(path: Path, rev: str, root: Path) -> dict:
     rel = path.resolve().relative_to(root.resolve())
     out = subprocess.run(["git", "show", f"{rev}:{rel}"], cwd=root, capture_output=True, text=True)
@@ -233,6 +287,9 @@ def main(argv: list[str] | None = None) -> None:
     b.add_argument("overrides", nargs="*", help="extra Hydra overrides (e.g. tracking=off)")
     r = sub.add_parser("report", help="render the table (into README.md) and plots")
     r.add_argument("name")
+    h = sub.add_parser("headline", help="metrics.json -> the headline table in README.md (between its markers)")
+    h.add_argument("name")
+    h.add_argument("--readme", type=Path, default=None, help="default: README.md of the project")
     c = sub.add_parser("compare", help="rebuilt metrics.json (workspace) vs the committed one")
     c.add_argument("name")
     c.add_argument("--rev", default="HEAD", help="git revision holding the reported metrics")
@@ -244,11 +301,16 @@ def main(argv: list[str] | None = None) -> None:
         bench(args.name, root, args.overrides)
     elif args.cmd == "report":
         report(args.name, root)
+    elif args.cmd == "headline":
+        print(write_headline(args.name, root, args.readme or root / "README.md"))
     else:
         path = exp_dir(args.name, root) / "metrics.json"
         if not path.exists():
             ap.error(f"{path} not found: run `dvc repro bench@{args.name}` first")
-        print("\n".join(compare(json.loads(path.read_text()), committed_metrics(path, args.rev, root))))
+        rebuilt, reported = json.loads(path.read_text()), committed_metrics(path, args.rev, root)
+        if (w := same_metrics_warning(rebuilt, reported, args.name, args.rev)) is not None:
+            print(w, file=sys.stderr)
+        print("\n".join(compare(rebuilt, reported)))
 
 
 if __name__ == "__main__":

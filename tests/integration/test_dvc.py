@@ -40,6 +40,15 @@ def test_fresh_clone_has_models_up_to_date_and_analytics_off(clone):
     assert "analytics = false" in (d / ".dvc" / "config").read_text()
 
 
+def test_compare_on_the_committed_metrics_warns_that_nothing_was_rebuilt(clone):
+    """A fresh clone: the workspace metrics.json is the committed one; compare must not pass that off as
+    a reproduction."""
+    d, env = clone
+    p = sh([sys.executable, "-m", "spec_decode.experiment", "compare", "ci_smoke"], cwd=d, env=env)
+    assert "is the one committed at HEAD: nothing was rebuilt" in p.stderr
+    assert "dvc repro -s -f bench@ci_smoke" in p.stderr
+
+
 def test_repro_rebuilds_the_experiment_and_compare_judges_it(clone):
     d, env = clone
     sh([DVC, "repro", "bench@ci_smoke", "report@ci_smoke"], cwd=d, env=env, timeout=900)
@@ -50,7 +59,9 @@ def test_repro_rebuilds_the_experiment_and_compare_judges_it(clone):
     assert all(j["status"] == "FINISHED" and j["engine"] == "embedded" for j in metrics["jobs"].values())
     assert (d / "experiments/ci_smoke/throughput_vs_steps.png").exists()
     assert "speedup 95% CI" in (d / "experiments/ci_smoke/README.md").read_text()
-    out = sh([sys.executable, "-m", "spec_decode.experiment", "compare", "ci_smoke"], cwd=d, env=env).stdout
+    p = sh([sys.executable, "-m", "spec_decode.experiment", "compare", "ci_smoke"], cwd=d, env=env)
+    assert "nothing was rebuilt" not in p.stderr  # rebuilt numbers differ from the committed ones
+    out = p.stdout
     rows = [line for line in out.splitlines()[1:] if line.strip()]
     assert len(rows) == 3 and all(("within noise" in r) or ("DIFFERS by" in r) for r in rows), out
     shown = sh([DVC, "metrics", "show", "experiments/ci_smoke/metrics.json"], cwd=d, env=env).stdout
