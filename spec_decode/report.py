@@ -5,8 +5,10 @@ reported experiment's committed metrics.json via ``experiment.records_from_metri
     python -m spec_decode.report experiments/embedded_steps_nccl          # an experiment dir
     python -m spec_decode.report --mlflow-run <parent run id>             # a sweep logged to MLflow
 
-Plots: throughput vs steps per NCCL profile (95% CI bars, baseline lines); stacked phase bars per
-job; accept length vs steps.
+Plots: throughput vs steps per NCCL profile (95% CI bars, baseline lines, the cost model's curve in
+the series' colour up to one step beyond the measured ones); speedup vs steps with CI bars (paired or
+Welch, as measured); stacked phase bars per job, labelled by steps and profile; accept length vs steps.
+Legends sit right of the axes.
 """
 
 from __future__ import annotations
@@ -81,7 +83,8 @@ def cost_models(recs: list[JobRecord]) -> dict:
 
 
 def write_plots(recs: list[JobRecord], out_dir: Path) -> list[Path]:
-    """throughput_vs_steps.png, phases.png, accept_len_vs_steps.png (those that have data)."""
+    """throughput_vs_steps.png, speedup_vs_steps.png, phases.png, accept_len_vs_steps.png (those that
+    have data)."""
     out_dir.mkdir(parents=True, exist_ok=True)
     return [_save(fig, out_dir / name) for name, fig in figures(recs).items()]
 
@@ -99,39 +102,67 @@ def figures(recs: list[JobRecord]) -> dict:
     base = [r for r in done if not r.speculative and "throughput_tok_s" in r.metrics]
     out: dict = {}
     if spec:
-        fig, ax = plt.subplots(figsize=(7, 4.5))
         profiles = sorted({r.choice("nccl") for r in spec})
+        colors = {prof: f"C{i}" for i, prof in enumerate(profiles)}  # one colour per series, every plot
+        fits = cost_models(spec)
+        fig, ax = plt.subplots(figsize=(8.5, 4.5))
         for prof in profiles:
             pts = sorted(((r.steps, r.metrics) for r in spec if r.choice("nccl") == prof), key=lambda p: p[0])
             xs = [p[0] for p in pts]
             ys = [p[1]["throughput_tok_s"] for p in pts]
             err = [[y - p[1].get("throughput_tok_s_ci95_lo", y) for y, p in zip(ys, pts)],
                    [p[1].get("throughput_tok_s_ci95_hi", y) - y for y, p in zip(ys, pts)]]
-            line = ax.errorbar(xs, ys, yerr=err, marker="o", capsize=4, label=f"EAGLE-3, nccl={prof}")
+            ax.errorbar(xs, ys, yerr=err, marker="o", capsize=4, color=colors[prof], label=f"EAGLE-3, nccl={prof}")
             for b in base:
                 if b.choice("nccl") == prof:
-                    ax.axhline(b.metrics["throughput_tok_s"], ls="--", color=line[0].get_color(),
+                    ax.axhline(b.metrics["throughput_tok_s"], ls="--", lw=1, color=colors[prof],
                                label=f"baseline, nccl={prof}")
                     break
-        for prof, f in cost_models(spec).items():
-            ks = [r["steps"] for r in f.predictions]
-            ax.plot(ks, [r["predicted_tok_s"] for r in f.predictions], ls=":", marker="x",
-                    label=f"cost model, nccl={prof} (best: {f.best_steps} steps)")
+            if prof in fits:  # the model's curve, in the series' colour, one step beyond what was measured
+                f = fits[prof]
+                pred = [p for p in f.predictions if p["steps"] <= max(xs) + 1]
+                ax.plot([p["steps"] for p in pred], [p["predicted_tok_s"] for p in pred], ls=":", marker="x",
+                        color=colors[prof], label=f"cost model, nccl={prof} (best: {f.best_steps} steps)")
         ax.set_xlabel("speculative steps (draft tokens per cycle)")
         ax.xaxis.set_major_locator(MaxNLocator(integer=True))
         ax.set_ylabel("throughput (tok/s), mean with 95% CI")
         ax.set_title(f"Throughput vs steps ({spec[0].engine.name} engine, {spec[0].choice('hardware')})")
         ax.grid(alpha=0.3)
-        ax.legend(fontsize=8)
+        _legend_outside(ax)
         out["throughput_vs_steps.png"] = fig
 
-        fig, ax = plt.subplots(figsize=(7, 4.5))
+        withs = [r for r in spec if "speedup_vs_baseline" in r.metrics]
+        if withs:
+            fig, ax = plt.subplots(figsize=(8.5, 4.5))
+            offsets = {prof: 0.08 * (i - (len(profiles) - 1) / 2) for i, prof in enumerate(profiles)}
+            for prof in profiles:
+                pts = sorted((r for r in withs if r.choice("nccl") == prof), key=lambda r: r.steps)
+                if not pts:
+                    continue
+                xs = [r.steps + offsets[prof] for r in pts]  # side by side, not on top of each other
+                ys = [r.metrics["speedup_vs_baseline"] for r in pts]
+                err = [[y - r.metrics.get("speedup_vs_baseline_ci95_lo", y) for y, r in zip(ys, pts)],
+                       [r.metrics.get("speedup_vs_baseline_ci95_hi", y) - y for y, r in zip(ys, pts)]]
+                methods = sorted({(r.speedup_vs_baseline or {}).get("method", "welch") for r in pts})
+                ax.errorbar(xs, ys, yerr=err, marker="o", capsize=4, ls="-", color=colors[prof],
+                            label=f"nccl={prof} ({'/'.join(methods)} 95% CI)")
+            ax.axhline(1.0, color="grey", lw=1, ls="--", label="no speedup")
+            ax.set_xlabel("speculative steps")
+            ax.xaxis.set_major_locator(MaxNLocator(integer=True))
+            ax.set_ylabel("speedup vs baseline (x), 95% CI")
+            ax.set_title("Speedup vs steps")
+            ax.grid(alpha=0.3)
+            _legend_outside(ax)
+            out["speedup_vs_steps.png"] = fig
+
+        fig, ax = plt.subplots(figsize=(8.5, 4.5))
         pts = sorted(((r.steps, r.choice("nccl")), r.metrics["accept_len"]) for r in spec if "accept_len" in r.metrics)
         styles = [("o", "-"), ("s", "--"), ("^", ":"), ("D", "-.")]
         for i, prof in enumerate(sorted({p[0][1] for p in pts})):
             sel = [(k[0], v) for k, v in pts if k[1] == prof]
             marker, ls = styles[i % len(styles)]
-            ax.plot([s for s, _ in sel], [v for _, v in sel], marker=marker, ls=ls, label=f"nccl={prof}")
+            ax.plot([s for s, _ in sel], [v for _, v in sel], marker=marker, ls=ls, color=colors[prof],
+                    label=f"nccl={prof}")
         if pts:
             top = max(p[0][0] for p in pts)
             ax.plot([1, top], [2, top + 1], ls=":", color="grey", label="ideal (all drafts accepted)")
@@ -140,25 +171,43 @@ def figures(recs: list[JobRecord]) -> dict:
         ax.set_ylabel("accept length (tokens per verify, incl. bonus)")
         ax.set_title("Acceptance vs steps")
         ax.grid(alpha=0.3)
-        ax.legend(fontsize=8)
+        _legend_outside(ax)
         out["accept_len_vs_steps.png"] = fig
 
-        prof = [r for r in spec if "cycle_ms" in r.metrics]
+        prof = sorted((r for r in spec if "cycle_ms" in r.metrics), key=lambda r: (r.steps, r.choice("nccl") or ""))
         if prof:
-            fig, ax = plt.subplots(figsize=(max(6, 1.1 * len(prof)), 4.5))
-            labels = [_short(r.label) for r in prof]
+            fig, ax = plt.subplots(figsize=(max(7.5, 0.9 * len(prof) + 2.5), 4.5))
+            labels = [_bar_label(r, prof) for r in prof]
             bottom = [0.0] * len(prof)
             for phase, label in (("draft", "draft"), ("verify", "target verify"),
                                  ("extend", "draft re-extend"), ("other", "other")):
                 vals = [r.metrics[f"{phase}_ms"] for r in prof]
                 ax.bar(range(len(prof)), vals, bottom=bottom, label=label)
                 bottom = [b + v for b, v in zip(bottom, vals)]
-            ax.set_xticks(range(len(prof)), labels, rotation=30, ha="right", fontsize=7)
+            ax.set_xticks(range(len(prof)), labels, fontsize=8)
             ax.set_ylabel("ms per speculative cycle")
             ax.set_title("Where each cycle's time goes")
-            ax.legend(fontsize=8)
+            _legend_outside(ax)
             out["phases.png"] = fig
     return out
+
+
+def _legend_outside(ax) -> None:
+    """The legend right of the axes, never over the data; measured series first, then baselines, models."""
+    handles, labels = ax.get_legend_handles_labels()
+    order = sorted(range(len(labels)), key=lambda i: (not labels[i].startswith(("EAGLE", "nccl=")), labels[i]))
+    ax.legend([handles[i] for i in order], [labels[i] for i in order], fontsize=8, loc="upper left",
+              bbox_to_anchor=(1.01, 1.0), borderaxespad=0.0)
+
+
+def _bar_label(rec: JobRecord, group: list[JobRecord]) -> str:
+    """A phase bar's label: steps and NCCL profile, plus what else tells jobs of the group apart."""
+    label = f"steps={rec.steps}\nnccl={rec.choice('nccl')}"
+    twins = [r for r in group if r.steps == rec.steps and r.choice("nccl") == rec.choice("nccl")]
+    if len(twins) > 1:  # e.g. a prompt sweep: the job's own overrides tell them apart
+        rest = [p for p in rec.label.split(",") if "=" in p and not p.startswith(("spec.steps", "nccl="))]
+        label += "\n" + _short(" ".join(f"{k.rsplit('.', 1)[-1]}={v}" for k, v in (p.split("=", 1) for p in rest)), 20)
+    return label
 
 
 def _short(label: str, n: int = 32) -> str:

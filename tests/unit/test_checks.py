@@ -170,8 +170,56 @@ def test_plots_handle_repeated_step_counts(tmp_path):
     assert sorted(figs) == ["accept_len_vs_steps.png", "phases.png", "throughput_vs_steps.png"]
     ax = figs["phases.png"].axes[0]
     assert len(ax.get_xticklabels()) == 4  # one bar per job, not per step count
-    assert [t.get_text() for t in ax.get_xticklabels()][:2] == ["benchmark.prompt_index=0,spec.s~",
-                                                               "benchmark.prompt_index=1,spec.s~"]
+    assert [t.get_text() for t in ax.get_xticklabels()] == [
+        "steps=1\nnccl=default\nprompt_index=0", "steps=1\nnccl=default\nprompt_index=1",
+        "steps=3\nnccl=default\nprompt_index=0", "steps=3\nnccl=default\nprompt_index=1"]
     line = figs["throughput_vs_steps.png"].axes[0].lines[0]
     assert sorted(line.get_ydata()) == [300, 310, 500, 520]
+    plt.close("all")
+
+
+def test_plots_read_at_a_glance():
+    """Legend off the data, the cost model in its series' colour and at most one step beyond the measured
+    ones, speedup vs steps with CI bars, phase bars labelled by steps and profile."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    from matplotlib import pyplot as plt
+
+    from spec_decode import report
+    from spec_decode.results import EngineInfo, JobRecord
+
+    def rec(steps, nccl, tput, accept):
+        cycle = 4.0 + 1.2 * steps
+        m = {"throughput_tok_s": tput, "throughput_tok_s_ci95_lo": tput - 10, "throughput_tok_s_ci95_hi": tput + 10,
+             "accept_len": accept, "cycle_ms": cycle, "draft_ms": 1.0 * steps, "verify_ms": 3.0 + 0.1 * steps,
+             "extend_ms": 1.0, "other_ms": cycle - 1.1 * steps - 4.0, "speedup_vs_baseline": tput / 300,
+             "speedup_vs_baseline_ci95_lo": tput / 300 - 0.05, "speedup_vs_baseline_ci95_hi": tput / 300 + 0.05}
+        return JobRecord(role="spec", name=f"nccl={nccl},spec.steps={steps}", experiment="x",
+                         config={"nccl": {"name": nccl}, "spec": {"steps": steps}, "hardware": {"name": "cpu"}},
+                         config_hash="", engine=EngineInfo("embedded"), speculative=True, status="FINISHED",
+                         metrics=m, speedup_vs_baseline={"method": "paired"})
+
+    recs = [rec(k, nccl, 300 + 60 * k + (5 if nccl == "tuned" else 0), 1 + 0.9 * k - 0.05 * k * k)
+            for nccl in ("default", "tuned") for k in (1, 2, 3, 5)]
+    figs = report.figures(recs)
+    assert sorted(figs) == ["accept_len_vs_steps.png", "phases.png", "speedup_vs_steps.png", "throughput_vs_steps.png"]
+    for name, fig in figs.items():
+        ax = fig.axes[0]
+        fig.canvas.draw()
+        legend = ax.get_legend().get_window_extent()
+        assert legend.x0 >= ax.get_window_extent().x1, f"{name}: the legend overlaps the axes"
+    ax = figs["throughput_vs_steps.png"].axes[0]
+    series = {line.get_label(): line for line in ax.lines}
+    for nccl in ("default", "tuned"):
+        model = next(v for k, v in series.items() if k.startswith(f"cost model, nccl={nccl}"))
+        measured = [c for c in ax.containers if c.get_label() == f"EAGLE-3, nccl={nccl}"][0]
+        assert model.get_color() == measured.lines[0].get_color()
+        assert max(model.get_xdata()) == 6  # measured up to 5 steps: one step beyond, no further
+    sp = figs["speedup_vs_steps.png"].axes[0]
+    bars = [c for c in sp.containers if c.get_label().startswith("nccl=")]
+    assert [c.get_label() for c in bars] == ["nccl=default (paired 95% CI)", "nccl=tuned (paired 95% CI)"]
+    assert all(c.has_yerr for c in bars)
+    ticks = [t.get_text() for t in figs["phases.png"].axes[0].get_xticklabels()]
+    assert ticks[:2] == ["steps=1\nnccl=default", "steps=1\nnccl=tuned"]
     plt.close("all")
