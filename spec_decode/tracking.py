@@ -54,7 +54,7 @@ VIEW_KEY = "spec-decode-speedup"
 VIEW_NAME = "speedup by steps"
 VIEW_METRICS = ("throughput_tok_s", "speedup_vs_baseline", "speedup_vs_baseline_ci95_lo",
                 "speedup_vs_baseline_ci95_hi", "accept_len", "cycle_ms", "non_cycle_pct", "throughput_tok_s_cv")
-VIEW_PARAMS = ("spec.steps", "nccl", "engine", "hardware")
+VIEW_PARAMS = ("spec.steps", "nccl")
 VIEW_TAGS = ("checks.failed",)
 # Precision kept when logging (MLflow shows every digit it is given): decimals by the metric's unit.
 DECIMALS = (("_tok_s", 1), ("_ms", 3), ("_pct", 2), ("_cv", 4), ("_s", 3), ("speedup", 4), ("accept", 4),
@@ -236,7 +236,10 @@ def experiment_tags(expanded: list[str] | tuple = ()) -> dict[str, str]:
 
     cols = ([f"params.`{p}`" for p in VIEW_PARAMS] + [f"metrics.`{m}`" for m in VIEW_METRICS]
             + [f"tags.`{t}`" for t in VIEW_TAGS])
-    state = {"selectedColumns": cols, "columnOrder": cols, "orderByKey": "attributes.start_time",
+    widths = {c: 120 for c in cols}  # wide enough for a metric's name and value
+    widths.update({f"metrics.`{m}`": 190 for m in VIEW_METRICS if m.startswith("speedup")})
+    state = {"selectedColumns": cols, "columnOrder": cols, "columnWidths": widths,
+             "orderByKey": "attributes.start_time",
              "orderByAsc": False, "runsHiddenMode": "SHOW_ALL", "searchFilter": "",
              "runsExpanded": {run_id: True for run_id in expanded}}
     now = int(time.time() * 1000)
