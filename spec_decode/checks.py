@@ -15,10 +15,11 @@ from typing import Any
 # end stamps holds only a few us of loop time beyond its duration, so 1% is generous; the seed's story
 # missed by 8%.
 IN_CYCLE_TOL = 0.01
-# Time outside the cycles (prefill, HTTP, JSON, gaps): never negative (cycles cannot outlast the request
-# that holds them); at most 10% of a 500-token request (a short prompt's prefill is one forward, ~1/50
-# of the decode's forwards at accept length 3; more means the cycles miss part of the decode loop).
-NON_CYCLE_MAX_PCT = 10.0
+# Time outside the cycles: never negative (cycles cannot outlast the request that holds them). Its
+# parts have their own expectations: before the first cycle (HTTP in, prefill) and after the last (HTTP
+# out) are fixed costs per request, reported, not bounded (a 48-token test request spends 15-25% there,
+# a 500-token one 2-4%); between cycles is loop time no cycle covers, at most 5% of the decode span.
+NON_CYCLE_GAP_MAX_PCT = 5.0
 ENGINE_CLIENT_TOL = 0.05  # client wall time vs server e2e latency
 COLLAPSE_ACCEPT_LEN = 1.05
 
@@ -69,15 +70,17 @@ def run_checks(metrics: dict[str, float], runs: list[dict], profile: dict | None
     if timing:
         wall = sum(t["wall_ms"] for t in timing)
         outside = sum(t["non_cycle_ms"] for t in timing)
+        gaps, span = sum(t["gap_ms"] for t in timing), sum(t["span_ms"] for t in timing)
         pct = 100 * outside / wall
+        gap_pct = 100 * gaps / span if span > 0 else 0.0
         n = len(timing)
         out.append(_check(
-            "time_outside_cycles", 0.0 <= pct <= NON_CYCLE_MAX_PCT, round(pct, 3),
-            f"0 <= % of wall <= {NON_CYCLE_MAX_PCT:g}",
-            f"request wall {wall / n:.1f} ms - cycles {sum(t['cycle_ms_sum'] for t in timing) / n:.1f} ms = "
+            "time_outside_cycles", outside >= 0 and gap_pct <= NON_CYCLE_GAP_MAX_PCT, round(pct, 3),
+            f"outside >= 0 ms; between cycles <= {NON_CYCLE_GAP_MAX_PCT:g}% of the decode span",
+            f"request wall {wall / n:.1f} ms vs cycles {sum(t['cycle_ms_sum'] for t in timing) / n:.1f} ms: "
             f"{outside / n:.1f} ms outside the cycles ({pct:.1f}% of the wall time): before the first "
             f"cycle (HTTP, prefill) {sum(t['head_ms'] for t in timing) / n:.1f} ms, between cycles "
-            f"{sum(t['gap_ms'] for t in timing) / n:.1f} ms, after the last "
+            f"{gaps / n:.1f} ms ({gap_pct:.2f}% of the decode span), after the last "
             f"{sum(t['tail_ms'] for t in timing) / n:.1f} ms",
         ))
     # 3. Tokens: the profile's accepted counts vs the server's counters. Each run's completion holds

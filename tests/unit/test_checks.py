@@ -61,7 +61,7 @@ def test_outside_time_of_3_5_percent_is_no_longer_a_failure():
     """The issue's healthy jobs: ~3.5% of the wall outside the cycles (prefill, HTTP) made the old
     tok/s-over-the-wall check fail; now it is reported, and the in-decode comparison passes."""
     checks = checks_of(healthy(head_ms=25.0, tail_ms=3.0))
-    assert 3.0 < checks["time_outside_cycles"].value < 4.0 and checks["time_outside_cycles"].ok
+    assert 3.0 < checks["time_outside_cycles"].value < 4.0 and checks["time_outside_cycles"].ok is True
     assert checks["throughput_in_cycles_vs_accept_over_cycle"].ok
 
 
@@ -81,11 +81,11 @@ def test_one_preempted_gap_does_not_decide():
 
 
 def test_a_few_long_gaps_count_outside_the_cycles_not_inside():
-    """A decode-log line or a preemption between two cycles: 3 gaps of 15 ms in a 0.9 s request (5%)."""
-    checks = checks_of(healthy(long_gaps=(10, 50, 90), long_gap_ms=15.0))
+    """A decode-log line or a preemption between two cycles: 3 gaps of 10 ms in a 0.9 s request."""
+    checks = checks_of(healthy(long_gaps=(10, 50, 90), long_gap_ms=10.0))
     assert checks["throughput_in_cycles_vs_accept_over_cycle"].ok is True
     out = checks["time_outside_cycles"]
-    assert out.ok is True and "between cycles 47.4 ms" in out.message  # 3 x 15 + 121 x 0.02
+    assert out.ok is True and "between cycles 32.4 ms (3.60% of the decode span)" in out.message  # 3 x 10 + 121 x 0.02
 
 
 def test_cycles_longer_than_the_request_fail_the_outside_check():
@@ -96,9 +96,15 @@ def test_cycles_longer_than_the_request_fail_the_outside_check():
     assert out.ok is False and out.value < 0
 
 
-def test_too_much_time_outside_the_cycles_fails():
-    out = checks_of(healthy(head_ms=200.0))["time_outside_cycles"]
-    assert out.ok is False and out.value > 10
+def test_time_outside_the_cycles_has_its_own_expectation():
+    """Before/after the cycles (HTTP, prefill) is a fixed cost per request: a short request spends a
+    large share there and passes. Between the cycles is loop time no cycle covers: bounded."""
+    short = checks_of(healthy(cycles=12, completion=48, head_ms=100.0, tail_ms=20.0))["time_outside_cycles"]
+    assert short.ok is True and short.value > 50
+    # every 10th gap 5 ms: the median cycle is fine (check 1 passes), but 60 ms of 875 ms between cycles
+    gappy = checks_of(healthy(long_gaps=tuple(range(5, 125, 10)), long_gap_ms=5.0))
+    assert gappy["throughput_in_cycles_vs_accept_over_cycle"].ok is True
+    assert gappy["time_outside_cycles"].ok is False and "of the decode span" in gappy["time_outside_cycles"].message
 
 
 def test_profile_missing_cycles_or_tokens_fails():

@@ -78,10 +78,10 @@ def test_finish_computes_every_figure_from_the_runs_profile_and_log(tmp_path):
                            "phases_within_cycle", "client_vs_engine_time", "acceptance_not_collapsed"}
     # cycle ends stamped 5 ms apart, 5 ms cycles: inside the decode the two clocks agree
     assert checks["throughput_in_cycles_vs_accept_over_cycle"].value == pytest.approx(0.0, abs=1e-6)
-    # 50 ms of 450 ms outside the cycles (all in run 0's tail): 11.1% > 10%
+    # 50 ms of 450 ms outside the cycles, all in run 0's tail (a fixed cost after the last cycle)
     assert checks["time_outside_cycles"].value == pytest.approx(100 * 50 / 450, abs=0.01)
     assert m["non_cycle_pct"] == pytest.approx(100 * 50 / 450) and m["non_cycle_tail_ms"] == pytest.approx(25.0)
-    assert rec.failed_checks == ["time_outside_cycles"]
+    assert rec.failed_checks == []
     assert any("CV" in w for w in rec.warnings)  # 400 vs 500 tok/s
 
 
