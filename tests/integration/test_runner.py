@@ -48,7 +48,7 @@ def test_sweep_steps_by_nccl_gives_parent_children_and_baseline_arm(tmp_path, tm
         assert nccl == (TUNED if r.data.params["nccl"] == "tuned" else {})
         assert rec["speedup_vs_baseline"]["ratio"] == pytest.approx(m["speedup_vs_baseline"])
     summary = (sweep / "sweep_summary.txt").read_text()
-    assert "6 job(s), 6 finished" in summary
+    assert "6 job(s): 6 FINISHED" in summary
     assert "cost model" in summary and "predicted best: steps=" in summary
     # the report CLI renders the same sweep from its results.json files
     import subprocess
