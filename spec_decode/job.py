@@ -251,6 +251,20 @@ def _start_server(cfg: ExperimentConfig, extra_env: dict[str, str], log_path: Pa
     raise ServerError(f"could not get a free port for the server after {attempts} attempts")
 
 
+def _self_check(rec: dict, cfg: ExperimentConfig, warmup, log_path: Path, log_start: int) -> None:
+    """The doctor's live items on the warmup request: profile lines from rank 0 with every phase,
+    meta_info counters, decode-log lines. A failure is a warning (the job still measures)."""
+    from . import doctor
+
+    items = doctor.warmup_checks(rec, warmup, log_path.parent / "profile.jsonl", log_path, log_start,
+                                 cfg.speculative)
+    rec["doctor"] = doctor.as_records(items)
+    for it in items:
+        if not it.ok:
+            rec["warnings"].append(f"self-check failed: {it.name}: {it.detail}"
+                                   + (f" -- what to do: {it.fix}" if it.fix else ""))
+
+
 def _one_launch(cfg: ExperimentConfig, ctx: JobContext, launch: int, prompt: str,
                 extra_env: dict[str, str], rec: JobRecord, log_path: Path,
                 log_windows: list[tuple[int, int]], live_env: dict[str, str], live_env_tree: dict) -> None:
@@ -274,10 +288,13 @@ def _one_launch(cfg: ExperimentConfig, ctx: JobContext, launch: int, prompt: str
         bar = tqdm(total=b.warmup + b.runs, desc=label, unit="run", disable=True if ctx.quiet else None,
                    file=sys.stderr, leave=False)
         try:
+            log_start = log_path.stat().st_size
             for _ in range(b.warmup):
                 w = client.generate(body, launch, -1)
                 rec.launches[-1]["warmup_s"] = rec.launches[-1].get("warmup_s", 0.0) + w.wall_s
                 bar.update()
+            if launch == 0 and b.warmup and b.profile:
+                _self_check(rec, cfg, w, log_path, log_start)
             client.flush_cache()
             start = log_path.stat().st_size
             for run in range(b.runs):

@@ -195,6 +195,15 @@ def check(cfg: ExperimentConfig, root: Path) -> Preflight:
                 local=True, dry_run=dry)
         if (w := version_warning()) is not None:
             pf.warnings.append(w)
+        if cfg.benchmark.profile and cfg.speculative and installed_version() is not None:
+            # First contact: our profiler must be installed and its hook targets must exist in this
+            # sglang, or every phase number of the sweep would be missing.
+            from . import doctor
+
+            for item in doctor.static_checks("sglang")[1:]:
+                pf.need(item.ok, f"self-check: {item.name}: {item.detail}; what to do: {item.fix} "
+                        "(or benchmark.profile=false to run without the phase profile)",
+                        local=True, dry_run=dry)
     return pf
 
 

@@ -67,9 +67,11 @@ def make_timer(path: str, rank: int = 0):
         clock = CudaClock(torch)
     every = int(os.environ.get("SPEC_DECODE_PROFILE_SUMMARY_EVERY", "200"))
     merge = os.environ.get("SPEC_DECODE_PROFILE_MERGE_US")
+    # Seconds between the flusher's passes; 0 turns it off (then only SIGTERM/exit write the tail).
+    flush_s = float(os.environ.get("SPEC_DECODE_PROFILE_FLUSH_S", "0.05"))
     return PhaseTimer(rank_path(path, rank), clock=clock, rank=rank,
                       summary_every=every if rank == 0 else 0,
-                      merge_us=float(merge) if merge else None)
+                      merge_us=float(merge) if merge else None, flush_s=flush_s or None)
 
 
 class Profiler:

@@ -73,25 +73,16 @@ def test_embedded_engine_accepts_exactly_sglangs_sampling_keys(api_types):
 
 
 def test_every_hook_target_exists_with_a_compatible_signature(sglang_args):
-    """Read from the installed SGLang's source (importing the worker needs real triton kernels)."""
-    import ast
-    import importlib.util
-
+    """Read from the installed SGLang's source (importing the worker needs real triton kernels), by
+    the same code the first-contact self-check runs on a GPU box."""
+    from spec_decode.doctor import check_hook_targets
     from spec_decode.profiler.plugin import TARGETS
 
-    expected = {"forward_batch_generation": ["self", "batch"], "draft": ["self", "batch"],
-                "verify": ["self", "batch"], "_draft_extend_for_decode": ["self", "batch", "batch_result"]}
-    for target, _ in TARGETS["sglang"]:
-        module, cls, meth = target.rsplit(".", 2)
-        base = Path(importlib.util.find_spec("sglang").submodule_search_locations[0])
-        source = base.parent / (module.replace(".", "/") + ".py")
-        tree = ast.parse(source.read_text())
-        classes = {n.name: n for n in tree.body if isinstance(n, ast.ClassDef)}
-        assert cls in classes, f"{cls} not in {source}"
-        methods = {n.name: n for n in classes[cls].body if isinstance(n, ast.FunctionDef)}
-        assert meth in methods, f"{cls}.{meth} not in {source}"
-        params = [a.arg for a in methods[meth].args.args]
-        assert params[: len(expected[meth])] == expected[meth], (target, params)
+    item = check_hook_targets("sglang")
+    assert item.ok, item.detail
+    renamed = [(TARGETS["sglang"][0][0] + "_renamed", None), *TARGETS["sglang"][1:]]
+    bad = check_hook_targets("sglang", renamed)
+    assert not bad.ok and "forward_batch_generation_renamed not in" in bad.detail and "TARGETS" in bad.fix
 
 
 HOOK_SCRIPT = r"""
