@@ -251,17 +251,17 @@ def _start_server(cfg: ExperimentConfig, extra_env: dict[str, str], log_path: Pa
     raise ServerError(f"could not get a free port for the server after {attempts} attempts")
 
 
-def _self_check(rec: dict, cfg: ExperimentConfig, warmup, log_path: Path, log_start: int) -> None:
+def _self_check(rec: JobRecord, cfg: ExperimentConfig, warmup, log_path: Path, log_start: int) -> None:
     """The doctor's live items on the warmup request: profile lines from rank 0 with every phase,
     meta_info counters, decode-log lines. A failure is a warning (the job still measures)."""
     from . import doctor
 
     items = doctor.warmup_checks(rec, warmup, log_path.parent / "profile.jsonl", log_path, log_start,
                                  cfg.speculative)
-    rec["doctor"] = doctor.as_records(items)
+    rec.doctor = doctor.as_records(items)
     for it in items:
         if not it.ok:
-            rec["warnings"].append(f"self-check failed: {it.name}: {it.detail}"
+            rec.warnings.append(f"self-check failed: {it.name}: {it.detail}"
                                    + (f" -- what to do: {it.fix}" if it.fix else ""))
 
 
@@ -276,8 +276,7 @@ def _one_launch(cfg: ExperimentConfig, ctx: JobContext, launch: int, prompt: str
     b = cfg.benchmark
     with srv:
         client = Client(srv.base_url, cfg.engine.request_timeout_s)
-        rec.launches.append({"launch": launch, "port": port, "pid": srv.pid,
-                                "server_start_s": srv.start_s})
+        rec.launches.append({"launch": launch, "port": port, "pid": srv.pid, "server_start_s": srv.start_s})
         if launch == 0:
             live_env.update(srv.environ())  # filtered + redacted in results.finish
             live_env_tree.update(srv.environ_tree())

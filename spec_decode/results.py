@@ -99,6 +99,7 @@ class JobRecord:
     provenance: dict[str, Any] = field(default_factory=dict)
     server_info: dict | None = None
     nccl_probe: dict | None = None
+    doctor: list[dict] | None = None  # the first-contact self-check's live items (spec_decode.doctor)
     throughput_tok_s: dict | None = None  # stats.Summary of the runs
     variance_components: dict | None = None
     acceptance: dict | None = None
