@@ -22,10 +22,11 @@ from filelock import FileLock
 from . import drift, preflight, results
 from .client import Client, ClientError
 from .config import DrafterConfig, ExperimentConfig, config_hash, resolved_dict
-from .engines import server_command, server_extra_env
+from .engines import server_command, server_extra_env, start_server
 from .parsers.profile import rank_files
+from .prompts import load_prompts
 from .results import JobContext, JobRecord
-from .server import PortTaken, ServerError, ServerProcess, choose_port
+from .server import ServerError
 from .slots import SlotTimeout, allocate, pool_for
 
 __all__ = ["JobContext", "JobFailed", "run_job", "dry_run", "measure"]
@@ -193,7 +194,7 @@ def measure(cfg: ExperimentConfig, ctx: JobContext, role: str, baseline: JobReco
     log_path = out / "server.log"
     for stale in (profile_path, log_path, *rank_files(profile_path).values()):
         stale.unlink(missing_ok=True)
-    prompt = preflight.load_prompts(_abs(ctx.root, cfg.benchmark.prompts))[cfg.benchmark.prompt_index]
+    prompt = load_prompts(_abs(ctx.root, cfg.benchmark.prompts))[cfg.benchmark.prompt_index]
     extra_env = server_extra_env(cfg, str(profile_path) if cfg.benchmark.profile else None)
     rec = results.new_record(cfg, ctx, role, extra_env, warnings)
     rec.nccl_probe = probe
@@ -235,22 +236,6 @@ def _abs(root: Path, p: str) -> Path:
     return path if path.is_absolute() else root / path
 
 
-def _start_server(cfg: ExperimentConfig, extra_env: dict[str, str], log_path: Path,
-                  attempts: int = 3) -> ServerProcess:
-    """Start the server on the configured port, or a free one when it is taken (also when another
-    sweep takes it between our check and the server's bind)."""
-    wanted = cfg.engine.port
-    for attempt in range(attempts):
-        port = choose_port(cfg.engine.host, wanted if attempt == 0 else 0)
-        srv = ServerProcess(server_command(cfg, port), env=extra_env, log_path=log_path,
-                            host=cfg.engine.host, port=port, startup_timeout_s=cfg.engine.startup_timeout_s)
-        try:
-            return srv.start()
-        except PortTaken:
-            continue
-    raise ServerError(f"could not get a free port for the server after {attempts} attempts")
-
-
 def _self_check(rec: JobRecord, cfg: ExperimentConfig, warmup, log_path: Path, log_start: int) -> None:
     """The doctor's live items on the warmup request: profile lines from rank 0 with every phase,
     meta_info counters, decode-log lines. A failure is a warning (the job still measures)."""
@@ -270,7 +255,7 @@ def _one_launch(cfg: ExperimentConfig, ctx: JobContext, launch: int, prompt: str
                 log_windows: list[tuple[int, int]], live_env: dict[str, str], live_env_tree: dict) -> None:
     from tqdm import tqdm
 
-    srv = _start_server(cfg, extra_env, log_path)
+    srv = start_server(cfg, extra_env, log_path)
     port = srv.port
     rec.argv = rec.argv or srv.argv
     b = cfg.benchmark

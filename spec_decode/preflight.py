@@ -14,6 +14,7 @@ from pathlib import Path
 
 from . import drafter
 from .config import ExperimentConfig
+from .prompts import load_prompts
 
 # NCCL environment variables (NCCL user guide, "Environment Variables"): a typo such as NCCL_PROTOCOL
 # is silently ignored by NCCL, so we refuse names outside this list.
@@ -231,23 +232,6 @@ def _check_drafter(cfg: ExperimentConfig, root: Path, pf: Preflight, tcfg: dict 
         trained = None
     target = tcfg if tcfg else ({"num_hidden_layers": n_layers} if n_layers else None)
     pf.errors.extend(drafter.problems(dcfg, target, str(full / "config.json"), trained))
-
-
-def load_prompts(path: Path) -> list[str]:
-    out = []
-    for i, line in enumerate(path.read_text().splitlines(), start=1):
-        if not line.strip():
-            continue
-        try:
-            item = json.loads(line)
-        except json.JSONDecodeError as e:
-            raise ValueError(f"{path}:{i}: not a JSON line ({e.msg})") from None
-        if not isinstance(item, dict) or not isinstance(item.get("text"), str):
-            raise ValueError(f"{path}:{i}: each line needs a \"text\" string")
-        out.append(item["text"])
-    if not out:
-        raise ValueError(f"{path}: no prompts")
-    return out
 
 
 def run(cfg: ExperimentConfig, root: Path) -> list[str]:

@@ -63,7 +63,7 @@ def test_metrics_are_keyed_by_override_set_and_a_shared_key_is_refused():
 
 
 def test_report_from_metrics_json_equals_the_report_from_the_records():
-    recs = sweep()
+    recs = sweep()[::-1]  # a sweep order that is not the keys' alphabetical order
     metrics = json.loads(json.dumps(experiment.to_metrics(recs)))  # as committed
     back = experiment.records_from_metrics(metrics)
     assert [r.name for r in back] == [r.name for r in recs]  # sweep order kept
@@ -103,10 +103,12 @@ def summary(mean: float, std: float, n: int = 5) -> dict:
 
 
 def test_compare_verdicts():
-    reported = {"jobs": {"a": summary(300.0, 6.0), "b": summary(300.0, 6.0), "c": summary(300.0, 6.0)}}
-    rebuilt = {"jobs": {"a": summary(303.0, 6.0), "b": summary(360.0, 6.0)}}
+    reported = {"jobs": {k: summary(300.0, 6.0) for k in "abcd"}}
+    rebuilt = {"jobs": {"a": summary(303.0, 6.0), "b": summary(360.0, 6.0), "d": summary(308.0, 12.0)}}
     rows = {line.split()[0]: line for line in experiment.compare(rebuilt, reported)[1:]}
     assert rows["a"].endswith("within noise") and "1.010 [" in rows["a"]
+    # outside the reported CI (300 +- 7.4) but Welch's ratio CI holds 1: noise, said so
+    assert rows["d"].endswith("within noise (outside the reported CI, but not significantly different)")
     assert "DIFFERS by +20.0%" in rows["b"]
     assert rows["c"].endswith("missing in the rebuilt metrics")
 
