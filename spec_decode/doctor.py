@@ -200,7 +200,7 @@ def as_records(items: list[Item]) -> list[dict]:
     return [asdict(it) for it in items]
 
 
-def warmup_checks(rec, warmup, profile_path: Path, log_path: Path, log_start: int,
+def warmup_checks(rec: dict, warmup, profile_path: Path, log_path: Path, log_start: int,
                   speculative: bool) -> list[Item]:
     """The live items on a job's own warmup request (no extra server, no extra request)."""
     import time
@@ -222,8 +222,7 @@ def run(overrides: list[str], root: Path, static_only: bool = False, max_new_tok
 
     from .client import Client
     from .config import register_configs, to_experiment
-    from .engines import server_extra_env
-    from .server import start_server
+    from .engines import server_extra_env, start_server
 
     register_configs()
     with initialize_config_dir(config_dir=str(root / "conf"), version_base="1.3"):

@@ -87,7 +87,7 @@ def to_metrics(recs: list[JobRecord]) -> dict:
         entry.update({k: round(m[k], 4) for k in METRICS if k in m})
         if r.speedup_vs_baseline:
             entry["speedup_method"] = r.speedup_vs_baseline.get("method", "welch")
-        entry["checks_failed"] = r.failed_checks
+        entry["checks"] = {c.name: c.ok for c in r.checks}
         jobs[key] = entry
     git = recs[0].provenance.get("git", {}) if recs else {}
     return {"jobs": jobs, "git_commit": git.get("commit"), "git_dirty": git.get("dirty")}
@@ -109,6 +109,9 @@ def records_from_metrics(metrics: dict) -> list[JobRecord]:
         config = {g: {"name": axes.get(g)} for g in AXES}
         config["spec"] = {"steps": axes.get("spec.steps")}
         m = {k: e[k] for k in ("throughput_tok_s", *METRICS) if isinstance(e.get(k), (int, float))}
+        for p in ("draft", "verify", "extend", "other"):  # schema 1 kept the ms, not the shares
+            if f"{p}_pct" not in m and f"{p}_ms" in m and m.get("cycle_ms"):
+                m[f"{p}_pct"] = 100 * m[f"{p}_ms"] / m["cycle_ms"]
         for k in SUMMARY[1:]:
             if f"throughput_tok_s_{k}" in e:
                 m[f"throughput_tok_s_{k}"] = e[f"throughput_tok_s_{k}"]
@@ -118,7 +121,8 @@ def records_from_metrics(metrics: dict) -> list[JobRecord]:
             role=role, name=key, experiment="", config=config, config_hash="", engine=EngineInfo(e.get("engine", "?")),
             speculative=role == "spec", status=e.get("status", "?"), error=e.get("error"), metrics=m,
             throughput_tok_s=summary or None, started_at=float(n), out_dir=e.get("out_dir", ""),
-            checks=[Check(c, False, None, "", "") for c in e.get("checks_failed", [])]))
+            checks=[Check(c, ok, None, "", "") for c, ok in (e.get("checks") or {}).items()],
+            speedup_vs_baseline={"method": e["speedup_method"]} if "speedup_method" in e else None))
     return out
 
 
@@ -147,6 +151,10 @@ def facts(metrics: dict) -> list[str]:
             lines.append(f"- `nccl={prof}` verify = {v.intercept:.2f} + {v.slope:.3f} ms per verified token; "
                          f"draft = {d.intercept:.2f} + {d.slope:.3f} ms per step (least squares over "
                          f"{len(phased)} jobs)")
+    paid = [r for r in spec if "speedup_vs_baseline_ci95_lo" in r.metrics]
+    if paid:
+        above = [r for r in paid if r.metrics["speedup_vs_baseline_ci95_lo"] > 1.0]
+        lines.append(f"- {len(above)} of {len(paid)} spec jobs have a speedup whose 95% CI lies above 1.0")
     by_steps: dict[int, list[float]] = {}
     for r in spec:
         if "accept_len" in r.metrics:
@@ -162,8 +170,14 @@ def facts(metrics: dict) -> list[str]:
         lines.append("- baselines: " + ", ".join(f"`{r.label}` {r.metrics['throughput_tok_s']:.1f} tok/s"
                                                  for r in base) + spread)
     everything = records_from_metrics(metrics)
-    ok = [r for r in everything if r.status == "FINISHED" and not r.failed_checks]
-    lines.append(f"- {len(ok)} of {len(everything)} jobs finished with every consistency check passing")
+    checked = [r for r in everything if r.status == "FINISHED" and r.checks]
+    ok = [r for r in checked if not r.failed_checks]
+    failed = sorted({c for r in checked for c in r.failed_checks})
+    done = len([r for r in everything if r.status == "FINISHED"])
+    lines.append(f"- {len(everything)} jobs, {done} finished; " + (
+        f"{len(ok)} of the {len(checked)} checked pass every consistency check"
+        + (f" (failed: {', '.join(failed)})" if failed else "") if checked
+        else "no consistency checks in this metrics.json (written before it kept them)"))
     return lines
 
 

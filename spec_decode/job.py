@@ -24,10 +24,11 @@ from filelock import FileLock
 from . import drift, preflight, results
 from .client import Client, ClientError
 from .config import DrafterConfig, ExperimentConfig, config_hash, resolved_dict
-from .engines import server_command, server_extra_env
+from .engines import server_command, server_extra_env, start_server
 from .parsers.profile import rank_files
+from .prompts import load_prompts
 from .results import JobContext, JobRecord
-from .server import ServerError, start_server
+from .server import ServerError
 from .slots import SlotTimeout, allocate, pool_for
 
 __all__ = ["JobContext", "JobFailed", "run_job", "dry_run", "measure"]
@@ -195,7 +196,7 @@ def measure(cfg: ExperimentConfig, ctx: JobContext, role: str, baseline: JobReco
     log_path = out / "server.log"
     for stale in (profile_path, log_path, *rank_files(profile_path).values()):
         stale.unlink(missing_ok=True)
-    prompt = preflight.load_prompts(_abs(ctx.root, cfg.benchmark.prompts))[cfg.benchmark.prompt_index]
+    prompt = load_prompts(_abs(ctx.root, cfg.benchmark.prompts))[cfg.benchmark.prompt_index]
     extra_env = server_extra_env(cfg, str(profile_path) if cfg.benchmark.profile else None)
     rec = results.new_record(cfg, ctx, role, extra_env, warnings)
     rec.nccl_probe = probe

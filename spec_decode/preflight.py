@@ -14,7 +14,7 @@ from pathlib import Path
 
 from . import drafter
 from .config import ExperimentConfig
-from .prompts import load_prompts  # noqa: F401 - re-exported: preflight.load_prompts
+from .prompts import load_prompts
 
 # NCCL environment variables (NCCL user guide, "Environment Variables"): a typo such as NCCL_PROTOCOL
 # is silently ignored by NCCL, so we refuse names outside this list.
@@ -68,10 +68,20 @@ def _read_json(path: Path, pf: Preflight, what: str) -> dict | None:
 
 
 def _dvc_tracked(root: Path, path: str) -> bool:
+    """Whether DVC tracks ``path`` (a .dvc file or a stage output), asked of DVC itself. Only on the
+    missing-weights path: opening the repo costs a second."""
     if (root / f"{path}.dvc").exists():
         return True
-    dvc_yaml = root / "dvc.yaml"
-    return dvc_yaml.exists() and path in dvc_yaml.read_text()
+    if not (root / "dvc.yaml").exists():
+        return False
+    from dvc.exceptions import DvcException
+    from dvc.repo import Repo
+
+    try:
+        with Repo(str(root)) as repo:
+            return bool(repo.find_outs_by_path(str(root / path)))
+    except DvcException:
+        return False
 
 
 def has_weights(model_dir: Path) -> bool:

@@ -1,4 +1,4 @@
-"""The prompt set: one JSON object per line with a "text" string (data/prompts.jsonl)."""
+"""The benchmark's prompt set: a JSON-lines file, one ``{"text": ...}`` object per line."""
 
 from __future__ import annotations
 

@@ -49,7 +49,7 @@ def row(rec: JobRecord) -> dict:
         "verify%": _fmt(m.get("verify_pct"), ".0f"),
         "extend%": _fmt(m.get("extend_pct"), ".0f"),
         "other%": _fmt(m.get("other_pct"), ".0f"),
-        "checks": "ok" if not failed else "FAILED: " + ",".join(failed),
+        "checks": "-" if not rec.checks else ("ok" if not failed else "FAILED: " + ",".join(failed)),
     }
 
 

@@ -106,7 +106,7 @@ class JobRecord:
     provenance: dict[str, Any] = field(default_factory=dict)
     server_info: dict | None = None
     nccl_probe: dict | None = None
-    doctor: list[dict] | None = None  # the self-check's live items on the warmup request
+    doctor: list[dict] | None = None  # the first-contact self-check's live items (spec_decode.doctor)
     throughput_tok_s: dict | None = None  # stats.Summary of the runs
     variance_components: dict | None = None
     acceptance: dict | None = None
@@ -382,16 +382,20 @@ def read(out_dir: Path) -> JobRecord | None:
 
 
 def collect(directory: Path) -> list[JobRecord]:
-    """Every results.json under a directory, oldest first (``out_dir`` set to where it was found)."""
-    recs = []
+    """Every job's record under a directory, once, oldest first (``out_dir`` set to where it was found).
+    A copy of a record (an MLflow artifact store inside the directory) counts once: the copy in the dir
+    the job wrote it to wins."""
+    found: dict[str, JobRecord] = {}
     for path in sorted(Path(directory).rglob(FILENAME)):
         try:
             rec = JobRecord.from_dict(json.loads(path.read_text()))
         except (OSError, json.JSONDecodeError, TypeError):
             continue
+        written_here = rec.out_dir == str(path.parent)
         rec.out_dir = str(path.parent)
-        recs.append(rec)
-    return sorted(recs, key=lambda r: r.started_at)
+        if rec.record_id not in found or written_here:
+            found[rec.record_id] = rec
+    return sorted(found.values(), key=lambda r: r.started_at)
 
 
 def job_summary(rec: JobRecord) -> str:

@@ -20,15 +20,9 @@ import socket
 import subprocess
 import time
 from pathlib import Path
-from typing import TYPE_CHECKING
 
 import psutil
 import requests
-
-from .engines import server_command
-
-if TYPE_CHECKING:
-    from .config import ExperimentConfig
 
 DROPPED_PREFIXES = ("NCCL_",)
 
@@ -259,19 +253,3 @@ class ServerProcess:
 
     def __exit__(self, *exc) -> None:
         self.stop()
-
-
-def start_server(cfg: ExperimentConfig, extra_env: dict[str, str], log_path: Path,
-                  attempts: int = 3, any_port: bool = False) -> ServerProcess:
-    """Start the server on the configured port (any free one with ``any_port``), or a free one when it
-    is taken (also when another sweep takes it between our check and the server's bind)."""
-    wanted = 0 if any_port else cfg.engine.port
-    for attempt in range(attempts):
-        port = choose_port(cfg.engine.host, wanted if attempt == 0 else 0)
-        srv = ServerProcess(server_command(cfg, port), env=extra_env, log_path=log_path,
-                            host=cfg.engine.host, port=port, startup_timeout_s=cfg.engine.startup_timeout_s)
-        try:
-            return srv.start()
-        except PortTaken:
-            continue
-    raise ServerError(f"could not get a free port for the server after {attempts} attempts")

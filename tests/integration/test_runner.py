@@ -77,7 +77,7 @@ def test_sweep_steps_by_nccl_gives_parent_children_and_baseline_arm(tmp_path, tm
     job_logs = sorted(sweep.glob("*/run.log"))
     assert len(job_logs) == 4 and all("[FINISHED]" in p.read_text() for p in job_logs)
     summary = (sweep / "sweep_summary.txt").read_text()
-    assert "6 job(s), 6 finished" in summary
+    assert "6 job(s): 6 FINISHED" in summary
     assert "cost model" in summary and "predicted best: steps=" in summary
     # the report CLI renders the same sweep from its results.json files
     plots = tmp_path / "plots"

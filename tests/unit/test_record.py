@@ -136,9 +136,14 @@ def test_collect_finds_records_oldest_first_and_skips_broken_files(tmp_path):
     for i, started in enumerate((30.0, 10.0, 20.0)):
         d = tmp_path / f"job{i}"
         d.mkdir()
-        (d / "results.json").write_text(json.dumps({**SCHEMA1, "started_at": started, "record_id": f"r{i}"}))
+        (d / "results.json").write_text(
+            json.dumps({**SCHEMA1, "started_at": started, "record_id": f"r{i}", "out_dir": str(d)}))
     (tmp_path / "broken").mkdir()
     (tmp_path / "broken" / "results.json").write_text("{not json")
+    # a copy of job1's record in an artifact store under the same dir counts once, as job1
+    (tmp_path / "art" / "x").mkdir(parents=True)
+    (tmp_path / "art" / "x" / "results.json").write_text(
+        json.dumps({**SCHEMA1, "started_at": 10.0, "record_id": "r1", "out_dir": str(tmp_path / "job1")}))
     recs = results.collect(tmp_path)
     assert [r.record_id for r in recs] == ["r1", "r2", "r0"]
     assert recs[0].out_dir == str(tmp_path / "job1")

@@ -31,7 +31,7 @@ def job(name: str, steps: int | None, tput: float, nccl: str = "default", status
                      config_hash="h", engine=EngineInfo("embedded"), speculative=spec, status=status, error=error,
                      metrics=m, throughput_tok_s={"mean": tput, "std": 5.0, "n": 5, "ci95_lo": tput - 10,
                                                   "ci95_hi": tput + 10, "cv": 0.02} if m else None,
-                     out_dir=f"/s/{name}", checks=[Check("phases_within_cycle", False, 1.1, "", "")] if steps == 3 else [])
+                     out_dir=f"/s/{name}", checks=[Check("phases_within_cycle", steps != 3, 1.1, "", "")] if steps in (1, 3) else [])
 
 
 def sweep() -> list[JobRecord]:
@@ -50,7 +50,7 @@ def test_sweep_summary_counts_statuses_and_names_each_failure():
     assert "  FAILED nccl=default,spec.steps=9: benchmark.prompt_index=99: prompts.jsonl has 8 prompts (0..7)" in text
     assert table["job"] == [r.name for r in sweep()]
     assert table["speedup 95% CI"][1] == "[1.100, 1.300]" and table["checks"][2] == "FAILED: phases_within_cycle"
-    assert table["tok/s"][3] == "-"
+    assert table["tok/s"][3] == "-" and table["checks"][0] == "-" and table["checks"][1] == "ok"
 
 
 def test_metrics_are_keyed_by_override_set_and_a_shared_key_is_refused():
@@ -63,12 +63,13 @@ def test_metrics_are_keyed_by_override_set_and_a_shared_key_is_refused():
 
 
 def test_report_from_metrics_json_equals_the_report_from_the_records():
-    recs = sweep()
+    recs = sweep()[::-1]  # a sweep order that is not the keys' alphabetical order
     metrics = json.loads(json.dumps(experiment.to_metrics(recs)))  # as committed
     back = experiment.records_from_metrics(metrics)
     assert [r.name for r in back] == [r.name for r in recs]  # sweep order kept
     assert report.sweep_summary(back)[0] == report.sweep_summary(recs)[0]
-    assert sorted(report.figures(back)) == ["accept_len_vs_steps.png", "phases.png", "throughput_vs_steps.png"]
+    assert sorted(report.figures(back)) == ["accept_len_vs_steps.png", "phases.png", "speedup_vs_steps.png",
+                                            "throughput_vs_steps.png"]
 
 
 def test_schema1_metrics_json_still_renders():
@@ -77,7 +78,10 @@ def test_schema1_metrics_json_still_renders():
                                                   "accept_len": 2.8, "cycle_ms": 6.0}}}
     recs = experiment.records_from_metrics(old)
     assert [(r.role, r.steps, r.choice("nccl")) for r in recs] == [("baseline", None, "default"), ("spec", 2, "default")]
-    assert "2 job(s): 2 FINISHED" in report.sweep_summary(recs)[0]
+    text, table = report.sweep_summary(recs)
+    assert "2 job(s): 2 FINISHED" in text
+    assert table["checks"] == ["-", "-"]  # schema 1 kept no checks: not labelled "ok"
+    assert recs[1].metrics.get("draft_pct") is None  # no ms in this entry: no share invented
 
 
 def test_facts_are_the_numbers_of_the_metrics():
@@ -89,7 +93,8 @@ def test_facts_are_the_numbers_of_the_metrics():
     assert "- `nccl=default` verify = 3.00 + 0.100 ms per verified token; draft = 0.00 + 0.500 ms per step " \
            "(least squares over 2 jobs)" in lines
     assert "- accept length 1.90 / 3.70 at 1 / 3 steps" in lines
-    assert "- 2 of 4 jobs finished with every consistency check passing" in lines
+    assert "- 2 of 2 spec jobs have a speedup whose 95% CI lies above 1.0" in lines
+    assert "- 4 jobs, 3 finished; 1 of the 2 checked pass every consistency check (failed: phases_within_cycle)" in lines
 
 
 def summary(mean: float, std: float, n: int = 5) -> dict:
@@ -99,10 +104,12 @@ def summary(mean: float, std: float, n: int = 5) -> dict:
 
 
 def test_compare_verdicts():
-    reported = {"jobs": {"a": summary(300.0, 6.0), "b": summary(300.0, 6.0), "c": summary(300.0, 6.0)}}
-    rebuilt = {"jobs": {"a": summary(303.0, 6.0), "b": summary(360.0, 6.0)}}
+    reported = {"jobs": {k: summary(300.0, 6.0) for k in "abcd"}}
+    rebuilt = {"jobs": {"a": summary(303.0, 6.0), "b": summary(360.0, 6.0), "d": summary(308.0, 12.0)}}
     rows = {line.split()[0]: line for line in experiment.compare(rebuilt, reported)[1:]}
     assert rows["a"].endswith("within noise") and "1.010 [" in rows["a"]
+    # outside the reported CI (300 +- 7.4) but Welch's ratio CI holds 1: noise, said so
+    assert rows["d"].endswith("within noise (outside the reported CI, but not significantly different)")
     assert "DIFFERS by +20.0%" in rows["b"]
     assert rows["c"].endswith("missing in the rebuilt metrics")
 
