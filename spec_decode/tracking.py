@@ -273,6 +273,8 @@ def rounded(name: str, value: float) -> float:
 
 def params_of(rec: JobRecord) -> dict[str, str]:
     out = dict(flatten(rec.config))
+    if not rec.speculative:  # a baseline runs no speculation, whatever spec.* defaults to: say so
+        out.update({k: "none" for k in out if k.startswith("spec.")})
     for g in GROUPS:  # the group choices, as the sweep axes name them
         out[g] = rec.choice(g)
     out["speculative"] = rec.speculative

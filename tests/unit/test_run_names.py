@@ -44,3 +44,14 @@ def test_experiment_opens_in_the_runs_view_with_a_saved_view():
     state = json.loads(view["state"])
     assert state["selectedColumns"][:2] == ["params.`spec.steps`", "params.`nccl`"]
     assert state["runsExpanded"] == {"abc": True}
+
+
+def test_a_baseline_reports_no_step_count():
+    from spec_decode.tracking import params_of
+
+    base = JobRecord(role="baseline", name="baseline,nccl=default", experiment="x", speculative=False,
+                     config={"spec": {"steps": 2, "topk": 1}, "nccl": {"name": "default"}}, config_hash="",
+                     engine=EngineInfo("embedded"))
+    p = params_of(base)
+    assert (p["spec.steps"], p["spec.topk"], p["nccl"]) == ("none", "none", "default")
+    assert params_of(rec("nccl=default,spec.steps=3"))["spec.steps"] == "3"
