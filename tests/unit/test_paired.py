@@ -1,0 +1,54 @@
+"""Paired baseline: where it is on by default, where it is refused, and the per-pair speedup CI."""
+
+import math
+import statistics
+from pathlib import Path
+
+import pytest
+from hydra import compose, initialize_config_dir
+from scipy import stats as st
+
+from spec_decode.config import ConfigError, register_configs, to_experiment
+from spec_decode.stats import paired_ratio, ratio_of_means
+
+pytestmark = pytest.mark.unit
+ROOT = Path(__file__).resolve().parents[2]
+register_configs()
+
+
+def experiment(*overrides: str):
+    with initialize_config_dir(config_dir=str(ROOT / "conf"), version_base="1.3"):
+        return to_experiment(compose("config", overrides=list(overrides)))
+
+
+def test_paired_by_default_where_two_servers_fit():
+    assert experiment().paired is True  # embedded engine on the CPU
+    assert experiment("benchmark.paired=false").paired is False
+    assert experiment("drafter=none").paired is False  # a baseline job pairs with nothing
+    assert experiment("benchmark.baseline_arm=false").paired is False
+    # 8 GPUs, tp 8: one model fills the box, no room for a second server
+    assert experiment("hardware=h200x8", "engine=sglang").paired is False
+    # 8 GPUs, tp 2: the spec server and its baseline each get 2 of them from the slot allocator
+    assert experiment("hardware=h200x8", "hardware.tp_size=2", "engine=sglang").paired is True
+
+
+def test_forcing_pairs_where_they_cannot_fit_names_the_key():
+    with pytest.raises(ConfigError, match=r"benchmark.paired=true needs 2 x hardware.tp_size = 16 GPUs"):
+        experiment("hardware=h200x8", "engine=sglang", "benchmark.paired=true")
+
+
+def test_paired_ratio_is_the_geometric_mean_of_pair_ratios_with_a_t_ci():
+    spec = [400.0, 300.0, 500.0, 350.0, 450.0]
+    base = [200.0, 160.0, 240.0, 180.0, 220.0]  # machine speed moves both arms of a pair alike
+    r = paired_ratio(spec, base)
+    logs = [math.log(a / b) for a, b in zip(spec, base)]
+    half = st.t.ppf(0.975, 4) * statistics.stdev(logs) / math.sqrt(5)
+    assert r.ratio == pytest.approx(math.exp(statistics.fmean(logs)))
+    assert (r.ci95_lo, r.ci95_hi) == pytest.approx((math.exp(statistics.fmean(logs) - half),
+                                                    math.exp(statistics.fmean(logs) + half)))
+    assert r.df == 4 and r.significant
+    # the same numbers as two independent samples: the shared drift widens the CI several-fold
+    welch = ratio_of_means(spec, base)
+    assert (welch.ci95_hi - welch.ci95_lo) > 5 * (r.ci95_hi - r.ci95_lo)
+    with pytest.raises(ValueError, match="needs pairs"):
+        paired_ratio(spec, base[:4])
