@@ -81,3 +81,23 @@ def test_wrong_layer_ids_collapse_acceptance(models, prompts, tmp_path, wrong):
     bad_rate = bad_gen.correct_drafts / bad_gen.proposed_drafts
     assert bad_rate < 0.8 * good_rate, (good_rate, bad_rate)
     assert accept_len(bad_gen) < 0.9 * accept_len(good_gen)
+
+
+def test_static_shape_path_decodes_like_the_dynamic_one(models, prompts):
+    """The CUDA path's logic (graphs.StaticRunner: static KV cache, positions as tensors, one shape
+    per phase), run eagerly on CPU: lossless, and the same acceptance as the dynamic path."""
+    from spec_decode.engines.embedded.graphs import StaticRunner
+
+    target, drafter = models
+    ids = encode(prompts[1])
+    want = Decoder(target, None, 0).generate(ids, 60).output_ids
+    base = Decoder(target, None, 0, StaticRunner(target, None, 0, use_graphs=False)).generate(ids, 60)
+    assert base.output_ids == want
+    for steps in (1, 3):
+        eager = Decoder(target, drafter, steps).generate(ids, 60)
+        static = Decoder(target, drafter, steps, StaticRunner(target, drafter, steps, use_graphs=False))
+        for n in (60, 40):  # a second request reuses the static caches
+            got = static.generate(ids, n)
+            assert got.output_ids == want[:n], f"steps={steps}"
+            if n == 60:
+                assert (got.verify_ct, got.correct_drafts) == (eager.verify_ct, eager.correct_drafts)
