@@ -240,7 +240,7 @@ def test_scancel_of_a_task_waiting_for_its_slot_ends_its_run_killed(tmp_path, tm
     parent, kids = mlflow_runs(tmp_store["uri"])
     assert [k.info.status for k in kids] == ["KILLED"]
     assert parent.info.status == "KILLED"
-    assert "1 job(s), 0 finished" in (sweep / "sweep_summary.txt").read_text()
+    assert "1 job(s): 1 KILLED" in (sweep / "sweep_summary.txt").read_text()
     assert not squeue(job_name)
 
 
