@@ -9,8 +9,9 @@ from pathlib import Path
 from omegaconf import DictConfig
 
 from .config import ConfigError, to_experiment
-from .job import JobContext, JobFailed, run_job
+from .job import JobFailed, run_job
 from .preflight import PreflightError
+from .results import JobContext
 from .tracking import PARENT_ENV, Tracker
 
 
@@ -40,7 +41,7 @@ def run_from_hydra(cfg: DictConfig) -> float | None:
         return None
     try:
         rec = run_job(exp, ctx)
-    except PreflightError as e:
+    except PreflightError as e:  # run_job wrote the job's FAILED record: the sweep summary counts it
         print(f"error: {e}", file=sys.stderr)
         _mark_failed(ctx, exp.fail_fast)
         if multirun:
@@ -55,7 +56,7 @@ def run_from_hydra(cfg: DictConfig) -> float | None:
         raise SystemExit(1) from None
     if rec is None:
         return None
-    return rec.get("metrics", {}).get("throughput_tok_s")
+    return rec.metrics.get("throughput_tok_s")
 
 
 def _mark_failed(ctx: JobContext, fail_fast: bool) -> None:

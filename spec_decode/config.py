@@ -101,6 +101,8 @@ class ModelConfig:
 
 @dataclass
 class EngineConfig:
+    """What every engine takes (DESIGN 3.1); each engine's own schema adds its fields and limits."""
+
     name: str = MISSING  # embedded | sglang
     launcher: list[str] = field(default_factory=list)  # a leading "python" means this interpreter
     host: str = "127.0.0.1"
@@ -109,14 +111,15 @@ class EngineConfig:
     decode_log_interval: int = 10
     startup_timeout_s: float = 600.0
     request_timeout_s: float = 600.0
-    cuda_graph_max_bs_decode: Optional[int] = None  # sglang only
-    enable_metrics: bool = False  # sglang only
     extra_args: list[str] = field(default_factory=list)  # passed verbatim, logged
     env: dict[str, str] = field(default_factory=dict)  # extra server env (not NCCL: use nccl=)
 
     def __post_init__(self) -> None:
-        if self.name not in ("embedded", "sglang"):
+        if self.name not in ENGINES:
             raise ConfigError(f"engine.name={self.name!r}: use engine=embedded or engine=sglang")
+        if not isinstance(self, ENGINES[self.name]):
+            raise ConfigError(f"engine.name={self.name!r} but conf/engine/<option>.yaml does not select the "
+                              f"schema base_{self.name} in its defaults list")
         if not self.launcher:
             raise ConfigError("engine.launcher is empty: it is the command that starts the server")
         if not 0 <= self.port <= 65535:
@@ -125,6 +128,40 @@ class EngineConfig:
             raise ConfigError("engine.startup_timeout_s and engine.request_timeout_s must be > 0")
         if self.decode_log_interval < 1:
             raise ConfigError(f"engine.decode_log_interval={self.decode_log_interval}: must be >= 1")
+
+    def check(self, spec: SpecConfig, hardware: HardwareConfig) -> None:
+        """This engine's limits on the other groups (ConfigError naming the key)."""
+
+
+@dataclass
+class EmbeddedEngineConfig(EngineConfig):
+    """Our CPU/CUDA engine (python -m spec_decode.engines.embedded)."""
+
+    name: str = "embedded"
+
+    def check(self, spec: SpecConfig, hardware: HardwareConfig) -> None:
+        if spec.topk != 1:
+            raise ConfigError(f"spec.topk={spec.topk}: engine=embedded drafts chains only (topk 1); "
+                              "use engine=sglang for tree drafting")
+
+
+@dataclass
+class SglangEngineConfig(EngineConfig):
+    """SGLang 0.5.23 (python -m sglang.launch_server): its own flags."""
+
+    name: str = "sglang"
+    cuda_graph_max_bs_decode: Optional[int] = None  # --cuda-graph-max-bs-decode (0.5.20 removed -max-bs)
+    enable_metrics: bool = False  # --enable-metrics (Prometheus /metrics)
+
+    def check(self, spec: SpecConfig, hardware: HardwareConfig) -> None:
+        if hardware.device == "cpu":
+            raise ConfigError(
+                f"engine=sglang with hardware={hardware.name} (a CPU profile): SGLang's EAGLE-3 "
+                "path needs GPUs; use a GPU hardware profile, or engine=embedded on CPU"
+            )
+
+
+ENGINES: dict[str, type[EngineConfig]] = {"embedded": EmbeddedEngineConfig, "sglang": SglangEngineConfig}
 
 
 @dataclass
@@ -162,6 +199,9 @@ class TrackingConfig:
     uri: str = "sqlite:///mlflow.db"
     artifact_location: str = "mlartifacts"
     experiment: str = "spec-decode-bench"
+    # Where the drift guard looks for earlier baselines' results.json when MLflow is off or
+    # unreachable (relative to the project root): Hydra's default run and sweep roots.
+    results_dirs: list[str] = field(default_factory=lambda: ["outputs", "multirun"])
 
 
 @dataclass
@@ -170,6 +210,9 @@ class PreflightConfig:
     # starts (python -m spec_decode.nccl_probe); gloo with 2 processes on a CPU profile.
     nccl_probe: bool = False
     nccl_probe_iters: int = 200
+    # Serve a drafter on other target layers than drafter.layer_ids / its training.json say (the seed's
+    # bug, reproduced on purpose by a layer-id experiment): the mismatch is a warning, not an error.
+    allow_layer_id_mismatch: bool = False
 
 
 @dataclass
@@ -188,11 +231,7 @@ class ExperimentConfig:
     fail_fast: bool = False  # stop the sweep at the first failed job
 
     def __post_init__(self) -> None:
-        if self.engine.name == "sglang" and self.hardware.device == "cpu":
-            raise ConfigError(
-                f"engine=sglang with hardware={self.hardware.name} (a CPU profile): SGLang's EAGLE-3 "
-                "path needs GPUs; use a GPU hardware profile, or engine=embedded on CPU"
-            )
+        self.engine.check(self.spec, self.hardware)
         ids = self.drafter.layer_ids
         if ids is not None and (len(ids) != 3 or len(set(ids)) != 3 or min(ids) < 0):
             raise ConfigError(f"drafter.layer_ids={ids}: EAGLE-3 reads 3 distinct target layers")
@@ -219,6 +258,8 @@ def dir_name(overrides: str) -> str:
 def register_configs() -> None:
     cs = ConfigStore.instance()
     cs.store(name="base_config", node=ExperimentConfig)
+    for name, schema in ENGINES.items():  # conf/engine/<name>.yaml lists base_<name> in its defaults
+        cs.store(group="engine", name=f"base_{name}", node=schema)
     if not OmegaConf.has_resolver("dirname"):
         OmegaConf.register_new_resolver("dirname", dir_name)
 

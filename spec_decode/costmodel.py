@@ -19,10 +19,14 @@ from __future__ import annotations
 import math
 import statistics
 from dataclasses import asdict, dataclass, field
+from typing import TYPE_CHECKING
 
 import numpy as np
 from scipy import optimize
 from scipy import stats as st
+
+if TYPE_CHECKING:
+    from .results import JobRecord
 
 
 @dataclass
@@ -137,17 +141,20 @@ def fit(points: list[Point], max_steps: int = 8) -> Fit:
     return f
 
 
-def points_from_records(recs: list[dict], nccl: str | None = None) -> list[Point]:
+POINT_METRICS = {"accept_len", "cycle_ms", "draft_ms", "verify_ms", "extend_ms", "other_ms", "throughput_tok_s"}
+
+
+def points_from_records(recs: list[JobRecord], nccl: str | None = None) -> list[Point]:
     """One point per step count from finished speculative records with a phase profile (averaged when
     a step count appears more than once, e.g. under two NCCL profiles unless ``nccl`` selects one)."""
     groups: dict[int, list[dict]] = {}
     for r in recs:
-        m = r.get("metrics", {})
-        if r.get("status") != "FINISHED" or not r.get("speculative") or "cycle_ms" not in m:
+        m = r.metrics
+        if r.status != "FINISHED" or not r.speculative or not POINT_METRICS <= m.keys():
             continue
-        if nccl is not None and r["config"]["nccl"]["name"] != nccl:
+        if nccl is not None and r.choice("nccl") != nccl:
             continue
-        groups.setdefault(r["config"]["spec"]["steps"], []).append(m)
+        groups.setdefault(r.steps, []).append(m)
     out = []
     for k, ms in sorted(groups.items()):
         def avg(key: str, ms: list[dict] = ms) -> float:

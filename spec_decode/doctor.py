@@ -222,8 +222,7 @@ def run(overrides: list[str], root: Path, static_only: bool = False, max_new_tok
 
     from .client import Client
     from .config import register_configs, to_experiment
-    from .engines import server_extra_env
-    from .job import _start_server
+    from .engines import server_extra_env, start_server
 
     register_configs()
     with initialize_config_dir(config_dir=str(root / "conf"), version_base="1.3"):
@@ -236,10 +235,10 @@ def run(overrides: list[str], root: Path, static_only: bool = False, max_new_tok
         prof = out / "profile.jsonl"
         log_path = out / "server.log"
         env = server_extra_env(cfg, str(prof))
-        srv = _start_server(cfg, env, log_path)
+        srv = start_server(cfg, env, log_path)
         try:
             client = Client(srv.base_url, cfg.engine.request_timeout_s)
-            from .preflight import load_prompts
+            from .prompts import load_prompts
 
             prompt = load_prompts(root / cfg.benchmark.prompts)[cfg.benchmark.prompt_index]
             start = log_path.stat().st_size

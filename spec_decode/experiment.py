@@ -1,11 +1,14 @@
 """Reported experiments (experiments/<name>/): the DVC `bench` and `report` stages, and `compare`.
 
     python -m spec_decode.experiment bench embedded_steps_nccl    # run the sweep -> metrics.json
-    python -m spec_decode.experiment report embedded_steps_nccl   # table into README + plots
+    python -m spec_decode.experiment report embedded_steps_nccl   # metrics.json -> table, facts, plots
     python -m spec_decode.experiment compare embedded_steps_nccl  # rebuilt (workspace) vs committed (HEAD)
 
-metrics.json holds, per job, the throughput summary (mean, std, n, 95% CI), accept length, speedup and
-phase times: enough for `dvc metrics diff` and for compare's Welch test on summary statistics.
+metrics.json holds one entry per job, keyed by the job's full override set (its Hydra override_dirname;
+``baseline,<overrides>`` for a baseline): status, error, the config axes, the throughput summary
+(mean, std, n, 95% CI), accept length, speedup with CI, phase times and shares, failed checks. It is the
+report stage's only input: the table, the generated facts in the README and the plots are rebuilt from
+the committed file (``records_from_metrics``), and compare runs Welch's test on its summaries.
 """
 
 from __future__ import annotations
@@ -15,16 +18,26 @@ import json
 import math
 import os
 import re
+import statistics
 import subprocess
 import sys
 from pathlib import Path
 
+from tabulate import tabulate
+
+from .checks import Check
 from .report import sweep_summary, write_plots
+from .results import EngineInfo, JobRecord, collect
 from .stats import ratio_from_summary
-from .tracking import collect
 
 ROOT = Path(__file__).resolve().parents[1]
 BEGIN, END = "<!-- table:begin (python -m spec_decode.experiment report) -->", "<!-- table:end -->"
+FACTS_BEGIN, FACTS_END = "<!-- facts:begin (python -m spec_decode.experiment report) -->", "<!-- facts:end -->"
+SUMMARY = ("mean", "std", "n", "ci95_lo", "ci95_hi", "cv")
+METRICS = ("accept_len", "accept_rate_draft", "speedup_vs_baseline", "speedup_vs_baseline_ci95_lo",
+           "speedup_vs_baseline_ci95_hi", "cycle_ms", "draft_ms", "verify_ms", "extend_ms", "other_ms",
+           "draft_pct", "verify_pct", "extend_pct", "other_pct", "baseline_throughput_tok_s")
+AXES = ("hardware", "model", "engine", "nccl", "drafter")
 
 
 def exp_dir(name: str, root: Path) -> Path:
@@ -43,65 +56,160 @@ def bench(name: str, root: Path, extra: list[str]) -> Path:
     p = subprocess.run(cmd, cwd=root)
     if p.returncode != 0:
         raise SystemExit(f"bench {name}: run.py exited {p.returncode}")
-    recs = collect(sweep)
-    metrics = to_metrics(recs)
+    metrics = to_metrics(collect(sweep))
     (d / "metrics.json").write_text(json.dumps(metrics, indent=2, sort_keys=True) + "\n")
     failed = [k for k, v in metrics["jobs"].items() if v["status"] != "FINISHED"]
     print(f"{len(metrics['jobs'])} jobs -> {d / 'metrics.json'}" + (f"; FAILED: {failed}" if failed else ""))
     return d / "metrics.json"
 
 
-def job_key(rec: dict) -> str:
-    c = rec["config"]
-    if not rec.get("speculative"):
-        return f"baseline,nccl={c['nccl']['name']}"
-    return f"nccl={c['nccl']['name']},spec.steps={c['spec']['steps']}"
+def job_key(rec: JobRecord) -> str:
+    """A job's full override set (Hydra's override_dirname), so every sweep axis keeps its own entry."""
+    return rec.label
 
 
-def to_metrics(recs: list[dict]) -> dict:
-    jobs = {}
-    for r in recs:
-        m = r.get("metrics", {})
-        t = r.get("throughput_tok_s") or {}
-        entry = {"status": r["status"], "engine": r["engine"]["name"]}
-        for k in ("mean", "std", "n", "ci95_lo", "ci95_hi", "cv"):
+def to_metrics(recs: list[JobRecord]) -> dict:
+    jobs: dict[str, dict] = {}
+    for i, r in enumerate(recs):
+        key = job_key(r)
+        if key in jobs:
+            raise ValueError(f"two jobs share the metrics key {key!r} ({jobs[key]['out_dir']} and {r.out_dir})")
+        m, t = r.metrics, r.throughput_tok_s or {}
+        entry: dict = {"index": i, "status": r.status, "role": r.role, "engine": r.engine.name,
+                       "out_dir": Path(r.out_dir).name,
+                       "axes": {**{g: r.choice(g) for g in AXES}, "spec.steps": r.steps}}
+        if r.error:
+            entry["error"] = r.error
+        for k in SUMMARY:
             if k in t:
-                entry[f"throughput_tok_s_{k}" if k != "mean" else "throughput_tok_s"] = round(t[k], 4)
-        for k in ("accept_len", "accept_rate_draft", "speedup_vs_baseline", "speedup_vs_baseline_ci95_lo",
-                  "speedup_vs_baseline_ci95_hi", "cycle_ms", "draft_ms", "verify_ms", "extend_ms", "other_ms"):
-            if k in m:
-                entry[k] = round(m[k], 4)
-        jobs[job_key(r)] = entry
-    git = (recs[0].get("provenance", {}).get("git", {}) if recs else {})
+                entry["throughput_tok_s" if k == "mean" else f"throughput_tok_s_{k}"] = round(t[k], 4)
+        entry.update({k: round(m[k], 4) for k in METRICS if k in m})
+        entry["checks"] = {c.name: c.ok for c in r.checks}
+        jobs[key] = entry
+    git = recs[0].provenance.get("git", {}) if recs else {}
     return {"jobs": jobs, "git_commit": git.get("commit"), "git_dirty": git.get("dirty")}
 
 
+def _axes_from_key(key: str) -> dict:
+    """Schema-1 metrics.json entries carry no axes: read them from the key (``nccl=tuned,spec.steps=2``)."""
+    pairs = dict(p.split("=", 1) for p in key.split(",") if "=" in p)
+    return {"nccl": pairs.get("nccl", "default"),
+            "spec.steps": int(pairs["spec.steps"]) if "spec.steps" in pairs else None}
+
+
+def records_from_metrics(metrics: dict) -> list[JobRecord]:
+    """The jobs of a metrics.json as records the report renders (what metrics.json keeps of them)."""
+    out = []
+    for n, (key, e) in enumerate(sorted(metrics["jobs"].items(), key=lambda kv: kv[1].get("index", 0))):
+        axes = e.get("axes") or _axes_from_key(key)
+        role = e.get("role") or ("baseline" if key.startswith("baseline") else "spec")
+        config = {g: {"name": axes.get(g)} for g in AXES}
+        config["spec"] = {"steps": axes.get("spec.steps")}
+        m = {k: e[k] for k in ("throughput_tok_s", *METRICS) if isinstance(e.get(k), (int, float))}
+        for p in ("draft", "verify", "extend", "other"):  # schema 1 kept the ms, not the shares
+            if f"{p}_pct" not in m and f"{p}_ms" in m and m.get("cycle_ms"):
+                m[f"{p}_pct"] = 100 * m[f"{p}_ms"] / m["cycle_ms"]
+        for k in SUMMARY[1:]:
+            if f"throughput_tok_s_{k}" in e:
+                m[f"throughput_tok_s_{k}"] = e[f"throughput_tok_s_{k}"]
+        summary = {k: e["throughput_tok_s" if k == "mean" else f"throughput_tok_s_{k}"] for k in SUMMARY
+                   if ("throughput_tok_s" if k == "mean" else f"throughput_tok_s_{k}") in e}
+        out.append(JobRecord(
+            role=role, name=key, experiment="", config=config, config_hash="", engine=EngineInfo(e.get("engine", "?")),
+            speculative=role == "spec", status=e.get("status", "?"), error=e.get("error"), metrics=m,
+            throughput_tok_s=summary or None, started_at=float(n), out_dir=e.get("out_dir", ""),
+            checks=[Check(c, ok, None, "", "") for c, ok in (e.get("checks") or {}).items()]))
+    return out
+
+
+def facts(metrics: dict) -> list[str]:
+    """The numbers an experiment's conclusion cites, generated from its metrics.json (so prose never
+    drifts from the table): speedups with CIs per profile, the best measured step count, acceptance
+    by step count, phase costs per step and per verified token, baselines, checks."""
+    recs = [r for r in records_from_metrics(metrics) if r.status == "FINISHED" and "throughput_tok_s" in r.metrics]
+    spec = [r for r in recs if r.speculative and r.steps is not None]
+    lines = []
+    for prof in sorted({r.choice("nccl") for r in spec}):
+        mine = sorted((r for r in spec if r.choice("nccl") == prof), key=lambda r: r.steps)
+        with_ci = [r for r in mine if "speedup_vs_baseline_ci95_lo" in r.metrics]
+        if with_ci:
+            lines.append(f"- `nccl={prof}` speedup vs its baseline (95% CI): " + ", ".join(
+                f"{r.metrics['speedup_vs_baseline']:.2f}x [{r.metrics['speedup_vs_baseline_ci95_lo']:.2f}, "
+                f"{r.metrics['speedup_vs_baseline_ci95_hi']:.2f}] at {r.steps}" for r in with_ci) + " steps")
+        best = max(mine, key=lambda r: r.metrics["throughput_tok_s"])
+        lines.append(f"- `nccl={prof}` best measured: {best.steps} steps at {best.metrics['throughput_tok_s']:.1f} "
+                     f"tok/s [{best.metrics['throughput_tok_s_ci95_lo']:.1f}, {best.metrics['throughput_tok_s_ci95_hi']:.1f}]")
+        phased = [r for r in mine if "verify_ms" in r.metrics]
+        if len({r.steps for r in phased}) >= 2:
+            tokens = [r.steps + 1 for r in phased]
+            v = statistics.linear_regression(tokens, [r.metrics["verify_ms"] for r in phased])
+            d = statistics.linear_regression([r.steps for r in phased], [r.metrics["draft_ms"] for r in phased])
+            lines.append(f"- `nccl={prof}` verify = {v.intercept:.2f} + {v.slope:.3f} ms per verified token; "
+                         f"draft = {d.intercept:.2f} + {d.slope:.3f} ms per step (least squares over "
+                         f"{len(phased)} jobs)")
+    paid = [r for r in spec if "speedup_vs_baseline_ci95_lo" in r.metrics]
+    if paid:
+        above = [r for r in paid if r.metrics["speedup_vs_baseline_ci95_lo"] > 1.0]
+        lines.append(f"- {len(above)} of {len(paid)} spec jobs have a speedup whose 95% CI lies above 1.0")
+    by_steps: dict[int, list[float]] = {}
+    for r in spec:
+        if "accept_len" in r.metrics:
+            by_steps.setdefault(r.steps, []).append(r.metrics["accept_len"])
+    if by_steps:
+        ks = sorted(by_steps)
+        lines.append("- accept length " + " / ".join(f"{statistics.fmean(by_steps[k]):.2f}" for k in ks)
+                     + " at " + " / ".join(str(k) for k in ks) + " steps")
+    base = [r for r in recs if not r.speculative]
+    if base:
+        vals = [r.metrics["throughput_tok_s"] for r in base]
+        spread = f" (max/min {max(vals) / min(vals):.3f})" if len(vals) > 1 else ""
+        lines.append("- baselines: " + ", ".join(f"`{r.label}` {r.metrics['throughput_tok_s']:.1f} tok/s"
+                                                 for r in base) + spread)
+    everything = records_from_metrics(metrics)
+    checked = [r for r in everything if r.status == "FINISHED" and r.checks]
+    ok = [r for r in checked if not r.failed_checks]
+    failed = sorted({c for r in checked for c in r.failed_checks})
+    done = len([r for r in everything if r.status == "FINISHED"])
+    lines.append(f"- {len(everything)} jobs, {done} finished; " + (
+        f"{len(ok)} of the {len(checked)} checked pass every consistency check"
+        + (f" (failed: {', '.join(failed)})" if failed else "") if checked
+        else "no consistency checks in this metrics.json (written before it kept them)"))
+    return lines
+
+
 def report(name: str, root: Path) -> None:
+    """Table, facts and plots from the committed metrics.json (the bench stage's output)."""
     d = exp_dir(name, root)
-    recs = collect(d / "sweep")
-    if not recs:
-        raise SystemExit(f"report {name}: no results under {d / 'sweep'}; run the bench stage first")
+    path = d / "metrics.json"
+    if not path.exists():
+        raise SystemExit(f"report {name}: {path} not found; run the bench stage first")
+    metrics = json.loads(path.read_text())
+    recs = records_from_metrics(metrics)
     text, _ = sweep_summary(recs)
     write_plots(recs, d)
     (d / "table.txt").write_text(text + "\n")
     readme = d / "README.md"
     if readme.exists():
-        body = readme.read_text()
-        block = f"{BEGIN}\n```\n{text}\n```\n{END}"
-        if BEGIN in body and END in body:
-            body = re.sub(re.escape(BEGIN) + r".*?" + re.escape(END), lambda _: block, body, flags=re.S)
-        else:
-            body += "\n" + block + "\n"
+        body = _replace_block(readme.read_text(), BEGIN, END, f"```\n{text}\n```")
+        body = _replace_block(body, FACTS_BEGIN, FACTS_END, "\n".join(facts(metrics)))
         readme.write_text(body)
     print(text)
 
 
+def _replace_block(body: str, begin: str, end: str, content: str) -> str:
+    block = f"{begin}\n{content}\n{end}"
+    if begin in body and end in body:
+        return re.sub(re.escape(begin) + r".*?" + re.escape(end), lambda _: block, body, flags=re.S)
+    return body + "\n" + block + "\n"
+
+
 def compare(rebuilt: dict, reported: dict) -> list[str]:
-    lines = ["job                          reported tok/s [95% CI]     rebuilt tok/s   ratio [95% CI]        verdict"]
+    """Per job: the rebuilt throughput vs the reported one, Welch's 95% CI of the ratio, a verdict."""
+    rows = []
     for key, rep in sorted(reported["jobs"].items()):
         new = rebuilt["jobs"].get(key)
         if new is None or "throughput_tok_s" not in new or "throughput_tok_s" not in rep:
-            lines.append(f"{key:<28} missing in the rebuilt metrics")
+            rows.append([key, "-", "-", "-", "missing in the rebuilt metrics"])
             continue
         ratio = ratio_from_summary(new["throughput_tok_s"], new.get("throughput_tok_s_std", 0.0),
                                    int(new.get("throughput_tok_s_n", 1)), rep["throughput_tok_s"],
@@ -115,9 +223,10 @@ def compare(rebuilt: dict, reported: dict) -> list[str]:
         else:
             verdict = f"DIFFERS by {100 * (r - 1):+.1f}% (Welch 95% CI {100 * (lo - 1):+.1f}% .. {100 * (hi - 1):+.1f}%)"
         ci = f"[{rep.get('throughput_tok_s_ci95_lo', float('nan')):.1f}, {rep.get('throughput_tok_s_ci95_hi', float('nan')):.1f}]"
-        lines.append(f"{key:<28} {rep['throughput_tok_s']:8.1f} {ci:<18} {new['throughput_tok_s']:12.1f}   "
-                     f"{r:.3f} [{lo:.3f}, {hi:.3f}]   {verdict}")
-    return lines
+        rows.append([key, f"{rep['throughput_tok_s']:.1f} {ci}", f"{new['throughput_tok_s']:.1f}",
+                     f"{r:.3f} [{lo:.3f}, {hi:.3f}]", verdict])
+    return tabulate(rows, headers=["job", "reported tok/s [95% CI]", "rebuilt tok/s", "ratio [95% CI]", "verdict"],
+                    tablefmt="plain", disable_numparse=True).splitlines()
 
 
 def committed_metrics(path: Path, rev: str, root: Path) -> dict:

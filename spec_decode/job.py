@@ -1,43 +1,40 @@
 """run_job: one benchmark job, end to end (DESIGN §1).
 
     preflight -> [baseline arm] -> launch server(s) -> warmup -> /flush_cache -> timed runs
-    -> collect (records, decode log, profile) -> results.json -> MLflow -> headline metric
+    -> finish (aggregates, profile, decode log, speedup, checks) -> drift guard
+    -> results.json (written once) -> MLflow (a view of it) -> headline metric
 
-results.json is written whatever happens (FINISHED, FAILED with the runs measured so far, KILLED on
-Ctrl-C); MLflow and reports are views of it.
+results.json is written whatever happens (FAILED naming the key when preflight refuses the job,
+FAILED with the runs measured so far, KILLED on Ctrl-C); MLflow and reports only read it.
 """
 
 from __future__ import annotations
 
 import dataclasses
-import fcntl
+import re
 import shlex
 import sys
 import time
-from dataclasses import dataclass, field
 from pathlib import Path
 
-from . import preflight, results
+from filelock import FileLock
+
+from . import drift, preflight, results
 from .client import Client, ClientError
 from .config import DrafterConfig, ExperimentConfig, config_hash, resolved_dict
-from .engines import server_command, server_extra_env
+from .engines import server_command, server_extra_env, start_server
 from .parsers.profile import rank_files
-from .server import PortTaken, ServerError, ServerProcess, choose_port
+from .prompts import load_prompts
+from .results import JobContext, JobRecord
+from .server import ServerError
 from .slots import SlotTimeout, allocate, pool_for
 
+__all__ = ["JobContext", "JobFailed", "run_job", "dry_run", "measure"]
 
-@dataclass
-class JobContext:
-    """Where a job writes and how it is named; built from Hydra's runtime by run.py (or by tests)."""
-
-    out_dir: Path
-    run_name: str
-    root: Path = field(default_factory=Path.cwd)  # project root: relative paths resolve here
-    sweep_dir: Path | None = None  # set in a multirun: baselines are shared across its jobs
-    parent_run_id: str | None = None
-    overrides: list[str] = field(default_factory=list)
-    tracker: object | None = None  # spec_decode.tracking.Tracker, or None for no MLflow
-    quiet: bool = False
+# Overrides that select the drafter or the speculation: the baseline of a job is the job without them.
+_SPEC_ONLY = re.compile(r"^[+~]*(spec|drafter)([.=]|$)")
+# Hydra's override_dirname joins "key=value" items with ","; values may hold commas ([1,3,4]).
+_ITEM = re.compile(r",(?=[+~]*[\w./@-]+=)")
 
 
 class JobFailed(RuntimeError):
@@ -72,6 +69,14 @@ def baseline_config(cfg: ExperimentConfig) -> ExperimentConfig:
     return dataclasses.replace(cfg, drafter=DrafterConfig(name="none", path=None, layer_ids=None))
 
 
+def baseline_name(run_name: str) -> str:
+    """The baseline's job name: ``baseline`` plus the spec job's overrides that are not about
+    speculation (``nccl=tuned,spec.steps=2`` -> ``baseline,nccl=tuned``). Unique per baseline in a
+    sweep, stable across reruns: experiments key their metrics by it."""
+    keep = [item for item in _ITEM.split(run_name) if item and not _SPEC_ONLY.match(item)]
+    return ",".join(["baseline", *keep])
+
+
 def baseline_key(cfg: ExperimentConfig) -> str:
     """Jobs that share hardware, model, NCCL profile, engine and benchmark share one baseline."""
     data = resolved_dict(baseline_config(cfg))
@@ -82,7 +87,7 @@ def baseline_key(cfg: ExperimentConfig) -> str:
     return f"{readable},{config_hash(data)[:8]}"
 
 
-def ensure_baseline(cfg: ExperimentConfig, ctx: JobContext) -> dict | None:
+def ensure_baseline(cfg: ExperimentConfig, ctx: JobContext) -> JobRecord | None:
     """The matching baseline's results: reused from this sweep when already measured, else measured
     now (its own server launch, its own MLflow run). Shared through files in the sweep dir, never
     through process state, so parallel launchers and sweeps in one process behave the same."""
@@ -90,14 +95,13 @@ def ensure_baseline(cfg: ExperimentConfig, ctx: JobContext) -> dict | None:
     key = baseline_key(cfg)
     bdir = root / key if ctx.sweep_dir else root
     bdir.mkdir(parents=True, exist_ok=True)
-    with open(bdir / ".lock", "w") as lock:
-        fcntl.flock(lock, fcntl.LOCK_EX)  # a parallel job with the same key waits, then reuses
+    with FileLock(bdir / ".lock"):  # a parallel job with the same key waits, then reuses
         existing = results.read(bdir)
-        if existing and existing.get("status") == "FINISHED":
+        if existing and existing.status == "FINISHED":
             return existing
         _say(ctx, f"[baseline] measuring the baseline for {key} -> {bdir}")
-        bctx = dataclasses.replace(ctx, out_dir=bdir, run_name=f"baseline[{key.rsplit(',', 1)[0]}]",
-                                   overrides=[])
+        name = baseline_name(ctx.run_name)
+        bctx = dataclasses.replace(ctx, out_dir=bdir, run_name=name, overrides=name.split(",")[1:])
         try:
             return measure(baseline_config(cfg), bctx, role="baseline")
         except JobFailed as e:  # the spec job still runs; it gets no speedup_vs_baseline
@@ -105,20 +109,59 @@ def ensure_baseline(cfg: ExperimentConfig, ctx: JobContext) -> dict | None:
             return None
 
 
-def run_job(cfg: ExperimentConfig, ctx: JobContext) -> dict | None:
-    """The whole job. Returns the results dict (None for a dry run). Raises PreflightError before any
-    launch for bad input, JobFailed when the job ran and failed (results.json is written)."""
+def run_job(cfg: ExperimentConfig, ctx: JobContext) -> JobRecord | None:
+    """The whole job. Returns its record (None for a dry run). Raises PreflightError before any
+    launch for bad input (a FAILED results.json names the key), JobFailed when the job ran and
+    failed (results.json holds what was measured)."""
     if cfg.dry_run:
         dry_run(cfg, ctx)
         return None
     ctx.out_dir.mkdir(parents=True, exist_ok=True)
-    warnings = preflight.run(cfg, ctx.root)  # also covers the baseline: same target, prompts, GPUs
+    try:
+        warnings = preflight.run(cfg, ctx.root)  # also covers the baseline: same target, prompts, GPUs
+    except preflight.PreflightError as e:
+        record_refusal(cfg, ctx, str(e))
+        raise
     probe = run_nccl_probe(cfg, ctx) if cfg.preflight.nccl_probe else None
     baseline = None
     if cfg.speculative and cfg.benchmark.baseline_arm:
         baseline = ensure_baseline(cfg, ctx)
     return measure(cfg, ctx, role="spec" if cfg.speculative else "baseline", baseline=baseline,
                    warnings=warnings, probe=probe)
+
+
+def record_refusal(cfg: ExperimentConfig, ctx: JobContext, error: str) -> JobRecord:
+    """A job that preflight refused still leaves its FAILED record (and MLflow run), so sweep
+    summaries and the parent run count it."""
+    rec = results.new_record(cfg, ctx, "spec" if cfg.speculative else "baseline", {}, [])
+    rec.status, rec.error, rec.ended_at = "FAILED", error, time.time()
+    tracked = ctx.tracker.start(rec, ctx) if ctx.tracker is not None else None
+    results.write(ctx.out_dir, rec)
+    if ctx.tracker is not None:
+        ctx.tracker.finish(tracked, rec, ctx.out_dir)
+    return rec
+
+
+def earlier_baselines(cfg: ExperimentConfig, ctx: JobContext, rec: JobRecord) -> list[drift.Reference]:
+    """The drift guard's reference: earlier baselines from MLflow when tracking is on and reachable,
+    else from the results.json files under tracking.results_dirs."""
+    if ctx.tracker is not None:
+        found = ctx.tracker.earlier_baselines(rec)
+        if found is not None:
+            return found
+    want = drift.identity(rec.config, rec.engine.version)
+    refs = []
+    for d in cfg.tracking.results_dirs:
+        for other in results.collect(_abs(ctx.root, d)):
+            if (other.role == "baseline" and other.status == "FINISHED" and other.record_id != rec.record_id
+                    and "throughput_tok_s" in other.metrics
+                    and drift.identity(other.config, other.engine.version) == want):
+                m = other.metrics
+                ci = (m["throughput_tok_s_ci95_lo"], m["throughput_tok_s_ci95_hi"]) \
+                    if "throughput_tok_s_ci95_lo" in m else None
+                refs.append(drift.Reference(other.record_id, m["throughput_tok_s"], other.started_at, ci,
+                                            other.server_env or {}))
+    return refs
 
 
 def run_nccl_probe(cfg: ExperimentConfig, ctx: JobContext) -> dict:
@@ -136,8 +179,8 @@ def run_nccl_probe(cfg: ExperimentConfig, ctx: JobContext) -> dict:
                  env=dict(cfg.nccl.env))
 
 
-def measure(cfg: ExperimentConfig, ctx: JobContext, role: str, baseline: dict | None = None,
-            warnings: list[str] | None = None, probe: dict | None = None) -> dict:
+def measure(cfg: ExperimentConfig, ctx: JobContext, role: str, baseline: JobRecord | None = None,
+            warnings: list[str] | None = None, probe: dict | None = None) -> JobRecord:
     """Launch, run the protocol, collect; results.json whatever happens."""
     warnings = list(warnings or [])
     out = ctx.out_dir
@@ -146,33 +189,37 @@ def measure(cfg: ExperimentConfig, ctx: JobContext, role: str, baseline: dict | 
     log_path = out / "server.log"
     for stale in (profile_path, log_path, *rank_files(profile_path).values()):
         stale.unlink(missing_ok=True)
-    prompt = preflight.load_prompts(_abs(ctx.root, cfg.benchmark.prompts))[cfg.benchmark.prompt_index]
+    prompt = load_prompts(_abs(ctx.root, cfg.benchmark.prompts))[cfg.benchmark.prompt_index]
     extra_env = server_extra_env(cfg, str(profile_path) if cfg.benchmark.profile else None)
     rec = results.new_record(cfg, ctx, role, extra_env, warnings)
-    if probe is not None:
-        rec["nccl_probe"] = probe
+    rec.nccl_probe = probe
     tracked = ctx.tracker.start(rec, ctx) if ctx.tracker is not None else None
     log_windows: list[tuple[int, int]] = []
+    live_env: dict[str, str] = {}  # the first launch's server environment, read back from the process
+    live_env_tree: dict = {}  # ... and that of every server process (pid -> env)
     status, error = "FINISHED", None
     pool, slots, need = pool_for(cfg.hardware)
     try:
         with allocate(pool, slots, need, Path(cfg.hardware.slots_dir)) as mine:
-            rec["slots"] = mine
+            rec.slots = mine
             if cfg.hardware.device == "cuda":
                 extra_env["CUDA_VISIBLE_DEVICES"] = ",".join(mine)
             for launch in range(cfg.benchmark.launches):
-                _one_launch(cfg, ctx, launch, prompt, extra_env, rec, log_path, log_windows)
+                _one_launch(cfg, ctx, launch, prompt, extra_env, rec, log_path, log_windows, live_env,
+                            live_env_tree)
     except KeyboardInterrupt:
         status, error = "KILLED", "interrupted (Ctrl-C / SIGINT)"
         raise
     except (ServerError, ClientError, OSError, SlotTimeout) as e:
         status, error = "FAILED", f"{type(e).__name__}: {e}"
     finally:
-        results.finish(rec, cfg, status, error, out, log_path, log_windows, baseline)
-        results.write(out, rec)
+        results.finish(rec, cfg, status, error, out, log_path, log_windows, baseline, live_env,
+                       live_env_tree)
+        if rec.role == "baseline" and rec.status == "FINISHED":
+            results.add_drift(rec, earlier_baselines(cfg, ctx, rec))
+        results.write(out, rec)  # the one write
         if ctx.tracker is not None:
-            ctx.tracker.finish(tracked, rec, out)
-            results.write(out, rec)  # with the MLflow outcome (run id or the unreachable warning)
+            ctx.tracker.finish(tracked, rec, out)  # a view: logs the record as written
         _say(ctx, results.job_summary(rec))
     if status != "FINISHED":
         raise JobFailed(f"job {ctx.run_name or out.name} {status}: {error}")
@@ -184,52 +231,35 @@ def _abs(root: Path, p: str) -> Path:
     return path if path.is_absolute() else root / path
 
 
-def _start_server(cfg: ExperimentConfig, extra_env: dict[str, str], log_path: Path,
-                  attempts: int = 3) -> ServerProcess:
-    """Start the server on the configured port, or a free one when it is taken (also when another
-    sweep takes it between our check and the server's bind)."""
-    wanted = cfg.engine.port
-    for attempt in range(attempts):
-        port = choose_port(cfg.engine.host, wanted if attempt == 0 else 0)
-        srv = ServerProcess(server_command(cfg, port), env=extra_env, log_path=log_path,
-                            host=cfg.engine.host, port=port, startup_timeout_s=cfg.engine.startup_timeout_s)
-        try:
-            return srv.start()
-        except PortTaken:
-            continue
-    raise ServerError(f"could not get a free port for the server after {attempts} attempts")
-
-
-def _self_check(rec: dict, cfg: ExperimentConfig, warmup, log_path: Path, log_start: int) -> None:
+def _self_check(rec: JobRecord, cfg: ExperimentConfig, warmup, log_path: Path, log_start: int) -> None:
     """The doctor's live items on the warmup request: profile lines from rank 0 with every phase,
     meta_info counters, decode-log lines. A failure is a warning (the job still measures)."""
     from . import doctor
 
     items = doctor.warmup_checks(rec, warmup, log_path.parent / "profile.jsonl", log_path, log_start,
                                  cfg.speculative)
-    rec["doctor"] = doctor.as_records(items)
+    rec.doctor = doctor.as_records(items)
     for it in items:
         if not it.ok:
-            rec["warnings"].append(f"self-check failed: {it.name}: {it.detail}"
+            rec.warnings.append(f"self-check failed: {it.name}: {it.detail}"
                                    + (f" -- what to do: {it.fix}" if it.fix else ""))
 
 
 def _one_launch(cfg: ExperimentConfig, ctx: JobContext, launch: int, prompt: str,
-                extra_env: dict[str, str], rec: dict, log_path: Path,
-                log_windows: list[tuple[int, int]]) -> None:
+                extra_env: dict[str, str], rec: JobRecord, log_path: Path,
+                log_windows: list[tuple[int, int]], live_env: dict[str, str], live_env_tree: dict) -> None:
     from tqdm import tqdm
 
-    srv = _start_server(cfg, extra_env, log_path)
+    srv = start_server(cfg, extra_env, log_path)
     port = srv.port
-    rec.setdefault("argv", srv.argv)
+    rec.argv = rec.argv or srv.argv
     b = cfg.benchmark
     with srv:
         client = Client(srv.base_url, cfg.engine.request_timeout_s)
-        rec["launches"].append({"launch": launch, "port": port, "pid": srv.pid,
-                                "server_start_s": srv.start_s})
+        rec.launches.append({"launch": launch, "port": port, "pid": srv.pid, "server_start_s": srv.start_s})
         if launch == 0:
-            rec["server_env_live"] = srv.environ()  # filtered + redacted in results.finish
-            rec["server_env_tree_live"] = srv.environ_tree()
+            live_env.update(srv.environ())  # filtered + redacted in results.finish
+            live_env_tree.update(srv.environ_tree())
         body = client.generate_body(prompt, b.max_new_tokens, b.temperature, b.ignore_eos)
         name = ctx.run_name or "job"
         label = f"{name if len(name) <= 48 else name[:45] + '...'} [{launch + 1}/{b.launches}]"
@@ -240,7 +270,7 @@ def _one_launch(cfg: ExperimentConfig, ctx: JobContext, launch: int, prompt: str
             log_start = log_path.stat().st_size
             for _ in range(b.warmup):
                 w = client.generate(body, launch, -1)
-                rec["launches"][-1]["warmup_s"] = rec["launches"][-1].get("warmup_s", 0.0) + w.wall_s
+                rec.launches[-1]["warmup_s"] = rec.launches[-1].get("warmup_s", 0.0) + w.wall_s
                 bar.update()
             if launch == 0 and b.warmup and b.profile:
                 _self_check(rec, cfg, w, log_path, log_start)
@@ -248,13 +278,13 @@ def _one_launch(cfg: ExperimentConfig, ctx: JobContext, launch: int, prompt: str
             start = log_path.stat().st_size
             for run in range(b.runs):
                 record = client.generate(body, launch, run)
-                rec["runs"].append(record.as_dict())
+                rec.runs.append(record)
                 bar.set_postfix(tok_s=f"{record.throughput_tok_s:.1f}")
                 bar.update()
                 srv.check_alive()
             time.sleep(0.05)  # let the last decode-log line reach the file
             log_windows.append((start, log_path.stat().st_size))
-            rec["server_info"] = client.server_info()
+            rec.server_info = client.server_info()
         finally:
             bar.close()
 

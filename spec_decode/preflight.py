@@ -12,9 +12,9 @@ import subprocess
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from . import drafter
 from .config import ExperimentConfig
-
-DRAFTER_ARCH = "LlamaForCausalLMEagle3"
+from .prompts import load_prompts
 
 # NCCL environment variables (NCCL user guide, "Environment Variables"): a typo such as NCCL_PROTOCOL
 # is silently ignored by NCCL, so we refuse names outside this list.
@@ -68,10 +68,20 @@ def _read_json(path: Path, pf: Preflight, what: str) -> dict | None:
 
 
 def _dvc_tracked(root: Path, path: str) -> bool:
+    """Whether DVC tracks ``path`` (a .dvc file or a stage output), asked of DVC itself. Only on the
+    missing-weights path: opening the repo costs a second."""
     if (root / f"{path}.dvc").exists():
         return True
-    dvc_yaml = root / "dvc.yaml"
-    return dvc_yaml.exists() and path in dvc_yaml.read_text()
+    if not (root / "dvc.yaml").exists():
+        return False
+    from dvc.exceptions import DvcException
+    from dvc.repo import Repo
+
+    try:
+        with Repo(str(root)) as repo:
+            return bool(repo.find_outs_by_path(str(root / path)))
+    except DvcException:
+        return False
 
 
 def has_weights(model_dir: Path) -> bool:
@@ -209,58 +219,25 @@ def _check_drafter(cfg: ExperimentConfig, root: Path, pf: Preflight, tcfg: dict 
     dcfg = _read_json(full / "config.json", pf, "the drafter's config.json")
     if dcfg is None:
         return
-    arch = dcfg.get("architectures")
-    pf.need(arch == [DRAFTER_ARCH],
-            f"{full / 'config.json'}: architectures is {arch!r}; SGLang loads an EAGLE-3 drafter only as "
-            f"[\"{DRAFTER_ARCH}\"] (it does not rewrite the name)")
-    served = (dcfg.get("eagle_config") or {}).get("eagle_aux_hidden_state_layer_ids")
-    if served is None and n_layers:
-        served = [1, n_layers // 2 - 1, n_layers - 4]  # what SGLang captures by default
-    if d.layer_ids is not None and served is not None:
-        pf.need(list(served) == list(d.layer_ids),
-                f"drafter={d.name}: the checkpoint serves layer ids {list(served)} "
-                f"(eagle_config.eagle_aux_hidden_state_layer_ids) but drafter.layer_ids is "
-                f"{list(d.layer_ids)}; fix whichever is wrong")
-    if served is not None and n_layers:
-        pf.need(all(isinstance(i, int) and 0 <= i <= n_layers - 2 for i in served) and len(served) == 3,
-                f"{full / 'config.json'}: layer ids {served} must be 3 ids in 0..{n_layers - 2} for the "
-                f"{n_layers}-layer target")
-    record = full / "training.json"
-    if record.is_file() and served is not None:
-        rec = _read_json(record, pf, "the drafter's training record")
-        trained = (rec or {}).get("trained_aux_layer_ids")
-        if trained is not None:
-            pf.need(list(trained) == list(served),
-                    f"drafter={d.name}: trained on target layers {list(trained)} (training.json) but "
-                    f"served with layer ids {list(served)} (config.json eagle_config): acceptance would "
-                    "collapse; serve it with the ids it was trained on or retrain it")
-    if tcfg:
-        pf.need(dcfg.get("hidden_size") == tcfg.get("hidden_size")
-                or dcfg.get("target_hidden_size") == tcfg.get("hidden_size"),
-                f"drafter hidden size {dcfg.get('hidden_size')} does not fit the target's "
-                f"{tcfg.get('hidden_size')}")
-        pf.need(dcfg.get("vocab_size") == tcfg.get("vocab_size"),
-                f"drafter vocab_size {dcfg.get('vocab_size')} != target vocab_size {tcfg.get('vocab_size')}")
-        dv = dcfg.get("draft_vocab_size", dcfg.get("vocab_size"))
-        pf.need(isinstance(dv, int) and dv <= (tcfg.get("vocab_size") or 0),
-                f"drafter draft_vocab_size {dv} exceeds the target vocab ({tcfg.get('vocab_size')})")
-
-
-def load_prompts(path: Path) -> list[str]:
-    out = []
-    for i, line in enumerate(path.read_text().splitlines(), start=1):
-        if not line.strip():
-            continue
-        try:
-            item = json.loads(line)
-        except json.JSONDecodeError as e:
-            raise ValueError(f"{path}:{i}: not a JSON line ({e.msg})") from None
-        if not isinstance(item, dict) or not isinstance(item.get("text"), str):
-            raise ValueError(f"{path}:{i}: each line needs a \"text\" string")
-        out.append(item["text"])
-    if not out:
-        raise ValueError(f"{path}: no prompts")
-    return out
+    served = drafter.served_layer_ids(dcfg, n_layers)
+    # Layer-id mismatches stop the job unless the experiment asks for them on purpose.
+    allow = cfg.preflight.allow_layer_id_mismatch
+    mismatches = pf.warnings if allow else pf.errors
+    note = "allowed by preflight.allow_layer_id_mismatch=true: " if allow else ""
+    if d.layer_ids is not None and served is not None and list(served) != list(d.layer_ids):
+        mismatches.append(f"{note}drafter={d.name}: the checkpoint serves layer ids {list(served)} "
+                          f"(eagle_config.{drafter.LAYER_IDS_KEY}) but drafter.layer_ids is "
+                          f"{list(d.layer_ids)}; fix whichever is wrong")
+    try:
+        trained = drafter.trained_layer_ids(full)
+    except ValueError as e:
+        pf.errors.append(str(e))
+        trained = None
+    target = tcfg if tcfg else ({"num_hidden_layers": n_layers} if n_layers else None)
+    where = str(full / "config.json")
+    pf.errors.extend(drafter.problems(dcfg, target, where))
+    if (m := drafter.trained_mismatch(trained, served, where)) is not None:
+        mismatches.append(note + m)
 
 
 def run(cfg: ExperimentConfig, root: Path) -> list[str]:

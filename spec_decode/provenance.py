@@ -108,11 +108,8 @@ def gpu_facts() -> dict | None:
 
 
 def sha256_file(path: Path) -> str:
-    h = hashlib.sha256()
     with open(path, "rb") as f:
-        for chunk in iter(lambda: f.read(1 << 20), b""):
-            h.update(chunk)
-    return h.hexdigest()
+        return hashlib.file_digest(f, "sha256").hexdigest()
 
 
 def dvc_hashes(root: Path, paths: list[str] | None = None) -> dict[str, str]:

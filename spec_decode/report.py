@@ -1,4 +1,5 @@
-"""Reports: a table per sweep and PNG plots, rendered from results.json files.
+"""Reports: a table per sweep and PNG plots, rendered from job records (results.json files, or a
+reported experiment's committed metrics.json via ``experiment.records_from_metrics``). Reads only.
 
     python -m spec_decode.report multirun/2026-11-29/10-00-00_adhoc     # a sweep dir
     python -m spec_decode.report experiments/embedded_steps_nccl          # an experiment dir
@@ -14,7 +15,10 @@ import argparse
 import sys
 from pathlib import Path
 
+from tabulate import tabulate
+
 from .costmodel import describe, fit, points_from_records
+from .results import JobRecord, collect
 
 COLUMNS = ("job", "status", "tok/s", "95% CI", "CV%", "speedup", "speedup 95% CI", "accept len",
            "cycle ms", "draft%", "verify%", "extend%", "other%", "checks")
@@ -24,12 +28,12 @@ def _fmt(v, spec: str = ".1f") -> str:
     return "-" if v is None else format(v, spec)
 
 
-def row(rec: dict) -> dict:
-    m = rec.get("metrics", {})
-    failed = [c["name"] for c in rec.get("checks", []) if c.get("ok") is False]
+def row(rec: JobRecord) -> dict:
+    m = rec.metrics
+    failed = rec.failed_checks
     return {
-        "job": rec.get("name") or "(defaults)",
-        "status": rec.get("status"),
+        "job": rec.label,
+        "status": rec.status,
         "tok/s": _fmt(m.get("throughput_tok_s")),
         "95% CI": (f"[{m['throughput_tok_s_ci95_lo']:.1f}, {m['throughput_tok_s_ci95_hi']:.1f}]"
                    if "throughput_tok_s_ci95_lo" in m else "-"),
@@ -43,63 +47,70 @@ def row(rec: dict) -> dict:
         "verify%": _fmt(m.get("verify_pct"), ".0f"),
         "extend%": _fmt(m.get("extend_pct"), ".0f"),
         "other%": _fmt(m.get("other_pct"), ".0f"),
-        "checks": "ok" if not failed else "FAILED: " + ",".join(failed),
+        "checks": "-" if not rec.checks else ("ok" if not failed else "FAILED: " + ",".join(failed)),
     }
 
 
-def sweep_summary(recs: list[dict]) -> tuple[str, dict[str, list]]:
-    """A text table (console) and the same as columns (MLflow log_table)."""
+def sweep_summary(recs: list[JobRecord]) -> tuple[str, dict[str, list]]:
+    """A text table (console) and the same as columns (MLflow log_table). Jobs that did not finish
+    are counted by status, each with its reason."""
     rows = [row(r) for r in recs]
-    widths = {c: max([len(c)] + [len(str(r[c])) for r in rows]) for c in COLUMNS}
-    lines = ["  ".join(c.ljust(widths[c]) for c in COLUMNS),
-             "  ".join("-" * widths[c] for c in COLUMNS)]
-    lines += ["  ".join(str(r[c]).ljust(widths[c]) for c in COLUMNS) for r in rows]
-    failed = [r["job"] for r in rows if r["status"] != "FINISHED"]
-    lines.append(f"{len(rows)} job(s), {len(rows) - len(failed)} finished"
-                 + (f"; not finished: {', '.join(failed)}" if failed else ""))
+    lines = [tabulate([[r[c] for c in COLUMNS] for r in rows], headers=COLUMNS, tablefmt="simple",
+                      disable_numparse=True)] if rows else []
+    counts: dict[str, int] = {}
+    for r in recs:
+        counts[r.status] = counts.get(r.status, 0) + 1
+    lines.append(f"{len(rows)} job(s): " + ", ".join(f"{n} {s}" for s, n in sorted(counts.items())))
+    for r in recs:
+        if r.status != "FINISHED":
+            lines.append(f"  {r.status} {r.label}: {(r.error or 'no error recorded').splitlines()[-1].strip(' -')}")
     table = {c: [r[c] for r in rows] for c in COLUMNS}
     for prof, f in cost_models(recs).items():
         lines += ["", f"[nccl={prof}] " + describe(f)]
     return "\n".join(lines), table
 
 
-def cost_models(recs: list[dict]) -> dict:
+def cost_models(recs: list[JobRecord]) -> dict:
     """A cost-model fit per NCCL profile with at least two measured step counts."""
     out = {}
-    for prof in sorted({r["config"]["nccl"]["name"] for r in recs if r.get("speculative")}):
+    for prof in sorted({r.choice("nccl") for r in recs if r.speculative}):
         pts = points_from_records(recs, nccl=prof)
         if len(pts) >= 2:
             out[prof] = fit(pts, max_steps=max(8, max(p.steps for p in pts)))
     return out
 
 
-def write_plots(recs: list[dict], out_dir: Path) -> list[Path]:
+def write_plots(recs: list[JobRecord], out_dir: Path) -> list[Path]:
     """throughput_vs_steps.png, phases.png, accept_len_vs_steps.png (those that have data)."""
+    out_dir.mkdir(parents=True, exist_ok=True)
+    return [_save(fig, out_dir / name) for name, fig in figures(recs).items()]
+
+
+def figures(recs: list[JobRecord]) -> dict:
+    """The report's matplotlib figures by file name (those that have data)."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
     from matplotlib.ticker import MaxNLocator
 
-    out_dir.mkdir(parents=True, exist_ok=True)
-    done = [r for r in recs if r.get("status") == "FINISHED" and r.get("metrics")]
-    spec = [r for r in done if r.get("speculative")]
-    base = [r for r in done if not r.get("speculative")]
-    paths: list[Path] = []
+    done = [r for r in recs if r.status == "FINISHED" and r.metrics]
+    spec = [r for r in done if r.speculative and "throughput_tok_s" in r.metrics]
+    base = [r for r in done if not r.speculative and "throughput_tok_s" in r.metrics]
+    out: dict = {}
     if spec:
         fig, ax = plt.subplots(figsize=(7, 4.5))
-        profiles = sorted({r["config"]["nccl"]["name"] for r in spec})
+        profiles = sorted({r.choice("nccl") for r in spec})
         for prof in profiles:
-            pts = sorted(((r["config"]["spec"]["steps"], r["metrics"]) for r in spec
-                          if r["config"]["nccl"]["name"] == prof), key=lambda p: p[0])
+            pts = sorted(((r.steps, r.metrics) for r in spec if r.choice("nccl") == prof), key=lambda p: p[0])
             xs = [p[0] for p in pts]
             ys = [p[1]["throughput_tok_s"] for p in pts]
             err = [[y - p[1].get("throughput_tok_s_ci95_lo", y) for y, p in zip(ys, pts)],
                    [p[1].get("throughput_tok_s_ci95_hi", y) - y for y, p in zip(ys, pts)]]
             line = ax.errorbar(xs, ys, yerr=err, marker="o", capsize=4, label=f"EAGLE-3, nccl={prof}")
             for b in base:
-                if b["config"]["nccl"]["name"] == prof:
-                    ax.axhline(b["metrics"]["throughput_tok_s"], ls="--", color=line[0].get_color(),
+                if b.choice("nccl") == prof:
+                    ax.axhline(b.metrics["throughput_tok_s"], ls="--", color=line[0].get_color(),
                                label=f"baseline, nccl={prof}")
                     break
         for prof, f in cost_models(spec).items():
@@ -109,15 +120,13 @@ def write_plots(recs: list[dict], out_dir: Path) -> list[Path]:
         ax.set_xlabel("speculative steps (draft tokens per cycle)")
         ax.xaxis.set_major_locator(MaxNLocator(integer=True))
         ax.set_ylabel("throughput (tok/s), mean with 95% CI")
-        engine = spec[0]["engine"]["name"]
-        ax.set_title(f"Throughput vs steps ({engine} engine, {spec[0]['config']['hardware']['name']})")
+        ax.set_title(f"Throughput vs steps ({spec[0].engine.name} engine, {spec[0].choice('hardware')})")
         ax.grid(alpha=0.3)
         ax.legend(fontsize=8)
-        paths.append(_save(fig, out_dir / "throughput_vs_steps.png"))
+        out["throughput_vs_steps.png"] = fig
 
         fig, ax = plt.subplots(figsize=(7, 4.5))
-        pts = sorted(((r["config"]["spec"]["steps"], r["config"]["nccl"]["name"]), r["metrics"]["accept_len"])
-                     for r in spec if "accept_len" in r["metrics"])
+        pts = sorted(((r.steps, r.choice("nccl")), r.metrics["accept_len"]) for r in spec if "accept_len" in r.metrics)
         styles = [("o", "-"), ("s", "--"), ("^", ":"), ("D", "-.")]
         for i, prof in enumerate(sorted({p[0][1] for p in pts})):
             sel = [(k[0], v) for k, v in pts if k[1] == prof]
@@ -132,24 +141,24 @@ def write_plots(recs: list[dict], out_dir: Path) -> list[Path]:
         ax.set_title("Acceptance vs steps")
         ax.grid(alpha=0.3)
         ax.legend(fontsize=8)
-        paths.append(_save(fig, out_dir / "accept_len_vs_steps.png"))
+        out["accept_len_vs_steps.png"] = fig
 
-        prof = [r for r in spec if "cycle_ms" in r["metrics"]]
+        prof = [r for r in spec if "cycle_ms" in r.metrics]
         if prof:
             fig, ax = plt.subplots(figsize=(max(6, 1.1 * len(prof)), 4.5))
-            labels = [_short(r.get("name") or "(defaults)") for r in prof]
+            labels = [_short(r.label) for r in prof]
             bottom = [0.0] * len(prof)
             for phase, label in (("draft", "draft"), ("verify", "target verify"),
                                  ("extend", "draft re-extend"), ("other", "other")):
-                vals = [r["metrics"][f"{phase}_ms"] for r in prof]
+                vals = [r.metrics[f"{phase}_ms"] for r in prof]
                 ax.bar(range(len(prof)), vals, bottom=bottom, label=label)
                 bottom = [b + v for b, v in zip(bottom, vals)]
             ax.set_xticks(range(len(prof)), labels, rotation=30, ha="right", fontsize=7)
             ax.set_ylabel("ms per speculative cycle")
             ax.set_title("Where each cycle's time goes")
             ax.legend(fontsize=8)
-            paths.append(_save(fig, out_dir / "phases.png"))
-    return paths
+            out["phases.png"] = fig
+    return out
 
 
 def _short(label: str, n: int = 32) -> str:
@@ -169,6 +178,20 @@ def _save(fig, path: Path) -> Path:
     return path
 
 
+def from_mlflow(run_id: str, uri: str, dest: Path) -> Path:
+    """Download the results.json of a sweep's child runs (parent run ``run_id``) under ``dest``."""
+    from mlflow.tracking import MlflowClient
+
+    from .tracking import resolve_uri
+
+    client = MlflowClient(tracking_uri=resolve_uri(uri, Path.cwd()))
+    parent = client.get_run(run_id)
+    kids = client.search_runs([parent.info.experiment_id], f"tags.mlflow.parentRunId = '{run_id}'")
+    for k in kids:
+        client.download_artifacts(k.info.run_id, "results.json", str(dest / k.info.run_id))
+    return dest
+
+
 def main(argv: list[str] | None = None) -> None:
     ap = argparse.ArgumentParser(prog="python -m spec_decode.report", description=__doc__,
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -177,23 +200,10 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--mlflow-run", default=None, help="a sweep's parent run id (downloads its children)")
     ap.add_argument("--uri", default="sqlite:///mlflow.db")
     args = ap.parse_args(argv)
-    from .tracking import collect
-
     if args.mlflow_run:
         import tempfile
 
-        from mlflow.tracking import MlflowClient
-
-        from .tracking import resolve_uri
-
-        client = MlflowClient(tracking_uri=resolve_uri(args.uri, Path.cwd()))
-        parent = client.get_run(args.mlflow_run)
-        kids = client.search_runs([parent.info.experiment_id],
-                                  f"tags.mlflow.parentRunId = '{args.mlflow_run}'")
-        tmp = Path(tempfile.mkdtemp(prefix="report_"))
-        for k in kids:
-            client.download_artifacts(k.info.run_id, "results.json", str(tmp / k.info.run_id))
-        root = tmp
+        root = from_mlflow(args.mlflow_run, args.uri, Path(tempfile.mkdtemp(prefix="report_")))
     elif args.path is not None:
         if not args.path.is_dir():
             ap.error(f"{args.path}: not a directory")

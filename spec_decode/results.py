@@ -1,198 +1,375 @@
-"""results.json: the one authoritative record of a job (DESIGN §3.5). MLflow, reports and DVC
-metrics are views of it. This module builds, finishes, writes and reads it."""
+"""results.json: the one authoritative record of a job (DESIGN §3.5), typed.
+
+``JobRecord`` is built when a job starts (``new_record``), filled while it runs, completed by
+``finish`` (aggregates, acceptance, phase profile, decode log, speedup, consistency checks) and by the
+job's drift guard, then written once (``write``). MLflow (``tracking``), reports (``report``) and
+DVC metrics (``experiment``) only read it: ``collect`` finds the records under a directory.
+
+The JSON shape is that of schema 1 plus typed nesting; ``JobRecord.from_dict`` reads both (keys it
+does not know are kept in ``extra`` and written back).
+"""
 
 from __future__ import annotations
 
+import dataclasses
+import hashlib
 import json
 import os
 import time
+from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
-from . import provenance, stats
+from . import drift, provenance, stats
+from .checks import Check, cost_model_metrics, run_checks
+from .client import RunRecord
 from .config import ExperimentConfig, config_hash, resolved_dict
+from .drift import Drift, Reference
 from .parsers import decode_log, profile
 
-SCHEMA_VERSION = 1
+SCHEMA_VERSION = 2  # 2: typed record, drift and checks computed by the job, preflight failures recorded
 FILENAME = "results.json"
+STATUSES = ("RUNNING", "FINISHED", "FAILED", "KILLED")
 
 
-def new_record(cfg: ExperimentConfig, ctx: Any, role: str, extra_env: dict[str, str],
-               warnings: list[str]) -> dict:
+class RunLog(Protocol):
+    """Where a job's record is also logged (``tracking.Tracker``); the job calls it, never the reverse."""
+
+    def start(self, rec: JobRecord, ctx: JobContext) -> str | None: ...
+
+    def earlier_baselines(self, rec: JobRecord) -> list[Reference] | None: ...
+
+    def finish(self, run_id: str | None, rec: JobRecord, out_dir: Path) -> None: ...
+
+
+@dataclass
+class JobContext:
+    """Where a job writes and how it is named; built from Hydra's runtime by cli.py (or by tests)."""
+
+    out_dir: Path
+    run_name: str
+    root: Path = field(default_factory=Path.cwd)  # project root: relative paths resolve here
+    sweep_dir: Path | None = None  # set in a multirun: baselines are shared across its jobs
+    parent_run_id: str | None = None
+    overrides: list[str] = field(default_factory=list)
+    tracker: RunLog | None = None  # MLflow, or None for no MLflow
+    quiet: bool = False
+
+
+@dataclass
+class EngineInfo:
+    name: str
+    version: str | None = None
+
+
+@dataclass
+class BaselineRef:
+    """The baseline a spec job's speedup is measured against."""
+
+    out_dir: str | None
+    mlflow_run_id: str | None
+    throughput_tok_s: dict | None  # its stats.Summary
+
+
+@dataclass
+class JobRecord:
+    role: str  # spec | baseline
+    name: str  # the job's overrides (Hydra's override_dirname); "baseline,<...>" for a baseline
+    experiment: str
+    config: dict[str, Any]  # the resolved config
+    config_hash: str
+    engine: EngineInfo
+    speculative: bool
+    schema_version: int = SCHEMA_VERSION
+    status: str = "RUNNING"  # RUNNING | FINISHED | FAILED | KILLED
+    error: str | None = None
+    overrides: list[str] = field(default_factory=list)
+    record_id: str = field(default_factory=lambda: os.urandom(8).hex())
+    server_env_extra: dict[str, str] = field(default_factory=dict)  # what we add (redacted)
+    server_env: dict[str, str] | None = None  # read back from the live server process (filtered)
+    server_env_processes: dict[str, dict[str, str]] | None = None  # every server process (TP ranks), by pid
+    argv: list[str] | None = None
+    slots: list[str] | None = None
+    launches: list[dict] = field(default_factory=list)
+    runs: list[RunRecord] = field(default_factory=list)
+    warnings: list[str] = field(default_factory=list)
+    started_at: float = field(default_factory=time.time)
+    ended_at: float | None = None
+    out_dir: str = ""
+    provenance: dict[str, Any] = field(default_factory=dict)
+    server_info: dict | None = None
+    nccl_probe: dict | None = None
+    doctor: list[dict] | None = None  # the first-contact self-check's live items (spec_decode.doctor)
+    throughput_tok_s: dict | None = None  # stats.Summary of the runs
+    variance_components: dict | None = None
+    acceptance: dict | None = None
+    profile: dict | None = None
+    decode_log: dict | None = None
+    baseline: BaselineRef | None = None
+    speedup_vs_baseline: dict | None = None  # stats.Ratio
+    metrics: dict[str, float] = field(default_factory=dict)  # flat, units in the names (MLflow's)
+    checks: list[Check] = field(default_factory=list)
+    drift: Drift | None = None
+    mlflow_run_id: str | None = None
+    extra: dict[str, Any] = field(default_factory=dict)  # keys of other schema versions, kept as read
+
+    # ---- reading --------------------------------------------------------------------------------
+    @property
+    def failed_checks(self) -> list[str]:
+        return [c.name for c in self.checks if c.ok is False]
+
+    @property
+    def label(self) -> str:
+        return self.name or "(defaults)"
+
+    def choice(self, group: str) -> str | None:
+        """The option chosen for a config group (``nccl`` -> ``tuned``)."""
+        return (self.config.get(group) or {}).get("name")
+
+    @property
+    def steps(self) -> int | None:
+        return (self.config.get("spec") or {}).get("steps") if self.speculative else None
+
+    # ---- JSON -----------------------------------------------------------------------------------
+    def to_dict(self) -> dict[str, Any]:
+        out: dict[str, Any] = {}
+        for f in dataclasses.fields(self):
+            if f.name == "extra":
+                continue
+            v = getattr(self, f.name)
+            if f.name == "runs":
+                v = [r.as_dict() for r in v]
+            elif dataclasses.is_dataclass(v):
+                v = dataclasses.asdict(v)
+            elif f.name == "checks":
+                v = [c.as_dict() for c in v]
+            out[f.name] = v
+        out.update({k: v for k, v in self.extra.items() if k not in out})
+        return out
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> JobRecord:
+        """Read schema 1 and 2 records (and keep unknown keys)."""
+        d = dict(data)
+        names = {f.name for f in dataclasses.fields(cls)}
+        known = {k: d.pop(k) for k in list(d) if k in names and k != "extra"}
+        run_fields = {f.name for f in dataclasses.fields(RunRecord)}
+        known["runs"] = [RunRecord(**{k: v for k, v in r.items() if k in run_fields})
+                         for r in known.get("runs") or []]
+        known["engine"] = EngineInfo(**(known.get("engine") or {"name": "unknown"}))
+        known["checks"] = [Check(**{k: c.get(k) for k in ("name", "ok", "value", "expected", "message")})
+                           for c in known.get("checks") or []]
+        if known.get("drift"):
+            dr = known["drift"]
+            known["drift"] = Drift(**{f.name: dr.get(f.name) for f in dataclasses.fields(Drift)})
+        if known.get("baseline"):
+            b = known["baseline"]
+            known["baseline"] = BaselineRef(b.get("out_dir"), b.get("mlflow_run_id"), b.get("throughput_tok_s"))
+        if not known.get("record_id"):
+            # schema 1 records got their id from MLflow; a stable one lets `tracking sync` find them again
+            seed = f"{known.get('started_at')}:{known.get('config_hash')}:{known.get('name')}"
+            known["record_id"] = hashlib.sha256(seed.encode()).hexdigest()[:16]
+        for key in ("role", "name", "experiment", "config", "config_hash", "speculative"):
+            known.setdefault(key, {"config": {}, "speculative": False}.get(key, ""))
+        return cls(**known, extra=d)
+
+
+def new_record(cfg: ExperimentConfig, ctx: JobContext, role: str, extra_env: dict[str, str],
+               warnings: list[str]) -> JobRecord:
     conf = resolved_dict(cfg)
-    return {
-        "schema_version": SCHEMA_VERSION,
-        "status": "RUNNING",
-        "error": None,
-        "role": role,  # spec | baseline
-        "name": ctx.run_name,
-        "experiment": cfg.name,
-        "overrides": list(ctx.overrides),
-        "config": conf,
-        "config_hash": config_hash(conf),
-        "engine": {"name": cfg.engine.name, "version": None},
-        "speculative": cfg.speculative,
-        "server_env_extra": provenance.redact_env(extra_env),
-        "launches": [],
-        "runs": [],
-        "warnings": list(warnings),
-        "started_at": time.time(),
-        "out_dir": str(ctx.out_dir),
-        "provenance": provenance.collect(ctx.root, {
+    return JobRecord(
+        role=role, name=ctx.run_name, experiment=cfg.name, overrides=list(ctx.overrides), config=conf,
+        config_hash=config_hash(conf), engine=EngineInfo(cfg.engine.name), speculative=cfg.speculative,
+        server_env_extra=provenance.redact_env(extra_env), warnings=list(warnings), out_dir=str(ctx.out_dir),
+        provenance=provenance.collect(ctx.root, {
             "target": cfg.model.path, "drafter": cfg.drafter.path, "prompts": cfg.benchmark.prompts,
         }),
-    }
+    )
 
 
-def finish(rec: dict, cfg: ExperimentConfig, status: str, error: str | None, out_dir: Path,
-           log_path: Path, log_windows: list[tuple[int, int]], baseline: dict | None) -> None:
-    rec["status"], rec["error"] = status, error
-    rec["ended_at"] = time.time()
-    live = rec.pop("server_env_live", None)
-    rec["server_env"] = provenance.filter_env(live) if live else None
-    tree = rec.pop("server_env_tree_live", None) or {}
-    if tree:
+def finish(rec: JobRecord, cfg: ExperimentConfig, status: str, error: str | None, out_dir: Path,
+           log_path: Path, log_windows: list[tuple[int, int]], baseline: JobRecord | None,
+           live_env: dict[str, str] | None = None, live_env_tree: dict | None = None) -> None:
+    """Everything computed from what was measured: aggregates, acceptance, profile, decode log,
+    speedup, cost-model figures, consistency checks. Writes nothing.
+
+    ``live_env``: the server's environment read back from its process; ``live_env_tree``: that of
+    every process of the server (pid -> env)."""
+    rec.status, rec.error = status, error
+    rec.ended_at = time.time()
+    rec.server_env = provenance.filter_env(live_env) if live_env else None
+    if live_env_tree:
         # Every process of the server (each TP rank) read back: the NCCL profile must reach all.
-        rec["server_env_processes"] = {str(pid): provenance.filter_env(env) for pid, env in tree.items()}
+        rec.server_env_processes = {str(pid): provenance.filter_env(env) for pid, env in live_env_tree.items()}
         nccl = {pid: {k: v for k, v in env.items() if k.startswith("NCCL_")}
-                for pid, env in rec["server_env_processes"].items()}
+                for pid, env in rec.server_env_processes.items()}
         if len({tuple(sorted(v.items())) for v in nccl.values()}) > 1:
-            rec["warnings"].append(f"the server's processes do not share one NCCL environment: {nccl}")
-    info = rec.get("server_info") or {}
-    rec["engine"]["version"] = info.get("version")
-    runs = rec["runs"]
+            rec.warnings.append(f"the server's processes do not share one NCCL environment: {nccl}")
+    rec.engine.version = (rec.server_info or {}).get("version")
+    runs = rec.runs
     metrics: dict[str, float] = {}
     if runs:
-        tput = [r["throughput_tok_s"] for r in runs]
-        s = stats.summarize(tput)
-        rec["throughput_tok_s"] = s.as_dict()
+        s = stats.summarize([r.throughput_tok_s for r in runs])
+        rec.throughput_tok_s = s.as_dict()
         metrics["throughput_tok_s"] = s.mean
         for k in ("median", "std", "cv", "ci95_lo", "ci95_hi"):
             metrics[f"throughput_tok_s_{k}"] = getattr(s, k)
         metrics["mde_pct"] = 100 * stats.min_detectable_effect(s.cv, s.n)
         if s.cv > stats.CV_WARN:
-            rec["warnings"].append(
+            rec.warnings.append(
                 f"run-to-run CV {100 * s.cv:.1f}% > {100 * stats.CV_WARN:.0f}%: differences below "
                 f"~{metrics['mde_pct']:.1f}% are not detectable with {s.n} runs"
             )
         if cfg.benchmark.launches > 1:
-            groups = [[r["throughput_tok_s"] for r in runs if r["launch"] == i]
-                      for i in range(cfg.benchmark.launches)]
-            rec["variance_components"] = stats.variance_components(groups)
-    starts = [x["server_start_s"] for x in rec["launches"] if x.get("server_start_s") is not None]
+            groups = [[r.throughput_tok_s for r in runs if r.launch == i] for i in range(cfg.benchmark.launches)]
+            rec.variance_components = stats.variance_components(groups)
+    starts = [x["server_start_s"] for x in rec.launches if x.get("server_start_s") is not None]
     if starts:
         metrics["server_start_s"] = sum(starts) / len(starts)
     if cfg.speculative and runs:
-        acc = stats.acceptance(
-            sum(r["completion_tokens"] for r in runs),
-            sum(r["spec_verify_ct"] or 0 for r in runs),
-            sum(r["spec_num_correct_drafts"] or 0 for r in runs) if runs[0]["spec_num_correct_drafts"] is not None else None,
-            sum(r["spec_num_proposed_drafts"] or 0 for r in runs) if runs[0]["spec_num_proposed_drafts"] is not None else None,
-            cfg.spec.num_draft_tokens or 0,
-        )
-        rec["acceptance"] = {**acc, "source": "meta_info counters (run-scoped)",
-                             "per_run_accept_len": [r["completion_tokens"] / r["spec_verify_ct"]
-                                                    for r in runs if r["spec_verify_ct"]]}
+        def total(key: str) -> int | None:
+            vals = [getattr(r, key) for r in runs]
+            return None if vals[0] is None else sum(v or 0 for v in vals)
+
+        acc = stats.acceptance(sum(r.completion_tokens for r in runs), total("spec_verify_ct") or 0,
+                               total("spec_num_correct_drafts"), total("spec_num_proposed_drafts"),
+                               cfg.spec.num_draft_tokens or 0)
+        rec.acceptance = {**acc, "source": "meta_info counters (run-scoped)",
+                          "per_run_accept_len": [r.completion_tokens / r.spec_verify_ct
+                                                 for r in runs if r.spec_verify_ct]}
         metrics.update({k: v for k, v in acc.items() if v is not None})
     # Phase profile inside the timed windows: the logging rank's, the others compared with it.
     if cfg.speculative:
-        windows = [(r["start_wall"], r["end_wall"]) for r in runs]
+        windows = [(r.start_wall, r.end_wall) for r in runs]
         summary, per_run = profile.summarize_run_windows(out_dir / "profile.jsonl", windows)
         if summary is None:
             why = "profiling off (benchmark.profile=false)" if not cfg.benchmark.profile else \
                 "no profile lines from rank 0 in the timed runs (plugin not loaded?)"
-            rec["profile"] = {"missing": why}
+            rec.profile = {"missing": why}
             if cfg.benchmark.profile and runs:
-                rec["warnings"].append(f"phase profile missing: {why}")
+                rec.warnings.append(f"phase profile missing: {why}")
         else:
             # Time per request outside the speculative cycles: prefill, HTTP, JSON (explains the gap
             # between measured tok/s and accept_len / cycle time).
-            outside = [r["wall_s"] * 1e3 - sum(c["cycle_ms"] for c in w) for r, w in zip(runs, per_run) if w]
+            outside = [r.wall_s * 1e3 - sum(c["cycle_ms"] for c in w) for r, w in zip(runs, per_run) if w]
             summary["non_cycle_ms_per_request"] = sum(outside) / len(outside) if outside else None
             # Every verify is one cycle: a complete profile has exactly the runs' verify count.
-            verify_ct = sum(r["spec_verify_ct"] or 0 for r in runs)
+            verify_ct = sum(r.spec_verify_ct or 0 for r in runs)
             summary["spec_verify_ct"] = verify_ct
             summary["complete"] = summary["cycles"] == verify_ct
             if not summary["complete"]:
-                rec["warnings"].append(
+                rec.warnings.append(
                     f"phase profile incomplete: {summary['cycles']} cycles from rank 0 in the timed "
                     f"runs, but the runs' meta_info says {verify_ct} verifies")
             agreement = summary.get("rank_agreement")
             if agreement and not agreement["ok"]:
-                rec["warnings"].append(
+                rec.warnings.append(
                     f"phase profiles of the {summary['ranks']} ranks disagree (cycle counts differ or "
                     f"a rank's mean cycle is more than {agreement['tolerance_pct']:.0f}% from rank 0's): "
                     + ", ".join(f"rank {r}: {a['cycles']} cycles, {a['cycle_ms_diff_pct']:+.1f}%"
                                 for r, a in agreement["ranks"].items()))
-            rec["profile"] = summary
+            rec.profile = summary
             for k in ("cycle_ms", "draft_ms", "verify_ms", "extend_ms", "other_ms",
                       "draft_pct", "verify_pct", "extend_pct", "other_pct"):
                 metrics[k] = summary[k]
     # Decode-log summary inside the timed windows.
-    lines = []
-    for lo, hi in log_windows:
+    lines: list[str] = []
+    if log_path.exists():
         with open(log_path, "rb") as f:
-            f.seek(lo)
-            lines += f.read(hi - lo).decode(errors="replace").splitlines()
+            for lo, hi in log_windows:
+                f.seek(lo)
+                lines += f.read(hi - lo).decode(errors="replace").splitlines()
     dl = decode_log.summarize(decode_log.parse_lines(lines))
-    rec["decode_log"] = dl.__dict__
+    rec.decode_log = dl.__dict__
     if dl.gen_throughput_tok_s_median is not None:
         metrics["decode_log_gen_throughput_tok_s"] = dl.gen_throughput_tok_s_median
     # Speedup against the matching baseline.
-    if baseline is not None and runs and baseline.get("runs"):
-        b = [r["throughput_tok_s"] for r in baseline["runs"]]
-        ratio = stats.ratio_of_means([r["throughput_tok_s"] for r in runs], b)
-        rec["baseline"] = {"out_dir": baseline.get("out_dir"), "mlflow_run_id": baseline.get("mlflow_run_id"),
-                           "throughput_tok_s": baseline.get("throughput_tok_s")}
-        rec["speedup_vs_baseline"] = ratio.as_dict()
+    if baseline is not None and runs and baseline.runs:
+        ratio = stats.ratio_of_means([r.throughput_tok_s for r in runs], [r.throughput_tok_s for r in baseline.runs])
+        rec.baseline = BaselineRef(baseline.out_dir, baseline.mlflow_run_id, baseline.throughput_tok_s)
+        rec.speedup_vs_baseline = ratio.as_dict()
         metrics["speedup_vs_baseline"] = ratio.ratio
         metrics["speedup_vs_baseline_ci95_lo"] = ratio.ci95_lo
         metrics["speedup_vs_baseline_ci95_hi"] = ratio.ci95_hi
-        metrics["baseline_throughput_tok_s"] = baseline["throughput_tok_s"]["mean"]
-    if rec.get("nccl_probe"):
+        metrics["baseline_throughput_tok_s"] = (baseline.throughput_tok_s or {})["mean"]
+    if rec.nccl_probe:
         from .nccl_probe import metrics_of
 
-        metrics.update(metrics_of(rec["nccl_probe"]))
-        rec["provenance"]["nccl"] = {k: rec["nccl_probe"].get(k) for k in
-                                     ("backend", "nccl_version", "algorithms", "protocols")}
-    rec["metrics"] = {k: float(v) for k, v in metrics.items() if v is not None}
-    from .checks import run_checks
+        metrics.update(metrics_of(rec.nccl_probe))
+        rec.provenance["nccl"] = {k: rec.nccl_probe.get(k) for k in
+                                  ("backend", "nccl_version", "algorithms", "protocols")}
+    metrics.update(cost_model_metrics(metrics))
+    rec.metrics = {k: float(v) for k, v in metrics.items() if v is not None}
+    rec.checks = run_checks(rec.metrics, [r.as_dict() for r in runs], rec.profile, rec.speculative)
 
-    rec["checks"] = run_checks(rec)
+
+def add_drift(rec: JobRecord, earlier: list[Reference]) -> None:
+    """The drift guard's finding for a finished baseline (a warning when it found something)."""
+    if rec.role != "baseline" or rec.status != "FINISHED" or "throughput_tok_s" not in rec.metrics:
+        return
+    rec.drift = drift.check(rec.metrics["throughput_tok_s"], rec.server_env or {}, earlier)
+    if rec.drift is not None and rec.drift.message:
+        rec.warnings.append(rec.drift.message)
 
 
-def write(out_dir: Path, rec: dict) -> Path:
-    """Atomic write; secret values of our environment are scrubbed from the whole record."""
+class WrittenTwice(RuntimeError):
+    """A job wrote its record a second time: everything must be computed before the one write."""
+
+
+def write(out_dir: Path, rec: JobRecord) -> Path:
+    """The one write of a job's record (atomic; secret values of our environment scrubbed from the
+    whole record). Refuses to overwrite this record's own earlier write (WrittenTwice); a record of
+    another job in the same dir (a retried baseline) is replaced."""
     out_dir.mkdir(parents=True, exist_ok=True)
     path = out_dir / FILENAME
+    earlier = read(out_dir)
+    if earlier is not None and earlier.record_id == rec.record_id:
+        raise WrittenTwice(f"{path}: record {rec.record_id} is already written (status {earlier.status}); "
+                           "compute everything before results.write")
     tmp = path.with_suffix(".tmp")
-    tmp.write_text(provenance.dumps_clean(rec, provenance.secret_values()) + "\n")
+    tmp.write_text(provenance.dumps_clean(rec.to_dict(), provenance.secret_values()) + "\n")
     os.replace(tmp, path)
     return path
 
 
-def read(out_dir: Path) -> dict | None:
+def read(out_dir: Path) -> JobRecord | None:
     path = Path(out_dir) / FILENAME
     if not path.exists():
         return None
     try:
-        return json.loads(path.read_text())
-    except json.JSONDecodeError:
+        return JobRecord.from_dict(json.loads(path.read_text()))
+    except (json.JSONDecodeError, TypeError):
         return None
 
 
-def job_summary(rec: dict) -> str:
+def collect(directory: Path) -> list[JobRecord]:
+    """Every job's record under a directory, once, oldest first (``out_dir`` set to where it was found).
+    A copy of a record (an MLflow artifact store inside the directory) counts once: the copy in the dir
+    the job wrote it to wins."""
+    found: dict[str, JobRecord] = {}
+    for path in sorted(Path(directory).rglob(FILENAME)):
+        try:
+            rec = JobRecord.from_dict(json.loads(path.read_text()))
+        except (OSError, json.JSONDecodeError, TypeError):
+            continue
+        written_here = rec.out_dir == str(path.parent)
+        rec.out_dir = str(path.parent)
+        if rec.record_id not in found or written_here:
+            found[rec.record_id] = rec
+    return sorted(found.values(), key=lambda r: r.started_at)
+
+
+def job_summary(rec: JobRecord) -> str:
     """A few console lines for one finished job."""
-    m = rec.get("metrics", {})
-    head = f"[{rec['status']}] {rec.get('name') or '(defaults)'} ({rec['role']}, engine={rec['engine']['name']})"
-    lines = [head]
-    if rec.get("error"):
-        lines.append(f"  error: {rec['error']}")
+    m = rec.metrics
+    lines = [f"[{rec.status}] {rec.label} ({rec.role}, engine={rec.engine.name})"]
+    if rec.error:
+        lines.append(f"  error: {rec.error}")
     if "throughput_tok_s" in m:
         lines.append(
             f"  throughput {m['throughput_tok_s']:.1f} tok/s  95% CI [{m['throughput_tok_s_ci95_lo']:.1f}, "
             f"{m['throughput_tok_s_ci95_hi']:.1f}]  CV {100 * m['throughput_tok_s_cv']:.1f}%  "
-            f"({len(rec['runs'])} runs)"
+            f"({len(rec.runs)} runs)"
         )
     if "accept_len" in m:
         lines.append(f"  accept len {m['accept_len']:.2f}  draft accept rate {m.get('accept_rate_draft', float('nan')):.2f}")
@@ -207,10 +384,10 @@ def job_summary(rec: dict) -> str:
             f"  speedup vs baseline {m['speedup_vs_baseline']:.3f}x  95% CI "
             f"[{m['speedup_vs_baseline_ci95_lo']:.3f}, {m['speedup_vs_baseline_ci95_hi']:.3f}]"
         )
-    for c in rec.get("checks", []):
-        if c.get("ok") is False:
-            lines.append(f"  CHECK FAILED {c['name']}: {c['message']}")
-    for w in rec.get("warnings", []):
+    for c in rec.checks:
+        if c.ok is False:
+            lines.append(f"  CHECK FAILED {c.name}: {c.message}")
+    for w in rec.warnings:
         lines.append(f"  warning: {w}")
-    lines.append(f"  -> {rec.get('out_dir')}/{FILENAME}")
+    lines.append(f"  -> {rec.out_dir}/{FILENAME}")
     return "\n".join(lines)

@@ -1,6 +1,6 @@
 """GPU-slot allocator: concurrent jobs on one node get disjoint GPUs; never two jobs on one GPU.
 
-A pool of slots (GPU ids, or CPU slots on a CPU profile) is a small JSON file guarded by an fcntl lock
+A pool of slots (GPU ids, or CPU slots on a CPU profile) is a small JSON file guarded by a file lock
 in ``hardware.slots_dir`` (machine-wide, so two sweeps on one node share it too). A job takes
 ``hardware.tp_size`` GPUs (one CPU slot on CPU), waits while too few are free, and gives them back on
 exit. Slots of processes that died are reclaimed, so a crashed job never leaks its GPUs.
@@ -8,7 +8,6 @@ exit. Slots of processes that died are reclaimed, so a crashed job never leaks i
 
 from __future__ import annotations
 
-import fcntl
 import json
 import os
 import time
@@ -16,6 +15,7 @@ from contextlib import contextmanager
 from pathlib import Path
 
 import psutil
+from filelock import FileLock
 
 
 class SlotTimeout(RuntimeError):
@@ -32,8 +32,7 @@ def _alive(pid: int) -> bool:
 @contextmanager
 def _locked(path: Path):
     path.parent.mkdir(parents=True, exist_ok=True)
-    with open(path.with_suffix(".lock"), "w") as fh:
-        fcntl.flock(fh, fcntl.LOCK_EX)
+    with FileLock(path.with_suffix(".lock")):
         state = json.loads(path.read_text()) if path.exists() and path.read_text().strip() else {}
         yield state
         path.write_text(json.dumps(state))

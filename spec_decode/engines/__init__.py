@@ -7,6 +7,7 @@ speculative flag at all; with a drafter the three spec numbers always travel tog
 from __future__ import annotations
 
 import sys
+from pathlib import Path
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:  # the embedded engine imports this package on GPU boxes without Hydra
@@ -56,3 +57,21 @@ def server_extra_env(cfg: ExperimentConfig, profile_path: str | None) -> dict[st
     if profile_path and cfg.speculative:
         env["SPEC_DECODE_PROFILE"] = profile_path
     return env
+
+
+def start_server(cfg: ExperimentConfig, extra_env: dict[str, str], log_path: Path, attempts: int = 3):
+    """Start the engine's server on the configured port, or a free one when it is taken (also when
+    another sweep takes it between our check and the server's bind). Returns the started
+    ``server.ServerProcess``."""
+    from ..server import PortTaken, ServerError, ServerProcess, choose_port
+
+    wanted = cfg.engine.port
+    for attempt in range(attempts):
+        port = choose_port(cfg.engine.host, wanted if attempt == 0 else 0)
+        srv = ServerProcess(server_command(cfg, port), env=extra_env, log_path=log_path,
+                            host=cfg.engine.host, port=port, startup_timeout_s=cfg.engine.startup_timeout_s)
+        try:
+            return srv.start()
+        except PortTaken:
+            continue
+    raise ServerError(f"could not get a free port for the server after {attempts} attempts")

@@ -2,6 +2,7 @@
 
 import json
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -51,8 +52,14 @@ def test_repro_rebuilds_the_experiment_and_compare_judges_it(clone):
     assert (d / "experiments/ci_smoke/throughput_vs_steps.png").exists()
     assert "speedup 95% CI" in (d / "experiments/ci_smoke/README.md").read_text()
     out = sh([sys.executable, "-m", "spec_decode.experiment", "compare", "ci_smoke"], cwd=d, env=env).stdout
-    rows = [line for line in out.splitlines()[1:] if line.strip()]
-    assert len(rows) == 3 and all(("within noise" in r) or ("DIFFERS by" in r) for r in rows), out
+    rows = {line.split()[0]: line for line in out.splitlines()[1:] if line.strip()}
+    committed = json.loads(sh(["git", "show", "HEAD:experiments/ci_smoke/metrics.json"], cwd=d).stdout)
+    assert set(rows) == set(committed["jobs"]), out
+    for key, line in rows.items():  # each verdict is the rebuilt/committed ratio's, and follows its CI
+        ratio = metrics["jobs"][key]["throughput_tok_s"] / committed["jobs"][key]["throughput_tok_s"]
+        lo, hi = (float(x) for x in re.search(r"\[([\d.]+), ([\d.]+)\]\s+(within|DIFFERS)", line).groups()[:2])
+        assert f"{ratio:.3f} [" in line, line
+        assert ("within noise" in line) == (lo <= 1.0 <= hi), line
     shown = sh([DVC, "metrics", "show", "experiments/ci_smoke/metrics.json"], cwd=d, env=env).stdout
     assert "throughput_tok_s" in shown
 

@@ -48,7 +48,7 @@ def test_sweep_steps_by_nccl_gives_parent_children_and_baseline_arm(tmp_path, tm
         assert nccl == (TUNED if r.data.params["nccl"] == "tuned" else {})
         assert rec["speedup_vs_baseline"]["ratio"] == pytest.approx(m["speedup_vs_baseline"])
     summary = (sweep / "sweep_summary.txt").read_text()
-    assert "6 job(s), 6 finished" in summary
+    assert "6 job(s): 6 FINISHED" in summary
     assert "cost model" in summary and "predicted best: steps=" in summary
     # the report CLI renders the same sweep from its results.json files
     import subprocess
@@ -58,7 +58,8 @@ def test_sweep_steps_by_nccl_gives_parent_children_and_baseline_arm(tmp_path, tm
     rep = subprocess.run([sys.executable, "-m", "spec_decode.report", str(sweep), "--plots", str(plots)],
                          capture_output=True, text=True, timeout=120)
     assert rep.returncode == 0, rep.stderr
-    assert "speedup 95% CI" in rep.stdout and rep.stdout.count("FINISHED") == 6
+    assert "speedup 95% CI" in rep.stdout and rep.stdout.count(" FINISHED ") == 6  # one row per job
+    assert "6 job(s): 6 FINISHED" in rep.stdout
     for png in ("throughput_vs_steps.png", "phases.png", "accept_len_vs_steps.png"):
         assert (plots / png).stat().st_size > 10_000
     assert {p.path for p in c.list_artifacts(parents[0].info.run_id)} >= {"sweep_summary.txt",

@@ -37,8 +37,12 @@ def test_submitit_local_sweep_logs_like_the_basic_launcher(tmp_path, tmp_store):
     assert len(parents) == 1 and parents[0].info.status == "FINISHED"
     assert sorted(k.data.params["role"] for k in kids) == ["baseline", "spec", "spec"]
     assert all(k.info.status == "FINISHED" for k in kids)
-    pids = {k.data.tags.get("spec_decode.out_dir") for k in kids}
-    assert len(pids) == 3
+    # every job wrote its own record in its own dir, and its MLflow run is that record's
+    out_dirs = {k.data.tags["spec_decode.out_dir"]: k for k in kids}
+    assert len(out_dirs) == 3
+    for d, k in out_dirs.items():
+        rec = json.loads((Path(d) / "results.json").read_text())
+        assert rec["record_id"] == k.data.tags["spec_decode.record_id"] and rec["mlflow_run_id"] == k.info.run_id
     assert (tmp_path / "sweep" / ".submitit").is_dir()  # really ran through submitit
 
 

@@ -5,6 +5,7 @@ from pathlib import Path
 import pytest
 from hydra import compose, initialize_config_dir
 from hydra.errors import ConfigCompositionException
+from omegaconf import OmegaConf
 
 from spec_decode.config import ConfigError, register_configs, to_experiment
 from spec_decode.engines import server_command, server_extra_env
@@ -32,9 +33,25 @@ def test_defaults_are_the_embedded_spec_job():
     assert cfg.speculative
 
 
+def yaml_values(path: Path) -> dict:
+    """An option file's own values (its defaults list and comments left out)."""
+    data = OmegaConf.to_container(OmegaConf.load(path), resolve=True)
+    data.pop("defaults", None)
+    return data
+
+
+def assert_subset(want: dict, got, where: str) -> None:
+    for key, value in want.items():
+        have = getattr(got, key) if not isinstance(got, dict) else got[key]
+        if isinstance(value, dict) and value:
+            assert_subset(value, have, f"{where}.{key}")
+        elif value is not None:  # null in a file: derived or unset (spec.num_draft_tokens)
+            assert have == value, f"{where}.{key}: composed {have!r}, the file says {value!r}"
+
+
 @pytest.mark.parametrize("group", ["hardware", "nccl", "drafter", "spec", "model", "engine", "benchmark",
                                    "tracking"])
-def test_every_option_of_every_group_composes(group):
+def test_every_option_of_every_group_composes_to_its_files_values(group):
     for option in options(group):
         extra = []
         if group == "engine" and option == "sglang":
@@ -42,12 +59,27 @@ def test_every_option_of_every_group_composes(group):
         if group == "drafter" and option == "kimi_k25_eagle3":
             extra = ["model=kimi_k25"]  # its layer ids are those of a 61-layer target
         cfg = experiment(f"{group}={option}", *extra)
-        assert getattr(cfg, group) is not None
+        want = yaml_values(CONF / group / f"{option}.yaml")
+        assert want, f"{group}/{option}.yaml sets nothing"
+        assert_subset(want, getattr(cfg, group), group)
 
 
-def test_every_experiment_composes():
+def test_each_engine_composes_to_its_own_schema():
+    from spec_decode.config import EmbeddedEngineConfig, SglangEngineConfig
+
+    embedded, sglang = experiment(), experiment("engine=sglang", "hardware=h200x1")
+    assert type(embedded.engine) is EmbeddedEngineConfig and type(sglang.engine) is SglangEngineConfig
+    assert not hasattr(embedded.engine, "cuda_graph_max_bs_decode")  # SGLang's knobs live with SGLang
+    assert sglang.engine.cuda_graph_max_bs_decode == 4
+
+
+def test_every_experiment_composes_to_its_name_and_sweep():
     for option in options("experiment"):
-        experiment(f"experiment={option}")
+        with initialize_config_dir(config_dir=str(CONF), version_base="1.3"):
+            raw = compose("config", overrides=[f"experiment={option}"], return_hydra_config=True)
+        want = OmegaConf.load(CONF / "experiment" / f"{option}.yaml")
+        assert experiment(f"experiment={option}").name == want.name == option
+        assert dict(raw.hydra.sweeper.params) == dict(want.hydra.sweeper.params), option
 
 
 def test_num_draft_tokens_is_derived_and_never_disagrees():
@@ -95,6 +127,8 @@ BAD = [
     (["spec.steps=three"], ConfigCompositionException, "spec.steps=three"),
     (["spec.topk=0"], ConfigError, "spec.topk=0"),
     (["spec.topk=4"], ConfigError, "spec.num_draft_tokens"),
+    (["spec.topk=2", "spec.num_draft_tokens=3"], ConfigError, "spec.topk=2: engine=embedded drafts chains only"),
+    (["engine.enable_metrics=true"], ConfigCompositionException, "engine.enable_metrics"),  # SGLang's only
     (["nccl=fast"], ConfigCompositionException, "nccl"),
     (["benchmark.runs=0"], ConfigError, "benchmark.runs=0"),
     (["benchmark.max_new_tokens=-5"], ConfigError, "benchmark.max_new_tokens"),

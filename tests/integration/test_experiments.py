@@ -1,0 +1,28 @@
+"""Every reported experiment in conf/experiment/ runs as a real `-m` sweep (dry run: each job composes,
+passes preflight -- missing GPU weights are warnings in a dry run -- and prints its server command)."""
+
+import itertools
+from pathlib import Path
+
+import pytest
+from omegaconf import OmegaConf
+
+from ..conftest import ROOT, run_py
+
+pytestmark = pytest.mark.integration
+EXPERIMENTS = sorted(p.stem for p in (ROOT / "conf" / "experiment").glob("*.yaml"))
+
+
+def sweep_points(name: str) -> int:
+    params = OmegaConf.load(ROOT / "conf" / "experiment" / f"{name}.yaml").hydra.sweeper.params
+    return len(list(itertools.product(*(str(v).split(",") for v in params.values()))))
+
+
+@pytest.mark.parametrize("name", EXPERIMENTS)
+def test_experiment_runs_as_a_dry_run_sweep(name, tmp_path: Path):
+    p = run_py(["-m", f"experiment={name}", "dry_run=true", "tracking=off", f"hydra.sweep.dir={tmp_path}"])
+    out = p.stdout
+    assert out.count("# server command:") == sweep_points(name), out[-3000:]
+    assert "# error (would stop this job)" not in out, out[-3000:]
+    assert out.count("# job: ") == sweep_points(name)
+    assert not list(tmp_path.rglob("server.log"))  # nothing launched

@@ -1,0 +1,107 @@
+"""The job record end to end (real run.py, real engine, real MLflow stores in tmp): a preflight refusal in
+a sweep is a FAILED job the summary and parent run count; a sweep over a non-step axis keeps every
+job's metrics; tracking=off jobs still carry checks and drift; MLflow logs exactly the record written;
+`tracking sync` uploads schema-1 and half-logged records."""
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from mlflow.tracking import MlflowClient
+
+from spec_decode import experiment, results
+
+from ..conftest import ROOT, run_py, small
+from ..unit.test_record import SCHEMA1
+
+pytestmark = pytest.mark.integration
+
+
+def test_preflight_refusal_in_a_sweep_counts_and_a_prompt_sweep_keeps_every_entry(tmp_path, tmp_store):
+    sweep = tmp_path / "sweep"
+    p = run_py(["-m", "benchmark.prompt_index=0,1,99", "spec.steps=1", *small(), *tmp_store["overrides"],
+                f"hydra.sweep.dir={sweep}"])
+    assert "benchmark.prompt_index=99: prompts.jsonl has 8 prompts (0..7)" in p.stderr
+    refused = results.read(next(sweep.glob("2_*")))
+    assert refused.status == "FAILED" and "benchmark.prompt_index=99" in refused.error and not refused.runs
+    text = (sweep / "sweep_summary.txt").read_text()
+    assert "5 job(s): 1 FAILED, 4 FINISHED" in text, text
+    assert (f"  FAILED {refused.name}: benchmark.prompt_index=99: prompts.jsonl has 8 prompts (0..7)") in text
+    c = MlflowClient(tmp_store["uri"])
+    runs = c.search_runs([c.get_experiment_by_name("spec-decode-bench").experiment_id])
+    parent = [r for r in runs if r.data.tags.get("spec_decode.role") == "sweep"]
+    assert len(parent) == 1 and parent[0].info.status == "FAILED"
+    kids = {r.info.run_name: r for r in runs if r.data.tags.get("mlflow.parentRunId") == parent[0].info.run_id}
+    assert kids[refused.name].info.status == "FAILED" and "benchmark.prompt_index=99" in \
+        kids[refused.name].data.tags["status_detail"]
+    # one metrics entry per job, keyed by its overrides (two prompts -> two spec jobs, two baselines)
+    metrics = experiment.to_metrics(results.collect(sweep))
+    common = "benchmark.max_new_tokens=48,"
+    tail = ",benchmark.runs=2,benchmark.warmup=1"
+    assert set(metrics["jobs"]) == {
+        f"baseline,{common}benchmark.prompt_index=0{tail}", f"baseline,{common}benchmark.prompt_index=1{tail}",
+        f"{common}benchmark.prompt_index=0{tail},spec.steps=1", f"{common}benchmark.prompt_index=1{tail},spec.steps=1",
+        f"{common}benchmark.prompt_index=99{tail},spec.steps=1"}
+    tput = {k: v.get("throughput_tok_s") for k, v in metrics["jobs"].items()}
+    assert len({v for v in tput.values() if v is not None}) == 4  # four measured jobs, none overwritten
+
+
+def test_tracking_off_jobs_carry_checks_and_drift(tmp_path):
+    off = ["tracking=off", f"tracking.results_dirs=[{tmp_path}]", *small()]
+    run_py(["drafter=none", *off, f"hydra.run.dir={tmp_path / 'a'}"])
+    run_py(["spec.steps=1", *off, f"hydra.run.dir={tmp_path / 'b'}"])  # measures its own baseline too
+    first = results.read(tmp_path / "a")
+    assert first.drift is None and first.mlflow_run_id is None  # nothing earlier to compare with
+    second = results.read(tmp_path / "b" / "baseline")
+    assert second.drift is not None and second.drift.earlier_runs == 1
+    assert second.drift.earlier_run_ids == [first.record_id] and second.drift.env_differences == []
+    spec = results.read(tmp_path / "b")
+    names = {c.name for c in spec.checks}
+    assert {"client_vs_engine_time", "acceptance_not_collapsed"} <= names
+    if "cycle_ms" in spec.metrics:  # the engine wrote its phase profile: the profile checks ran too
+        assert {"throughput_vs_accept_over_cycle", "phases_within_cycle", "speedup_vs_cost_model"} <= names
+        assert "predicted_speedup" in spec.metrics
+    assert not list(tmp_path.rglob("mlflow.db"))
+
+
+def test_mlflow_logs_exactly_the_record_written(tmp_path, tmp_store):
+    run_py(["drafter=none", *small(), *tmp_store["overrides"], f"hydra.run.dir={tmp_path / 'job'}"])
+    written = (tmp_path / "job" / "results.json").read_bytes()
+    rec = results.read(tmp_path / "job")
+    c = MlflowClient(tmp_store["uri"])
+    logged = Path(c.download_artifacts(rec.mlflow_run_id, "results.json", str(tmp_path / "dl"))).read_bytes()
+    assert logged == written
+    run = c.get_run(rec.mlflow_run_id)
+    assert run.data.metrics["throughput_tok_s"] == pytest.approx(rec.metrics["throughput_tok_s"])
+    assert run.data.tags["checks.failed"] == (",".join(rec.failed_checks) or "none")
+
+
+def test_sync_uploads_schema1_and_half_logged_records_once(tmp_path, tmp_store):
+    from spec_decode.tracking import RECORD_TAG, Tracker
+
+    old = tmp_path / "sweep" / "old"
+    old.mkdir(parents=True)
+    (old / "results.json").write_text(json.dumps(SCHEMA1))
+    # a run the job created at its start, whose record never reached the store (it went away mid-job)
+    half = tmp_path / "sweep" / "half"
+    half.mkdir()
+    rec = results.JobRecord.from_dict({**SCHEMA1, "schema_version": 2, "record_id": "half1", "name": "half"})
+    results.write(half, rec)
+    tracker = Tracker(tmp_store["uri"], "spec-decode-bench", str(tmp_path / "art"), tmp_path)
+    started = tracker.client.create_run(tracker.experiment_id(), run_name="half", tags={RECORD_TAG: "half1"})
+    sync = [sys.executable, "-m", "spec_decode.tracking", "sync", str(tmp_path / "sweep"), "--uri", tmp_store["uri"],
+            "--artifact-location", str(tmp_path / "art")]
+    first = subprocess.run(sync, cwd=ROOT, capture_output=True, text=True, timeout=120)
+    second = subprocess.run(sync, cwd=ROOT, capture_output=True, text=True, timeout=120)
+    assert "uploaded 2 run(s); 0 already" in first.stdout, first.stderr[-2000:]
+    assert "uploaded 0 run(s); 2 already" in second.stdout, second.stderr[-2000:]
+    c = MlflowClient(tmp_store["uri"])
+    runs = c.search_runs([tracker.experiment_id()])
+    assert len(runs) == 2
+    completed = c.get_run(started.info.run_id)
+    assert completed.info.status == "FINISHED" and completed.data.metrics["throughput_tok_s"] == 500.0
+    legacy = [r for r in runs if r.info.run_id != started.info.run_id][0]
+    assert legacy.data.params["nccl"] == "tuned" and legacy.data.tags["checks.failed"] == "phases_within_cycle"
+    assert json.loads((old / "results.json").read_text()) == SCHEMA1  # sync reads, never rewrites
