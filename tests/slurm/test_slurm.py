@@ -198,7 +198,6 @@ def test_scancel_of_a_running_task_leaves_no_server_and_no_running_run(tmp_path,
     assert not squeue(job_name)
 
 
-@pytest.mark.xfail(strict=True, reason="runner ignores SIGTERM under submitit; fix in /work/briefs/C-requests.md #1")
 def test_scancel_of_a_task_waiting_for_its_slot_ends_its_run_killed(tmp_path, tmp_store, job_name):
     """scancel while the runner waits for the node's only slot (no server yet whose death would wake it):
     the run must still end KILLED, and the sweep must end (submitit needs the job's result: without
