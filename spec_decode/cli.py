@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import signal
 import sys
 from pathlib import Path
 
@@ -13,6 +14,16 @@ from .job import JobFailed, run_job
 from .preflight import PreflightError
 from .results import JobContext
 from .tracking import PARENT_ENV, Tracker
+
+
+class Terminated(KeyboardInterrupt):
+    """SIGTERM (scancel, a SLURM time limit, kill): handled like Ctrl-C -- the server tree is killed and
+    the run ends KILLED. Without it submitit ignores SIGTERM in a SLURM job until SIGKILL comes, which
+    leaves the run RUNNING and the submitting process waiting for a result that never comes."""
+
+
+def _on_sigterm(signum, frame) -> None:
+    raise Terminated("terminated by SIGTERM (scancel, time limit or kill)")
 
 
 def run_from_hydra(cfg: DictConfig) -> float | None:
@@ -39,6 +50,7 @@ def run_from_hydra(cfg: DictConfig) -> float | None:
     if multirun and exp.fail_fast and ctx.sweep_dir and (ctx.sweep_dir / "FAILED").exists():
         print(f"skipping {ctx.run_name}: an earlier job failed and fail_fast=true", file=sys.stderr)
         return None
+    signal.signal(signal.SIGTERM, _on_sigterm)  # overrides submitit's "bypass" handler in SLURM jobs
     with ConsoleLog(ctx.out_dir / "run.log"):
         return _run(exp, ctx, multirun)
 
@@ -46,6 +58,12 @@ def run_from_hydra(cfg: DictConfig) -> float | None:
 def _run(exp, ctx: JobContext, multirun: bool) -> float | None:
     try:
         rec = run_job(exp, ctx)
+    except Terminated as e:
+        _mark_failed(ctx, exp.fail_fast)
+        print(f"error: job {ctx.run_name or ctx.out_dir.name} KILLED: {e}", file=sys.stderr)
+        if multirun and os.environ.get("SUBMITIT_EXECUTOR"):
+            return None  # one cluster job of the sweep: submitit gets a result, the other jobs go on
+        raise
     except PreflightError as e:  # run_job wrote the job's FAILED record: the sweep summary counts it
         print(f"error: {e}", file=sys.stderr)
         _mark_failed(ctx, exp.fail_fast)

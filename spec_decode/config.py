@@ -215,6 +215,9 @@ class PreflightConfig:
     # starts (python -m spec_decode.nccl_probe); gloo with 2 processes on a CPU profile.
     nccl_probe: bool = False
     nccl_probe_iters: int = 200
+    # Serve a drafter on other target layers than drafter.layer_ids / its training.json say (the seed's
+    # bug, reproduced on purpose by a layer-id experiment): the mismatch is a warning, not an error.
+    allow_layer_id_mismatch: bool = False
 
 
 @dataclass

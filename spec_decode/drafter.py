@@ -65,10 +65,8 @@ def problems(dcfg: dict, tcfg: dict | None, where: str, trained_ids: list[int] |
         if len(served) != AUX_LAYERS or not all(isinstance(i, int) and 0 <= i <= n_layers - 2 for i in served):
             out.append(f"{where}: layer ids {served} ({LAYER_IDS_KEY}) must be {AUX_LAYERS} ids in "
                        f"0..{n_layers - 2} for the {n_layers}-layer target")
-    if trained_ids is not None and served is not None and list(trained_ids) != list(served):
-        out.append(f"{where}: trained on target layers {list(trained_ids)} (training.json) but served with "
-                   f"layer ids {list(served)} (eagle_config.{LAYER_IDS_KEY}): acceptance would collapse; "
-                   "serve it with the ids it was trained on or retrain it")
+    if (m := trained_mismatch(trained_ids, served, where)) is not None:
+        out.append(m)
     if tcfg and "hidden_size" in tcfg:  # the target's full config.json is here: check the shapes
         hidden = tcfg.get("hidden_size")
         if hidden not in (dcfg.get("hidden_size"), dcfg.get("target_hidden_size")):
@@ -82,6 +80,16 @@ def problems(dcfg: dict, tcfg: dict | None, where: str, trained_ids: list[int] |
             out.append(f"{where}: drafter draft_vocab_size {dv} exceeds the target vocab "
                        f"({tcfg.get('vocab_size')})")
     return out
+
+
+def trained_mismatch(trained_ids: list[int] | None, served: list[int] | None, where: str) -> str | None:
+    """The message for a drafter served on other target layers than it was trained on (the seed's bug:
+    output stays lossless, acceptance collapses), or None."""
+    if trained_ids is None or served is None or list(trained_ids) == list(served):
+        return None
+    return (f"{where}: trained on target layers {list(trained_ids)} (training.json) but served with "
+            f"layer ids {list(served)} (eagle_config.{LAYER_IDS_KEY}): acceptance would collapse; "
+            "serve it with the ids it was trained on or retrain it")
 
 
 def trained_layer_ids(checkpoint: Path) -> list[int] | None:

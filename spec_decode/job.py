@@ -218,11 +218,14 @@ def measure(cfg: ExperimentConfig, ctx: JobContext, role: str, baseline: JobReco
             for launch in range(cfg.benchmark.launches):
                 _one_launch(cfg, ctx, launch, prompt, extra_env, rec, log_path, log_windows, live_env,
                             live_env_tree, pair)
-    except KeyboardInterrupt:
-        status, error = "KILLED", "interrupted (Ctrl-C / SIGINT)"
+    except KeyboardInterrupt as e:  # Ctrl-C, or SIGTERM (cli.Terminated: scancel, time limit, kill)
+        status, error = "KILLED", str(e) or "interrupted (Ctrl-C / SIGINT)"
         raise
     except (ServerError, ClientError, OSError, SlotTimeout) as e:
         status, error = "FAILED", f"{type(e).__name__}: {e}"
+    except Exception as e:  # anything else (a bug, submitit's pre-timeout error): not FINISHED
+        status, error = "FAILED", f"{type(e).__name__}: {e}"
+        raise
     finally:
         results.finish(rec, cfg, status, error, out, log_path, log_windows, baseline, live_env,
                        live_env_tree)

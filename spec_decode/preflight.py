@@ -220,18 +220,24 @@ def _check_drafter(cfg: ExperimentConfig, root: Path, pf: Preflight, tcfg: dict 
     if dcfg is None:
         return
     served = drafter.served_layer_ids(dcfg, n_layers)
-    if d.layer_ids is not None and served is not None:
-        pf.need(list(served) == list(d.layer_ids),
-                f"drafter={d.name}: the checkpoint serves layer ids {list(served)} "
-                f"(eagle_config.{drafter.LAYER_IDS_KEY}) but drafter.layer_ids is "
-                f"{list(d.layer_ids)}; fix whichever is wrong")
+    # Layer-id mismatches stop the job unless the experiment asks for them on purpose.
+    allow = cfg.preflight.allow_layer_id_mismatch
+    mismatches = pf.warnings if allow else pf.errors
+    note = "allowed by preflight.allow_layer_id_mismatch=true: " if allow else ""
+    if d.layer_ids is not None and served is not None and list(served) != list(d.layer_ids):
+        mismatches.append(f"{note}drafter={d.name}: the checkpoint serves layer ids {list(served)} "
+                          f"(eagle_config.{drafter.LAYER_IDS_KEY}) but drafter.layer_ids is "
+                          f"{list(d.layer_ids)}; fix whichever is wrong")
     try:
         trained = drafter.trained_layer_ids(full)
     except ValueError as e:
         pf.errors.append(str(e))
         trained = None
     target = tcfg if tcfg else ({"num_hidden_layers": n_layers} if n_layers else None)
-    pf.errors.extend(drafter.problems(dcfg, target, str(full / "config.json"), trained))
+    where = str(full / "config.json")
+    pf.errors.extend(drafter.problems(dcfg, target, where))
+    if (m := drafter.trained_mismatch(trained, served, where)) is not None:
+        mismatches.append(note + m)
 
 
 def run(cfg: ExperimentConfig, root: Path) -> list[str]:

@@ -14,6 +14,7 @@ from __future__ import annotations
 import json
 import multiprocessing
 import os
+import pickle
 import signal
 import subprocess
 import sys
@@ -91,7 +92,9 @@ def _decode_in_rank(rank: int, size: int, port: int, queue) -> None:
         out[k] = [Decoder(target, drafter, k).generate(p, TOKENS).output_ids for p in prompts()]
     with torch.inference_mode():
         logits, aux = target(torch.tensor([prompts()[0]]), target.new_cache(), [1, 3, 4])
-    queue.put((rank, out, logits, aux))
+    # Plain pickle: a tensor through an mp.Queue travels as a shared-memory fd, which breaks when
+    # this process exits before the parent reads it.
+    queue.put((rank, out, pickle.dumps(logits), pickle.dumps(aux)))
     torch.distributed.destroy_process_group()
 
 
@@ -101,7 +104,7 @@ def _reduce_in_rank(rank: int, size: int, port: int, queue) -> None:
     full = torch.randn(units, 5, 16, generator=torch.Generator().manual_seed(7))
     tp = TensorParallel(size=size, rank=rank, units=units)
     lo, hi = tp.local_units
-    queue.put((rank, tp.reduce(full[lo:hi].clone())))
+    queue.put((rank, pickle.dumps(tp.reduce(full[lo:hi].clone()))))
     torch.distributed.destroy_process_group()
 
 
@@ -133,6 +136,7 @@ def test_tp2_decodes_exactly_like_tp1(reference):
     for the baseline and every step count on several prompts (and so equal to plain greedy)."""
     want, want_logits, want_aux = reference
     for rank, (out, logits, aux) in enumerate(run_ranks(_decode_in_rank, 2)):
+        logits, aux = pickle.loads(logits), pickle.loads(aux)
         assert torch.equal(logits, want_logits), f"rank {rank}: logits differ from tp=1"
         assert torch.equal(aux, want_aux), f"rank {rank}: captured features differ from tp=1"
         for k, outs in out.items():
@@ -147,7 +151,7 @@ def test_reduction_beyond_two_ranks_equals_one_process():
     want = tree_sum(full)
     for size in (2, 4):
         for rank, (got,) in enumerate(run_ranks(_reduce_in_rank, size)):
-            assert torch.equal(got, want), f"tp={size} rank {rank}"
+            assert torch.equal(pickle.loads(got), want), f"tp={size} rank {rank}"
 
 
 # --------------------------------------------------------------------------- a real tp=2 server

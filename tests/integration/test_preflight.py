@@ -47,6 +47,21 @@ def test_served_ids_differing_from_the_config_are_refused(tmp_path):
     assert "[4, 3, 1]" in err and "[1, 3, 4]" in err
 
 
+def test_layer_id_mismatch_on_purpose_is_a_warning(tmp_path):
+    """preflight.allow_layer_id_mismatch=true (a layer-id experiment serving the seed's bug on purpose):
+    both mismatches are warnings naming the override; other drafter errors still stop the job."""
+    d = drafter_copy(tmp_path, edit_config=lambda c: c["eagle_config"].update(
+        eagle_aux_hidden_state_layer_ids=[4, 3, 1]))
+    p = run_py([f"drafter.path={d}", "preflight.allow_layer_id_mismatch=true", "dry_run=true", "tracking=off",
+                f"hydra.run.dir={tmp_path / 'job'}"])
+    warned = [line for line in p.stdout.splitlines()
+              if line.startswith("# warning: allowed by preflight.allow_layer_id_mismatch=true")]
+    assert len(warned) == 2 and "trained on target layers [1, 3, 4]" in warned[1], p.stdout
+    assert "# error" not in p.stdout
+    bad = drafter_copy(tmp_path / "b", edit_config=lambda c: c.update(vocab_size=32000))
+    assert "vocab_size" in refused(tmp_path / "b", f"drafter.path={bad}", "preflight.allow_layer_id_mismatch=true")
+
+
 BAD_FILES = {
     "not_eagle3": (lambda c: c.update(architectures=["LlamaForCausalLM"]), None, "LlamaForCausalLMEagle3"),
     "ids_out_of_range": (lambda c: c["eagle_config"].update(eagle_aux_hidden_state_layer_ids=[1, 3, 7]),

@@ -84,7 +84,8 @@ def test_sweep_steps_by_nccl_gives_parent_children_and_baseline_arm(tmp_path, tm
     rep = subprocess.run([sys.executable, "-m", "spec_decode.report", str(sweep), "--plots", str(plots)],
                          capture_output=True, text=True, timeout=120)
     assert rep.returncode == 0, rep.stderr
-    assert "speedup 95% CI" in rep.stdout and rep.stdout.count("FINISHED") == 7  # 6 rows + the count line
+    assert "speedup 95% CI" in rep.stdout and rep.stdout.count(" FINISHED ") == 6  # one row per job
+    assert "6 job(s): 6 FINISHED" in rep.stdout
     for png in ("throughput_vs_steps.png", "phases.png", "accept_len_vs_steps.png"):
         assert (plots / png).stat().st_size > 10_000
     assert {p.path for p in c.list_artifacts(parents[0].info.run_id)} >= {"sweep_summary.txt",

@@ -503,7 +503,9 @@ class Eagle3Drafter(nn.Module):
         return logits[0], h
 
     def to_target_ids(self, draft_ids: torch.Tensor) -> torch.Tensor:
-        return draft_ids + self.d2t[draft_ids]
+        # index_select, not d2t[ids]: indexing by a 0-d CUDA tensor reads it on the host (a sync),
+        # which CUDA-graph capture refuses (seen on the H200).
+        return draft_ids + self.d2t.index_select(0, draft_ids.reshape(-1)).reshape(draft_ids.shape)
 
     # ---- EAGLE-3 training-time test: several unrolled steps in one pass --------------------------
     def ttt_logits(self, tokens: torch.Tensor, feats: torch.Tensor, steps: int) -> list[torch.Tensor]:
