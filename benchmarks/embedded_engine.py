@@ -1,91 +1,108 @@
-"""Embedded engine: baseline vs EAGLE-3 steps 1, 2, 3, 5 on the default prompt, interleaved.
+"""Embedded engine: baseline vs EAGLE-3 steps, at one or more tp sizes, interleaved.
 
-    python benchmarks/embedded_engine.py                 # CPU, 1 thread (the engine's default)
-    python benchmarks/embedded_engine.py --device cuda   # on a GPU (bf16 is not used: fp32 everywhere)
+    python benchmarks/embedded_engine.py                          # CPU, tp 1: baseline, steps 1,2,3,5
+    python benchmarks/embedded_engine.py --tp-size 1,2 --steps 3  # tp 1 vs tp 2 (gloo all-reduces)
+    python benchmarks/embedded_engine.py --device cuda            # on a GPU (fp32 everywhere)
 
-Each round runs every variant once (ABCDE ABCDE ...), so machine noise hits all of them alike; the
-table gives medians over rounds, the speedup as the median of per-round ratios, and the phase split
-(ms per cycle) of the speculative variants. In process, no HTTP: the engine's own speed.
+Every variant is a real rank group (the server's own processes, ``ranks.RankGroup``: one spawned
+process per rank, no HTTP), all started first and then timed in rounds (ABCD ABCD ...), so machine
+noise hits all of them alike. The table gives tok/s medians over rounds, the speedup as the median of
+per-round ratios against the baseline of the same tp size, and the phase split (ms per cycle) of
+rank 0 as the profiler plugin measured it (SPEC_DECODE_PROFILE, the same plugin SGLang loads), over
+the timed rounds only. "lossless" compares each variant's output with tp 1's baseline.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import os
 import statistics
+import tempfile
 import time
 from pathlib import Path
 
 import torch
 
-from spec_decode.engines.embedded.decoding import Decoder
-from spec_decode.engines.embedded.model import load_drafter, load_target
+from spec_decode.engines.embedded.ranks import RankGroup
+from spec_decode.engines.embedded.scheduler import RankSpec
 from spec_decode.engines.embedded.tokenizer import encode
+from spec_decode.parsers.profile import in_windows, phase_summary, rank_path, read_profile
 
 ROOT = Path(__file__).resolve().parents[1]
+
+
+def start(args, tp: int, steps: int, profile: Path) -> RankGroup:
+    os.environ["SPEC_DECODE_PROFILE"] = str(profile)  # inherited by the ranks spawned next
+    spec = RankSpec(model_path=str(ROOT / "models/tiny/target"),
+                    draft_model_path=args.drafter if steps else None, steps=steps, tp_size=tp,
+                    device=args.device, cpu_threads=args.threads, random_seed=0,
+                    decode_log_interval=10**9, log_level="warning", dist_port=0, front_pid=0)
+    return RankGroup(spec)
 
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--device", default="cpu")
-    ap.add_argument("--threads", type=int, default=1)
+    ap.add_argument("--threads", type=int, default=1, help="torch threads per rank")
+    ap.add_argument("--tp-size", default="1", help="comma-separated tp sizes")
     ap.add_argument("--rounds", type=int, default=7)
     ap.add_argument("--tokens", type=int, default=500)
     ap.add_argument("--steps", default="1,2,3,5")
     ap.add_argument("--drafter", default=str(ROOT / "models/tiny/drafter"))
     ap.add_argument("--json", type=Path, default=None, help="also write the rows here")
     args = ap.parse_args()
-    torch.set_num_threads(args.threads)
-    target = load_target(ROOT / "models/tiny/target", args.device)
-    drafter = load_drafter(args.drafter, target, args.device)
     prompt = encode(json.loads((ROOT / "data/prompts.jsonl").read_text().splitlines()[0])["text"])
-    # On CUDA the phase clock synchronises at every phase boundary: time throughput without it and
-    # take the phase split from one extra profiled generation per variant.
-    profile_inline = args.device != "cuda"
-    variants = {"baseline": Decoder(target, None, 0, profile=False)}
-    variants |= {f"steps={k}": Decoder(target, drafter, int(k), profile=profile_inline)
-                 for k in args.steps.split(",")}
-    for dec in variants.values():  # warmup
-        dec.generate(prompt, 64)
-    tps: dict[str, list[float]] = {k: [] for k in variants}
-    last = {}
-    for _ in range(args.rounds):
-        for name, dec in variants.items():
-            t0 = time.perf_counter()
-            gen = dec.generate(prompt, args.tokens)
-            if args.device == "cuda":
-                torch.cuda.synchronize()
-            tps[name].append(args.tokens / (time.perf_counter() - t0))
-            last[name] = gen
-    if not profile_inline:
-        for name, dec in variants.items():
-            if dec.drafter is not None:
-                last[name] = Decoder(target, drafter, dec.steps, profile=True).generate(prompt, args.tokens)
-    base = tps["baseline"]
-    ref = last["baseline"].output_ids
-    print(f"device={args.device} threads={args.threads} tokens={args.tokens} rounds={args.rounds} "
-          f"torch={torch.__version__}")
-    head = "| variant | tok/s (median) | speedup (median of per-round ratios) | accept len | draft accept rate | " \
-           "cycle ms | draft ms | verify ms | re-extend ms | lossless |"
-    print(head)
-    print("|---" * 10 + "|")
+    tmp = Path(tempfile.mkdtemp(prefix="embedded_bench_"))
+    variants: dict[str, tuple[int, int, RankGroup, Path]] = {}
+    try:
+        for tp in (int(x) for x in args.tp_size.split(",")):
+            for steps in [0, *(int(k) for k in args.steps.split(","))]:
+                name = f"tp={tp} " + (f"steps={steps}" if steps else "baseline")
+                profile = tmp / f"{name.replace(' ', '_').replace('=', '')}.jsonl"
+                variants[name] = (tp, steps, start(args, tp, steps, profile), profile)
+        for _, _, group, _ in variants.values():  # warmup
+            group.call("generate", prompt, 64)
+        tps: dict[str, list[float]] = {k: [] for k in variants}
+        windows: dict[str, list[tuple[float, float]]] = {k: [] for k in variants}
+        last: dict[str, dict] = {}
+        for _ in range(args.rounds):
+            for name, (_, _, group, _) in variants.items():
+                t0, w0 = time.perf_counter(), time.time()
+                out = group.call("generate", prompt, args.tokens)
+                tps[name].append(args.tokens / (time.perf_counter() - t0))
+                windows[name].append((w0, time.time()))
+                last[name] = out["generation"]
+    finally:
+        for _, _, group, _ in variants.values():
+            group.close()  # the ranks exit normally: the profiler drains every cycle to its file
+    ref = last[next(iter(variants))]["output_ids"]
+    print(f"device={args.device} threads/rank={args.threads} tokens={args.tokens} rounds={args.rounds} "
+          f"torch={torch.__version__} cpus={os.cpu_count()}")
+    print("| variant | tok/s (median) | speedup vs same-tp baseline | accept len | draft accept rate | "
+          "cycle ms | draft ms | verify ms | re-extend ms | other ms | lossless |")
+    print("|---" * 11 + "|")
     rows = []
-    for name, vals in tps.items():
+    for name, (tp, steps, _, profile) in variants.items():
+        base = tps[f"tp={tp} baseline"]
         gen = last[name]
-        ratio = statistics.median(v / b for v, b in zip(vals, base))
-        row = {"variant": name, "tok_s": statistics.median(vals), "speedup": ratio,
-               "lossless": gen.output_ids == ref}
-        if gen.cycles:
-            row |= {
-                "accept_len": len(gen.output_ids) / gen.verify_ct,
-                "accept_rate": gen.correct_drafts / gen.proposed_drafts,
-                **{f"{p}_ms": statistics.fmean(getattr(c, f"{p}_ms") for c in gen.cycles)
-                   for p in ("cycle", "draft", "verify", "extend")},
-            }
+        row = {"variant": name, "tp": tp, "steps": steps, "tok_s": statistics.median(tps[name]),
+               "speedup": statistics.median(v / b for v, b in zip(tps[name], base)),
+               "lossless": gen["output_ids"] == ref}
+        if steps:
+            cycles = [c for w in in_windows(read_profile(Path(rank_path(profile, 0))), windows[name]) for c in w]
+            phases = phase_summary(cycles) or {}
+            row |= {"accept_len": len(gen["output_ids"]) / gen["verify_ct"],
+                    "accept_rate": gen["correct_drafts"] / gen["proposed_drafts"],
+                    **{f"{p}_ms": phases.get(f"{p}_ms") for p in ("cycle", "draft", "verify", "extend", "other")}}
         rows.append(row)
-        f = lambda k, spec=".2f", row=row: format(row[k], spec) if k in row else "-"  # noqa: E731
-        print(f"| {name} | {row['tok_s']:.0f} | {ratio:.2f}x | {f('accept_len')} | {f('accept_rate')} | "
-              f"{f('cycle_ms')} | {f('draft_ms')} | {f('verify_ms')} | {f('extend_ms')} | {row['lossless']} |")
+
+        def f(k, row=row):
+            return format(row[k], ".2f") if row.get(k) is not None else "-"
+
+        print(f"| {name} | {row['tok_s']:.0f} | {row['speedup']:.2f}x | {f('accept_len')} | {f('accept_rate')} | "
+              f"{f('cycle_ms')} | {f('draft_ms')} | {f('verify_ms')} | {f('extend_ms')} | {f('other_ms')} | "
+              f"{row['lossless']} |")
     if args.json:
         args.json.write_text(json.dumps(rows, indent=2))
 

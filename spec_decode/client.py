@@ -80,8 +80,20 @@ class Client:
             spec_num_proposed_drafts=meta.get("spec_num_proposed_drafts"),
         )
 
-    def flush_cache(self) -> None:
-        self._call("POST", "/flush_cache")
+    def flush_cache(self, wait_s: float = 30.0) -> None:
+        """Reset the server's counters once it is idle. SGLang answers 400 unless the scheduler is
+        fully idle (its default ``timeout=0``); ``?timeout=`` makes it wait for idle itself. Retried
+        until ``wait_s`` has passed, then a clear error (a slow warmup tail must not fail the job)."""
+        deadline = time.monotonic() + wait_s
+        while True:
+            try:
+                self._call("POST", f"/flush_cache?timeout={wait_s:g}")
+                return
+            except ClientError as e:
+                if "HTTP 400" not in str(e) or time.monotonic() > deadline:
+                    raise ClientError(f"{e} -- the server did not become idle for /flush_cache within "
+                                      f"{wait_s:.0f}s after the warmup") from None
+                time.sleep(0.2)
 
     def server_info(self) -> dict:
         return self._call("GET", "/server_info").json()

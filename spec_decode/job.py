@@ -21,6 +21,7 @@ from . import preflight, results
 from .client import Client, ClientError
 from .config import DrafterConfig, ExperimentConfig, config_hash, resolved_dict
 from .engines import server_command, server_extra_env
+from .parsers.profile import rank_files
 from .server import PortTaken, ServerError, ServerProcess, choose_port
 from .slots import SlotTimeout, allocate, pool_for
 
@@ -148,7 +149,7 @@ def measure(cfg: ExperimentConfig, ctx: JobContext, role: str, baseline: dict | 
     out.mkdir(parents=True, exist_ok=True)
     profile_path = out / "profile.jsonl"
     log_path = out / "server.log"
-    for stale in (profile_path, log_path):
+    for stale in (profile_path, log_path, *rank_files(profile_path).values()):
         stale.unlink(missing_ok=True)
     prompt = preflight.load_prompts(_abs(ctx.root, cfg.benchmark.prompts))[cfg.benchmark.prompt_index]
     extra_env = server_extra_env(cfg, str(profile_path) if cfg.benchmark.profile else None)
@@ -204,6 +205,20 @@ def _start_server(cfg: ExperimentConfig, extra_env: dict[str, str], log_path: Pa
     raise ServerError(f"could not get a free port for the server after {attempts} attempts")
 
 
+def _self_check(rec: dict, cfg: ExperimentConfig, warmup, log_path: Path, log_start: int) -> None:
+    """The doctor's live items on the warmup request: profile lines from rank 0 with every phase,
+    meta_info counters, decode-log lines. A failure is a warning (the job still measures)."""
+    from . import doctor
+
+    items = doctor.warmup_checks(rec, warmup, log_path.parent / "profile.jsonl", log_path, log_start,
+                                 cfg.speculative)
+    rec["doctor"] = doctor.as_records(items)
+    for it in items:
+        if not it.ok:
+            rec["warnings"].append(f"self-check failed: {it.name}: {it.detail}"
+                                   + (f" -- what to do: {it.fix}" if it.fix else ""))
+
+
 def _one_launch(cfg: ExperimentConfig, ctx: JobContext, launch: int, prompt: str,
                 extra_env: dict[str, str], rec: dict, log_path: Path,
                 log_windows: list[tuple[int, int]]) -> None:
@@ -219,6 +234,7 @@ def _one_launch(cfg: ExperimentConfig, ctx: JobContext, launch: int, prompt: str
                                 "server_start_s": srv.start_s})
         if launch == 0:
             rec["server_env_live"] = srv.environ()  # filtered + redacted in results.finish
+            rec["server_env_tree_live"] = srv.environ_tree()
         body = client.generate_body(prompt, b.max_new_tokens, b.temperature, b.ignore_eos)
         name = ctx.run_name or "job"
         label = f"{name if len(name) <= 48 else name[:45] + '...'} [{launch + 1}/{b.launches}]"
@@ -226,10 +242,13 @@ def _one_launch(cfg: ExperimentConfig, ctx: JobContext, launch: int, prompt: str
         bar = tqdm(total=b.warmup + b.runs, desc=label, unit="run", disable=True if ctx.quiet else None,
                    file=sys.stderr, leave=False)
         try:
+            log_start = log_path.stat().st_size
             for _ in range(b.warmup):
                 w = client.generate(body, launch, -1)
                 rec["launches"][-1]["warmup_s"] = rec["launches"][-1].get("warmup_s", 0.0) + w.wall_s
                 bar.update()
+            if launch == 0 and b.warmup and b.profile:
+                _self_check(rec, cfg, w, log_path, log_start)
             client.flush_cache()
             start = log_path.stat().st_size
             for run in range(b.runs):

@@ -1,15 +1,27 @@
-"""All-reduce latency at decode message sizes under an NCCL profile, before a sweep starts.
+"""All-reduce latency at decode message sizes under an NCCL profile: what the GPUs take per
+all-reduce, and what an engine that launches each all-reduce from Python waits.
 
-    python -m spec_decode.nccl_probe --world-size 8 --backend nccl --env NCCL_PROTO=LL --env NCCL_ALGO=Ring
+    python -m spec_decode.nccl_probe --world-size 2 --nccl tuned            # conf/nccl/tuned.yaml
+    python -m spec_decode.nccl_probe --world-size 8 --env NCCL_PROTO=LL --env NCCL_ALGO=Ring
     python -m spec_decode.nccl_probe --world-size 2 --backend gloo          # CPU (what CI tests)
-    python run.py preflight.nccl_probe=true nccl=tuned hardware=rtx_pro_6000x8 engine=sglang ...
+    python run.py preflight.nccl_probe=true nccl=tuned hardware=h200x2 ...
 
-Tensor-parallel decode does ~2 all-reduces per layer per token at small sizes, where NCCL's latency,
-not its bandwidth, matters. One process per GPU (torch.distributed), the profile's variables set in
-those processes only; per size: warmup, then many timed all-reduces (CUDA events on GPUs, resolved
-after the loop; host clock with gloo); median and p90 in microseconds; the result of the all-reduce is
-checked. With NCCL, NCCL_DEBUG=INFO goes to a file and the NCCL version and the algorithm/protocol
-NCCL reports are parsed from it.
+Tensor-parallel decode does ~2 all-reduces per layer per token at small sizes, where latency, not
+bandwidth, matters. One process per GPU (torch.distributed), the profile's variables set in those
+processes only. Per size and round, two figures (docs/nccl-probe.md):
+
+- device latency: a GPU spin (torch.cuda._sleep) is queued first, then one lead-in all-reduce that
+  lines the ranks up, then N back-to-back all-reduces between two CUDA events. The host has queued
+  all N before the spin ends (checked every round: the spin's event must still be pending when the
+  host is done), so the figure is NCCL's time on the GPUs -- what a CUDA-graph replay pays.
+- eager per-call latency: wall clock of N back-to-back eager calls / N, synchronized at both ends:
+  the host path of c10d + NCCL or the device time, whichever is longer -- what an engine without
+  graphs waits. With gloo the host is the device, so this is the only figure there.
+
+Median and p90 over rounds (per round, the slowest rank). The sum is checked once per size. With
+NCCL, a separate short pass under NCCL_DEBUG=INFO (never during timing: per-call log lines cost host
+time) records the NCCL version, the transport between the ranks, the variables NCCL read, and its
+algorithm/protocol choice per size.
 """
 
 from __future__ import annotations
@@ -21,9 +33,21 @@ import re
 import socket
 import statistics
 import tempfile
+import time
+from collections import Counter
+from datetime import timedelta
 from pathlib import Path
 
 DEFAULT_SIZES = (4096, 16384, 65536, 262144, 1048576)
+# INIT: version, topology and the channel/transport lines; ENV: "NCCL_X set by environment to Y";
+# TUNING: "AllReduce: 4096 Bytes -> Algo RING proto LL channel{Lo..Hi}={0..1}" (rank 0 only);
+# COLL: one line per call (opCount, count, datatype) -- cheap here, the debug pass is a few calls.
+DEBUG_SUBSYS = "INIT,ENV,TUNING,COLL"
+DEBUG_VARS = ("NCCL_DEBUG", "NCCL_DEBUG_SUBSYS", "NCCL_DEBUG_FILE")
+DEBUG_CALLS = 2  # all-reduces per size in the debug pass: the choice is per size, one line per call
+SPIN_MARGIN = 3.0  # spin = this x the median eager time of a round + SPIN_EXTRA_US: the host must be done first
+SPIN_EXTRA_US = 2000.0
+DTYPE_BYTES = {"float32": 4, "float": 4, "bfloat16": 2, "float16": 2, "half": 2}
 
 
 def _free_port() -> int:
@@ -39,117 +63,310 @@ def _percentile(xs: list[float], q: float) -> float:
     return xs[lo] + (xs[hi] - xs[lo]) * (k - lo)
 
 
+def decode_bytes(model_dir: str | Path) -> int | None:
+    """Bytes of one decode all-reduce at batch 1: hidden_size x the checkpoint's dtype (config.json);
+    None when there is no config.json or no hidden_size."""
+    path = Path(model_dir) / "config.json"
+    if not path.exists():
+        return None
+    cfg = json.loads(path.read_text())
+    hidden = cfg.get("hidden_size") or cfg.get("text_config", {}).get("hidden_size")
+    if not hidden:
+        return None
+    return int(hidden) * DTYPE_BYTES.get(str(cfg.get("torch_dtype", "bfloat16")), 2)
+
+
+# ---------------------------------------------------------------------------------------------
+# The rank processes
+
+
+def _spin_cycles_per_us(torch) -> float:
+    """GPU clock cycles per microsecond of torch.cuda._sleep, measured (clocks ramp under load)."""
+    torch.cuda._sleep(1_000_000)
+    a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    a.record()
+    torch.cuda._sleep(10_000_000)
+    b.record()
+    b.synchronize()
+    return 1e7 / (a.elapsed_time(b) * 1e3)
+
+
+def _time_size(torch, dist, cuda: bool, y, iters: int, warmup: int, rounds: int,
+               cycles_per_us: float) -> dict:
+    sync = torch.cuda.synchronize if cuda else (lambda: None)
+    for _ in range(warmup):
+        dist.all_reduce(y)
+    sync()
+    eager: list[float] = []
+    for _ in range(rounds):
+        dist.barrier()
+        sync()
+        t0 = time.perf_counter()
+        for _ in range(iters):
+            dist.all_reduce(y)
+        sync()
+        eager.append((time.perf_counter() - t0) * 1e6 / iters)
+    device: list[float] = []
+    host_ahead: list[bool] = []
+    if cuda:
+        spin_cycles = int((SPIN_MARGIN * iters * statistics.median(eager) + SPIN_EXTRA_US) * cycles_per_us)
+        for _ in range(rounds):
+            spun, start, end = (torch.cuda.Event(enable_timing=True) for _ in range(3))
+            sync()
+            torch.cuda._sleep(spin_cycles)
+            spun.record()
+            dist.all_reduce(y)  # lead-in: both ranks leave it together, so the timed batch starts aligned
+            start.record()
+            for _ in range(iters):
+                dist.all_reduce(y)
+            end.record()
+            host_ahead.append(not spun.query())  # GPU still spinning: all N were queued in time
+            end.synchronize()
+            device.append(start.elapsed_time(end) * 1e3 / iters)
+    return {"eager_us": eager, "device_us": device, "host_ahead": host_ahead}
+
+
 def _rank_main(rank: int, world: int, backend: str, sizes: list[int], iters: int, warmup: int,
-               env: dict[str, str], port: int, out_dir: str) -> None:
+               rounds: int, env: dict[str, str], port: int, out_dir: str, mode: str) -> None:
     os.environ.update(env)  # the profile's variables: in the probe's processes only
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
-    import time
-
     import torch
     import torch.distributed as dist
 
     cuda = backend == "nccl"
+    kwargs = {}
     if cuda:
         torch.cuda.set_device(rank)
-    dist.init_process_group(backend, rank=rank, world_size=world)
+        kwargs["device_id"] = torch.device("cuda", rank)  # communicator made now, not at the 1st call
+    dist.init_process_group(backend, rank=rank, world_size=world, timeout=timedelta(seconds=120), **kwargs)
     device = torch.device("cuda", rank) if cuda else torch.device("cpu")
     dtype = torch.bfloat16 if cuda else torch.float32
-    results = {}
-    expected = world * (world + 1) / 2
-    for size in sizes:
-        n = max(1, size // torch.tensor([], dtype=dtype).element_size())
-        x = torch.full((n,), float(rank + 1), dtype=dtype, device=device)
-        for _ in range(warmup):
-            y = x.clone()
-            dist.all_reduce(y)
-        times: list[float] = []
+    elem = torch.tensor([], dtype=dtype).element_size()
+    out: dict = {"sizes": {}}
+    try:
+        cycles_per_us = _spin_cycles_per_us(torch) if cuda and mode == "time" else 0.0
+        for size in sizes:
+            n = max(1, size // elem)
+            if mode == "debug":  # NCCL logs its choice per call; a couple of calls per size suffice
+                y = torch.zeros(n, dtype=dtype, device=device)
+                for _ in range(DEBUG_CALLS):
+                    dist.all_reduce(y)
+                continue
+            y = torch.zeros(n, dtype=dtype, device=device)  # zeros: the sum stays finite over any N
+            rec = _time_size(torch, dist, cuda, y, iters, warmup, rounds, cycles_per_us)
+            x = torch.full((n,), float(rank + 1), dtype=dtype, device=device)
+            dist.all_reduce(x)
+            rec["correct"] = bool(torch.all(x.float() == world * (world + 1) / 2).item())
+            out["sizes"][str(size)] = rec
         if cuda:
-            events = []
-            for _ in range(iters):
-                y = x.clone()
-                a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-                a.record()
-                dist.all_reduce(y)
-                b.record()
-                events.append((a, b))
-            torch.cuda.synchronize()  # resolved after the loop, never inside it
-            times = [a.elapsed_time(b) * 1e3 for a, b in events]
+            torch.cuda.synchronize()
+            nccl_v = torch.cuda.nccl.version()
+            out["meta"] = {
+                "torch_nccl_version": ".".join(map(str, nccl_v)) if isinstance(nccl_v, tuple) else str(nccl_v),
+                "gpu": torch.cuda.get_device_name(rank),
+                "p2p_access": [torch.cuda.can_device_access_peer(rank, p) for p in range(world) if p != rank],
+                "spin_cycles_per_us": cycles_per_us,
+            }
         else:
-            for _ in range(iters):
-                y = x.clone()
-                dist.barrier()
-                t0 = time.perf_counter()
-                dist.all_reduce(y)
-                times.append((time.perf_counter() - t0) * 1e6)
-        ok = bool(torch.all(y.float() == expected).item())
-        results[str(size)] = {"median_us": statistics.median(times), "p90_us": _percentile(times, 0.9),
-                              "iters": iters, "correct": ok}
-    Path(out_dir, f"rank{rank}.json").write_text(json.dumps(results))
-    dist.destroy_process_group()
+            out["meta"] = {}
+        out["meta"]["nccl_env"] = {k: v for k, v in sorted(os.environ.items())
+                                   if k.startswith("NCCL_") and k not in DEBUG_VARS}
+    finally:
+        dist.destroy_process_group()
+    Path(out_dir, f"rank{rank}.json").write_text(json.dumps(out))
 
 
-ALGOS = ("Tree", "Ring", "CollNetDirect", "CollNetChain", "NVLS", "NVLSTree", "PAT")  # NCCL's ids
+def _spawn(args: tuple, world: int, timeout_s: float, what: str) -> None:
+    """Start one process per rank; kill them all and raise if they outlive timeout_s (an NCCL hang
+    must not eat a GPU lease)."""
+    import torch.multiprocessing as mp
+
+    ctx = mp.start_processes(_rank_main, args=args, nprocs=world, join=False, start_method="spawn")
+    deadline = time.monotonic() + timeout_s
+    while not ctx.join(timeout=1.0):
+        if time.monotonic() > deadline:
+            for p in ctx.processes:
+                if p.is_alive():
+                    p.kill()
+            for p in ctx.processes:
+                p.join(5)
+            raise TimeoutError(f"nccl probe ({what}): ranks still running after {timeout_s:.0f} s, killed "
+                               "(a hang in NCCL? rerun with --debug-log to see how far it got)")
+
+
+# ---------------------------------------------------------------------------------------------
+# NCCL_DEBUG=INFO output
+
+# NCCL's ids (enqueue.cc: ncclAlgoToString / ncclProtoToString) -> the spelling of NCCL_ALGO/NCCL_PROTO
+ALGO_NAMES = {"TREE": "Tree", "RING": "Ring", "COLLNET_DIRECT": "CollNetDirect", "COLLNETDIRECT": "CollNetDirect",
+              "COLLNET_CHAIN": "CollNetChain", "COLLNETCHAIN": "CollNetChain", "NVLS": "NVLS",
+              "NVLS_TREE": "NVLSTree", "NVLSTREE": "NVLSTree", "PAT": "PAT"}
+PROTO_NAMES = {"LL": "LL", "LL128": "LL128", "SIMPLE": "Simple"}
+# NCCL <= 2.18 printed numbers ("4096 Bytes -> Algo 1 proto 0 time 10.5"): these orders.
+ALGOS = ("Tree", "Ring", "CollNetDirect", "CollNetChain", "NVLS", "NVLSTree", "PAT")
 PROTOS = ("LL", "LL128", "Simple")
+
+_VERSION = re.compile(r"NCCL version ([\w.+\-]+)")
+# NCCL >= 2.19, rank 0 only: "AllReduce: 4096 Bytes -> Algo RING proto LL channel{Lo..Hi}={0..1}"
+_TUNING = re.compile(r"\bAllReduce: (\d+) Bytes -> Algo (\w+) proto (\w+)"
+                     r"(?: channel\{Lo\.\.Hi\}=\{(\d+)\.\.(\d+)\})?")
+_TUNING_OLD = re.compile(r"\b(\d+) Bytes -> Algo (\d+) proto (\d+)")
+# Symmetric-memory kernels (registered windows; torch does not use them by default)
+_TUNING_SYM = re.compile(r"\bAllReduce \[Symmetric\]: (\d+) Bytes -> Kernel (\S+) nchannels (\d+)")
+_CHANNEL = re.compile(r"Channel \d+/\d+ : \d+\[\d+\] -> \d+\[\d+\] via (\S+)")
+_ENV = re.compile(r"\b(NCCL_\w+) set by environment to (\S+?)\.?$")
 
 
 def parse_nccl_debug(text: str) -> dict:
-    """NCCL version and the algorithm/protocol choices NCCL_DEBUG=INFO reports for all-reduce: both the
-    named form ("... Ring/LL ...") and the tuning form ("4096 Bytes -> Algo 1 proto 0 ...")."""
-    version = re.search(r"NCCL version ([\w.+\-]+)", text)
-    algos, protos, evidence = set(), set(), []
+    """What NCCL_DEBUG=INFO output (any number of ranks' files, concatenated) says: NCCL version,
+    the algorithms and protocols NCCL chose for all-reduce (overall and per size), the transports
+    between ranks (P2P/..., SHM/..., NET/...), and the NCCL_* variables NCCL read."""
+    version = _VERSION.search(text)
+    seen: dict[int, Counter] = {}
+    transports: set[str] = set()
+    env_seen: dict[str, str] = {}
+    evidence: list[str] = []
+
+    def choose(size: int, algo: str, proto: str, channels: int | None, line: str) -> None:
+        seen.setdefault(size, Counter())[(algo, proto, channels)] += 1
+        if len(evidence) < 20:
+            evidence.append(line.strip())
+
     for line in text.splitlines():
-        m = re.search(r"(\d+) Bytes -> Algo (\d+) proto (\d+)", line)
-        if m:
+        if m := _TUNING.search(line):
+            a, p = m.group(2).upper(), m.group(3).upper()
+            ch = int(m.group(5)) - int(m.group(4)) + 1 if m.group(4) is not None else None
+            choose(int(m.group(1)), ALGO_NAMES.get(a, m.group(2)), PROTO_NAMES.get(p, m.group(3)), ch, line)
+        elif m := _TUNING_SYM.search(line):
+            choose(int(m.group(1)), "Symmetric", m.group(2), int(m.group(3)), line)
+        elif m := _TUNING_OLD.search(line):
             a, p = int(m.group(2)), int(m.group(3))
-            algos.add(ALGOS[a] if a < len(ALGOS) else f"algo{a}")
-            protos.add(PROTOS[p] if p < len(PROTOS) else f"proto{p}")
-            evidence.append(line.strip())
-            continue
-        if "allreduce" not in line.lower():
-            continue
-        named_a = set(re.findall(r"\b(Ring|Tree|CollNetDirect|CollNetChain|NVLS|NVLSTree|PAT)\b", line))
-        named_p = set(re.findall(r"\b(LL128|LL|Simple)\b", line))
-        if named_a or named_p:
-            algos |= named_a
-            protos |= named_p
-            evidence.append(line.strip())
-    return {"nccl_version": version.group(1) if version else None, "algorithms": sorted(algos),
-            "protocols": sorted(protos), "nccl_debug_evidence": evidence[:20]}
+            choose(int(m.group(1)), ALGOS[a] if a < len(ALGOS) else f"algo{a}",
+                   PROTOS[p] if p < len(PROTOS) else f"proto{p}", None, line)
+        elif m := _CHANNEL.search(line):
+            transports.add(m.group(1))
+        elif m := _ENV.search(line):
+            env_seen[m.group(1)] = m.group(2)
+    choices = {}
+    for size in sorted(seen):
+        (algo, proto, ch), _ = seen[size].most_common(1)[0]
+        choices[str(size)] = {"algorithm": algo, "protocol": proto, "channels": ch}
+    sym = {c["protocol"] for c in choices.values() if c["algorithm"] == "Symmetric"}
+    return {
+        "nccl_version": version.group(1) if version else None,
+        "algorithms": sorted({c["algorithm"] for c in choices.values()}),
+        "protocols": sorted({c["protocol"] for c in choices.values()} - sym),
+        "choices": choices,
+        "transports": sorted(transports),
+        "nccl_env_read": env_seen,
+        "nccl_debug_evidence": evidence,
+    }
+
+
+# ---------------------------------------------------------------------------------------------
+# The probe
+
+
+def _summary(xs: list[float]) -> tuple[float, float]:
+    return statistics.median(xs), _percentile(xs, 0.9)
 
 
 def probe(world_size: int, backend: str = "gloo", sizes: list[int] | None = None, iters: int = 200,
-          warmup: int = 20, env: dict[str, str] | None = None) -> dict:
-    """Run the probe; returns per size the median/p90 over ranks (the slowest rank's median), whether
-    every rank saw the right sum, and (NCCL) version and chosen algorithm/protocol."""
-    import torch.multiprocessing as mp
-
+          warmup: int = 20, env: dict[str, str] | None = None, rounds: int = 10, debug: bool = True,
+          debug_log: str | Path | None = None, timeout_s: float = 300.0) -> dict:
+    """Run the probe. Per size: eager per-call median/p90 (``median_us``/``p90_us``), with NCCL also
+    the device latency (``device_median_us``/``device_p90_us`` over the rounds in which the host was
+    ahead), and whether every rank saw the right sum. With NCCL and ``debug``: a short NCCL_DEBUG=INFO
+    pass parsed into version, transports and algorithm/protocol per size (raw text to ``debug_log``)."""
     sizes = sorted(set(sizes or DEFAULT_SIZES))
     env = dict(env or {})
+    if iters < 1 or rounds < 1 or warmup < 0:
+        raise ValueError(f"iters={iters}, rounds={rounds}, warmup={warmup}: need iters, rounds >= 1, warmup >= 0")
+    out: dict = {"backend": backend, "world_size": world_size, "env": env, "iters": iters, "rounds": rounds,
+                 "method": {"eager": "wall clock of iters back-to-back calls / iters",
+                            "device": "iters all-reduces queued behind a GPU spin, CUDA events around them"
+                                      if backend == "nccl" else None},
+                 "sizes": {}}
     with tempfile.TemporaryDirectory(prefix="nccl_probe_") as tmp:
-        if backend == "nccl":
-            env.setdefault("NCCL_DEBUG", "INFO")
-            env.setdefault("NCCL_DEBUG_SUBSYS", "INIT,TUNING,COLL")
-            env.setdefault("NCCL_DEBUG_FILE", str(Path(tmp) / "nccl.%h.%p.log"))
-        mp.spawn(_rank_main, args=(world_size, backend, sizes, iters, warmup, env, _free_port(), tmp),
-                 nprocs=world_size, join=True)
+        if backend == "nccl" and debug:
+            dbg_env = {**env, "NCCL_DEBUG": "INFO", "NCCL_DEBUG_SUBSYS": DEBUG_SUBSYS,
+                       "NCCL_DEBUG_FILE": str(Path(tmp) / "nccl.%h.%p.log")}
+            _spawn((world_size, backend, sizes, iters, warmup, rounds, dbg_env, _free_port(), tmp, "debug"),
+                   world_size, timeout_s, "debug pass")
+            text = "".join(f"# {p.name}\n{p.read_text(errors='replace')}"
+                           for p in sorted(Path(tmp).glob("nccl.*.log")))
+            if debug_log:
+                Path(debug_log).write_text(text)
+            out.update(parse_nccl_debug(text))
+        # Timing without per-call log lines, unless the profile itself asks for NCCL_DEBUG.
+        time_env = {"NCCL_DEBUG": "WARN", **env} if backend == "nccl" else env
+        _spawn((world_size, backend, sizes, iters, warmup, rounds, time_env, _free_port(), tmp, "time"),
+               world_size, timeout_s, "timing")
         ranks = [json.loads(Path(tmp, f"rank{r}.json").read_text()) for r in range(world_size)]
-        debug = "".join(p.read_text(errors="replace") for p in Path(tmp).glob("nccl.*.log"))
-    out = {"backend": backend, "world_size": world_size, "env": env, "sizes": {}}
-    for s in map(str, sizes):
-        out["sizes"][s] = {
-            "median_us": max(r[s]["median_us"] for r in ranks),
-            "p90_us": max(r[s]["p90_us"] for r in ranks),
-            "correct": all(r[s]["correct"] for r in ranks),
-            "iters": iters,
-        }
+    out["machine"] = ranks[0].get("meta", {})
+    out["sizes"] = combine(ranks, sizes, rounds, iters, backend)
     out["correct"] = all(v["correct"] for v in out["sizes"].values())
-    if backend == "nccl":
-        out.update(parse_nccl_debug(debug))
+    return out
+
+
+def combine(ranks: list[dict], sizes: list[int], rounds: int, iters: int, backend: str) -> dict:
+    """Per size, from every rank's per-round figures: per round the slowest rank, then median and p90
+    over rounds; device figures only from rounds in which every rank's host was ahead of its GPU."""
+    out = {}
+    for s in map(str, sizes):
+        per = [r["sizes"][s] for r in ranks]
+        eager = [max(p["eager_us"][i] for p in per) for i in range(rounds)]
+        rec: dict = {"iters": iters, "rounds": rounds, "correct": all(p["correct"] for p in per)}
+        rec["median_us"], rec["p90_us"] = _summary(eager)
+        if backend == "nccl":
+            ok = [i for i in range(rounds) if all(p["host_ahead"][i] for p in per)]
+            rec["device_rounds"] = len(ok)
+            if ok:
+                dev = [max(p["device_us"][i] for p in per) for i in ok]
+                rec["device_median_us"], rec["device_p90_us"] = _summary(dev)
+            else:
+                rec["device_median_us"] = rec["device_p90_us"] = None
+                rec["device_note"] = ("the host was not done queueing before the GPU spin ended in any round "
+                                      "(launch queue full?): no device figure")
+        out[s] = rec
     return out
 
 
 def metrics_of(result: dict) -> dict[str, float]:
-    return {f"nccl_allreduce_us_{s}": v["median_us"] for s, v in result["sizes"].items()}
+    """MLflow metrics: eager per-call median (``nccl_allreduce_us_<bytes>``, the name since the first
+    probe) and, with NCCL, the device median (``nccl_allreduce_device_us_<bytes>``)."""
+    m = {f"nccl_allreduce_us_{s}": v["median_us"] for s, v in result["sizes"].items()}
+    m.update({f"nccl_allreduce_device_us_{s}": v["device_median_us"] for s, v in result["sizes"].items()
+              if v.get("device_median_us") is not None})
+    return m
+
+
+def _fmt(x: float | None) -> str:
+    return "-" if x is None else f"{x:.1f}"
+
+
+def table(result: dict) -> str:
+    """Markdown table of a probe result."""
+    lines = ["| bytes | device median us | device p90 us | eager median us | eager p90 us | NCCL choice | correct |",
+             "|---|---|---|---|---|---|---|"]
+    for s, v in result["sizes"].items():
+        c = result.get("choices", {}).get(s)
+        choice = f"{c['algorithm']}/{c['protocol']}" + (f" x{c['channels']}ch" if c.get("channels") else "") if c else "-"
+        lines.append(f"| {s} | {_fmt(v.get('device_median_us'))} | {_fmt(v.get('device_p90_us'))} | "
+                     f"{_fmt(v['median_us'])} | {_fmt(v['p90_us'])} | {choice} | {v['correct']} |")
+    return "\n".join(lines)
+
+
+def profile_env(name: str, conf_dir: Path = Path("conf")) -> dict[str, str]:
+    """The variables of an NCCL profile (conf/nccl/<name>.yaml: ``env``), as strings."""
+    import yaml
+
+    path = Path(conf_dir) / "nccl" / f"{name}.yaml"
+    if not path.exists():
+        opts = sorted(p.stem for p in (Path(conf_dir) / "nccl").glob("*.yaml"))
+        raise ValueError(f"--nccl {name}: no {path} (profiles there: {', '.join(opts) or 'none'}; "
+                         "--conf-dir points at the conf/ folder)")
+    return {k: str(v) for k, v in (yaml.safe_load(path.read_text()).get("env") or {}).items()}
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -158,24 +375,51 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--world-size", type=int, default=2)
     ap.add_argument("--backend", choices=["nccl", "gloo"], default=None, help="default: nccl if CUDA, else gloo")
     ap.add_argument("--sizes", default=",".join(map(str, DEFAULT_SIZES)), help="bytes, comma-separated")
-    ap.add_argument("--iters", type=int, default=200)
+    ap.add_argument("--model-path", default=None, help="add this model's decode all-reduce size (config.json)")
+    ap.add_argument("--iters", type=int, default=200, help="back-to-back all-reduces per round")
+    ap.add_argument("--rounds", type=int, default=10, help="rounds per size: median and p90 are over these")
     ap.add_argument("--warmup", type=int, default=20)
+    ap.add_argument("--nccl", default=None, metavar="PROFILE", help="an NCCL profile of conf/nccl/ (e.g. tuned)")
+    ap.add_argument("--conf-dir", type=Path, default=Path("conf"))
     ap.add_argument("--env", action="append", default=[], metavar="NAME=VALUE", help="NCCL variable (repeat)")
+    ap.add_argument("--no-debug", action="store_true", help="skip the NCCL_DEBUG=INFO pass")
+    ap.add_argument("--debug-log", type=Path, default=None, help="save the raw NCCL_DEBUG=INFO text here")
+    ap.add_argument("--timeout-s", type=float, default=300.0, help="per pass; the ranks are killed after it")
     ap.add_argument("--json", type=Path, default=None)
     args = ap.parse_args(argv)
+    bad = [kv for kv in args.env if "=" not in kv or not kv.startswith("NCCL_")]
+    if bad:
+        ap.error(f"--env {bad[0]}: expected NCCL_NAME=VALUE")
+    try:
+        sizes = [int(x) for x in args.sizes.split(",") if x.strip()]
+    except ValueError:
+        ap.error(f"--sizes {args.sizes}: expected bytes, comma-separated (e.g. 4096,65536)")
+    if args.model_path:
+        b = decode_bytes(args.model_path)
+        if b is None:
+            ap.error(f"--model-path {args.model_path}: no config.json with hidden_size there")
+        sizes.append(b)
     import torch
 
     backend = args.backend or ("nccl" if torch.cuda.is_available() else "gloo")
     if backend == "nccl" and torch.cuda.device_count() < args.world_size:
         ap.error(f"--world-size {args.world_size}: only {torch.cuda.device_count()} GPU(s) visible")
-    env = dict(kv.split("=", 1) for kv in args.env)
-    res = probe(args.world_size, backend, [int(x) for x in args.sizes.split(",")], args.iters, args.warmup, env)
-    print(f"backend={backend} world_size={args.world_size} env={env or '{}'} "
-          f"nccl={res.get('nccl_version')} algo={res.get('algorithms')} proto={res.get('protocols')}")
-    print("| bytes | median us | p90 us | correct |")
-    print("|---|---|---|---|")
-    for s, v in res["sizes"].items():
-        print(f"| {s} | {v['median_us']:.1f} | {v['p90_us']:.1f} | {v['correct']} |")
+    try:
+        env = profile_env(args.nccl, args.conf_dir) if args.nccl else {}
+    except ValueError as e:
+        ap.error(str(e))
+    env.update(dict(kv.split("=", 1) for kv in args.env))
+    res = probe(args.world_size, backend, sizes, args.iters, args.warmup, env, rounds=args.rounds,
+                debug=not args.no_debug, debug_log=args.debug_log, timeout_s=args.timeout_s)
+    res["profile"] = args.nccl
+    m = res.get("machine", {})
+    print(f"backend={backend} world_size={args.world_size} profile={args.nccl or '-'} env={env or '{}'}\n"
+          f"NCCL_* in the ranks: {m.get('nccl_env', {})}\n"
+          f"nccl={res.get('nccl_version') or m.get('torch_nccl_version')} gpu={m.get('gpu')} "
+          f"p2p_access={m.get('p2p_access')} transports={res.get('transports')} "
+          f"algo={res.get('algorithms')} proto={res.get('protocols')} "
+          f"iters={args.iters} rounds={args.rounds}")
+    print(table(res))
     if args.json:
         args.json.write_text(json.dumps(res, indent=2))
 

@@ -149,6 +149,22 @@ def check(cfg: ExperimentConfig, root: Path) -> Preflight:
                 pf.need(need <= ctx, f"benchmark.max_new_tokens={cfg.benchmark.max_new_tokens}: prompt + "
                         f"new tokens + draft = {need} tokens exceed the model's context of {ctx}")
 
+    # Tensor parallel: the target's heads and MLP columns split evenly over the ranks (SGLang
+    # asserts the same at load time).
+    tp = cfg.hardware.tp_size
+    if tcfg and tp > 1:
+        for key in ("num_attention_heads", "num_key_value_heads", "intermediate_size"):
+            n = tcfg.get(key)
+            if isinstance(n, int):
+                pf.need(n % tp == 0, f"hardware.tp_size={tp}: the target's {key} is {n}, which tp "
+                        f"{tp} does not divide; use a tp size that divides {n}")
+    if cfg.hardware.device == "cpu" and tp > 1:
+        import os
+
+        cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
+        if cores and tp > cores:
+            pf.warnings.append(f"hardware.tp_size={tp} ranks on {cores} CPU cores: the ranks share "
+                               "cores, so tok/s measures contention as much as the engine")
     # GPUs.
     if cfg.hardware.device == "cuda":
         n = visible_gpus()
@@ -170,6 +186,15 @@ def check(cfg: ExperimentConfig, root: Path) -> Preflight:
                 local=True, dry_run=dry)
         if (w := version_warning()) is not None:
             pf.warnings.append(w)
+        if cfg.benchmark.profile and cfg.speculative and installed_version() is not None:
+            # First contact: our profiler must be installed and its hook targets must exist in this
+            # sglang, or every phase number of the sweep would be missing.
+            from . import doctor
+
+            for item in doctor.static_checks("sglang")[1:]:
+                pf.need(item.ok, f"self-check: {item.name}: {item.detail}; what to do: {item.fix} "
+                        "(or benchmark.profile=false to run without the phase profile)",
+                        local=True, dry_run=dry)
     return pf
 
 

@@ -50,6 +50,14 @@ def finish(rec: dict, cfg: ExperimentConfig, status: str, error: str | None, out
     rec["ended_at"] = time.time()
     live = rec.pop("server_env_live", None)
     rec["server_env"] = provenance.filter_env(live) if live else None
+    tree = rec.pop("server_env_tree_live", None) or {}
+    if tree:
+        # Every process of the server (each TP rank) read back: the NCCL profile must reach all.
+        rec["server_env_processes"] = {str(pid): provenance.filter_env(env) for pid, env in tree.items()}
+        nccl = {pid: {k: v for k, v in env.items() if k.startswith("NCCL_")}
+                for pid, env in rec["server_env_processes"].items()}
+        if len({tuple(sorted(v.items())) for v in nccl.values()}) > 1:
+            rec["warnings"].append(f"the server's processes do not share one NCCL environment: {nccl}")
     info = rec.get("server_info") or {}
     rec["engine"]["version"] = info.get("version")
     runs = rec["runs"]
@@ -86,15 +94,13 @@ def finish(rec: dict, cfg: ExperimentConfig, status: str, error: str | None, out
                              "per_run_accept_len": [r["completion_tokens"] / r["spec_verify_ct"]
                                                     for r in runs if r["spec_verify_ct"]]}
         metrics.update({k: v for k, v in acc.items() if v is not None})
-    # Phase profile inside the timed windows.
+    # Phase profile inside the timed windows: the logging rank's, the others compared with it.
     if cfg.speculative:
-        cycles = profile.read_profile(out_dir / "profile.jsonl")
         windows = [(r["start_wall"], r["end_wall"]) for r in runs]
-        per_run = profile.in_windows(cycles, windows)
-        summary = profile.phase_summary([c for w in per_run for c in w])
+        summary, per_run = profile.summarize_run_windows(out_dir / "profile.jsonl", windows)
         if summary is None:
             why = "profiling off (benchmark.profile=false)" if not cfg.benchmark.profile else \
-                "no profile lines from the server in the timed runs (plugin not loaded?)"
+                "no profile lines from rank 0 in the timed runs (plugin not loaded?)"
             rec["profile"] = {"missing": why}
             if cfg.benchmark.profile and runs:
                 rec["warnings"].append(f"phase profile missing: {why}")
@@ -103,6 +109,21 @@ def finish(rec: dict, cfg: ExperimentConfig, status: str, error: str | None, out
             # between measured tok/s and accept_len / cycle time).
             outside = [r["wall_s"] * 1e3 - sum(c["cycle_ms"] for c in w) for r, w in zip(runs, per_run) if w]
             summary["non_cycle_ms_per_request"] = sum(outside) / len(outside) if outside else None
+            # Every verify is one cycle: a complete profile has exactly the runs' verify count.
+            verify_ct = sum(r["spec_verify_ct"] or 0 for r in runs)
+            summary["spec_verify_ct"] = verify_ct
+            summary["complete"] = summary["cycles"] == verify_ct
+            if not summary["complete"]:
+                rec["warnings"].append(
+                    f"phase profile incomplete: {summary['cycles']} cycles from rank 0 in the timed "
+                    f"runs, but the runs' meta_info says {verify_ct} verifies")
+            agreement = summary.get("rank_agreement")
+            if agreement and not agreement["ok"]:
+                rec["warnings"].append(
+                    f"phase profiles of the {summary['ranks']} ranks disagree (cycle counts differ or "
+                    f"a rank's mean cycle is more than {agreement['tolerance_pct']:.0f}% from rank 0's): "
+                    + ", ".join(f"rank {r}: {a['cycles']} cycles, {a['cycle_ms_diff_pct']:+.1f}%"
+                                for r, a in agreement["ranks"].items()))
             rec["profile"] = summary
             for k in ("cycle_ms", "draft_ms", "verify_ms", "extend_ms", "other_ms",
                       "draft_pct", "verify_pct", "extend_pct", "other_pct"):

@@ -226,6 +226,22 @@ class ServerProcess:
         except (psutil.Error, OSError):
             return {}
 
+    def environ_tree(self) -> dict[int, dict[str, str]]:
+        """{pid: environment} of every process of the server's tree: with tensor parallelism each
+        rank is its own process, and each must carry the NCCL profile."""
+        try:
+            root = psutil.Process(self.pid)
+            procs = [root, *root.children(recursive=True)]
+        except psutil.NoSuchProcess:
+            return {}
+        out = {}
+        for p in procs:
+            try:
+                out[p.pid] = p.environ()
+            except (psutil.Error, OSError):
+                continue
+        return out
+
     def stop(self) -> None:
         if self.proc is None:
             return

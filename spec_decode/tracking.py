@@ -32,7 +32,8 @@ from .config import flatten
 PARENT_ENV = "SPEC_DECODE_PARENT_RUN_ID"
 RECORD_TAG = "spec_decode.record_id"
 GROUPS = ("hardware", "nccl", "drafter", "model", "engine")
-ARTIFACTS = ("results.json", "server.log", "profile.jsonl")
+ARTIFACTS = ("results.json", "server.log")
+PROFILE_GLOB = "profile.rank*.jsonl"  # one per TP rank (spec_decode.parsers.profile)
 
 
 def _quiet_mlflow() -> None:
@@ -226,6 +227,8 @@ def log_record(client, run_id: str, rec: dict, out_dir: Path) -> None:
     for name in ARTIFACTS:
         if (out_dir / name).exists():
             client.log_artifact(run_id, str(out_dir / name))
+    for path in sorted(out_dir.glob(PROFILE_GLOB)):
+        client.log_artifact(run_id, str(path), artifact_path="profile")
     hydra_cfg = out_dir / ".hydra" / "config.yaml"
     if hydra_cfg.exists():
         client.log_artifact(run_id, str(hydra_cfg), artifact_path="hydra")

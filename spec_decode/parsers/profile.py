@@ -1,16 +1,41 @@
-"""Per-cycle phase profile lines (DESIGN 3.4), kept inside the timed runs' windows and aggregated.
+"""Per-cycle phase profile lines (DESIGN 3.4), one file per rank, kept inside the timed runs' windows
+and aggregated.
 
-Each line: ``{"t", "draft_ms", "verify_ms", "extend_ms", "cycle_ms", "accepted"}``; other = cycle -
-(draft + verify + extend).
+Each line: ``{"t", "rank", "draft_ms", "verify_ms", "extend_ms", "cycle_ms", "accepted"}``; other =
+cycle - (draft + verify + extend). Rank ``r`` writes ``<stem>.rank<r><suffix>`` beside the path given
+in ``SPEC_DECODE_PROFILE`` (``profile.jsonl`` -> ``profile.rank0.jsonl``): every TP rank runs every
+cycle, so the job's phases are the logging rank's (0, as SGLang logs from attention-TP rank 0) and the
+other ranks are compared with it, never pooled.
 """
 
 from __future__ import annotations
 
 import json
+import re
 import statistics
 from pathlib import Path
 
 PHASES = ("draft", "verify", "extend", "other")
+# Ranks run the same cycles; their phase means may differ by measurement noise and by where each
+# rank waits in the all-reduces, but their cycle times must agree closely.
+AGREEMENT_TOLERANCE_PCT = 10.0
+
+
+def rank_path(path: str | Path, rank: int) -> str:
+    p = Path(path)
+    return str(p.with_name(f"{p.stem}.rank{rank}{p.suffix}"))
+
+
+def rank_files(path: str | Path) -> dict[int, Path]:
+    """{rank: file} for the per-rank files that exist beside ``path``."""
+    p = Path(path)
+    pat = re.compile(re.escape(p.stem) + r"\.rank(\d+)" + re.escape(p.suffix) + "$")
+    out = {}
+    for f in p.parent.glob(f"{p.stem}.rank*{p.suffix}"):
+        m = pat.match(f.name)
+        if m:
+            out[int(m.group(1))] = f
+    return dict(sorted(out.items()))
 
 
 def read_profile(path: Path) -> list[dict]:
@@ -25,6 +50,10 @@ def read_profile(path: Path) -> list[dict]:
         if isinstance(rec, dict) and {"t", "cycle_ms"} <= rec.keys():
             out.append(rec)
     return out
+
+
+def read_ranks(path: str | Path) -> dict[int, list[dict]]:
+    return {r: read_profile(f) for r, f in rank_files(path).items()}
 
 
 def in_windows(cycles: list[dict], windows: list[tuple[float, float]]) -> list[list[dict]]:
@@ -44,7 +73,53 @@ def phase_summary(cycles: list[dict]) -> dict | None:
     for p in PHASES:
         out[f"{p}_ms"] = mean[p]
         out[f"{p}_pct"] = 100.0 * mean[p] / cycle if cycle > 0 else 0.0
-    accepted = sum(c.get("accepted", 0) for c in cycles)
+    accepted = sum(c.get("accepted") or 0 for c in cycles)
     out["accept_len"] = accepted / n
     out["tok_s_from_profile"] = accepted / (sum(c["cycle_ms"] for c in cycles) / 1e3)
     return out
+
+
+def rank_agreement(per_rank: dict[int, dict], ref: int = 0,
+                   tolerance_pct: float = AGREEMENT_TOLERANCE_PCT) -> dict:
+    """How the other ranks' summaries compare with the reference rank's: cycle counts must be equal
+    (every rank runs every cycle) and mean cycle times within ``tolerance_pct``."""
+    base = per_rank[ref]
+    ranks = {}
+    ok = True
+    for r, s in per_rank.items():
+        if r == ref:
+            continue
+        diff = 100.0 * (s["cycle_ms"] - base["cycle_ms"]) / base["cycle_ms"] if base["cycle_ms"] else 0.0
+        same_count = s["cycles"] == base["cycles"]
+        ranks[str(r)] = {"cycles": s["cycles"], "cycle_ms": s["cycle_ms"], "cycle_ms_diff_pct": diff,
+                         **{f"{p}_ms": s[f"{p}_ms"] for p in PHASES}}
+        ok = ok and same_count and abs(diff) <= tolerance_pct
+    return {"reference_rank": ref, "tolerance_pct": tolerance_pct, "ok": ok, "ranks": ranks}
+
+
+def summarize_run_windows(path: str | Path, windows: list[tuple[float, float]],
+                          ref: int = 0) -> tuple[dict | None, list[list[dict]]]:
+    """The job's profile: the reference rank's cycles in the timed windows (summary + per-window
+    cycles), and, with several ranks, the other ranks' agreement. (None, []) without that rank."""
+    ranks = read_ranks(path)
+    if ref not in ranks:
+        return None, []
+    per_window = in_windows(ranks[ref], windows)
+    summary = phase_summary([c for w in per_window for c in w])
+    if summary is None:
+        return None, per_window
+    summary["ranks"] = len(ranks)
+    summary["rank"] = ref
+    if len(ranks) > 1:
+        others = {}
+        for r, cycles in ranks.items():
+            s = phase_summary([c for w in in_windows(cycles, windows) for c in w])
+            if s is not None:
+                others[r] = s
+        missing = sorted(set(ranks) - set(others))
+        agreement = rank_agreement(others, ref)
+        if missing:
+            agreement["ok"] = False
+            agreement["missing_ranks"] = missing
+        summary["rank_agreement"] = agreement
+    return summary, per_window

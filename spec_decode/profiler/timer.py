@@ -33,21 +33,35 @@ class HostClock:
         return True
 
     @staticmethod
+    def wait(mark) -> None:
+        pass
+
+    @staticmethod
     def ms(a, b) -> float:
         return (b - a) * 1e3
 
+    @staticmethod
+    def to_host(value):
+        return value
+
 
 class CudaClock:
-    """CUDA events from a pool (creating an event per mark costs a driver call each time)."""
+    """CUDA events from a pool (creating an event per mark costs a driver call each time).
+
+    Built lazily, inside the rank process on its first hooked call -- after the engine has set the
+    rank's device -- so no CUDA context is ever made by ``register()`` or in processes that never
+    run a cycle (launcher, detokenizer)."""
 
     def __init__(self, torch):
         self.torch = torch
+        self.device = torch.cuda.current_device()
         self._free: list = []
         self.launch_us = self._launch_cost_us()
 
     def _launch_cost_us(self) -> float:
         """Host time of one tiny kernel launch here: a host gap shorter than half of it cannot hold
-        a launch, so two boundaries that close can share one event."""
+        a launch, so two boundaries that close can share one event. Measured with events only
+        (resolved once, at start, before any cycle): no synchronize of the device."""
         x = self.torch.zeros(1, device="cuda")
         for _ in range(5):
             x.add_(1)
@@ -69,8 +83,22 @@ class CudaClock:
         return mark.query()
 
     @staticmethod
+    def wait(mark) -> None:
+        mark.synchronize()  # only at shutdown (drain(wait=True)), never inside a hook
+
+    @staticmethod
     def ms(a, b) -> float:
         return 0.0 if a is b else a.elapsed_time(b)
+
+    def to_host(self, value):
+        """Start a copy of a device tensor into pinned host memory, ordered on the current stream;
+        read it once the cycle's end event (recorded after this) has completed -- no sync now."""
+        torch = self.torch
+        if not (hasattr(value, "is_cuda") and value.is_cuda):
+            return value
+        host = torch.empty(value.shape, dtype=value.dtype, device="cpu", pin_memory=True)
+        host.copy_(value, non_blocking=True)
+        return host
 
 
 @dataclass
@@ -86,19 +114,37 @@ class _Cycle:
 
 
 class PhaseTimer:
-    def __init__(self, path: str, clock=None, summary_every: int = 200, drain_every: int = 32,
-                 merge_us: float | None = None):
+    """Times the phases of each cycle in one rank process and appends one JSON line per cycle, with
+    the rank, to this rank's own file (``path``). Resolved cycles are written by a flusher thread
+    within ``flush_s`` of completing -- so a run's cycles are on disk once the server goes idle --
+    and on SIGTERM/exit (the plugin's handler calls ``drain(wait=True)``)."""
+
+    def __init__(self, path: str, clock=None, summary_every: int = 200, rank: int = 0,
+                 merge_us: float | None = None, flush_s: float | None = 0.05, max_pending: int = 1024):
         self.path = path
+        self.rank = rank
         self.clock = clock or HostClock()
-        self.summary_every = summary_every
-        self.drain_every = drain_every  # resolve in batches: one query per batch, not per cycle
+        self.summary_every = summary_every  # 0: no summary block (ranks other than the logging one)
+        self.max_pending = max_pending  # a safety cap: the hook drains itself only past this
         if merge_us is None:
             merge_us = 0.5 * getattr(self.clock, "launch_us", 0.0)
         self.merge_us = merge_us
         self._local = threading.local()
         self._pending: deque[_Cycle] = deque()
-        self._lock = threading.Lock()
+        self._lock = threading.RLock()  # RLock: the SIGTERM handler may interrupt a drain
         self._window: list[dict] = []
+        self._stop = threading.Event()
+        if flush_s:
+            threading.Thread(target=self._flusher, args=(flush_s,), daemon=True,
+                             name="spec_decode-profile-flusher").start()
+
+    def _flusher(self, every_s: float) -> None:
+        device = getattr(self.clock, "device", None)
+        if device is not None:  # query events in the rank's own device context, never GPU 0's
+            self.clock.torch.cuda.set_device(device)
+        while not self._stop.wait(every_s):
+            if self._pending:
+                self.drain()
 
     # ---- hooks (HookRegistry AROUND signature: fn(original_fn, *args, **kwargs)) -------------------
     def around_cycle(self, original, *args, **kwargs):
@@ -110,21 +156,24 @@ class PhaseTimer:
         finally:
             self._local.cycle = None
         if "verify" in cycle.phases:  # a decode cycle (prefill batches have no verify)
-            cycle.end = self._mark(cycle)
+            # The accepted counts travel to pinned host memory on the forward stream, before the
+            # end event: they are read only once that event has completed.
+            acc = getattr(result, "accept_lens", None)
+            cycle.accepted = self.clock.to_host(acc)
+            cycle.end = self._mark(cycle, force=cycle.accepted is not acc)
             cycle.t = time.time()
-            cycle.accepted = getattr(result, "accept_lens", None)
             with self._lock:
                 self._pending.append(cycle)
-                due = len(self._pending) >= self.drain_every
-            if due:
+                overflow = len(self._pending) > self.max_pending
+            if overflow:
                 self.drain()
         return result
 
-    def _mark(self, cycle: _Cycle):
+    def _mark(self, cycle: _Cycle, force: bool = False):
         """A boundary event; reuses the cycle's last one when the host spent under merge_us since
         (no kernel can have been launched in between), halving the event records per cycle."""
         now = time.perf_counter()
-        if cycle.last is not None and (now - cycle.last_host) * 1e6 < self.merge_us:
+        if not force and cycle.last is not None and (now - cycle.last_host) * 1e6 < self.merge_us:
             cycle.shared += 1
             return cycle.last
         ev = self.clock.mark()
@@ -146,28 +195,34 @@ class PhaseTimer:
 
     # ---- resolution -------------------------------------------------------------------------------
     def drain(self, wait: bool = False) -> int:
-        """Write every pending cycle whose events completed (all of them if ``wait``)."""
-        lines = []
+        """Write every pending cycle whose events completed; with ``wait`` (shutdown only) wait for
+        the rest."""
         with self._lock:
+            lines = []
             while self._pending:
                 c = self._pending[0]
-                if not wait and not self.clock.ready(c.end):
-                    break
-                self._pending.popleft()
+                if not self.clock.ready(c.end):
+                    if not wait:
+                        break
+                    self.clock.wait(c.end)
                 lines.append(self._resolve(c))
-        if lines:
-            with open(self.path, "a", encoding="utf-8") as f:
-                f.writelines(json.dumps(x) + "\n" for x in lines)
-            self._window.extend(lines)
-            if len(self._window) >= self.summary_every:
-                log.info(summary_block(self._window))
-                self._window = []
+                self._pending.popleft()
+            if lines:
+                with open(self.path, "a", encoding="utf-8") as f:
+                    f.writelines(json.dumps(x) + "\n" for x in lines)
+            if self.summary_every:
+                self._window.extend(lines)
+                if len(self._window) >= self.summary_every:
+                    log.info(summary_block(self._window))
+                    self._window = []
         return len(lines)
 
+    def close(self) -> None:
+        self._stop.set()
+        self.drain(wait=True)
+
     def _resolve(self, c: _Cycle) -> dict:
-        if hasattr(self.clock, "torch") and not self.clock.ready(c.end):
-            c.end.synchronize()
-        rec = {"t": round(c.t, 6)}
+        rec = {"t": round(c.t, 6), "rank": self.rank}
         for p in PHASES:
             a, b = c.phases.get(p, (None, None))
             rec[f"{p}_ms"] = round(self.clock.ms(a, b), 4) if a is not None else 0.0
@@ -176,10 +231,10 @@ class PhaseTimer:
         self.clock.release(*marks.values())
         acc = c.accepted
         if acc is not None and hasattr(acc, "sum"):
-            acc = int(acc.sum().item())  # its event completed: no stall
+            acc = int(acc.sum())  # a host tensor: its copy finished before the end event
         elif isinstance(acc, (list, tuple)):
             acc = int(sum(acc))
-        rec["accepted"] = acc if acc is not None else None
+        rec["accepted"] = acc
         return rec
 
 

@@ -34,33 +34,30 @@ def accept_len(gen) -> float:
 def test_lossless_for_every_step_count(models, prompts):
     """Output ids equal plain greedy decoding of the target, token for token."""
     target, drafter = models
-    greedy = Decoder(target, None, 0, profile=False)
+    greedy = Decoder(target, None, 0)
     for text in prompts[:4]:
         ids = encode(text)
         want = greedy.generate(ids, 200).output_ids
         assert len(want) == 200
         for steps in (1, 2, 3, 5):
-            got = Decoder(target, drafter, steps, profile=False).generate(ids, 200)
+            got = Decoder(target, drafter, steps).generate(ids, 200)
             assert got.output_ids == want, f"steps={steps} diverged on {text!r}"
             assert got.verify_ct < 200  # it did speculate: fewer target forwards than tokens
 
 
 def test_counters_are_consistent(models, prompts):
     target, drafter = models
-    gen = Decoder(target, drafter, 3, profile=True).generate(encode(prompts[0]), 300)
+    gen = Decoder(target, drafter, 3).generate(encode(prompts[0]), 300)
     assert gen.proposed_drafts == 3 * gen.verify_ct
     assert sum(gen.histogram) == gen.verify_ct
     assert sum(a * n for a, n in enumerate(gen.histogram)) == gen.correct_drafts
     # 1 token from the prefill + (accepted + bonus) per cycle, truncated to exactly 300
     assert 1 + gen.correct_drafts + gen.verify_ct >= 300
-    assert len(gen.cycles) == gen.verify_ct
-    c = gen.cycles[0]
-    assert c.cycle_ms >= c.draft_ms + c.verify_ms + c.extend_ms - 1e-6
 
 
 def test_acceptance_is_real_at_three_steps(models, prompts):
     target, drafter = models
-    gen = Decoder(target, drafter, 3, profile=False).generate(encode(prompts[0]), 500)
+    gen = Decoder(target, drafter, 3).generate(encode(prompts[0]), 500)
     assert accept_len(gen) >= 2.5
 
 
@@ -77,8 +74,8 @@ def test_wrong_layer_ids_collapse_acceptance(models, prompts, tmp_path, wrong):
     bad = load_drafter(bad_dir, target)
     assert bad.shape.aux_layer_ids == wrong
     ids = encode(prompts[0])
-    good_gen = Decoder(target, drafter, 3, profile=False).generate(ids, 300)
-    bad_gen = Decoder(target, bad, 3, profile=False).generate(ids, 300)
+    good_gen = Decoder(target, drafter, 3).generate(ids, 300)
+    bad_gen = Decoder(target, bad, 3).generate(ids, 300)
     assert bad_gen.output_ids == good_gen.output_ids  # still lossless: nothing crashes
     good_rate = good_gen.correct_drafts / good_gen.proposed_drafts
     bad_rate = bad_gen.correct_drafts / bad_gen.proposed_drafts

@@ -3,6 +3,12 @@
 Our CPU (or CUDA) inference server for the tiny Llama target and its EAGLE-3 drafter. It takes
 SGLang 0.5.23's flag names for what it supports and refuses unknown flags (exit 2, flag named).
 Without speculative flags it is the baseline engine (plain greedy decoding).
+
+Processes, as SGLang's: this one (the front) serves HTTP and spawns one rank process per
+--tp-size rank (torch.distributed: gloo on CPU, NCCL on CUDA with rank r on cuda:r); the target is
+sharded Megatron-style across the ranks, the drafter replicated. Rank 0 writes the `Decode batch`
+lines. With SPEC_DECODE_PROFILE set, the profiler plugin (loaded in every process) writes one
+profile file per rank. See docs/embedded-engine.md.
 """
 
 from __future__ import annotations
@@ -31,7 +37,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--host", default="127.0.0.1")
     p.add_argument("--port", type=int, default=30000)
     p.add_argument("--random-seed", type=int, default=None)
-    p.add_argument("--tp-size", "--tensor-parallel-size", type=int, default=1)
+    p.add_argument("--tp-size", "--tensor-parallel-size", type=int, default=1,
+                   help="rank processes; must divide the target's attention heads, kv heads and "
+                        "intermediate size")
     p.add_argument("--decode-log-interval", type=int, default=40)
     p.add_argument("--device", choices=["cpu", "cuda"], default="cpu")
     p.add_argument("--cpu-threads", type=int, default=1,
@@ -71,8 +79,9 @@ def fail(msg: str) -> None:
     raise SystemExit(1)
 
 
-def check_models(args: argparse.Namespace) -> None:
-    """Start-up checks that SGLang would also fail on, with a message that says what to do."""
+def check_models(args: argparse.Namespace) -> list[int] | None:
+    """Start-up checks that SGLang would also fail on, with a message that says what to do.
+    Returns the drafter's layer ids as it will be served (None for the baseline)."""
     from .model import DRAFTER_ARCH
 
     target = Path(args.model_path)
@@ -81,7 +90,7 @@ def check_models(args: argparse.Namespace) -> None:
              f"(run `dvc pull {target}` or `dvc repro` to build the tiny models)")
     tcfg = json.loads((target / "config.json").read_text())
     if not args.speculative_algorithm:
-        return
+        return None
     draft = Path(args.speculative_draft_model_path)
     if not (draft / "config.json").is_file() or not (draft / "model.safetensors").is_file():
         fail(f"--speculative-draft-model-path {draft}: no config.json/model.safetensors there "
@@ -103,49 +112,69 @@ def check_models(args: argparse.Namespace) -> None:
              f"in 0..{n - 2} for a {n}-layer target")
     if dcfg.get("hidden_size") != tcfg["hidden_size"]:
         fail(f"drafter hidden_size {dcfg.get('hidden_size')} != target hidden_size {tcfg['hidden_size']}")
+    return list(ids)
+
+
+def check_tp_size(args: argparse.Namespace, parser: argparse.ArgumentParser) -> None:
+    """--tp-size must shard the target evenly (exit 2 naming the flag and the head counts)."""
+    from .parallel import tp_size_error
+
+    cfg = json.loads((Path(args.model_path) / "config.json").read_text())
+    heads, kv_heads = cfg["num_attention_heads"], cfg.get("num_key_value_heads", cfg["num_attention_heads"])
+    err = tp_size_error(args.tp_size, heads, kv_heads, cfg["intermediate_size"])
+    if err:
+        parser.error(err)
 
 
 def main(argv: list[str] | None = None) -> None:
     parser = build_parser()
     args = parser.parse_args(argv)
     resolve_spec(args, parser)
-    if args.tp_size != 1:
-        parser.error(f"--tp-size {args.tp_size}: the embedded engine runs in one process (tp 1)")
     logging.basicConfig(
         level=getattr(logging, args.log_level.upper(), logging.INFO),
         format="[%(asctime)s] %(message)s", datefmt="%Y-%m-%d %H:%M:%S", stream=sys.stdout,
     )
-    check_models(args)
+    layer_ids = check_models(args)
+    check_tp_size(args, parser)
 
-    import torch
+    # Imported only now: a bad flag or model exits above without waiting for torch to load.
+    from spec_decode.plugins import load_plugins
 
-    torch.set_num_threads(args.cpu_threads)
-    if args.random_seed is not None:
-        torch.manual_seed(args.random_seed)
-    if args.device == "cuda" and not torch.cuda.is_available():
-        fail("--device cuda: no CUDA device is visible")
-    from .decoding import Decoder
-    from .model import load_drafter, load_target
-    from .server import EngineState, serve
+    from . import decoding  # noqa: F401 - the profiler's hook targets; loaded before the plugins
+    from .ranks import RankDied, RankGroup
+    from .scheduler import RankSpec
+    from .server import EngineState, bind, exit_on_rank_death, serve
 
-    target = load_target(args.model_path, args.device)
-    drafter = (load_drafter(args.speculative_draft_model_path, target, args.device)
-               if args.speculative_algorithm else None)
-    profile = os.environ.get("SPEC_DECODE_PROFILE") or None
-    decoder = Decoder(target, drafter, args.speculative_num_steps or 0, profile=bool(profile))
-    resolved = {k: v for k, v in vars(args).items()}
-    if drafter is not None:
-        resolved["eagle_aux_hidden_state_layer_ids"] = list(drafter.shape.aux_layer_ids)
-    logging.info("server_args=%s", json.dumps(resolved, sort_keys=True))
-    # Warm the kernels once so the first request does not pay for lazy initialisation.
-    decoder.generate([32] * 8, 8)
-    state = EngineState(decoder, resolved, args.decode_log_interval, profile)
     try:
-        serve(state, args.host, args.port)
+        httpd = bind(args.host, args.port)
     except OSError as e:
         fail(f"--port {args.port}: cannot listen on {args.host}:{args.port} ({e.strerror})")
+    # As SGLang's launcher: plugins load in this process too (it runs no decoding, so the profiler
+    # hooks stay idle here); each rank loads them again after joining its group.
+    logging.info("front (pid %d): plugins loaded: %s", os.getpid(), load_plugins())
+    resolved = {k: v for k, v in vars(args).items()}
+    if layer_ids is not None:
+        resolved["eagle_aux_hidden_state_layer_ids"] = layer_ids
+    logging.info("server_args=%s", json.dumps(resolved, sort_keys=True))
+    spec = RankSpec(
+        model_path=args.model_path, draft_model_path=args.speculative_draft_model_path,
+        steps=args.speculative_num_steps or 0, tp_size=args.tp_size, device=args.device,
+        cpu_threads=args.cpu_threads, random_seed=args.random_seed,
+        decode_log_interval=args.decode_log_interval, log_level=args.log_level, dist_port=0, front_pid=0,
+    )
+    try:
+        group = RankGroup(spec)
+    except RankDied as e:
+        fail(f"a rank failed during start-up: {e}")
     except KeyboardInterrupt:
-        pass
+        raise SystemExit(130) from None
+    context = json.loads((Path(args.model_path) / "config.json").read_text())["max_position_embeddings"]
+    state = EngineState(group, resolved, context, spec.steps, speculative=bool(args.speculative_algorithm))
+    group.watch(exit_on_rank_death(state))
+    try:
+        serve(httpd, state)
+    except KeyboardInterrupt:
+        group.close()
 
 
 if __name__ == "__main__":

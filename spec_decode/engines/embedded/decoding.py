@@ -17,31 +17,11 @@ does, so a bad drafter (e.g. served with the wrong layer ids) shows only as low 
 
 from __future__ import annotations
 
-import time
 from dataclasses import dataclass, field
 
 import torch
 
 from .model import Eagle3Drafter, LlamaTarget
-
-
-@dataclass
-class Cycle:
-    """One speculative cycle's timings (ms) and how many tokens it committed."""
-
-    t: float
-    draft_ms: float
-    verify_ms: float
-    extend_ms: float
-    cycle_ms: float
-    accepted: int
-
-    def as_json(self) -> dict:
-        return {
-            "t": round(self.t, 6), "draft_ms": round(self.draft_ms, 4),
-            "verify_ms": round(self.verify_ms, 4), "extend_ms": round(self.extend_ms, 4),
-            "cycle_ms": round(self.cycle_ms, 4), "accepted": self.accepted,
-        }
 
 
 @dataclass
@@ -52,7 +32,6 @@ class Generation:
     correct_drafts: int = 0
     proposed_drafts: int = 0
     histogram: list[int] = field(default_factory=list)  # histogram[a] = cycles that accepted a drafts
-    cycles: list[Cycle] = field(default_factory=list)
     decode_steps: int = 0  # target forwards after prefill (verify cycles, or plain decode steps)
 
 
@@ -71,41 +50,33 @@ class _State:
 @dataclass
 class CycleOut:
     accepted_drafts: int
-    accept_lens: list[int]  # per request, incl. the bonus token (as SGLang's batch result)
-    timing: Cycle | None
+    accept_lens: list[int]  # per request, incl. the bonus token (as SGLang's batch result); the
+    # profiler plugin reads this attribute from the return value of its AROUND hook on ``cycle``
 
 
-class Clock:
-    """Host clock; on CUDA it synchronises at phase boundaries so host times mean device times.
-    (The SGLang plugin uses CUDA events instead; here one request owns the device.)"""
-
-    def __init__(self, device: torch.device):
-        self.cuda = device.type == "cuda"
-
-    def __call__(self) -> float:
-        if self.cuda:
-            torch.cuda.synchronize()
-        return time.perf_counter()
-
-
-def _no_clock() -> float:
-    return 0.0
+def max_new_tokens(context: int, steps: int, prompt_len: int) -> int:
+    """The longest generation that fits the context (the last cycle may overshoot by steps + 1)."""
+    return context - prompt_len - steps - 1
 
 
 class Decoder:
-    def __init__(self, target: LlamaTarget, drafter: Eagle3Drafter | None, steps: int, profile: bool):
+    """Greedy decoding of one request at a time. In a tensor-parallel server every rank runs its own
+    Decoder in lockstep: the target's row-parallel blocks all-reduce inside its forward; the drafter
+    and all decisions (argmax, accepted count) are replicated and come out equal on every rank.
+
+    ``cycle``, ``draft``, ``verify`` and ``extend`` are the profiler plugin's hook targets (it patches
+    these class attributes): keep their names and call them as attributes of ``self``."""
+
+    def __init__(self, target: LlamaTarget, drafter: Eagle3Drafter | None, steps: int):
         self.target = target
         self.drafter = drafter
         self.steps = steps if drafter is not None else 0
         self.capture = list(drafter.shape.aux_layer_ids) if drafter is not None else None
         self.device = target.lm_head.weight.device
-        self.clock = Clock(self.device)
-        self.profile = profile
         self.context = target.shape.max_position_embeddings
 
     def max_new_tokens(self, prompt_len: int) -> int:
-        """The longest generation that fits the context (the last cycle may overshoot by k+1)."""
-        return self.context - prompt_len - self.steps - 1
+        return max_new_tokens(self.context, self.steps, prompt_len)
 
     @torch.inference_mode()
     def generate(self, prompt: list[int], max_new_tokens: int, on_step=None) -> Generation:
@@ -116,22 +87,14 @@ class Decoder:
 
     def cycle(self, st: _State) -> CycleOut:
         """One speculative cycle (SGLang: EAGLEWorkerV2.forward_batch_generation for a decode batch)."""
-        clock = self.clock if self.profile else _no_clock  # the CUDA clock synchronises: only when asked
-        t0 = clock()
         base = st.tcache.length
         draft = self.draft(st.first, st.h_last, st.dcache)
-        t1 = clock()
         a, pred, aux = self.verify(st.last, draft, st.tcache)
-        t2 = clock()
         new = pred[: a + 1]  # accepted drafts (== pred[:a]) and the bonus token
         st.first, st.h_last = self.extend(new, aux[:, : a + 1], st.dcache, base)
         st.last = new[-1:]
         st.committed.append(new)
-        t3 = clock()
-        timing = None
-        if self.profile:
-            timing = Cycle(time.time(), (t1 - t0) * 1e3, (t2 - t1) * 1e3, (t3 - t2) * 1e3, (t3 - t0) * 1e3, a + 1)
-        return CycleOut(a, [a + 1], timing)
+        return CycleOut(a, [a + 1])
 
     # The three phases as methods (the shape of SGLang's EagleDraftWorker.draft / EAGLEWorkerV2.verify /
     # _draft_extend_for_decode), so that phase hooks such as the profiler plugin's can wrap them.
@@ -197,8 +160,6 @@ class Decoder:
             gen.verify_ct += 1
             gen.correct_drafts += a
             gen.histogram[a] += 1
-            if out.timing is not None:
-                gen.cycles.append(out.timing)
             if on_step is not None:
                 on_step(a + 1, a)
         gen.proposed_drafts = gen.verify_ct * k

@@ -21,6 +21,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from .parallel import TensorParallel, shard_units
+
 TARGET_ARCH = "LlamaForCausalLM"
 DRAFTER_ARCH = "LlamaForCausalLMEagle3"
 
@@ -152,6 +154,40 @@ class Attention(nn.Module):
         b, _, t, _ = a.shape
         return self.o_proj(a.transpose(1, 2).reshape(b, t, self.nh * self.hd))
 
+    # ---- tensor-parallel inference (the target): per-unit weights, see parallel.py -------------------
+    def shard(self, tp: TensorParallel) -> None:
+        """This rank's units: q/k/v column-parallel (whole heads), o_proj row-parallel. At tp > 1
+        the full projections are dropped (a rank holds 1/tp of them); at tp 1 they stay for
+        ``forward_train`` (the drafter build trains against a loaded target)."""
+        u, (lo, hi) = tp.units, tp.local_units
+        qpu, kpu, hd = self.nh // u, self.nkv // u, self.hd
+        qkv = torch.cat([self.q_proj.weight.view(u, qpu * hd, -1), self.k_proj.weight.view(u, kpu * hd, -1),
+                         self.v_proj.weight.view(u, kpu * hd, -1)], dim=1)
+        self.u_qkv = qkv[lo:hi].transpose(1, 2).contiguous().detach()  # (local units, in, c)
+        o = self.o_proj.weight  # (h, heads * hd); head j is columns j*hd .. (j+1)*hd
+        self.u_o = o.view(o.shape[0], u, qpu * hd).permute(1, 2, 0)[lo:hi].contiguous().detach()
+        self.local = (hi - lo, qpu, kpu)
+        if tp.size > 1:
+            self.q_proj = self.k_proj = self.v_proj = self.o_proj = None
+
+    def qkv_sharded(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor):
+        """x (1, T, in) -> this rank's q (1, local heads, T, hd), k, v (1, local kv heads, T, hd)."""
+        n, qpu, kpu = self.local
+        t, hd = x.shape[1], self.hd
+        y = torch.matmul(x, self.u_qkv)  # (local units, T, c): one matrix per unit
+        q, k, v = y.split([qpu * hd, kpu * hd, kpu * hd], dim=-1)
+
+        def heads(z: torch.Tensor, per: int) -> torch.Tensor:
+            return z.view(n, t, per, hd).transpose(1, 2).reshape(1, n * per, t, hd)
+
+        return apply_rope(heads(q, qpu), cos, sin), apply_rope(heads(k, kpu), cos, sin), heads(v, kpu)
+
+    def out_partials(self, a: torch.Tensor) -> torch.Tensor:
+        """a (1, local heads, T, hd) -> per-unit o_proj partials (local units, T, h)."""
+        n, qpu, _ = self.local
+        t = a.shape[2]
+        return torch.bmm(a[0].view(n, qpu, t, self.hd).transpose(1, 2).reshape(n, t, qpu * self.hd), self.u_o)
+
 
 class MLP(nn.Module):
     def __init__(self, shape: LlamaShape):
@@ -172,6 +208,23 @@ class MLP(nn.Module):
             gate, up = self.gate_proj(x), self.up_proj(x)
         return self.down_proj(F.silu(gate) * up)
 
+    def shard(self, tp: TensorParallel) -> None:
+        """gate/up column-parallel, down_proj row-parallel, per unit of intermediate_size / units
+        (full weights dropped at tp > 1, as in Attention.shard)."""
+        u, (lo, hi) = tp.units, tp.local_units
+        ff, h = self.gate_proj.weight.shape
+        fpu = ff // u
+        gate_up = torch.cat([self.gate_proj.weight.view(u, fpu, h), self.up_proj.weight.view(u, fpu, h)], dim=1)
+        self.u_gate_up = gate_up[lo:hi].transpose(1, 2).contiguous().detach()  # (local units, h, 2 fpu)
+        self.u_down = self.down_proj.weight.view(h, u, fpu).permute(1, 2, 0)[lo:hi].contiguous().detach()
+        if tp.size > 1:
+            self.gate_proj = self.up_proj = self.down_proj = None
+
+    def partials(self, x: torch.Tensor) -> torch.Tensor:
+        """x (1, T, h) -> per-unit down_proj partials (local units, T, h)."""
+        gate, up = torch.matmul(x, self.u_gate_up).chunk(2, dim=-1)
+        return torch.bmm(F.silu(gate) * up, self.u_down)
+
 
 class KVCache:
     """Preallocated per-layer K/V for batch 1. Rolling back only lowers ``length``: attention reads
@@ -191,7 +244,8 @@ class KVCache:
         self.k[layer, :, :, start:end] = k
         self.v[layer, :, :, start:end] = v
         return F.scaled_dot_product_attention(
-            q, self.k[layer, :, :, :end], self.v[layer, :, :, :end], attn_mask=mask
+            q, self.k[layer, :, :, :end], self.v[layer, :, :, :end], attn_mask=mask,
+            enable_gqa=q.shape[1] != k.shape[1],
         )
 
 
@@ -234,18 +288,30 @@ class LlamaTarget(nn.Module):
         cos, sin = rope_tables(shape.head_dim, shape.max_position_embeddings, shape.rope_theta)
         self.register_buffer("cos", cos, persistent=False)
         self.register_buffer("sin", sin, persistent=False)
+        self.tp: TensorParallel | None = None  # set by prepare_inference
 
-    def prepare_inference(self) -> LlamaTarget:
+    @property
+    def shard_units(self) -> int:
+        s = self.shape
+        return shard_units(s.num_attention_heads, s.num_key_value_heads, s.intermediate_size)
+
+    def prepare_inference(self, tp: TensorParallel | None = None) -> LlamaTarget:
+        """Inference layout: this rank's shard of every layer (all of it at tp 1), in per-unit
+        weights; embedding, norms and lm_head stay whole (replicated on every rank)."""
         self.eval()
+        self.tp = tp or TensorParallel(units=self.shard_units)
+        if self.tp.units != self.shard_units:
+            raise ValueError(f"tp units {self.tp.units} != the target's {self.shard_units}")
         for layer in self.model.layers:
-            layer.self_attn.fuse()
-            layer.mlp.fuse()
+            layer.self_attn.shard(self.tp)
+            layer.mlp.shard(self.tp)
         return self
 
     def new_cache(self, max_len: int | None = None) -> KVCache:
         s = self.shape
+        kv_heads = s.num_key_value_heads // (self.tp.size if self.tp else 1)
         return KVCache(
-            s.num_hidden_layers, s.num_key_value_heads, max_len or s.max_position_embeddings,
+            s.num_hidden_layers, kv_heads, max_len or s.max_position_embeddings,
             s.head_dim, device=self.lm_head.weight.device,
         )
 
@@ -278,10 +344,12 @@ class LlamaTarget(nn.Module):
         mask = causal_mask(start, t, ids.device)
         x = self.model.embed_tokens(ids)
         outs = {}
+        reduce = self.tp.reduce  # row-parallel partials -> (T, h), the same at every tp size
         for i, layer in enumerate(self.model.layers):
-            q, k, v = layer.self_attn.qkv(layer.input_layernorm(x), cos, sin)
-            x = x + layer.self_attn.out(cache.attend(i, q, k, v, start, mask))
-            x = x + layer.mlp(layer.post_attention_layernorm(x))
+            attn = layer.self_attn
+            q, k, v = attn.qkv_sharded(layer.input_layernorm(x), cos, sin)
+            x = x + reduce(attn.out_partials(cache.attend(i, q, k, v, start, mask))).view(1, t, -1)
+            x = x + reduce(layer.mlp.partials(layer.post_attention_layernorm(x))).view(1, t, -1)
             if capture and i in capture:
                 outs[i] = x
         cache.length = start + t
@@ -419,13 +487,14 @@ class Eagle3Drafter(nn.Module):
 # --------------------------------------------------------------------------- loading
 
 
-def load_target(model_dir: str | Path, device: str = "cpu") -> LlamaTarget:
+def load_target(model_dir: str | Path, device: str = "cpu", tp: TensorParallel | None = None) -> LlamaTarget:
+    """The target ready for inference; with ``tp``, only this rank's shard of each layer is kept."""
     from safetensors.torch import load_file
 
     cfg = read_config(model_dir)
     model = LlamaTarget(LlamaShape.from_config(cfg))
     model.load_state_dict(load_file(str(Path(model_dir) / "model.safetensors")))
-    return model.to(device).prepare_inference()
+    return model.to(device).prepare_inference(tp)
 
 
 def drafter_shape_from_config(cfg: dict) -> DrafterShape:

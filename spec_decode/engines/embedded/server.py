@@ -1,13 +1,16 @@
-"""The embedded engine's HTTP server: SGLang 0.5.23's endpoints, fields, log lines and profile lines.
+"""The embedded engine's HTTP front: SGLang 0.5.23's endpoints and fields, served by the front process
+that feeds the rank processes (``ranks.RankGroup``).
 
-- ``GET /health`` (and ``/health_generate``): 200 once the models are loaded.
-- ``GET /server_info`` (and the deprecated ``/get_server_info``): resolved args, version, internal state.
-- ``GET|POST /flush_cache``: resets the speculative counters (as SGLang's ``reset_metrics``).
+- ``GET /health`` (and ``/health_generate``, ``/ready``): 200 while every rank is alive, else 503.
+- ``GET /server_info`` (and the deprecated ``/get_server_info``): resolved args, version, tp_size, the
+  rank processes' pids, internal state.
+- ``GET|POST /flush_cache``: resets the speculative counters (as SGLang's ``reset_metrics``); waits
+  for a running request to finish first.
 - ``POST /generate``: ``{"text" | "input_ids", "sampling_params": {...}}`` -> ``{"text", "output_ids",
-  "meta_info"}`` with SGLang's ``spec_*`` counters when speculation is on. Unknown ``sampling_params``
-  keys are refused with HTTP 400 naming the key, like SGLang's msgspec schema.
-- Every ``--decode-log-interval`` decode iterations: a ``Decode batch, ...`` line in SGLang's shape.
-- With ``SPEC_DECODE_PROFILE=<path>`` in the environment: one JSON line per speculative cycle.
+  "meta_info"}`` with SGLang's ``spec_*`` counters when speculation is on. Bad bodies get 400 naming
+  the field (``request.py``); a known path with another method 405; an unknown path 404.
+- A rank that dies: the request in flight gets 503 naming the rank, and the server exits (status 1)
+  within about a second, after that rank's last log lines.
 """
 
 from __future__ import annotations
@@ -15,192 +18,118 @@ from __future__ import annotations
 import json
 import logging
 import os
+import sys
 import threading
 import time
 import uuid
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from urllib.parse import parse_qs
 
-from .decoding import Decoder, Generation
-from .tokenizer import decode, encode
+from .ranks import RankDied, RankGroup
+from .request import SAMPLING_KEYS, RequestError, parse_generate  # noqa: F401 (SAMPLING_KEYS: re-exported)
+from .tokenizer import decode
 
 log = logging.getLogger("spec_decode.embedded")
+MAX_BODY_BYTES = 1 << 20  # a prompt is at most the context (1024 bytes); anything far larger is abuse
+EXIT_RANK_DIED = 1
 
-# SGLang 0.5.23's sampling_params fields (sglang/api/v1/api_types.py). Unknown keys -> 400.
-SAMPLING_KEYS = (
-    "max_new_tokens", "stop", "stop_token_ids", "stop_regex", "temperature", "top_p", "top_k", "min_p",
-    "frequency_penalty", "presence_penalty", "repetition_penalty", "min_new_tokens", "n", "json_schema",
-    "regex", "ebnf", "structural_tag", "ignore_eos", "skip_special_tokens",
-    "spaces_between_special_tokens", "no_stop_trim", "stream_interval", "logit_bias", "sampling_seed",
-    "custom_params", "beam_width", "watermark", "choice",
-)
-
-
-class RequestError(ValueError):
-    """A bad request: answered with HTTP 400 and this message; the server keeps serving."""
+# path -> allowed methods (anything else on a known path: 405 with an Allow header)
+ROUTES = {
+    "/health": ("GET",), "/health_generate": ("GET",), "/ready": ("GET",),
+    "/server_info": ("GET",), "/get_server_info": ("GET",), "/model_info": ("GET",),
+    "/flush_cache": ("GET", "POST"), "/generate": ("POST",),
+}
 
 
-class Counters:
-    """Speculative counters since the last /flush_cache, and the decode-log window."""
-
-    def __init__(self) -> None:
-        self.reset()
-        self.last_log_tic = time.monotonic()  # like SGLang: not reset while idle
-
-    def reset(self) -> None:
-        self.total_accept_tokens = 0
-        self.total_verify_ct = 0
-        self.window_tokens = 0
-        self.window_forward_ct = 0
-        self.window_correct = 0
-        self.last_gen_throughput = 0.0
+class HttpError(Exception):
+    def __init__(self, code: int, message: str, headers: dict | None = None):
+        super().__init__(message)
+        self.code, self.headers = code, headers or {}
 
 
 class EngineState:
-    def __init__(self, decoder: Decoder, args: dict, decode_log_interval: int, profile_path: str | None):
-        self.decoder = decoder
+    def __init__(self, group: RankGroup, args: dict, context: int, steps: int, speculative: bool):
+        self.group = group
         self.args = args
-        self.interval = max(1, decode_log_interval)
-        self.profile_path = profile_path
-        self.counters = Counters()
-        self.lock = threading.Lock()
+        self.context, self.steps, self.speculative = context, steps, speculative
         self.started = time.time()
-        self.kv_tokens = 0
+        self.internal_state = {"last_gen_throughput": 0.0, "avg_spec_accept_length": None}
+        self.in_flight = 0
+        self.idle = threading.Condition()
 
     # ---- /generate ------------------------------------------------------------------------------
-    def parse(self, body: object) -> tuple[list[int], int]:
-        if not isinstance(body, dict):
-            raise RequestError("request body must be a JSON object")
-        sp = body.get("sampling_params") or {}
-        if not isinstance(sp, dict):
-            raise RequestError("sampling_params must be an object (lists of them are not supported)")
-        unknown = [k for k in sp if k not in SAMPLING_KEYS]
-        if unknown:
-            raise RequestError(
-                f"unknown field `{unknown[0]}` in sampling_params, expected one of "
-                + ", ".join(f"`{k}`" for k in SAMPLING_KEYS)
-            )
-        if float(sp.get("temperature", 1.0) or 0.0) != 0.0:
-            raise RequestError(
-                "sampling_params.temperature: the embedded engine decodes greedily; send temperature 0"
-            )
-        n = sp.get("max_new_tokens", 128)
-        if not isinstance(n, int) or isinstance(n, bool) or n < 1:
-            raise RequestError(f"sampling_params.max_new_tokens must be a positive integer (got {n!r})")
-        if "input_ids" in body:
-            ids = body["input_ids"]
-            if not (isinstance(ids, list) and ids and all(isinstance(i, int) and 0 <= i < 256 for i in ids)):
-                raise RequestError("input_ids must be a non-empty list of token ids in 0..255")
-        elif isinstance(body.get("text"), str) and body["text"]:
-            ids = encode(body["text"])
-        else:
-            raise RequestError("give `text` (a non-empty string) or `input_ids`")
-        room = self.decoder.max_new_tokens(len(ids))
-        if n > room:
-            raise RequestError(
-                f"prompt ({len(ids)} tokens) + sampling_params.max_new_tokens ({n}) exceeds the "
-                f"context of {self.decoder.context} tokens (at most {max(room, 0)} new tokens fit)"
-            )
-        return ids, n
-
     def generate(self, body: object) -> dict:
-        ids, n = self.parse(body)
-        with self.lock:
-            t0 = time.perf_counter()
-            gen = self.decoder.generate(ids, n, on_step=self._on_step)
-            latency = time.perf_counter() - t0
-            self.kv_tokens = 0
-        self._write_profile(gen)
-        return self._response(gen, latency)
+        req = parse_generate(body, self.context, self.steps)
+        t0 = time.perf_counter()
+        out = self.group.call("generate", req.input_ids, req.max_new_tokens)
+        latency = time.perf_counter() - t0
+        self.internal_state = out["internal_state"]
+        return self._response(out["generation"], latency)
 
-    def _response(self, gen: Generation, latency: float) -> dict:
+    def _response(self, gen: dict, latency: float) -> dict:
+        ids = gen["output_ids"]
         meta = {
             "id": uuid.uuid4().hex,
-            "finish_reason": {"type": "length", "length": len(gen.output_ids)},
-            "prompt_tokens": gen.prompt_tokens,
-            "completion_tokens": len(gen.output_ids),
+            "finish_reason": {"type": "length", "length": len(ids)},
+            "prompt_tokens": gen["prompt_tokens"],
+            "completion_tokens": len(ids),
             "cached_tokens": 0,
             "e2e_latency": latency,
         }
-        if self.decoder.drafter is not None and gen.verify_ct > 0:
+        if self.speculative and gen["verify_ct"] > 0:
             meta.update(
-                spec_verify_ct=gen.verify_ct,
-                spec_accept_length=len(gen.output_ids) / gen.verify_ct,
-                spec_accept_rate=gen.correct_drafts / gen.proposed_drafts,
-                spec_num_correct_drafts=gen.correct_drafts,
-                spec_num_proposed_drafts=gen.proposed_drafts,
-                spec_correct_drafts_histogram=gen.histogram,
+                spec_verify_ct=gen["verify_ct"],
+                spec_accept_length=len(ids) / gen["verify_ct"],
+                spec_accept_rate=gen["correct_drafts"] / gen["proposed_drafts"],
+                spec_num_correct_drafts=gen["correct_drafts"],
+                spec_num_proposed_drafts=gen["proposed_drafts"],
+                spec_correct_drafts_histogram=gen["histogram"],
             )
-        return {"text": decode(gen.output_ids), "output_ids": gen.output_ids, "meta_info": meta}
-
-    def _on_step(self, tokens: int, accepted: int | None) -> None:
-        c = self.counters
-        c.window_tokens += tokens
-        c.window_forward_ct += 1
-        self.kv_tokens += tokens
-        if accepted is not None:
-            c.window_correct += accepted
-            c.total_accept_tokens += tokens
-            c.total_verify_ct += 1
-        if c.window_forward_ct >= self.interval:
-            self._log_decode()
-
-    def _log_decode(self) -> None:
-        c = self.counters
-        now = time.monotonic()
-        c.last_gen_throughput = c.window_tokens / max(now - c.last_log_tic, 1e-9)
-        parts = ["#running-req: 1", f"#token: {self.kv_tokens}",
-                 f"token usage: {self.kv_tokens / self.decoder.context:.2f}"]
-        if self.decoder.drafter is not None:
-            k = self.decoder.steps
-            parts.append(f"accept len: {c.window_tokens / c.window_forward_ct:.2f}")
-            parts.append(f"accept rate: {c.window_correct / (c.window_forward_ct * k):.2f}")
-        parts += ["cpu graph: False", f"gen throughput (token/s): {c.last_gen_throughput:.2f}",
-                  "#queue-req: 0"]
-        log.info("Decode batch, " + ", ".join(parts))
-        c.window_tokens = c.window_forward_ct = c.window_correct = 0
-        c.last_log_tic = now
-
-    def _write_profile(self, gen: Generation) -> None:
-        if not self.profile_path or not gen.cycles:
-            return
-        with open(self.profile_path, "a", encoding="utf-8") as f:
-            f.writelines(json.dumps(c.as_json()) + "\n" for c in gen.cycles)
+        return {"text": decode(ids), "output_ids": ids, "meta_info": meta}
 
     # ---- other endpoints ------------------------------------------------------------------------
-    def flush(self) -> str:
-        with self.lock:
-            self.counters.reset()
+    def flush(self, query: dict) -> str:
+        timeout = query.get("timeout", ["0"])[-1]
+        try:
+            if not float(timeout) >= 0:
+                raise ValueError
+        except ValueError:
+            raise RequestError(f"flush_cache: timeout must be a number of seconds >= 0 (got {timeout!r})") from None
+        # Waits for a running request (the rank group runs one command at a time).
+        self.internal_state = self.group.call("flush", ranks="zero")["internal_state"]
         return "Cache flushed.\nPlease check backend logs for more details. (When there are running or waiting requests, the operation will not be performed.)\n"
 
     def server_info(self) -> dict:
         from spec_decode import __version__
 
-        c = self.counters
-        avg = c.total_accept_tokens / c.total_verify_ct if c.total_verify_ct else None
         return {
             **self.args,
             "version": __version__,
             "engine": "embedded",
             "startup_time": self.started,
-            "internal_states": [{
-                "last_gen_throughput": c.last_gen_throughput,
-                # Lifetime since the last /flush_cache, like SGLang's; never a run's number.
-                "avg_spec_accept_length": avg,
-            }],
+            "tp_size": self.group.spec.tp_size,
+            "rank_pids": self.group.pids,
+            "internal_states": [dict(self.internal_state)],
         }
 
 
 def make_handler(state: EngineState):
     class Handler(BaseHTTPRequestHandler):
         protocol_version = "HTTP/1.1"
+        # A request line too broken to carry a version is answered in HTTP/1.0 (a status line the
+        # client can read), not http.server's HTTP/0.9 default (a bare HTML body).
+        default_request_version = "HTTP/1.0"
         # Headers and body leave in separate writes: without TCP_NODELAY, Nagle + the client's
         # delayed ACK add ~40 ms to every response.
         disable_nagle_algorithm = True
+        # A client that announces more body than it sends, or goes silent mid-request, gets 408
+        # instead of holding a thread forever.
+        timeout = 30
 
         def log_message(self, fmt, *args):  # keep the server log to engine lines
             pass
 
-        def _send(self, code: int, payload: object) -> None:
+        def _send(self, code: int, payload: object, headers: dict | None = None) -> None:
             if isinstance(payload, str):
                 data, ctype = payload.encode(), "text/plain; charset=utf-8"
             else:
@@ -208,56 +137,130 @@ def make_handler(state: EngineState):
             self.send_response(code)
             self.send_header("Content-Type", ctype)
             self.send_header("Content-Length", str(len(data)))
+            for k, v in (headers or {}).items():
+                self.send_header(k, v)
             self.end_headers()
-            self.wfile.write(data)
+            if self.command != "HEAD":
+                self.wfile.write(data)
 
         def _body(self) -> object:
-            length = int(self.headers.get("Content-Length") or 0)
-            raw = self.rfile.read(length) if length else b""
+            if self.headers.get("Transfer-Encoding"):
+                self.close_connection = True
+                raise HttpError(411, "Transfer-Encoding is not supported; send a Content-Length")
+            raw_length = self.headers.get("Content-Length") or "0"
+            try:
+                length = int(raw_length)
+                if length < 0:
+                    raise ValueError
+            except ValueError:
+                self.close_connection = True  # we cannot know where the body ends
+                raise HttpError(400, f"Content-Length must be a non-negative integer (got {raw_length!r:.40})") from None
+            if length > MAX_BODY_BYTES:
+                self.close_connection = True
+                raise HttpError(413, f"request body of {length} bytes exceeds {MAX_BODY_BYTES}")
+            try:
+                raw = self.rfile.read(length) if length else b""
+            except TimeoutError:
+                self.close_connection = True
+                raise HttpError(408, f"request body: {length} bytes announced, not received within {self.timeout}s") from None
+            if len(raw) < length:
+                self.close_connection = True
+                raise HttpError(400, f"request body ended after {len(raw)} of {length} bytes")
             if not raw:
                 return {}
             try:
                 return json.loads(raw)
-            except json.JSONDecodeError as e:
-                raise RequestError(f"request body is not valid JSON: {e}") from None
+            except (ValueError, RecursionError) as e:  # JSONDecodeError, UnicodeDecodeError, too deep
+                raise RequestError(f"request body is not valid JSON: {str(e)[:200]}") from None
 
-        def _route(self, method: str) -> None:
-            path = self.path.split("?", 1)[0]
+        def _route(self) -> None:
+            method = self.command
+            path, _, query = self.path.partition("?")
             try:
-                if path in ("/health", "/health_generate", "/ready") and method == "GET":
+                if path not in ROUTES:
+                    raise HttpError(404, f"no route {method} {path[:200]}")
+                if method not in ROUTES[path]:
+                    raise HttpError(405, f"method {method} is not allowed on {path}; use {' or '.join(ROUTES[path])}",
+                                    {"Allow": ", ".join(ROUTES[path])})
+                body = self._body()  # always read it, so the connection stays in step
+                if path in ("/health", "/health_generate", "/ready"):
+                    if state.group.dead is not None:
+                        raise HttpError(503, str(state.group.dead))
                     self._send(200, "OK")
-                elif path in ("/server_info", "/get_server_info") and method == "GET":
+                elif path in ("/server_info", "/get_server_info"):
                     self._send(200, state.server_info())
-                elif path == "/model_info" and method == "GET":
+                elif path == "/model_info":
                     self._send(200, {"model_path": state.args["model_path"], "is_generation": True,
                                      "architectures": ["LlamaForCausalLM"]})
                 elif path == "/flush_cache":
-                    self._body()
-                    self._send(200, state.flush())
-                elif path == "/generate" and method == "POST":
-                    self._send(200, state.generate(self._body()))
+                    self._send(200, state.flush(parse_qs(query)))
                 else:
-                    self._send(404, {"error": f"no route {method} {path}"})
+                    with state.idle:
+                        state.in_flight += 1
+                    try:
+                        self._send(200, state.generate(body))
+                    finally:
+                        with state.idle:
+                            state.in_flight -= 1
+                            state.idle.notify_all()
             except RequestError as e:
                 self._send(400, {"error": {"message": str(e), "code": 400}})
+            except HttpError as e:
+                self._send(e.code, {"error": {"message": str(e), "code": e.code}}, e.headers)
+            except RankDied as e:
+                self._send(503, {"error": {"message": f"the server is shutting down: {e}", "code": 503}})
+            except (BrokenPipeError, ConnectionResetError):
+                self.close_connection = True  # the client left before its answer: nobody to tell
             except Exception as e:  # noqa: BLE001 - a failed request must not kill the server
                 log.exception("request failed")
                 self._send(500, {"error": {"message": f"{type(e).__name__}: {e}", "code": 500}})
 
-        def do_GET(self):
-            self._route("GET")
-
-        def do_POST(self):
-            self._route("POST")
+        def __getattr__(self, name: str):
+            # Every method (PUT, FOO, lower-case get...) reaches _route: 404 or 405, never http.server's 501.
+            if name.startswith("do_"):
+                return self._route
+            raise AttributeError(name)
 
     return Handler
 
 
-def serve(state: EngineState, host: str, port: int) -> None:
-    httpd = ThreadingHTTPServer((host, port), make_handler(state))
+def bind(host: str, port: int) -> ThreadingHTTPServer:
+    """Take the port first (before the ranks load for seconds): a taken port fails at once."""
+    httpd = ThreadingHTTPServer((host, port), BaseHTTPRequestHandler, bind_and_activate=False)
     httpd.daemon_threads = True
-    log.info("The server is fired up and ready to roll! (http://%s:%d, pid %d)", host, port, os.getpid())
+    try:
+        httpd.server_bind()
+        httpd.server_activate()
+    except OSError:
+        httpd.server_close()
+        raise
+    return httpd
+
+
+def serve(httpd: ThreadingHTTPServer, state: EngineState) -> None:
+    httpd.RequestHandlerClass = make_handler(state)
+    host, port = httpd.server_address[:2]
+    log.info("The server is fired up and ready to roll! (http://%s:%d, pid %d, tp_size %d, rank pids %s)",
+             host, port, os.getpid(), state.group.spec.tp_size, state.group.pids)
     try:
         httpd.serve_forever(poll_interval=0.2)
     finally:
         httpd.server_close()
+
+
+def exit_on_rank_death(state: EngineState, grace_s: float = 0.5):
+    """The RankGroup's on_death callback: let in-flight requests get their 503, stop the other
+    ranks, exit nonzero (from the monitor thread: os._exit, the HTTP loop cannot be joined)."""
+
+    def on_death(err: RankDied) -> None:
+        deadline = time.monotonic() + grace_s
+        with state.idle:
+            while state.in_flight and time.monotonic() < deadline:
+                state.idle.wait(timeout=max(0.0, deadline - time.monotonic()))
+        state.group.kill()
+        log.error("exiting: a rank died (status %d)", EXIT_RANK_DIED)
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(EXIT_RANK_DIED)
+
+    return on_death

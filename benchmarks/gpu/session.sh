@@ -1,0 +1,178 @@
+#!/usr/bin/env bash
+# The GPU session kit: everything issue 15 measures on the lent 2 x H200 machine, in one or two device
+# calls of <= 9 minutes. Run from the repository root, the wheels in .whl/ (carry: [".whl"]):
+#
+#   bash benchmarks/gpu/session.sh STEPS [sweep overrides...]
+#     STEPS: comma-separated, run in the order given (all = tests,probe,engine,sweep)
+#       tests   python -m pytest -m gpu tests/gpu tests/integration/test_nccl_probe.py
+#       probe   NCCL probe, world size 2, nccl=default,tuned,no_p2p, two interleaved repetitions;
+#               NCCL_DEBUG capture per profile (the golden files tests/data/logs/nccl_debug_<p>.log)
+#       engine  benchmarks/embedded_engine.py --device cuda (graph) [+ --disable-cuda-graph] on one GPU
+#       sweep   python run.py -m experiment=embedded_h200x2_steps_nccl tracking=off [overrides]
+#   e.g.  bash benchmarks/gpu/session.sh tests,probe,engine     # call 1
+#         PROBE_BACKEND=gloo bash benchmarks/gpu/session.sh probe   # a CPU check of the kit
+#         bash benchmarks/gpu/session.sh sweep                  # call 2
+#         bash benchmarks/gpu/session.sh sweep nccl=no_p2p      # a part of the sweep
+#
+# Writes into $OUT (default ./gpu_out): <step>.log for each step, probe.tgz (JSON + debug logs +
+# machine facts + tables.md) and sweep.tgz (the multirun dir: results.json, server.log, profile.jsonl
+# per job; extract at the repo root, then python -m spec_decode.tracking sync multirun/<dir>).
+# At most 7 files: the device tool brings back 8. Every step runs under `timeout`, and the whole call
+# under SESSION_BUDGET_S (default 540 s), so the files come back even when a step hangs.
+set -u -o pipefail
+
+STEPS=${1:-all}
+shift || true
+[ "$STEPS" = all ] && STEPS=tests,probe,engine,sweep
+OUT=${OUT:-$PWD/gpu_out}
+WORK=${SESSION_WORK:-/tmp/spec_decode_session}
+SITE=${SESSION_SITE:-/tmp/site}
+PY=${PYTHON:-python3}
+BUDGET_S=${SESSION_BUDGET_S:-540}
+mkdir -p "$OUT" "$WORK"
+for s in ${STEPS//,/ }; do
+  case $s in tests|probe|engine|sweep) ;; *) echo "session.sh: unknown step '$s' (tests, probe, engine, sweep, all)" >&2; exit 2;; esac
+done
+
+# The lent machine's rule (KINDS.md): NVLink multicast stays off in every NCCL process. The runner
+# drops inherited NCCL_* from its servers, so the rule also goes into /etc/nccl.conf, which NCCL reads
+# in every process (a variable that is set wins over the file; no profile sets this one).
+export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
+# Only on a GPU machine (nvidia-smi there): a CPU check of the kit leaves /etc alone.
+if command -v nvidia-smi >/dev/null && [ -w /etc ] && ! grep -qs '^NCCL_NVLS_ENABLE=0' /etc/nccl.conf; then
+  echo NCCL_NVLS_ENABLE=0 >> /etc/nccl.conf
+fi
+export PYTHONUNBUFFERED=1 HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 MLFLOW_DISABLE_TELEMETRY=true
+
+left() { echo $((BUDGET_S - SECONDS)); }
+# bounded STEP_TIMEOUT_S CMD...: the step's own limit, or what is left of the budget (minus 20 s for tar)
+bounded() {
+  local t=$1; shift
+  local rest=$(( $(left) - 20 ))
+  [ "$rest" -lt "$t" ] && t=$rest
+  if [ "$t" -le 5 ]; then echo "[session] no time left for: $*"; return 124; fi
+  # SIGINT first: the runner and pytest then stop their servers (own sessions) before exiting.
+  timeout -s INT -k 20 "$t" "$@"
+}
+
+install() {
+  echo "[session] install: wheels + this package into $SITE"
+  if ls .whl/*.whl >/dev/null 2>&1; then
+    "$PY" -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target "$SITE" .whl/*.whl || return 1
+  fi
+  # Our package, so that its entry point (sglang.srt.plugins -> spec_decode_profiler) is visible.
+  # Built from a copy: the repository tree stays as it came (no build/ or egg-info in it).
+  rm -rf "$WORK/src" && mkdir -p "$WORK/src" && cp -r pyproject.toml README.md spec_decode "$WORK/src/" || return 1
+  if ! "$PY" -m pip install -q --no-index --no-deps --no-build-isolation --no-compile --no-cache-dir --upgrade \
+      --target "$SITE" "$WORK/src"; then
+    # No usable setuptools there: the entry point needs only a dist-info folder on the path (the
+    # code itself is imported from the repository, which goes on PYTHONPATH below).
+    echo "[session] pip could not build this package: writing its dist-info by hand"
+    local di="$SITE/spec_decode_bench-0.0.0.dist-info"
+    mkdir -p "$di" && printf 'Metadata-Version: 2.1\nName: spec-decode-bench\nVersion: 0.0.0\n' > "$di/METADATA"
+    sed -n '/^\[project.entry-points."sglang.srt.plugins"\]/,/^$/p' pyproject.toml \
+      | sed 's/^\[project.entry-points."\(.*\)"\]/[\1]/' | tr -d '"' > "$di/entry_points.txt"
+  fi
+  export PYTHONPATH="$SITE:$PWD${PYTHONPATH:+:$PYTHONPATH}"
+  "$PY" - <<'EOF' || return 1
+from importlib.metadata import entry_points
+import hydra, omegaconf, torch
+eps = sorted(e.value for e in entry_points(group="sglang.srt.plugins"))
+assert "spec_decode.profiler.plugin:register" in eps, f"plugin entry point not visible: {eps}"
+print(f"[session] python ok: torch {torch.__version__} (cuda {torch.version.cuda}, nccl "
+      f"{'.'.join(map(str, torch.cuda.nccl.version())) if torch.cuda.is_available() else '-'}), "
+      f"{torch.cuda.device_count()} GPU(s), hydra {hydra.__version__}, omegaconf {omegaconf.__version__}, plugins {eps}")
+EOF
+}
+
+machine() {
+  echo "date: $(date -u +%FT%TZ)"
+  echo "host: $(uname -r), $(nproc) cores"
+  nvidia-smi --query-gpu=index,name,driver_version,memory.total,clocks.max.sm --format=csv 2>&1
+  echo "topology:"; nvidia-smi topo -m 2>&1
+  echo "NCCL_* here: $(env | grep '^NCCL_' | sort | tr '\n' ' ')"
+  echo "/etc/nccl.conf: $(tr '\n' ' ' < /etc/nccl.conf 2>/dev/null)"
+}
+
+# A server that outlived its runner or test (servers get their own session, so the timeout's group
+# kill misses them) would hold the GPUs for the next step. Only processes that carry this call's
+# token in their environment are ended (never others' by name), each by pid.
+export SPEC_DECODE_SESSION_TOKEN="session-$$-$RANDOM$RANDOM"
+reap() {
+  local f pid
+  for f in /proc/[0-9]*/environ; do
+    pid=${f#/proc/}; pid=${pid%/environ}
+    [ "$pid" = $$ ] && continue
+    { tr '\0' '\n' < "$f"; } 2>/dev/null | grep -qx "SPEC_DECODE_SESSION_TOKEN=$SPEC_DECODE_SESSION_TOKEN" || continue
+    { tr '\0' ' ' < "/proc/$pid/cmdline"; } 2>/dev/null | grep -q "spec_decode.engines.embedded" || continue
+    echo "[session] leftover server process $pid of this call: killing"; kill -9 "$pid" 2>/dev/null
+  done
+}
+
+step_tests() {
+  bounded 300 "$PY" -m pytest -q -p no:cacheprovider -m gpu tests/gpu tests/integration/test_nccl_probe.py
+  local rc=$?
+  reap
+  return $rc
+}
+
+step_probe() {
+  local d="$WORK/probe" rc=0 p rep
+  rm -rf "$d" && mkdir -p "$d"
+  machine | tee "$d/machine.txt"
+  # Decode sizes: 4 KiB..1 MiB, Kimi-K2.5's 14336 (7168 x bf16) and the tiny target's (--model-path).
+  for rep in 1 2; do
+    for p in default tuned no_p2p; do
+      echo "[session] probe nccl=$p repetition $rep"
+      local dbg=(--no-debug)
+      [ "$rep" = 1 ] && dbg=(--debug-log "$d/nccl_debug_$p.log")
+      bounded 150 "$PY" -m spec_decode.nccl_probe --world-size 2 --backend "${PROBE_BACKEND:-nccl}" --nccl "$p" \
+        --sizes 4096,14336,16384,65536,262144,1048576 --model-path models/tiny/target \
+        --iters 200 --rounds 10 --timeout-s 60 "${dbg[@]}" --json "$d/nccl_probe_${p}_r$rep.json" || rc=$?
+    done
+  done
+  "$PY" benchmarks/gpu/probe_table.py "$d"/nccl_probe_*.json | tee "$d/tables.md"
+  tar -czf "$OUT/probe.tgz" -C "$WORK" probe
+  return $rc
+}
+
+step_engine() {
+  local help
+  help=$("$PY" benchmarks/embedded_engine.py --help 2>&1) || { echo "[session] benchmarks/embedded_engine.py --help failed: $help"; return 1; }
+  if ! grep -q -- "--device" <<<"$help"; then echo "[session] embedded_engine.py has no --device: skipped"; return 0; fi
+  echo "[session] embedded engine, one GPU, default (CUDA graphs when the engine has them)"
+  CUDA_VISIBLE_DEVICES=0 bounded 240 "$PY" benchmarks/embedded_engine.py --device cuda
+  local rc=$?
+  if grep -q -- "--disable-cuda-graph" <<<"$help"; then
+    echo "[session] embedded engine, one GPU, --disable-cuda-graph (eager)"
+    CUDA_VISIBLE_DEVICES=0 bounded 240 "$PY" benchmarks/embedded_engine.py --device cuda --disable-cuda-graph || rc=$?
+  else
+    echo "[session] embedded_engine.py has no --disable-cuda-graph yet: eager-only engine measured above"
+  fi
+  return $rc
+}
+
+step_sweep() {
+  local dir rc
+  dir="multirun/$(date -u +%Y-%m-%d)/$(date -u +%H-%M-%S)_embedded_h200x2_steps_nccl"
+  echo "[session] sweep into $dir; overrides: $*"
+  bounded 9999 "$PY" run.py -m experiment=embedded_h200x2_steps_nccl tracking=off "hydra.sweep.dir=$dir" "$@"
+  rc=$?
+  reap
+  [ -d "$dir" ] && tar -czf "$OUT/sweep.tgz" "$dir"
+  return $rc
+}
+
+install 2>&1 | tee "$OUT/install.log"
+[ "${PIPESTATUS[0]}" = 0 ] || { echo "[session] install failed: see install.log"; exit 1; }
+export PYTHONPATH="$SITE:$PWD${PYTHONPATH:+:$PYTHONPATH}"
+status=0
+for s in ${STEPS//,/ }; do
+  echo "[session] === $s (t=${SECONDS}s, budget left $(left)s)"
+  if [ "$s" = sweep ]; then step_sweep "$@" 2>&1 | tee "$OUT/$s.log"; else "step_$s" 2>&1 | tee "$OUT/$s.log"; fi
+  rc=${PIPESTATUS[0]}
+  echo "[session] === $s exit $rc after ${SECONDS}s"
+  [ "$rc" = 0 ] || status=1
+done
+ls -la "$OUT"
+exit $status

@@ -1,0 +1,273 @@
+"""First-contact self-check: is this install and this server able to give trustworthy numbers?
+
+    python -m spec_decode.doctor [hydra overrides]          # e.g. engine=sglang hardware=h200x8 ...
+    python -m spec_decode.doctor --static-only [overrides]  # no server: install and hook checks
+
+Static items (no server): the installed engine version; our profiler's entry point in the
+``sglang.srt.plugins`` group (and not excluded by ``SGLANG_PLUGINS``); every hook target resolves to a
+real method of the installed engine with a compatible signature (read from SGLang's source with
+``ast``, so no GPU import is needed). Live items (one short request to the launched server, which is
+then stopped with SIGTERM as the runner does): profile lines from rank 0 with all three phases, one
+cycle per verify; ``meta_info`` speculative counters; ``Decode batch`` lines that our parser reads.
+
+An ``engine=sglang`` job runs the static items as part of preflight and the live items on its own
+warmup request (results.json ``doctor``). Each failed item says what is missing and what to do.
+"""
+
+from __future__ import annotations
+
+import argparse
+import ast
+import importlib.util
+import inspect
+import os
+import pkgutil
+import sys
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+from .parsers import decode_log, profile
+from .profiler.plugin import TARGETS
+
+ENTRY_POINT = "spec_decode_profiler"
+# The leading parameters each hooked method must take (our hooks pass *args through, but the phase
+# meaning depends on them: batch in, verify result into the re-extend).
+SIGNATURES = {
+    "sglang": {"forward_batch_generation": ["self", "batch"], "draft": ["self", "batch"],
+               "verify": ["self", "batch"], "_draft_extend_for_decode": ["self", "batch", "batch_result"]},
+    "embedded": {},  # our Decoder's phase methods: any parameters after self
+}
+
+
+@dataclass
+class Item:
+    name: str
+    ok: bool
+    detail: str
+    fix: str = ""
+
+
+def check_version(engine: str) -> Item:
+    from .engines.sglang import TESTED_VERSION, installed_version
+
+    if engine != "sglang":
+        from . import __version__
+
+        return Item("engine version", True, f"embedded engine of spec-decode-bench {__version__}")
+    v = installed_version()
+    if v is None:
+        return Item("engine version", False, "sglang is not installed",
+                    "pip install -e '.[sglang]' on the GPU box")
+    return Item("engine version", v == TESTED_VERSION, f"sglang {v} (tested: {TESTED_VERSION})",
+                "" if v == TESTED_VERSION else
+                f"pip install sglang=={TESTED_VERSION}, or expect other hook targets and log lines")
+
+
+def check_entry_point(entry_points: list, allowed: str | None) -> Item:
+    """Our plugin among the ``sglang.srt.plugins`` entry points, and allowed by SGLANG_PLUGINS."""
+    ours = [ep for ep in entry_points if ep.name == ENTRY_POINT]
+    if not ours:
+        names = ", ".join(sorted(ep.name for ep in entry_points)) or "none"
+        return Item("profiler plugin installed", False,
+                    f"no `{ENTRY_POINT}` entry point in group sglang.srt.plugins (found: {names})",
+                    "pip install -e . in the environment that runs the server (the entry point "
+                    "comes from our package's metadata)")
+    names = {n.strip() for n in (allowed or "").split(",") if n.strip()}
+    if names and ENTRY_POINT not in names:
+        return Item("profiler plugin installed", False,
+                    f"`{ENTRY_POINT}` is installed but SGLANG_PLUGINS={allowed!r} excludes it",
+                    f"add {ENTRY_POINT} to SGLANG_PLUGINS, or unset it")
+    return Item("profiler plugin installed", True, f"{ours[0].value} (group sglang.srt.plugins)")
+
+
+def _sglang_source(module: str) -> Path | None:
+    spec = importlib.util.find_spec("sglang")
+    if spec is None or not spec.submodule_search_locations:
+        return None
+    base = Path(list(spec.submodule_search_locations)[0]).parent
+    return base / (module.replace(".", "/") + ".py")
+
+
+def _params_from_source(target: str) -> list[str] | str:
+    """A method's parameter names, read from the installed SGLang source; or why it is not there."""
+    module, cls, meth = target.rsplit(".", 2)
+    source = _sglang_source(module)
+    if source is None or not source.exists():
+        return f"{module} is not installed"
+    classes = {n.name: n for n in ast.parse(source.read_text()).body if isinstance(n, ast.ClassDef)}
+    if cls not in classes:
+        return f"class {cls} not in {source}"
+    methods = {n.name: n for n in classes[cls].body if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef))}
+    if meth not in methods:
+        return f"{cls}.{meth} not in {source}"
+    return [a.arg for a in methods[meth].args.args]
+
+
+def _params_from_import(target: str) -> list[str] | str:
+    owner_path, meth = target.rsplit(".", 1)
+    try:
+        owner = pkgutil.resolve_name(owner_path)
+    except (ImportError, AttributeError) as e:
+        return f"{owner_path} does not import ({e})"
+    fn = getattr(owner, meth, None)
+    if fn is None:
+        return f"{owner_path}.{meth} does not exist"
+    fn = inspect.unwrap(fn)
+    return list(inspect.signature(fn).parameters)
+
+
+def check_hook_targets(engine: str, targets=None) -> Item:
+    targets = TARGETS[engine] if targets is None else targets
+    problems = []
+    for target, _ in targets:
+        params = _params_from_source(target) if engine == "sglang" else _params_from_import(target)
+        if isinstance(params, str):
+            problems.append(params)
+            continue
+        want = SIGNATURES[engine].get(target.rsplit(".", 1)[1], ["self"])
+        if params[: len(want)] != want:
+            problems.append(f"{target}({', '.join(params)}): expected parameters starting {want}")
+    if problems:
+        return Item("hook targets", False, "; ".join(problems),
+                    "the installed engine moved its EAGLE-3 phases: update TARGETS in "
+                    "spec_decode/profiler/plugin.py for this version (or install the tested one)")
+    return Item("hook targets", True, f"{len(targets)} targets resolve ({engine})")
+
+
+def static_checks(engine: str) -> list[Item]:
+    from importlib.metadata import entry_points
+
+    return [check_version(engine),
+            check_entry_point(list(entry_points(group="sglang.srt.plugins")), os.environ.get("SGLANG_PLUGINS")),
+            check_hook_targets(engine)]
+
+
+def live_checks(profile_path: Path, window: tuple[float, float], meta: dict, log_lines: list[str],
+                speculative: bool = True) -> list[Item]:
+    """After one request (its wall-clock window, its meta_info, the server log lines meanwhile) and
+    after the profile's flush (idle or SIGTERM)."""
+    items = []
+    if speculative:
+        ranks = profile.read_ranks(profile_path)
+        cycles = profile.in_windows(ranks.get(0, []), [window])[0]
+        verify_ct = meta.get("spec_verify_ct")
+        if not cycles:
+            where = (f"found ranks {sorted(ranks)}" if ranks else
+                     f"no {Path(profile.rank_path(profile_path, 0)).name} at all")
+            items.append(Item("profile from rank 0", False, f"no profile lines in the request's window ({where})",
+                              "the plugin did not run in the rank processes: check the items above, "
+                              "SPEC_DECODE_PROFILE in the server env (benchmark.profile=true) and the "
+                              "server log for 'spec_decode profiler'"))
+        else:
+            phases = [p for p in ("draft", "verify", "extend") if not any(c.get(f"{p}_ms", 0) > 0 for c in cycles)]
+            ok = not phases and (verify_ct is None or len(cycles) == verify_ct)
+            detail = f"{len(cycles)} cycles from rank 0 (ranks with files: {sorted(ranks)})"
+            if phases:
+                detail += f"; phases never timed: {phases}"
+            if verify_ct is not None and len(cycles) != verify_ct:
+                detail += f"; but meta_info says {verify_ct} verifies"
+            items.append(Item("profile from rank 0", ok, detail,
+                              "" if ok else "a hook target is not called on this engine's path "
+                              "(check the hook targets item and the server log)"))
+        counters = [k for k in ("spec_verify_ct", "completion_tokens") if meta.get(k) is None]
+        items.append(Item("meta_info spec counters", not counters,
+                          f"missing {counters}" if counters else
+                          f"spec_verify_ct={meta['spec_verify_ct']}, completion_tokens={meta.get('completion_tokens')}",
+                          "" if not counters else "speculation is not on in this server: check the "
+                          "--speculative-* flags in server.log"))
+    parsed = decode_log.parse_lines(log_lines)
+    decodes = [x for x in parsed if x.kind == "Decode"]
+    items.append(Item("decode-log lines", bool(decodes),
+                      f"{len(decodes)} `Decode batch` lines parsed" if decodes else
+                      "no `Decode batch` line our parser reads",
+                      "" if decodes else "lower engine.decode_log_interval, or send a golden sample of "
+                      "this version's log line to tests/data/logs"))
+    return items
+
+
+def render(items: list[Item]) -> str:
+    lines = []
+    for it in items:
+        lines.append(f"[{'OK' if it.ok else 'FAIL'}] {it.name}: {it.detail}")
+        if not it.ok and it.fix:
+            lines.append(f"       what to do: {it.fix}")
+    bad = sum(not it.ok for it in items)
+    lines.append(f"{len(items) - bad} passed, {bad} failed")
+    return "\n".join(lines)
+
+
+def as_records(items: list[Item]) -> list[dict]:
+    return [asdict(it) for it in items]
+
+
+def warmup_checks(rec: dict, warmup, profile_path: Path, log_path: Path, log_start: int,
+                  speculative: bool) -> list[Item]:
+    """The live items on a job's own warmup request (no extra server, no extra request)."""
+    import time
+
+    time.sleep(0.3)  # the plugin's flusher writes completed cycles within 50 ms of idle
+    with open(log_path, "rb") as f:
+        f.seek(log_start)
+        lines = f.read().decode(errors="replace").splitlines()
+    meta = {"spec_verify_ct": warmup.spec_verify_ct, "completion_tokens": warmup.completion_tokens}
+    return live_checks(profile_path, (warmup.start_wall, warmup.end_wall), meta, lines, speculative)
+
+
+def run(overrides: list[str], root: Path, static_only: bool = False, max_new_tokens: int = 96) -> list[Item]:
+    """Compose the job's config, run the static items, then (unless static_only) launch the server,
+    send one request, stop the server with SIGTERM and run the live items."""
+    import tempfile
+
+    from hydra import compose, initialize_config_dir
+
+    from .client import Client
+    from .config import register_configs, to_experiment
+    from .engines import server_extra_env
+    from .job import _start_server
+
+    register_configs()
+    with initialize_config_dir(config_dir=str(root / "conf"), version_base="1.3"):
+        cfg = to_experiment(compose("config", overrides=overrides))
+    items = static_checks(cfg.engine.name)
+    if static_only:
+        return items
+    with tempfile.TemporaryDirectory(prefix="spec_decode_doctor_") as tmp:
+        out = Path(tmp)
+        prof = out / "profile.jsonl"
+        log_path = out / "server.log"
+        env = server_extra_env(cfg, str(prof))
+        srv = _start_server(cfg, env, log_path)
+        try:
+            client = Client(srv.base_url, cfg.engine.request_timeout_s)
+            from .preflight import load_prompts
+
+            prompt = load_prompts(root / cfg.benchmark.prompts)[cfg.benchmark.prompt_index]
+            start = log_path.stat().st_size
+            body = client.generate_body(prompt, max_new_tokens, 0.0, True)
+            import time
+
+            t0 = time.time()
+            data = client._call("POST", "/generate", json=body).json()
+            window = (t0, time.time())
+        finally:
+            srv.stop()  # SIGTERM first: the plugin writes what it holds
+        with open(log_path, "rb") as f:
+            f.seek(start)
+            lines = f.read().decode(errors="replace").splitlines()
+        items += live_checks(prof, window, data.get("meta_info", {}), lines, cfg.speculative)
+    return items
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(prog="python -m spec_decode.doctor", description=__doc__,
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--static-only", action="store_true", help="no server: install and hook checks only")
+    p.add_argument("overrides", nargs="*", help="Hydra overrides, as for run.py (engine=sglang ...)")
+    args = p.parse_args(argv)
+    items = run(args.overrides, Path.cwd(), static_only=args.static_only)
+    print(render(items))
+    return 0 if all(it.ok for it in items) else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

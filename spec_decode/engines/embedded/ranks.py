@@ -1,0 +1,182 @@
+"""The front's handle on the rank processes: start them, send them commands, copy their output into
+the server log, and notice at once when one dies.
+
+    group = RankGroup(spec)              # spawns spec.tp_size processes, waits until all are ready
+    group.watch(on_death)                # from now on a rank's death calls on_death(err) once
+    out = group.call("generate", ids, n) # every rank runs it; rank 0 answers
+    group.close()                        # stop, join; SIGTERM/SIGKILL what does not stop
+
+A rank that exits on its own makes ``call`` raise :class:`RankDied` (never a hang); its last output
+lines are in the server log before the error is.
+"""
+
+from __future__ import annotations
+
+import collections
+import logging
+import multiprocessing
+import multiprocessing.connection
+import os
+import signal
+import sys
+import threading
+import time
+from dataclasses import replace
+
+from spec_decode.server import free_port
+
+from .scheduler import RankSpec, run_rank
+
+log = logging.getLogger("spec_decode.embedded")
+TAIL_LINES = 20  # of each rank's output, kept for the error message when it dies
+
+
+class RankDied(RuntimeError):
+    """A rank process exited while the server was running; the message names it and its last lines."""
+
+
+class _OutputCopier(threading.Thread):
+    """Copies one rank's output lines to our stdout (the server log) and keeps the last few."""
+
+    def __init__(self, rank: int, conn):
+        super().__init__(name=f"rank{rank}-output", daemon=True)
+        self.conn = conn
+        self.tail: collections.deque[str] = collections.deque(maxlen=TAIL_LINES)
+
+    def run(self) -> None:
+        fd, pending = self.conn.fileno(), b""
+        while True:
+            try:
+                chunk = os.read(fd, 65536)
+            except OSError:
+                chunk = b""
+            if not chunk:
+                break
+            pending += chunk
+            *lines, pending = pending.split(b"\n")
+            for line in lines:
+                self._emit(line + b"\n")
+        if pending:
+            self._emit(pending + b"\n")
+        self.conn.close()
+
+    def _emit(self, line: bytes) -> None:
+        self.tail.append(line.decode(errors="replace").rstrip("\n"))
+        try:
+            os.write(sys.stdout.fileno(), line)  # one write per line: lines never interleave
+        except OSError:
+            pass
+
+
+class RankGroup:
+    def __init__(self, spec: RankSpec):
+        self.spec = replace(spec, front_pid=os.getpid(), dist_port=spec.dist_port or free_port())
+        self.lock = threading.Lock()  # one command at a time: the ranks run requests in lockstep
+        self.closing = False
+        self.dead: RankDied | None = None
+        ctx = multiprocessing.get_context("spawn")  # as SGLang: a fresh interpreter per rank
+        self.procs, self.conns, self.copiers = [], [], []
+        for rank in range(self.spec.tp_size):
+            ours, theirs = ctx.Pipe()
+            out_r, out_w = ctx.Pipe(duplex=False)
+            p = ctx.Process(target=run_rank, args=(rank, self.spec, theirs, out_w), name=f"rank{rank}")
+            p.start()
+            theirs.close()
+            out_w.close()  # only the rank holds the write end: EOF when it dies
+            copier = _OutputCopier(rank, out_r)
+            copier.start()
+            self.procs.append(p)
+            self.conns.append(ours)
+            self.copiers.append(copier)
+        try:
+            self.ready = [self._receive(rank) for rank in range(self.spec.tp_size)]
+        except BaseException:
+            self.kill()
+            raise
+        self.pids = [p.pid for p in self.procs]
+
+    def watch(self, on_death) -> None:
+        """Call ``on_death(err)`` (from a thread) when a rank exits other than through close()."""
+        threading.Thread(target=self._monitor, args=(on_death,), name="rank-monitor", daemon=True).start()
+
+    # ---- commands ------------------------------------------------------------------------------------
+    def call(self, cmd: str, *args, ranks: str = "all"):
+        """Send ``cmd`` to every rank (or only rank 0 with ``ranks="zero"``) and return rank 0's answer."""
+        with self.lock:
+            if self.dead is not None:
+                raise self.dead
+            targets = self.conns if ranks == "all" else self.conns[:1]
+            try:
+                for conn in targets:
+                    conn.send((cmd, *args))
+            except OSError:
+                pass  # a dead rank's pipe: _receive names it
+            _, out = self._receive(0)
+            return out
+
+    def _receive(self, rank: int):
+        """The next message from ``rank``, or RankDied as soon as any rank has exited."""
+        conn = self.conns[rank]
+        sentinels = {p.sentinel: r for r, p in enumerate(self.procs)}
+        while True:
+            ready = multiprocessing.connection.wait([conn, *sentinels])
+            if conn in ready:
+                try:
+                    return conn.recv()
+                except (EOFError, OSError):
+                    pass  # it died mid-message: its sentinel says so next
+            for s in ready:
+                if s in sentinels:
+                    raise self._died(sentinels[s])
+
+    # ---- failure ---------------------------------------------------------------------------------
+    def _died(self, rank: int) -> RankDied:
+        p, copier = self.procs[rank], self.copiers[rank]
+        p.join(timeout=1)
+        copier.join(timeout=1)  # its last lines reach the log before our error does
+        code = p.exitcode
+        how = f"signal {signal.Signals(-code).name}" if code is not None and code < 0 else f"exit code {code}"
+        tail = "\n".join(f"    {line}" for line in copier.tail) or "    (no output)"
+        return RankDied(f"rank {rank} (pid {p.pid}) died ({how}); its last log lines:\n{tail}")
+
+    def _monitor(self, on_death) -> None:
+        sentinels = {p.sentinel: r for r, p in enumerate(self.procs)}
+        ready = multiprocessing.connection.wait(list(sentinels))
+        if self.closing:
+            return
+        err = self._died(sentinels[ready[0]])
+        self.dead = err
+        log.error("%s", err)
+        on_death(err)
+
+    # ---- shutdown --------------------------------------------------------------------------------
+    def close(self, timeout_s: float = 5.0) -> None:
+        """Stop the ranks cleanly (their atexit handlers run: the profiler drains), then force."""
+        self.closing = True
+        for conn in self.conns:
+            try:
+                conn.send(("stop",))
+            except OSError:
+                pass
+        deadline = time.monotonic() + timeout_s
+        for p in self.procs:
+            p.join(timeout=max(0.0, deadline - time.monotonic()))
+        self.kill()
+
+    def kill(self, grace_s: float = 1.0) -> None:
+        """SIGTERM every rank still alive (SIGCONT first: a stopped one cannot act on it), then SIGKILL."""
+        self.closing = True
+        alive = [p for p in self.procs if p.is_alive()]
+        for p in alive:
+            for sig in (signal.SIGCONT, signal.SIGTERM):
+                try:
+                    os.kill(p.pid, sig)
+                except ProcessLookupError:
+                    pass
+        deadline = time.monotonic() + grace_s
+        for p in alive:
+            p.join(timeout=max(0.0, deadline - time.monotonic()))
+        for p in alive:
+            if p.is_alive():
+                p.kill()
+                p.join(timeout=grace_s)
