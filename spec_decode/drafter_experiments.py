@@ -174,16 +174,20 @@ def _ci(lo: float | None, hi: float | None, spec: str = ".2f") -> str:
     return f"[{lo:{spec}}, {hi:{spec}}]" if lo is not None and hi is not None else "-"
 
 
+def _ordered(metrics: dict) -> list[tuple[str, dict]]:
+    """By sample count; the drafter as trained before the re-labelled copies."""
+    return sorted(metrics["drafters"].items(), key=lambda kv: (
+        kv[1].get("data_samples") or 0, kv[1]["served_ids"] != kv[1]["trained_ids"], kv[0]))
+
+
 def table(name: str, metrics: dict) -> str:
     base = metrics.get("baseline") or {}
     lines = [f"baseline: {base.get('throughput_tok_s', float('nan')):.1f} tok/s "
              f"{_ci(base.get('throughput_tok_s_ci95_lo'), base.get('throughput_tok_s_ci95_hi'), '.1f')}"]
     head = ("drafter" if name == "drafter_data_scaling" else "served ids")
-    lines.append(f"{head:<14} steps  accept len  held-out accept len [95% CI]  tok/s [95% CI]            "
+    lines.append(f"{head:<16} steps  accept len  held-out accept len [95% CI]  tok/s [95% CI]            "
                  "speedup [95% CI]         best steps (cost model)")
-    order = sorted(metrics["drafters"].items(), key=lambda kv: (kv[1].get("data_samples") or 0,
-                                                                kv[1]["served_ids"] != kv[1]["trained_ids"]))
-    for key, e in order:
+    for key, e in _ordered(metrics):
         for k, j in sorted(e["steps"].items(), key=lambda kv: int(kv[0])):
             h = e.get("heldout_accept_len") or []
             hci = e.get("heldout_accept_len_ci95") or []
@@ -193,7 +197,7 @@ def table(name: str, metrics: dict) -> str:
             best = (f"{e['costmodel_best_steps']} ({e['costmodel_best_tok_s'][0]:.0f} tok/s)"
                     if "costmodel_best_steps" in e else "-")
             lines.append(
-                f"{label:<14} {k:>5}  {j.get('accept_len', float('nan')):10.2f}  {held:<28}  "
+                f"{label:<16} {k:>5}  {j.get('accept_len', float('nan')):10.2f}  {held:<28}  "
                 f"{j['throughput_tok_s']:6.1f} {_ci(j.get('throughput_tok_s_ci95_lo'), j.get('throughput_tok_s_ci95_hi'), '.1f'):<18}  "
                 f"{j.get('speedup_vs_baseline', float('nan')):.3f} "
                 f"{_ci(j.get('speedup_vs_baseline_ci95_lo'), j.get('speedup_vs_baseline_ci95_hi'), '.3f'):<16}  {best}")
@@ -207,7 +211,7 @@ def plot(name: str, metrics: dict, path: Path) -> None:
     import matplotlib.pyplot as plt
 
     fig, axes = plt.subplots(1, 2, figsize=(11, 4))
-    items = sorted(metrics["drafters"].items(), key=lambda kv: (kv[1].get("data_samples") or 0, kv[0]))
+    items = _ordered(metrics)
     steps = sorted({int(k) for _, e in items for k in e["steps"]})
     scaling = name == "drafter_data_scaling"
     xs = [e["data_samples"] if scaling else i for i, (_, e) in enumerate(items)]
@@ -215,7 +219,7 @@ def plot(name: str, metrics: dict, path: Path) -> None:
         acc = [e["steps"].get(str(k), {}).get("accept_len", float("nan")) for _, e in items]
         held = [(e.get("heldout_accept_len") or [float("nan")] * 8)[k - 1] for _, e in items]
         ci = [(e.get("heldout_accept_len_ci95") or [[float("nan")] * 2] * 8)[k - 1] for _, e in items]
-        err = [[h - c[0] for h, c in zip(held, ci)], [c[1] - h for h, c in zip(held, ci)]]
+        err = [[max(0.0, h - c[0]) for h, c in zip(held, ci)], [max(0.0, c[1] - h) for h, c in zip(held, ci)]]
         line = axes[0].plot(xs, acc, "o-", label=f"served, steps={k}")[0]
         axes[0].errorbar(xs, held, yerr=err, fmt="s--", color=line.get_color(), alpha=0.6, capsize=3,
                          label=f"held-out (offline), steps={k}")
@@ -223,7 +227,7 @@ def plot(name: str, metrics: dict, path: Path) -> None:
         y = [s.get("speedup_vs_baseline", float("nan")) for s in sp]
         lo = [s.get("speedup_vs_baseline_ci95_lo", v) for s, v in zip(sp, y)]
         hi = [s.get("speedup_vs_baseline_ci95_hi", v) for s, v in zip(sp, y)]
-        axes[1].errorbar(xs, y, yerr=[[v - a for v, a in zip(y, lo)], [b - v for v, b in zip(y, hi)]], fmt="o-",
+        axes[1].errorbar(xs, y, yerr=[[max(0.0, v - a) for v, a in zip(y, lo)], [max(0.0, b - v) for v, b in zip(y, hi)]], fmt="o-",
                          capsize=3, label=f"steps={k}")
     for ax, ylabel in zip(axes, ("accept length (tokens/cycle)", "speedup vs baseline (95% CI)")):
         ax.set_ylabel(ylabel)

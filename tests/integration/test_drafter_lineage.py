@@ -116,9 +116,10 @@ def test_more_data_accepts_better_and_every_training_is_logged_with_its_lineage(
 
 def test_a_broken_mlflow_store_does_not_fail_the_training(data_dir, tmp_path):
     out = tmp_path / "d"
+    (tmp_path / "not_a_dir").write_text("")  # the store's parent is a file: sqlite cannot create it
     p = module("spec_decode.engines.embedded.build", "drafter", "--data", str(data_dir), "--target", str(TARGET),
                "--out", str(out), "--samples", "2", "--steps", "1", "--batch", "2", "--threads", "2",
-               "--mlflow-uri", f"sqlite:///{tmp_path / 'no' / 'such' / 'dir' / 'mlflow.db'}", cwd=tmp_path)
+               "--mlflow-uri", f"sqlite:///{tmp_path / 'not_a_dir' / 'mlflow.db'}", cwd=tmp_path)
     assert "WARNING: drafter training not logged to MLflow" in p.stdout
     assert (out / "model.safetensors").is_file()
     assert json.loads((out / "training.json").read_text())["data"]["samples"] == 2
