@@ -185,8 +185,8 @@ def table(name: str, metrics: dict) -> str:
     lines = [f"baseline: {base.get('throughput_tok_s', float('nan')):.1f} tok/s "
              f"{_ci(base.get('throughput_tok_s_ci95_lo'), base.get('throughput_tok_s_ci95_hi'), '.1f')}"]
     head = ("drafter" if name == "drafter_data_scaling" else "served ids")
-    lines.append(f"{head:<16} steps  accept len  held-out accept len [95% CI]  tok/s [95% CI]            "
-                 "speedup [95% CI]         best steps (cost model)")
+    lines.append(f"{head:<16} steps  accept len  draft accept rate  held-out accept len [95% CI]  "
+                 "tok/s [95% CI]            speedup [95% CI]         best steps (cost model)")
     for key, e in _ordered(metrics):
         for k, j in sorted(e["steps"].items(), key=lambda kv: int(kv[0])):
             h = e.get("heldout_accept_len") or []
@@ -197,7 +197,8 @@ def table(name: str, metrics: dict) -> str:
             best = (f"{e['costmodel_best_steps']} ({e['costmodel_best_tok_s'][0]:.0f} tok/s)"
                     if "costmodel_best_steps" in e else "-")
             lines.append(
-                f"{label:<16} {k:>5}  {j.get('accept_len', float('nan')):10.2f}  {held:<28}  "
+                f"{label:<16} {k:>5}  {j.get('accept_len', float('nan')):10.2f}  "
+                f"{j.get('accept_rate_draft', float('nan')):17.2f}  {held:<28}  "
                 f"{j['throughput_tok_s']:6.1f} {_ci(j.get('throughput_tok_s_ci95_lo'), j.get('throughput_tok_s_ci95_hi'), '.1f'):<18}  "
                 f"{j.get('speedup_vs_baseline', float('nan')):.3f} "
                 f"{_ci(j.get('speedup_vs_baseline_ci95_lo'), j.get('speedup_vs_baseline_ci95_hi'), '.3f'):<16}  {best}")
