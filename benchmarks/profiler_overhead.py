@@ -22,14 +22,14 @@ import torch
 from spec_decode.engines.embedded.decoding import Decoder
 from spec_decode.engines.embedded.model import load_drafter, load_target
 from spec_decode.engines.embedded.tokenizer import encode
-from spec_decode.parsers.profile import phase_summary, read_profile
+from spec_decode.parsers.profile import phase_summary, rank_path, read_profile
 from spec_decode.profiler.plugin import make_timer
 
 ROOT = Path(__file__).resolve().parents[1]
 
 
 def hooked(dec: Decoder, path: str) -> Decoder:
-    timer = make_timer(path)
+    timer = make_timer(path, rank=0)  # after the models are on the device: CUDA events there
     for name in ("draft", "verify", "extend"):
         orig = getattr(dec, name)
         setattr(dec, name, (lambda o, h: lambda *a, **k: h(o, *a, **k))(orig, timer.phase(name)))
@@ -52,8 +52,8 @@ def main() -> None:
     drafter = load_drafter(ROOT / "models/tiny/drafter", target, args.device)
     prompt = encode(json.loads((ROOT / "data/prompts.jsonl").read_text().splitlines()[0])["text"])
     tmp = Path(tempfile.mkdtemp(prefix="prof_"))
-    plain = Decoder(target, drafter, args.steps, profile=False)
-    timed = hooked(Decoder(target, drafter, args.steps, profile=False), str(tmp / "profile.jsonl"))
+    plain = Decoder(target, drafter, args.steps)
+    timed = hooked(Decoder(target, drafter, args.steps), str(tmp / "profile.jsonl"))
     for d in (plain, timed):
         d.generate(prompt, 64)
     res = {"plain": [], "hooked": []}
@@ -69,8 +69,8 @@ def main() -> None:
                 torch.cuda.synchronize()
             res[name].append(args.tokens / (time.perf_counter() - t0))
             outs[name] = g.output_ids
-    timed._timer.drain(wait=True)
-    cycles = read_profile(tmp / "profile.jsonl")
+    timed._timer.close()
+    cycles = read_profile(Path(rank_path(tmp / "profile.jsonl", 0)))
     summ = phase_summary(cycles)
     over = statistics.median(p / h - 1 for p, h in zip(res["plain"], res["hooked"]))
     print(f"device={args.device} threads={args.threads} steps={args.steps} tokens={args.tokens} "

@@ -124,18 +124,13 @@ def run_job(cfg: ExperimentConfig, ctx: JobContext) -> dict | None:
 def run_nccl_probe(cfg: ExperimentConfig, ctx: JobContext) -> dict:
     """All-reduce latency under the job's NCCL profile, at the standard sizes and the model's decode
     size (hidden x batch 1 x dtype bytes); gloo with 2 processes on CPU profiles."""
-    import json as _json
-
-    from .nccl_probe import DEFAULT_SIZES, probe
+    from .nccl_probe import DEFAULT_SIZES, decode_bytes, probe
 
     cuda = cfg.hardware.device == "cuda"
     sizes = list(DEFAULT_SIZES)
-    cfg_path = _abs(ctx.root, cfg.model.path) / "config.json"
-    if cfg_path.exists():
-        hidden = _json.loads(cfg_path.read_text()).get("hidden_size")
-        if hidden:
-            sizes.append(int(hidden) * (2 if cuda else 4))
-    world = cfg.hardware.tp_size if cuda else 2
+    if (n := decode_bytes(_abs(ctx.root, cfg.model.path))) is not None:
+        sizes.append(n)  # hidden x the checkpoint's dtype (the tiny target is fp32)
+    world = cfg.hardware.tp_size if cuda else max(2, cfg.hardware.tp_size)  # the server's ranks
     _say(ctx, f"[nccl probe] {'nccl' if cuda else 'gloo'} x{world}, nccl={cfg.nccl.name}, sizes {sorted(set(sizes))}")
     return probe(world, "nccl" if cuda else "gloo", sizes, iters=cfg.preflight.nccl_probe_iters,
                  env=dict(cfg.nccl.env))

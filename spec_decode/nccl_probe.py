@@ -213,7 +213,7 @@ _TUNING = re.compile(r"\bAllReduce: (\d+) Bytes -> Algo (\w+) proto (\w+)"
 _TUNING_OLD = re.compile(r"\b(\d+) Bytes -> Algo (\d+) proto (\d+)")
 # Symmetric-memory kernels (registered windows; torch does not use them by default)
 _TUNING_SYM = re.compile(r"\bAllReduce \[Symmetric\]: (\d+) Bytes -> Kernel (\S+) nchannels (\d+)")
-_CHANNEL = re.compile(r"Channel \d+/\d+ : \d+\[\d+\] -> \d+\[\d+\] via (\S+)")
+_CHANNEL = re.compile(r"Channel \d+(?:/\d+)? : \d+\[\d+\] -> \d+\[\d+\] via (\S+)")
 _ENV = re.compile(r"\b(NCCL_\w+) set by environment to (\S+?)\.?$")
 
 

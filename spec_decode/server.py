@@ -5,7 +5,7 @@
 
 - The server runs in its own session/process group with the given extra env (NCCL variables go
   here, never into the runner's own environment). Inherited NCCL_* variables are dropped, so the
-  NCCL profile alone decides them.
+  NCCL profile alone decides them -- except NCCL_NVLS_ENABLE, a host-safety setting that is kept.
 - The health loop polls the process every iteration: a server that exits during start fails the job
   at once (not at the timeout), with the last lines of its log in the error.
 - Exit, exceptions and Ctrl-C all kill the tree: SIGTERM to the group and every descendant found by
@@ -25,6 +25,9 @@ import psutil
 import requests
 
 DROPPED_PREFIXES = ("NCCL_",)
+# Inherited NCCL variables that survive the drop: machine-safety settings an operator sets for every
+# NCCL process on the host (NVLink multicast can take shared GPUs out of service), never tuning.
+KEPT_NCCL = ("NCCL_NVLS_ENABLE",)
 
 
 class ServerError(RuntimeError):
@@ -69,7 +72,7 @@ def log_tail(path: Path, lines: int = 20) -> str:
 
 
 def server_env(extra: dict[str, str]) -> dict[str, str]:
-    env = {k: v for k, v in os.environ.items() if not k.startswith(DROPPED_PREFIXES)}
+    env = {k: v for k, v in os.environ.items() if not k.startswith(DROPPED_PREFIXES) or k in KEPT_NCCL}
     env.update({k: str(v) for k, v in extra.items()})
     return env
 

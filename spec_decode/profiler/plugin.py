@@ -116,8 +116,14 @@ def _chain_sigterm(flush) -> None:
     if threading.current_thread() is not threading.main_thread():
         return  # signal handlers can only be set from the main thread
     previous = signal.getsignal(signal.SIGTERM)
+    flushing = threading.Event()
 
     def on_sigterm(signum, frame):
+        # A second SIGTERM (the runner's kill of the tree, then PDEATHSIG when the front goes) may
+        # arrive while this one drains: it must not start a nested drain and exit from inside it.
+        if flushing.is_set():
+            return
+        flushing.set()
         try:
             flush()
         except Exception:  # noqa: BLE001 - dying anyway; never block the default action

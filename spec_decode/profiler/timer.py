@@ -111,6 +111,7 @@ class _Cycle:
     last: object = None  # the latest boundary mark and when the host made it
     last_host: float = 0.0
     shared: int = 0
+    released: bool = False  # its events went back to the pool
 
 
 class PhaseTimer:
@@ -199,17 +200,19 @@ class PhaseTimer:
         the rest."""
         with self._lock:
             lines = []
-            while self._pending:
-                c = self._pending[0]
+            for c in self._pending:
                 if not self.clock.ready(c.end):
                     if not wait:
                         break
                     self.clock.wait(c.end)
                 lines.append(self._resolve(c))
-                self._pending.popleft()
             if lines:
+                # Written before they leave the queue: a drain interrupted here (SIGTERM's drain
+                # runs in the same thread) writes them itself, so a dying rank loses nothing.
                 with open(self.path, "a", encoding="utf-8") as f:
                     f.writelines(json.dumps(x) + "\n" for x in lines)
+                for _ in lines:
+                    self._pending.popleft()
             if self.summary_every:
                 self._window.extend(lines)
                 if len(self._window) >= self.summary_every:
@@ -227,8 +230,10 @@ class PhaseTimer:
             a, b = c.phases.get(p, (None, None))
             rec[f"{p}_ms"] = round(self.clock.ms(a, b), 4) if a is not None else 0.0
         rec["cycle_ms"] = round(self.clock.ms(c.start, c.end), 4)
-        marks = {id(m): m for m in (c.start, c.end, *(m for pair in c.phases.values() for m in pair))}
-        self.clock.release(*marks.values())
+        if not c.released:
+            c.released = True
+            marks = {id(m): m for m in (c.start, c.end, *(m for pair in c.phases.values() for m in pair))}
+            self.clock.release(*marks.values())
         acc = c.accepted
         if acc is not None and hasattr(acc, "sum"):
             acc = int(acc.sum())  # a host tensor: its copy finished before the end event

@@ -13,7 +13,7 @@ from hydra import compose, initialize_config_dir
 from spec_decode.client import Client
 from spec_decode.config import register_configs, to_experiment
 from spec_decode.engines import server_command
-from spec_decode.engines.embedded.server import SAMPLING_KEYS
+from spec_decode.engines.embedded.request import SAMPLING_KEYS
 
 pytestmark = pytest.mark.contract
 ROOT = Path(__file__).resolve().parents[2]

@@ -81,3 +81,43 @@ def test_wrong_layer_ids_collapse_acceptance(models, prompts, tmp_path, wrong):
     bad_rate = bad_gen.correct_drafts / bad_gen.proposed_drafts
     assert bad_rate < 0.8 * good_rate, (good_rate, bad_rate)
     assert accept_len(bad_gen) < 0.9 * accept_len(good_gen)
+
+
+def recording_extend(dec: Decoder) -> list:
+    """Record what each re-extend returns (first draft token, hidden state) on this instance."""
+    seen, original = [], dec.extend
+
+    def extend(*args):
+        first, h = original(*args)
+        seen.append((first.clone(), h.clone()))
+        return first, h
+
+    dec.extend = extend
+    return seen
+
+
+def test_static_shape_path_decodes_like_the_dynamic_one(models, prompts):
+    """The CUDA path's logic (graphs.StaticRunner: static KV cache, positions as tensors, one shape
+    per phase), run eagerly on CPU: lossless, the same acceptance, and the drafter's re-extend
+    states equal to the dynamic path's (to float noise: the static path attends over all slots)."""
+    from spec_decode.engines.embedded.graphs import StaticRunner
+
+    target, drafter = models
+    ids = encode(prompts[1])
+    want = Decoder(target, None, 0).generate(ids, 60).output_ids
+    base = Decoder(target, None, 0, StaticRunner(target, None, 0, use_graphs=False)).generate(ids, 60)
+    assert base.output_ids == want
+    for steps in (1, 3):
+        eager = Decoder(target, drafter, steps)
+        eager_states = recording_extend(eager)
+        ref = eager.generate(ids, 60)
+        static = Decoder(target, drafter, steps, StaticRunner(target, drafter, steps, use_graphs=False))
+        states = recording_extend(static)
+        for n in (40, 60):  # the second request reuses the static caches
+            states.clear()
+            got = static.generate(ids, n)
+            assert got.output_ids == want[:n], f"steps={steps}"
+        assert (got.verify_ct, got.correct_drafts) == (ref.verify_ct, ref.correct_drafts)
+        assert len(states) == len(eager_states)
+        for (f1, h1), (f2, h2) in zip(states, eager_states):
+            assert torch.equal(f1, f2) and torch.allclose(h1, h2, atol=1e-4), f"steps={steps}"

@@ -142,3 +142,40 @@ def test_rank_files_and_agreement(tmp_path):
                             "cycle_ms": 10.4, "accepted": 3}) + "\n")
     summary, _ = profile.summarize_run_windows(base, [(0.5, 3.5)])
     assert not summary["rank_agreement"]["ok"]
+
+
+DOUBLE_SIGTERM = r"""
+import os, signal, sys, threading, time
+from spec_decode.profiler import plugin
+from spec_decode.profiler.timer import HostClock, PhaseTimer
+
+class SlowClock(HostClock):
+    def ms(self, a, b):
+        time.sleep(0.01)  # a slow resolution: the second SIGTERM lands mid-drain
+        return (b - a) * 1e3
+
+prof = plugin.Profiler(sys.argv[1])
+prof.timer = PhaseTimer(sys.argv[1], clock=SlowClock(), flush_s=None)
+class R:
+    accept_lens = [2]
+def cycle():
+    prof.timer.phase("verify")(lambda: None)
+    return R()
+for _ in range(60):
+    prof.around_cycle(cycle)
+plugin._chain_sigterm(prof.flush)
+threading.Timer(0.3, os.kill, (os.getpid(), signal.SIGTERM)).start()  # as PDEATHSIG would
+os.kill(os.getpid(), signal.SIGTERM)  # as the runner's kill of the tree
+time.sleep(30)
+"""
+
+
+def test_two_sigterms_lose_no_cycle(tmp_path):
+    """The runner's SIGTERM and the rank's parent-death SIGTERM arrive together: the tail is written
+    once, whole, and the process then dies of SIGTERM."""
+    path = tmp_path / "p.jsonl"
+    p = subprocess.run([sys.executable, "-c", DOUBLE_SIGTERM, str(path)], capture_output=True, text=True,
+                       timeout=60)
+    assert p.returncode == -15, p.stderr  # the default action ran after the drain
+    lines = path.read_text().splitlines()
+    assert len(lines) == 60 and len(set(lines)) == 60

@@ -42,6 +42,9 @@ def build_parser() -> argparse.ArgumentParser:
                         "intermediate size")
     p.add_argument("--decode-log-interval", type=int, default=40)
     p.add_argument("--device", choices=["cpu", "cuda"], default="cpu")
+    p.add_argument("--disable-cuda-graph", action="store_true",
+                   help="on --device cuda: run decode/draft/verify/extend eagerly instead of replaying "
+                        "CUDA graphs (same kernels, same output; CPU never uses graphs)")
     p.add_argument("--cpu-threads", type=int, default=1,
                    help="torch threads (tiny models decode fastest on 1: per-op overhead dominates)")
     p.add_argument("--log-level", default="info")
@@ -161,6 +164,7 @@ def main(argv: list[str] | None = None) -> None:
         steps=args.speculative_num_steps or 0, tp_size=args.tp_size, device=args.device,
         cpu_threads=args.cpu_threads, random_seed=args.random_seed,
         decode_log_interval=args.decode_log_interval, log_level=args.log_level, dist_port=0, front_pid=0,
+        disable_cuda_graph=args.disable_cuda_graph,
     )
     try:
         group = RankGroup(spec)

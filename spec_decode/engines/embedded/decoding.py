@@ -21,6 +21,7 @@ from dataclasses import dataclass, field
 
 import torch
 
+from .graphs import StaticRunner
 from .model import Eagle3Drafter, LlamaTarget
 
 
@@ -65,15 +66,24 @@ class Decoder:
     and all decisions (argmax, accepted count) are replicated and come out equal on every rank.
 
     ``cycle``, ``draft``, ``verify`` and ``extend`` are the profiler plugin's hook targets (it patches
-    these class attributes): keep their names and call them as attributes of ``self``."""
+    these class attributes): keep their names and call them as attributes of ``self``.
 
-    def __init__(self, target: LlamaTarget, drafter: Eagle3Drafter | None, steps: int):
+    With a ``runner`` (the CUDA path, graphs.py) the phases run on static buffers -- CUDA-graph
+    replays unless graphs are disabled; the cycle's logic stays here, unchanged."""
+
+    def __init__(self, target: LlamaTarget, drafter: Eagle3Drafter | None, steps: int,
+                 runner: StaticRunner | None = None):
         self.target = target
         self.drafter = drafter
         self.steps = steps if drafter is not None else 0
         self.capture = list(drafter.shape.aux_layer_ids) if drafter is not None else None
         self.device = target.lm_head.weight.device
         self.context = target.shape.max_position_embeddings
+        self.runner = runner
+
+    @property
+    def cuda_graph(self) -> bool:
+        return self.runner is not None and self.runner.use_graphs
 
     def max_new_tokens(self, prompt_len: int) -> int:
         return max_new_tokens(self.context, self.steps, prompt_len)
@@ -100,6 +110,8 @@ class Decoder:
     # _draft_extend_for_decode), so that phase hooks such as the profiler plugin's can wrap them.
     def draft(self, first: torch.Tensor, h: torch.Tensor, dcache) -> torch.Tensor:
         """k draft tokens: the first from the last re-extend, then k-1 drafter steps on its own hidden."""
+        if self.runner is not None:
+            return self.runner.draft(first, h)
         drafter = self.drafter
         drafts, tok = [first], first
         for _ in range(self.steps - 1):
@@ -110,6 +122,8 @@ class Decoder:
 
     def verify(self, last: torch.Tensor, draft: torch.Tensor, tcache):
         """One target forward over [last, d1..dk]; returns (accepted count, argmax preds, features)."""
+        if self.runner is not None:
+            return self.runner.verify(last, draft)
         base = tcache.length
         logits, aux = self.target(torch.cat([last, draft]).view(1, -1), tcache, self.capture)
         pred = logits.argmax(-1)  # (k+1,)
@@ -120,19 +134,29 @@ class Decoder:
     def extend(self, new: torch.Tensor, feats: torch.Tensor, dcache, base: int):
         """Drop the chain's own entries, re-extend with the true features of the committed tokens;
         returns the next cycle's first draft token and hidden state."""
+        if self.runner is not None:
+            return self.runner.extend(new, feats, base)
         dcache.crop(base)
         dl, dh = self.drafter(new.view(1, -1), feats, dcache)
         return self.drafter.to_target_ids(dl[-1].argmax()).view(1), dh[:, -1:]
 
     def _greedy(self, ids: torch.Tensor, n: int, on_step) -> Generation:
-        cache = self.target.new_cache()
-        logits, _ = self.target(ids, cache)
+        runner = self.runner
+        if runner is not None:
+            runner.new_caches()
+            logits, _ = runner.prefill(ids)
+        else:
+            cache = self.target.new_cache()
+            logits, _ = self.target(ids, cache)
         tok = logits[-1].argmax().view(1, 1)
         out = [tok]
         gen = Generation(output_ids=[], prompt_tokens=ids.shape[1])
         while len(out) < n:
-            logits, _ = self.target(tok, cache)
-            tok = logits[-1].argmax().view(1, 1)
+            if runner is not None:
+                tok = runner.decode(tok)
+            else:
+                logits, _ = self.target(tok, cache)
+                tok = logits[-1].argmax().view(1, 1)
             out.append(tok)
             gen.decode_steps += 1
             if on_step is not None:
@@ -143,11 +167,18 @@ class Decoder:
     def _speculative(self, ids: torch.Tensor, n: int, on_step) -> Generation:
         target, drafter, k = self.target, self.drafter, self.steps
         assert drafter is not None
-        st = _State(tcache=target.new_cache(), dcache=drafter.new_cache())
+        runner = self.runner
+        if runner is not None:
+            tcache, dcache = runner.new_caches()
+            st = _State(tcache=tcache, dcache=dcache)
+        else:
+            st = _State(tcache=target.new_cache(), dcache=drafter.new_cache())
         # Prefill: target over the prompt; the drafter extends over it pairing feature t with token t+1.
-        logits, aux = target(ids, st.tcache, self.capture)
+        logits, aux = runner.prefill(ids) if runner is not None else target(ids, st.tcache, self.capture)
         st.last = logits[-1].argmax().view(1)
-        dlogits, dh = drafter(torch.cat([ids[0, 1:], st.last]).view(1, -1), aux, st.dcache)
+        shifted = torch.cat([ids[0, 1:], st.last]).view(1, -1)
+        dlogits, dh = (runner.prefill_drafter(shifted, aux) if runner is not None
+                       else drafter(shifted, aux, st.dcache))
         st.first = drafter.to_target_ids(dlogits[-1].argmax()).view(1)
         st.h_last = dh[:, -1:]
         st.committed = [st.last]

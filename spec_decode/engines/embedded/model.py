@@ -249,6 +249,32 @@ class KVCache:
         )
 
 
+class StaticKVCache:
+    """The KV cache of the CUDA-graph path: every shape fixed, positions given as a device tensor.
+    New K/V are written at ``pos`` with ``index_copy_``; attention always reads all ``max_len`` slots
+    under a mask ``key <= pos`` (a slot beyond a query's position, stale or empty, is never seen).
+    ``length`` is host bookkeeping only, as in KVCache: rolling back lowers it."""
+
+    def __init__(self, layers: int, kv_heads: int, max_len: int, head_dim: int, device=None):
+        self.k = torch.zeros(layers, 1, kv_heads, max_len, head_dim, device=device)
+        self.v = torch.zeros_like(self.k)
+        self.keys = torch.arange(max_len, device=device)
+        self.max_len = max_len
+        self.length = 0
+
+    def crop(self, n: int) -> None:
+        self.length = n
+
+    def mask(self, pos: torch.Tensor) -> torch.Tensor:
+        return self.keys[None, :] <= pos[:, None]  # (T, max_len)
+
+    def attend(self, layer: int, q, k, v, pos: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+        self.k[layer].index_copy_(2, pos, k)
+        self.v[layer].index_copy_(2, pos, v)
+        return F.scaled_dot_product_attention(q, self.k[layer], self.v[layer], attn_mask=mask,
+                                              enable_gqa=q.shape[1] != k.shape[1])
+
+
 def causal_mask(start: int, t: int, device=None) -> torch.Tensor | None:
     """Query i (at position start+i) sees keys at positions <= start+i. SDPA's ``is_causal`` aligns
     its mask to the top-left corner, which is wrong for a multi-token step on a non-empty cache."""
@@ -314,6 +340,33 @@ class LlamaTarget(nn.Module):
             s.num_hidden_layers, kv_heads, max_len or s.max_position_embeddings,
             s.head_dim, device=self.lm_head.weight.device,
         )
+
+    def new_static_cache(self) -> StaticKVCache:
+        s = self.shape
+        return StaticKVCache(s.num_hidden_layers, s.num_key_value_heads // self.tp.size,
+                             s.max_position_embeddings, s.head_dim, device=self.lm_head.weight.device)
+
+    def forward_static(self, ids: torch.Tensor, pos: torch.Tensor, cache: StaticKVCache,
+                       capture: list[int] | None = None):
+        """``forward`` with no host value in it (CUDA-graph capturable): (1, T) tokens at the
+        positions ``pos`` (T,). Returns logits (T, V) and the captured features or None; the caller
+        moves ``cache.length``."""
+        t = ids.shape[1]
+        cos, sin = self.cos.index_select(0, pos), self.sin.index_select(0, pos)
+        mask = cache.mask(pos)
+        x = self.model.embed_tokens(ids)
+        outs = {}
+        reduce = self.tp.reduce
+        for i, layer in enumerate(self.model.layers):
+            attn = layer.self_attn
+            q, k, v = attn.qkv_sharded(layer.input_layernorm(x), cos, sin)
+            x = x + reduce(attn.out_partials(cache.attend(i, q, k, v, pos, mask))).view(1, t, -1)
+            x = x + reduce(layer.mlp.partials(layer.post_attention_layernorm(x))).view(1, t, -1)
+            if capture and i in capture:
+                outs[i] = x
+        logits = self.lm_head(self.model.norm(x))[0]
+        aux = torch.cat([outs[i] for i in capture], dim=-1) if capture else None
+        return logits, aux
 
     def forward_train(self, ids: torch.Tensor, capture: list[int] | None = None):
         """Full causal forward over (B, T). Returns logits (B, T, V) and the captured layer outputs
@@ -432,6 +485,20 @@ class Eagle3Drafter(nn.Module):
         )
         a = cache.attend(0, q, k, v, start, causal_mask(start, t, tokens.device))
         cache.length = start + t
+        logits, h = self._finish(a, residual)
+        return logits[0], h
+
+    def new_static_cache(self) -> StaticKVCache:
+        s = self.shape
+        return StaticKVCache(1, s.num_key_value_heads, s.max_position_embeddings, s.head_dim,
+                             device=self.lm_head.weight.device)
+
+    def forward_static(self, tokens: torch.Tensor, hidden: torch.Tensor, pos: torch.Tensor,
+                       cache: StaticKVCache):
+        """``forward`` at the positions ``pos`` (T,), capturable (see LlamaTarget.forward_static)."""
+        x, residual = self._inputs(tokens, hidden)
+        q, k, v = self.midlayer.self_attn.qkv(x, self.cos.index_select(0, pos), self.sin.index_select(0, pos))
+        a = cache.attend(0, q, k, v, pos, cache.mask(pos))
         logits, h = self._finish(a, residual)
         return logits[0], h
 

@@ -30,6 +30,7 @@ import torch.distributed as dist
 from spec_decode.plugins import load_plugins
 
 from .decoding import Decoder
+from .graphs import StaticRunner
 from .model import load_drafter, load_target, read_config
 from .parallel import TensorParallel, shard_units
 
@@ -54,6 +55,7 @@ class RankSpec:
     log_level: str
     dist_port: int
     front_pid: int
+    disable_cuda_graph: bool = False  # on CUDA: run the static shapes eagerly (SGLang's flag)
 
 
 class Counters:
@@ -120,7 +122,7 @@ class Scheduler:
             parts.append(f"accept len: {c.window_tokens / c.window_forward_ct:.2f}")
             parts.append(f"accept rate: {c.window_correct / (c.window_forward_ct * dec.steps):.2f}")
         graph = "cuda graph" if dec.device.type == "cuda" else "cpu graph"
-        parts += [f"{graph}: False", f"gen throughput (token/s): {c.last_gen_throughput:.2f}",
+        parts += [f"{graph}: {dec.cuda_graph}", f"gen throughput (token/s): {c.last_gen_throughput:.2f}",
                   "#queue-req: 0"]
         log.info("Decode batch, " + ", ".join(parts))
         c.window_tokens = c.window_forward_ct = c.window_correct = 0
@@ -211,7 +213,10 @@ def run_rank(rank: int, spec: RankSpec, cmd_conn, log_conn) -> None:
     tp = TensorParallel(size=spec.tp_size, rank=rank, units=units)
     target = load_target(spec.model_path, str(device), tp)
     drafter = load_drafter(spec.draft_model_path, target, str(device)) if spec.draft_model_path else None
-    decoder = Decoder(target, drafter, spec.steps)
+    runner = None
+    if device.type == "cuda":  # static buffers; CUDA graphs captured now unless disabled
+        runner = StaticRunner(target, drafter, spec.steps, use_graphs=not spec.disable_cuda_graph)
+    decoder = Decoder(target, drafter, spec.steps, runner)
     # Warm the kernels once so the first request does not pay for lazy initialisation (through the
     # hooks, as SGLang's warmup request is: its cycles are in the profile before any request).
     decoder.generate([32] * 8, 8)

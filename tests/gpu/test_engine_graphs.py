@@ -1,0 +1,113 @@
+"""CUDA graphs in the embedded engine (marker `gpu`; run on the device, never in CI):
+
+    timeout 900 python -m pytest -m gpu -s tests/gpu/test_engine_graphs.py
+
+- tp 1, in process: graph replays equal eager (the same static kernels) token for token and counter
+  for counter, baseline and steps 1, 2, 3, 5; graph vs eager baseline tok/s printed (-s);
+- tp 2 (needs 2 GPUs), real servers: `--tp-size 2 --device cuda` with graphs (NCCL all-reduces
+  captured inside) equals `--disable-cuda-graph`, baseline and steps 3.
+Every wait is bounded (server start 300 s, request 120 s): a capture that hangs fails, not stalls.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+import time
+
+import pytest
+
+torch = pytest.importorskip("torch")
+pytestmark = [pytest.mark.gpu,
+              pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")]
+
+from spec_decode.engines.embedded.decoding import Decoder  # noqa: E402
+from spec_decode.engines.embedded.graphs import StaticRunner  # noqa: E402
+from spec_decode.engines.embedded.model import load_drafter, load_target  # noqa: E402
+from spec_decode.engines.embedded.tokenizer import encode  # noqa: E402
+from spec_decode.server import ServerProcess, free_port  # noqa: E402
+
+from ..conftest import DRAFTER, PROMPTS, TARGET  # noqa: E402
+
+STEPS = (1, 2, 3, 5)
+TOKENS = 300
+
+
+def prompts(n: int = 2) -> list[list[int]]:
+    return [encode(json.loads(line)["text"]) for line in PROMPTS.read_text().splitlines()[:n]]
+
+
+@pytest.fixture(scope="module")
+def models():
+    target = load_target(TARGET, "cuda")
+    return target, load_drafter(DRAFTER, target, "cuda")
+
+
+def decoders(target, drafter, steps: int) -> tuple[Decoder, Decoder]:
+    d = drafter if steps else None
+    graph = Decoder(target, d, steps, StaticRunner(target, d, steps, use_graphs=True))
+    eager = Decoder(target, d, steps, StaticRunner(target, d, steps, use_graphs=False))
+    assert graph.cuda_graph and not eager.cuda_graph
+    assert len(graph.runner.graphs) == (1 if not steps else 3 + steps + 1)  # decode, verify, draft, extend1..k+1
+    return graph, eager
+
+
+@pytest.mark.parametrize("steps", (0, *STEPS))
+def test_graphs_equal_eager_at_tp1(models, steps):
+    target, drafter = models
+    graph, eager = decoders(target, drafter, steps)
+    for ids in prompts():
+        g, e = graph.generate(ids, TOKENS), eager.generate(ids, TOKENS)
+        assert g.output_ids == e.output_ids, f"steps={steps}: graph replay differs from eager"
+        assert (g.verify_ct, g.correct_drafts, g.histogram) == (e.verify_ct, e.correct_drafts, e.histogram)
+    if steps:
+        assert len(g.output_ids) / g.verify_ct >= 2.0  # it speculates, with real acceptance
+
+
+def test_graph_baseline_throughput_is_printed(models):
+    target, drafter = models
+    ids = prompts(1)[0]
+    rows = {}
+    for name, dec in zip(("graph", "eager"), decoders(target, drafter, 0)):
+        dec.generate(ids, 64)
+        rates = []
+        for _ in range(5):
+            torch.cuda.synchronize()
+            t0 = time.perf_counter()
+            dec.generate(ids, 500)
+            torch.cuda.synchronize()
+            rates.append(500 / (time.perf_counter() - t0))
+        rows[name] = sorted(rates)[2]
+    print(f"\nembedded baseline on {torch.cuda.get_device_name()}: graph {rows['graph']:.0f} tok/s, "
+          f"eager {rows['eager']:.0f} tok/s ({rows['graph'] / rows['eager']:.1f}x), median of 5 x 500 tokens")
+    assert rows["graph"] > 0
+
+
+def serve_and_generate(tmp_path, tp: int, steps: int, graph: bool) -> list[list[int]]:
+    port = free_port()
+    spec = (["--speculative-algorithm", "EAGLE3", "--speculative-draft-model-path", str(DRAFTER),
+             "--speculative-num-steps", str(steps), "--speculative-eagle-topk", "1",
+             "--speculative-num-draft-tokens", str(steps + 1)] if steps else [])
+    argv = [sys.executable, "-m", "spec_decode.engines.embedded", "--model-path", str(TARGET),
+            "--device", "cuda", "--tp-size", str(tp), "--port", str(port), *spec,
+            *([] if graph else ["--disable-cuda-graph"])]
+    log = tmp_path / f"server_tp{tp}_s{steps}_{'graph' if graph else 'eager'}.log"
+    with ServerProcess(argv, env={}, log_path=log, host="127.0.0.1", port=port, startup_timeout_s=300) as srv:
+        import requests
+
+        outs = []
+        for ids in prompts():
+            r = requests.post(srv.base_url + "/generate", timeout=120, json={
+                "input_ids": ids, "sampling_params": {"max_new_tokens": 200, "temperature": 0}})
+            assert r.status_code == 200, r.text
+            outs.append(r.json()["output_ids"])
+    text = log.read_text()
+    if graph:
+        assert "captured" in text and "CUDA graphs" in text
+    return outs
+
+
+@pytest.mark.skipif(torch.cuda.device_count() < 2, reason="needs 2 GPUs")
+@pytest.mark.parametrize("steps", (0, 3))
+def test_graphs_with_nccl_inside_equal_eager_at_tp2(tmp_path, steps):
+    assert serve_and_generate(tmp_path, 2, steps, graph=True) == serve_and_generate(tmp_path, 2, steps, graph=False)

@@ -1,0 +1,94 @@
+"""The profiler plugin live in a multi-rank server: the embedded engine at tp=2 (gloo), the plugin
+loaded from its entry point in every rank process, servers stopped as the runner stops them (SIGTERM,
+grace, SIGKILL). No fake module: these are the code paths that run inside SGLang's ranks."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import pytest
+
+from ..conftest import ROOT, run_py, small
+
+pytestmark = pytest.mark.integration
+TUNED = {"NCCL_PROTO": "LL", "NCCL_ALGO": "Ring", "NCCL_P2P_LEVEL": "SYS", "NCCL_MAX_NCHANNELS": "16",
+         "NCCL_BUFFSIZE": "16777216", "NCCL_NTHREADS": "512"}
+
+
+def job(tmp_path, *overrides, env=None) -> dict:
+    run_py(["hardware.tp_size=2", "benchmark.baseline_arm=false", "tracking=off", *small(), *overrides,
+            f"hydra.run.dir={tmp_path}"], env=env)
+    return json.loads((tmp_path / "results.json").read_text())
+
+
+def test_two_ranks_write_their_own_profiles_and_the_runner_uses_rank_0(tmp_path):
+    rec = job(tmp_path, "spec.steps=3")
+    files = sorted(p.name for p in tmp_path.glob("profile.rank*.jsonl"))
+    assert files == ["profile.rank0.jsonl", "profile.rank1.jsonl"]
+    for r in (0, 1):
+        lines = [json.loads(x) for x in (tmp_path / f"profile.rank{r}.jsonl").read_text().splitlines()]
+        assert lines and {x["rank"] for x in lines} == {r}
+    prof = rec["profile"]
+    verify_ct = sum(r["spec_verify_ct"] for r in rec["runs"])
+    assert prof["rank"] == 0 and prof["ranks"] == 2
+    assert prof["cycles"] == verify_ct and prof["complete"]  # one rank's cycles, not both ranks'
+    assert prof["non_cycle_ms_per_request"] > 0  # not minus a second rank's cycle time
+    agree = prof["rank_agreement"]
+    assert set(agree["ranks"]) == {"1"} and agree["ranks"]["1"]["cycles"] == prof["cycles"]
+    assert "ok" in agree
+    assert rec["metrics"]["accept_len"] > 1.5 and rec["metrics"]["verify_ms"] > 0
+
+
+def test_sigterm_writes_the_tail_no_cycle_lost(tmp_path):
+    # Flusher off: only the plugin's SIGTERM handler (the runner's stop) can write the cycles.
+    rec = job(tmp_path, "spec.steps=2", env={"SPEC_DECODE_PROFILE_FLUSH_S": "0"})
+    prof = rec["profile"]
+    assert prof["cycles"] == sum(r["spec_verify_ct"] for r in rec["runs"]) and prof["complete"]
+    ranks = {r: len((tmp_path / f"profile.rank{r}.jsonl").read_text().splitlines()) for r in (0, 1)}
+    assert ranks[0] == ranks[1]  # every rank drained its buffer on SIGTERM
+
+
+@pytest.mark.parametrize("nccl", ["tuned", "default"])
+def test_every_process_carries_exactly_the_nccl_profile(tmp_path, nccl):
+    rec = job(tmp_path, f"nccl={nccl}", "spec.steps=1", "benchmark.runs=1",
+              env={"NCCL_PROTO": "Simple"})  # a stray shell variable must not reach any rank
+    procs = rec["server_env_processes"]
+    assert len(procs) >= 3  # the front and two ranks
+    for env in procs.values():
+        assert {k: v for k, v in env.items() if k.startswith("NCCL_")} == (TUNED if nccl == "tuned" else {})
+
+
+def doctor(*args, env=None) -> subprocess.CompletedProcess:
+    import os
+
+    return subprocess.run([sys.executable, "-m", "spec_decode.doctor", *args], cwd=ROOT,
+                          env={**os.environ, **(env or {})}, capture_output=True, text=True, timeout=300)
+
+
+def test_doctor_passes_on_a_healthy_tp2_server():
+    p = doctor("hardware.tp_size=2", "spec.steps=2")
+    assert p.returncode == 0, p.stdout + p.stderr
+    assert "[OK] profile from rank 0" in p.stdout and "6 passed, 0 failed" in p.stdout
+
+
+def test_doctor_names_an_excluded_plugin_and_the_empty_profile():
+    p = doctor("spec.steps=2", env={"SGLANG_PLUGINS": "some_other_plugin"})
+    assert p.returncode == 1
+    assert "[FAIL] profiler plugin installed: `spec_decode_profiler` is installed but SGLANG_PLUGINS" in p.stdout
+    assert "[FAIL] profile from rank 0: no profile lines" in p.stdout
+    assert "what to do:" in p.stdout
+
+
+def test_doctor_items_for_a_missing_plugin_and_a_wrong_hook_target():
+    from spec_decode.doctor import check_entry_point, check_hook_targets
+    from spec_decode.profiler.plugin import TARGETS
+
+    missing = check_entry_point([], None)
+    assert not missing.ok and "no `spec_decode_profiler` entry point" in missing.detail
+    assert "pip install -e ." in missing.fix
+    wrong = [(TARGETS["embedded"][0][0].replace(".cycle", ".cycle_v2"), None), *TARGETS["embedded"][1:]]
+    item = check_hook_targets("embedded", wrong)
+    assert not item.ok and "Decoder.cycle_v2 does not exist" in item.detail
+    assert check_hook_targets("embedded").ok
