@@ -36,7 +36,7 @@ def clone(tmp_path_factory):
 
 def test_fresh_clone_has_models_up_to_date_and_analytics_off(clone):
     d, env = clone
-    out = sh([DVC, "status", "corpus", "target", "drafter"], cwd=d, env=env).stdout
+    out = sh([DVC, "status", "corpus", "target", "drafter_data", "drafter"], cwd=d, env=env).stdout
     assert "up to date" in out, out
     assert "analytics = false" in (d / ".dvc" / "config").read_text()
 

@@ -1,0 +1,283 @@
+"""The drafter experiments (DVC stages lineage_bench@<name>, lineage_report@<name>):
+
+    python -m spec_decode.drafter_experiments bench drafter_data_scaling   # sweep -> metrics.json
+    python -m spec_decode.drafter_experiments report drafter_data_scaling  # table into README + plot
+    python -m spec_decode.drafter_experiments bench drafter_layer_ids
+
+- drafter_data_scaling: one drafter per sample count (stage drafter_scaling@N), each served at the
+  step counts of conf/experiment/drafter_data_scaling.yaml; the cost model (spec_decode.costmodel)
+  fitted per drafter names its best step count.
+- drafter_layer_ids: the quick start's drafter served with its trained layer ids and with two wrong
+  sets. The wrong ones are copies of it whose config.json names other ids and which carry no
+  training.json (the runner's preflight refuses a drafter served with ids other than it was trained
+  on, as it should; the copy is how this experiment bypasses it on purpose). Each copy holds
+  served_as.json saying so.
+
+Metrics keep, per job, the runner's throughput (95% t-CI over the runs), speedup vs the baseline
+(Welch CI), accept length; and from the drafter's training.json its held-out accept length (95% CI
+over held-out samples), data size and hash and MLflow training run id (the lineage).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import re
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import yaml
+
+from .costmodel import fit, points_from_records
+from .experiment import BEGIN, END, exp_dir
+from .lineage import lineage_tags
+from .tracking import collect
+
+SERVED_DIR = "served"  # experiments/drafter_layer_ids/served/<ids>/: the re-labelled copies (not in git)
+
+
+def sweep_params(name: str, root: Path) -> dict[str, str]:
+    cfg = yaml.safe_load((root / "conf" / "experiment" / f"{name}.yaml").read_text())
+    return {k: str(v) for k, v in cfg["hydra"]["sweeper"]["params"].items()}
+
+
+def check_scaling_paths(root: Path) -> list[str]:
+    """The experiment file's drafter paths must be the drafters params.yaml builds (one fact, checked)."""
+    params = yaml.safe_load((root / "params.yaml").read_text())["build"]["drafter_scaling"]
+    want = [f"models/tiny/drafter_scaling/n{n}" for n in params["samples"]]
+    got = sweep_params("drafter_data_scaling", root)["drafter.path"].split(",")
+    if got != want:
+        raise SystemExit(f"conf/experiment/drafter_data_scaling.yaml: drafter.path is {got} but params.yaml "
+                         f"build.drafter_scaling.samples builds {want}; make them the same")
+    return want
+
+
+def make_served_copies(root: Path) -> None:
+    """Copies of models/tiny/drafter whose config.json serves other layer ids (paths from the sweep)."""
+    src = root / "models" / "tiny" / "drafter"
+    trained = json.loads((src / "training.json").read_text())["trained_aux_layer_ids"]
+    for path in sweep_params("drafter_layer_ids", root)["drafter.path"].split(","):
+        m = re.search(r"ids_(\d+)-(\d+)-(\d+)$", path)
+        if not m:
+            continue  # the drafter as trained
+        ids = [int(x) for x in m.groups()]
+        dst = root / path
+        if dst.exists():
+            shutil.rmtree(dst)
+        dst.mkdir(parents=True)
+        cfg = json.loads((src / "config.json").read_text())
+        cfg["eagle_config"]["eagle_aux_hidden_state_layer_ids"] = ids
+        (dst / "config.json").write_text(json.dumps(cfg, indent=2, sort_keys=True) + "\n")
+        shutil.copy2(src / "model.safetensors", dst / "model.safetensors")
+        note = {"copy_of": "models/tiny/drafter", "trained_aux_layer_ids": trained, "served_aux_layer_ids": ids,
+                "why": "layer-id mismatch experiment: no training.json here, so preflight does not refuse it"}
+        (dst / "served_as.json").write_text(json.dumps(note, indent=2) + "\n")
+
+
+def served_ids(path: Path) -> list[int]:
+    return json.loads((path / "config.json").read_text())["eagle_config"]["eagle_aux_hidden_state_layer_ids"]
+
+
+def training_record(path: Path, root: Path) -> dict:
+    """The drafter's own training.json, or (a served copy) the original's."""
+    for p in (path, root / "models" / "tiny" / "drafter"):
+        if (p / "training.json").is_file():
+            return json.loads((p / "training.json").read_text())
+    return {}
+
+
+def offline_acceptance(root: Path, ids: list[int]) -> dict:
+    """Held-out acceptance of the quick start's drafter read with `ids` (no server)."""
+    import torch
+
+    from .engines.embedded.build import evaluate
+    from .engines.embedded.drafter_data import load, load_frozen_target
+    from .engines.embedded.model import load_drafter
+
+    torch.set_num_threads(2)
+    target = load_frozen_target(root / "models" / "tiny" / "target")
+    drafter = load_drafter(root / "models" / "tiny" / "drafter", target)
+    splits, rec = load(root / "data" / "drafter_train")
+    return evaluate(drafter, target, splits["heldout"], ids, rec["prompt_tokens"])
+
+
+def job_metrics(r: dict) -> dict:
+    m = r.get("metrics", {})
+    t = r.get("throughput_tok_s") or {}
+    e = {"status": r["status"], "throughput_tok_s": round(m.get("throughput_tok_s", float("nan")), 2)}
+    for k in ("ci95_lo", "ci95_hi", "std", "n"):
+        if k in t:
+            e[f"throughput_tok_s_{k}"] = round(t[k], 3)
+    for k in ("accept_len", "accept_rate_draft", "speedup_vs_baseline", "speedup_vs_baseline_ci95_lo",
+              "speedup_vs_baseline_ci95_hi", "cycle_ms"):
+        if k in m:
+            e[k] = round(m[k], 4)
+    return e
+
+
+def bench(name: str, root: Path, extra: list[str]) -> Path:
+    d = exp_dir(name, root)
+    if name == "drafter_data_scaling":
+        check_scaling_paths(root)
+    else:
+        make_served_copies(root)
+    sweep = d / "sweep"
+    if sweep.exists():
+        shutil.rmtree(sweep)
+    cmd = [sys.executable, str(root / "run.py"), "-m", f"experiment={name}", f"hydra.sweep.dir={sweep}", *extra]
+    print("+ " + " ".join(cmd), flush=True)
+    if subprocess.run(cmd, cwd=root).returncode != 0:
+        raise SystemExit(f"bench {name}: run.py failed")
+    recs = collect(sweep)
+    out: dict = {"baseline": None, "drafters": {}}
+    for r in recs:
+        if not r.get("speculative"):
+            out["baseline"] = job_metrics(r)
+            continue
+        path = root / r["config"]["drafter"]["path"]
+        rec = training_record(path, root)
+        key = (f"n{rec['data']['samples']}" if name == "drafter_data_scaling"
+               else "ids_" + "-".join(map(str, served_ids(path))))
+        entry = out["drafters"].setdefault(key, {
+            "path": r["config"]["drafter"]["path"], "served_ids": served_ids(path),
+            "trained_ids": rec.get("trained_aux_layer_ids"), "lineage": lineage_tags(path, None) or lineage_tags(
+                root / "models" / "tiny" / "drafter", None),
+            "data_samples": rec.get("data", {}).get("samples"), "epochs": rec.get("epochs"),
+            "steps": {}, "_recs": [],
+        })
+        if name == "drafter_data_scaling":
+            h = rec["heldout"]
+            entry["heldout_accept_len"] = h["accept_len"]
+            entry["heldout_accept_len_ci95"] = h["accept_len_ci95"]
+        entry["steps"][str(r["config"]["spec"]["steps"])] = job_metrics(r)
+        entry["_recs"].append(r)
+    for entry in out["drafters"].values():
+        recs_d = entry.pop("_recs")
+        if name == "drafter_layer_ids":
+            h = offline_acceptance(root, entry["served_ids"])
+            entry["heldout_accept_len"], entry["heldout_accept_len_ci95"] = h["accept_len"], h["accept_len_ci95"]
+            entry["heldout_top1"] = h["top1"]
+        pts = points_from_records(recs_d)
+        if len(pts) >= 2:
+            f = fit(pts, max_steps=8)
+            entry["costmodel_best_steps"] = f.best_steps
+            entry["costmodel_best_tok_s"] = [round(v, 1) for v in f.best_tok_s]
+    (d / "metrics.json").write_text(json.dumps(out, indent=2, sort_keys=True) + "\n")
+    print(f"{len(recs)} jobs -> {d / 'metrics.json'}")
+    return d / "metrics.json"
+
+
+def _ci(lo: float | None, hi: float | None, spec: str = ".2f") -> str:
+    return f"[{lo:{spec}}, {hi:{spec}}]" if lo is not None and hi is not None else "-"
+
+
+def _ordered(metrics: dict) -> list[tuple[str, dict]]:
+    """By sample count; the drafter as trained before the re-labelled copies."""
+    return sorted(metrics["drafters"].items(), key=lambda kv: (
+        kv[1].get("data_samples") or 0, kv[1]["served_ids"] != kv[1]["trained_ids"], kv[0]))
+
+
+def table(name: str, metrics: dict) -> str:
+    base = metrics.get("baseline") or {}
+    lines = [f"baseline: {base.get('throughput_tok_s', float('nan')):.1f} tok/s "
+             f"{_ci(base.get('throughput_tok_s_ci95_lo'), base.get('throughput_tok_s_ci95_hi'), '.1f')}"]
+    head = ("drafter" if name == "drafter_data_scaling" else "served ids")
+    lines.append(f"{head:<16} steps  accept len  draft accept rate  held-out accept len [95% CI]  "
+                 "tok/s [95% CI]            speedup [95% CI]         best steps (cost model)")
+    for key, e in _ordered(metrics):
+        for k, j in sorted(e["steps"].items(), key=lambda kv: int(kv[0])):
+            h = e.get("heldout_accept_len") or []
+            hci = e.get("heldout_accept_len_ci95") or []
+            held = f"{h[int(k) - 1]:.2f} {_ci(*hci[int(k) - 1])}" if len(h) >= int(k) else "-"
+            label = key if name == "drafter_data_scaling" else (
+                ",".join(map(str, e["served_ids"])) + (" (trained)" if e["served_ids"] == e["trained_ids"] else ""))
+            best = (f"{e['costmodel_best_steps']} ({e['costmodel_best_tok_s'][0]:.0f} tok/s)"
+                    if "costmodel_best_steps" in e else "-")
+            lines.append(
+                f"{label:<16} {k:>5}  {j.get('accept_len', float('nan')):10.2f}  "
+                f"{j.get('accept_rate_draft', float('nan')):17.2f}  {held:<28}  "
+                f"{j['throughput_tok_s']:6.1f} {_ci(j.get('throughput_tok_s_ci95_lo'), j.get('throughput_tok_s_ci95_hi'), '.1f'):<18}  "
+                f"{j.get('speedup_vs_baseline', float('nan')):.3f} "
+                f"{_ci(j.get('speedup_vs_baseline_ci95_lo'), j.get('speedup_vs_baseline_ci95_hi'), '.3f'):<16}  {best}")
+    return "\n".join(lines)
+
+
+def plot(name: str, metrics: dict, path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, axes = plt.subplots(1, 2, figsize=(11, 4))
+    items = _ordered(metrics)
+    steps = sorted({int(k) for _, e in items for k in e["steps"]})
+    scaling = name == "drafter_data_scaling"
+    xs = [e["data_samples"] if scaling else i for i, (_, e) in enumerate(items)]
+    for k in steps:
+        acc = [e["steps"].get(str(k), {}).get("accept_len", float("nan")) for _, e in items]
+        held = [(e.get("heldout_accept_len") or [float("nan")] * 8)[k - 1] for _, e in items]
+        ci = [(e.get("heldout_accept_len_ci95") or [[float("nan")] * 2] * 8)[k - 1] for _, e in items]
+        err = [[max(0.0, h - c[0]) for h, c in zip(held, ci)], [max(0.0, c[1] - h) for h, c in zip(held, ci)]]
+        line = axes[0].plot(xs, acc, "o-", label=f"served, steps={k}")[0]
+        axes[0].errorbar(xs, held, yerr=err, fmt="s--", color=line.get_color(), alpha=0.6, capsize=3,
+                         label=f"held-out (offline), steps={k}")
+        sp = [e["steps"].get(str(k), {}) for _, e in items]
+        y = [s.get("speedup_vs_baseline", float("nan")) for s in sp]
+        lo = [s.get("speedup_vs_baseline_ci95_lo", v) for s, v in zip(sp, y)]
+        hi = [s.get("speedup_vs_baseline_ci95_hi", v) for s, v in zip(sp, y)]
+        axes[1].errorbar(xs, y, yerr=[[max(0.0, v - a) for v, a in zip(y, lo)], [max(0.0, b - v) for v, b in zip(y, hi)]], fmt="o-",
+                         capsize=3, label=f"steps={k}")
+    for ax, ylabel in zip(axes, ("accept length (tokens/cycle)", "speedup vs baseline (95% CI)")):
+        ax.set_ylabel(ylabel)
+        ax.grid(alpha=0.3)
+        ax.legend(fontsize=7)
+        if scaling:
+            ax.set_xscale("log")
+            ax.set_xlabel("training samples (prompt + target response, 640 tokens each)")
+        else:
+            ax.set_xticks(xs, [",".join(map(str, e["served_ids"])) for _, e in items])
+            ax.set_xlabel("served layer ids (trained: " + ",".join(map(str, items[0][1]["trained_ids"])) + ")")
+    axes[1].axhline(1.0, color="grey", lw=0.8)
+    fig.suptitle(name)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
+def report(name: str, root: Path) -> None:
+    d = exp_dir(name, root)
+    metrics = json.loads((d / "metrics.json").read_text())
+    text = table(name, metrics)
+    (d / "table.txt").write_text(text + "\n")
+    plot(name, metrics, d / f"{name}.png")
+    readme = d / "README.md"
+    if readme.exists():
+        body = readme.read_text()
+        block = f"{BEGIN}\n```\n{text}\n```\n{END}"
+        if BEGIN in body and END in body:
+            body = re.sub(re.escape(BEGIN) + r".*?" + re.escape(END), lambda _: block, body, flags=re.S)
+        else:
+            body += "\n" + block + "\n"
+        readme.write_text(body)
+    print(text)
+
+
+def main(argv: list[str] | None = None) -> None:
+    ap = argparse.ArgumentParser(prog="python -m spec_decode.drafter_experiments", description=__doc__,
+                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("cmd", choices=["bench", "report"])
+    ap.add_argument("name", choices=["drafter_data_scaling", "drafter_layer_ids"])
+    ap.add_argument("overrides", nargs="*", help="extra Hydra overrides for bench (e.g. tracking=off)")
+    args = ap.parse_args(argv)
+    root = Path(os.environ.get("DVC_ROOT") or Path.cwd())
+    if args.cmd == "bench":
+        bench(args.name, root, args.overrides)
+    else:
+        report(args.name, root)
+
+
+if __name__ == "__main__":
+    main()
