@@ -195,6 +195,12 @@ def measure(cfg: ExperimentConfig, ctx: JobContext, role: str, baseline: JobReco
     extra_env = server_extra_env(cfg, str(profile_path) if cfg.benchmark.profile else None)
     rec = results.new_record(cfg, ctx, role, extra_env, warnings)
     rec.nccl_probe = probe
+    if cfg.speculative:  # one click from a throughput number to the data its drafter learned from
+        from .lineage import lineage_tags
+        from .tracking import resolve_uri
+
+        uri = resolve_uri(cfg.tracking.uri, ctx.root) if cfg.tracking.enabled else "off"
+        rec.provenance["drafter_lineage"] = lineage_tags(_abs(ctx.root, str(cfg.drafter.path)), uri)
     tracked = ctx.tracker.start(rec, ctx) if ctx.tracker is not None else None
     log_windows: list[tuple[int, int]] = []
     live_env: dict[str, str] = {}  # the first launch's server environment, read back from the process

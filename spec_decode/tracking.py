@@ -297,6 +297,7 @@ def tags_of(rec: JobRecord) -> dict[str, str]:
         tags[f"data.{name}.hash"] = str(h.get("dvc_md5") or h.get("sha256") or "missing")
         if h.get("dvc_md5"):
             tags[f"dvc.{name}.md5"] = h["dvc_md5"]
+    tags.update(prov.get("drafter_lineage") or {})  # drafter.training_run_id, drafter.data_md5, ...
     tags["checks.failed"] = ",".join(rec.failed_checks) or "none"
     if rec.warnings:
         tags["warnings"] = " | ".join(rec.warnings)[:4000]

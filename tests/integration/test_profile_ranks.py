@@ -92,3 +92,21 @@ def test_doctor_items_for_a_missing_plugin_and_a_wrong_hook_target():
     item = check_hook_targets("embedded", wrong)
     assert not item.ok and "Decoder.cycle_v2 does not exist" in item.detail
     assert check_hook_targets("embedded").ok
+
+
+def test_benchmark_runs_lead_to_their_drafters_training(tmp_path, tmp_store):
+    """The lineage tags: a benchmark run names its drafter's weights, training data and training run."""
+    import json as _json
+
+    from mlflow.tracking import MlflowClient
+
+    run_py(["spec.steps=2", "benchmark.baseline_arm=false", *small(), *tmp_store["overrides"],
+            f"hydra.run.dir={tmp_path}"])
+    training = _json.loads((ROOT / "models/tiny/drafter/training.json").read_text())
+    c = MlflowClient(tmp_store["uri"])
+    exp = c.get_experiment_by_name("spec-decode-bench")
+    (run,) = c.search_runs([exp.experiment_id])
+    tags = run.data.tags
+    assert tags["drafter.weights_sha256"] == training["weights_sha256"]
+    assert tags["drafter.data_md5"] == training["data"]["file_md5"]
+    assert tags["drafter.data_samples"] == str(training["data"]["samples"])
