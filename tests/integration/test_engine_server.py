@@ -76,7 +76,8 @@ class TestSpecServer:
         assert len(prof) == r["meta_info"]["spec_verify_ct"]
         assert set(prof[0]) == {"t", "rank", "draft_ms", "verify_ms", "extend_ms", "cycle_ms", "accepted"}
         assert all(1 <= p["accepted"] <= 4 and p["rank"] == 0 for p in prof)
-        assert sum(p["accepted"] for p in prof) == 64 - 1  # the prefill made the first token
+        # The prefill made the first token; the last cycle may commit up to steps (3) past the 64.
+        assert 64 - 1 <= sum(p["accepted"] for p in prof) <= 64 - 1 + 3
 
     @pytest.mark.parametrize("body,named", [
         ({"text": "hi", "sampling_params": {"max_tokens": 5}}, "max_tokens"),
