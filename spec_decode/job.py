@@ -196,11 +196,7 @@ def measure(cfg: ExperimentConfig, ctx: JobContext, role: str, baseline: JobReco
     rec = results.new_record(cfg, ctx, role, extra_env, warnings)
     rec.nccl_probe = probe
     if cfg.speculative:  # one click from a throughput number to the data its drafter learned from
-        from .lineage import lineage_tags
-        from .tracking import resolve_uri
-
-        uri = resolve_uri(cfg.tracking.uri, ctx.root) if cfg.tracking.enabled else "off"
-        rec.provenance["drafter_lineage"] = lineage_tags(_abs(ctx.root, str(cfg.drafter.path)), uri)
+        rec.provenance["drafter_lineage"] = _drafter_lineage(cfg, ctx)
     tracked = ctx.tracker.start(rec, ctx) if ctx.tracker is not None else None
     log_windows: list[tuple[int, int]] = []
     live_env: dict[str, str] = {}  # the first launch's server environment, read back from the process
@@ -259,6 +255,21 @@ def where_to_look(rec: JobRecord, ctx: JobContext) -> str:
     if not ctx.sweep_dir:
         lines.append(f"  report: python -m spec_decode.report {ctx.out_dir}")
     return "\n".join(lines)
+
+
+def _drafter_lineage(cfg: ExperimentConfig, ctx: JobContext) -> dict[str, str]:
+    """The drafter's lineage tags; its training run is looked up in the job's own store, and only
+    when that store answers (MLflow's client retries a dead server for minutes)."""
+    from .lineage import lineage_tags
+
+    uri = "off"
+    if ctx.tracker is not None:
+        try:
+            ctx.tracker.reachable()
+            uri = ctx.tracker.uri
+        except ConnectionError:
+            pass
+    return lineage_tags(_abs(ctx.root, str(cfg.drafter.path)), uri)
 
 
 def _abs(root: Path, p: str) -> Path:
