@@ -58,9 +58,10 @@ def job_name(slurm, request) -> str:
 
 
 def slurm_sweep(*overrides: str, job_name: str, sweep_dir: Path, slots_dir: Path) -> list[str]:
-    """The argv (after run.py) of a sweep on SLURM with the CPU preset, bounded for CI."""
+    """The argv (after run.py) of a sweep on SLURM with the CPU preset, bounded for CI. Unpaired: the
+    tier tests the baseline job shared through the sweep dir (a paired job co-hosts its own)."""
     return ["-m", "hydra/launcher=slurm_cpu", f"hydra.launcher.name={job_name}",
-            "benchmark.max_new_tokens=32", "benchmark.runs=2", "benchmark.warmup=1",
+            "benchmark.max_new_tokens=32", "benchmark.runs=2", "benchmark.warmup=1", "benchmark.paired=false",
             f"hardware.slots_dir={slots_dir}", f"hydra.sweep.dir={sweep_dir}", *overrides]
 
 
