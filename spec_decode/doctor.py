@@ -23,6 +23,7 @@ import inspect
 import os
 import pkgutil
 import sys
+import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
@@ -200,17 +201,22 @@ def as_records(items: list[Item]) -> list[dict]:
     return [asdict(it) for it in items]
 
 
-def warmup_checks(rec: dict, warmup, profile_path: Path, log_path: Path, log_start: int,
-                  speculative: bool) -> list[Item]:
-    """The live items on a job's own warmup request (no extra server, no extra request)."""
-    import time
-
-    time.sleep(0.3)  # the plugin's flusher writes completed cycles within 50 ms of idle
+def request_checks(run, profile_path: Path, log_path: Path, log_start: int,
+                   speculative: bool) -> list[Item]:
+    """The live items for one measured request (a client.RunRecord): its window in the profile, its
+    meta_info counters, the server log written since ``log_start``."""
     with open(log_path, "rb") as f:
         f.seek(log_start)
         lines = f.read().decode(errors="replace").splitlines()
-    meta = {"spec_verify_ct": warmup.spec_verify_ct, "completion_tokens": warmup.completion_tokens}
-    return live_checks(profile_path, (warmup.start_wall, warmup.end_wall), meta, lines, speculative)
+    meta = {"spec_verify_ct": run.spec_verify_ct, "completion_tokens": run.completion_tokens}
+    return live_checks(profile_path, (run.start_wall, run.end_wall), meta, lines, speculative)
+
+
+def warmup_checks(warmup, profile_path: Path, log_path: Path, log_start: int,
+                  speculative: bool) -> list[Item]:
+    """The live items on a job's own warmup request (no extra server, no extra request)."""
+    time.sleep(0.3)  # the plugin's flusher writes completed cycles within 50 ms of idle
+    return request_checks(warmup, profile_path, log_path, log_start, speculative)
 
 
 def run(overrides: list[str], root: Path, static_only: bool = False, max_new_tokens: int = 96) -> list[Item]:
@@ -223,6 +229,7 @@ def run(overrides: list[str], root: Path, static_only: bool = False, max_new_tok
     from .client import Client
     from .config import register_configs, to_experiment
     from .engines import server_extra_env, start_server
+    from .prompts import load_prompts
 
     register_configs()
     with initialize_config_dir(config_dir=str(root / "conf"), version_base="1.3"):
@@ -230,30 +237,17 @@ def run(overrides: list[str], root: Path, static_only: bool = False, max_new_tok
     items = static_checks(cfg.engine.name)
     if static_only:
         return items
+    prompt = load_prompts(root / cfg.benchmark.prompts)[cfg.benchmark.prompt_index]
     with tempfile.TemporaryDirectory(prefix="spec_decode_doctor_") as tmp:
-        out = Path(tmp)
-        prof = out / "profile.jsonl"
-        log_path = out / "server.log"
-        env = server_extra_env(cfg, str(prof))
-        srv = start_server(cfg, env, log_path)
+        prof, log_path = Path(tmp) / "profile.jsonl", Path(tmp) / "server.log"
+        srv = start_server(cfg, server_extra_env(cfg, str(prof)), log_path)
         try:
             client = Client(srv.base_url, cfg.engine.request_timeout_s)
-            from .prompts import load_prompts
-
-            prompt = load_prompts(root / cfg.benchmark.prompts)[cfg.benchmark.prompt_index]
             start = log_path.stat().st_size
-            body = client.generate_body(prompt, max_new_tokens, 0.0, True)
-            import time
-
-            t0 = time.time()
-            data = client._call("POST", "/generate", json=body).json()
-            window = (t0, time.time())
+            one = client.generate(client.generate_body(prompt, max_new_tokens, 0.0, True), 0, 0)
         finally:
             srv.stop()  # SIGTERM first: the plugin writes what it holds
-        with open(log_path, "rb") as f:
-            f.seek(start)
-            lines = f.read().decode(errors="replace").splitlines()
-        items += live_checks(prof, window, data.get("meta_info", {}), lines, cfg.speculative)
+        items += request_checks(one, prof, log_path, start, cfg.speculative)
     return items
 
 

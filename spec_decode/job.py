@@ -291,7 +291,7 @@ def _self_check(rec: JobRecord, cfg: ExperimentConfig, warmup, log_path: Path, l
     meta_info counters, decode-log lines. A failure is a warning (the job still measures)."""
     from . import doctor
 
-    items = doctor.warmup_checks(rec, warmup, log_path.parent / "profile.jsonl", log_path, log_start,
+    items = doctor.warmup_checks(warmup, log_path.parent / "profile.jsonl", log_path, log_start,
                                  cfg.speculative)
     rec.doctor = doctor.as_records(items)
     for it in items:
