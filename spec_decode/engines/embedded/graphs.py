@@ -159,13 +159,17 @@ class StaticRunner:
             b["h"].copy_(out["h_out"])
         return torch.cat(drafts)
 
-    def verify(self, last: torch.Tensor, draft: torch.Tensor):
+    def verify(self, last: torch.Tensor, draft: torch.Tensor, accept: int | None = None):
+        """``accept``: forced acceptance (SGLANG_SIMULATE_ACC_LEN) -- commit this many drafts instead
+        of the verified count; the verify itself runs (and is read) as always, so it costs the same."""
         b = self.bufs["verify"]
         base = self.tcache.length
         b["ids"][0, :1].copy_(last)
         b["ids"][0, 1:].copy_(draft)
         out = self.run("verify", base)
         a = int(out["accepted"])  # the one host read of a cycle
+        if accept is not None:
+            a = accept
         self.tcache.length = base + a + 1
         return a, out["pred"].clone(), out["aux"]  # pred's tokens are kept (committed): a copy
 
