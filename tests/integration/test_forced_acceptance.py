@@ -51,11 +51,12 @@ def natural(models):
     return greedy, len(spec.output_ids) / spec.verify_ct
 
 
-def serve(tmp_path, accept_len: str, tp: int = 1):
+def serve(tmp_path, accept_len: str, tp: int = 1, token_mode: str = "fixed"):
     port = free_port()
     argv = ENGINE + ["--model-path", str(TARGET), *SPEC, "--port", str(port), "--tp-size", str(tp)]
-    return ServerProcess(argv, env={"SGLANG_SIMULATE_ACC_LEN": accept_len}, log_path=tmp_path / f"server{tp}.log",
-                         host="127.0.0.1", port=port, startup_timeout_s=180)
+    env = {"SGLANG_SIMULATE_ACC_LEN": accept_len, "SGLANG_SIMULATE_ACC_TOKEN_MODE": token_mode}
+    return ServerProcess(argv, env=env, log_path=tmp_path / f"server{tp}.log", host="127.0.0.1", port=port,
+                         startup_timeout_s=180)
 
 
 def accept_len(meta: dict) -> float:
@@ -85,11 +86,15 @@ def test_forced_accept_len_2_overrides_a_drafter_that_accepts_3_8(tmp_path, natu
 
 def test_fractional_forcing_draws_floor_or_ceil_seeded_alike_on_every_rank(tmp_path):
     """2.5: each verify commits 2 or 3 tokens, mean 2.5. The draws come from --random-seed: a tp 2
-    server (two rank processes drawing on their own) commits exactly what a tp 1 server does."""
-    metas = {}
+    server (two rank processes drawing on their own) commits exactly what a tp 1 server does -- the
+    same counts and, in token mode real-draft-token (the target's bonus tokens, which depend on every
+    rank's cache), the same tokens."""
+    metas, outs = {}, {}
     for tp in (1, 2):
-        with serve(tmp_path, "2.5", tp) as srv:
-            metas[tp] = requests.post(srv.base_url + "/generate", json=BODY, timeout=180).json()["meta_info"]
+        with serve(tmp_path, "2.5", tp, token_mode="real-draft-token") as srv:
+            out = requests.post(srv.base_url + "/generate", json=BODY, timeout=180).json()
+            metas[tp], outs[tp] = out["meta_info"], out["output_ids"]
+    assert outs[2] == outs[1] and len(set(outs[1])) > 10  # real text, not token 100
     hist = metas[1]["spec_correct_drafts_histogram"]
     assert hist[0] == hist[3] == 0 and hist[1] > 0 and hist[2] > 0, hist
     assert abs(accept_len(metas[1]) - 2.5) <= MEAN_TOL, metas[1]
