@@ -107,6 +107,12 @@ def attention_micro() -> dict:
         p = torch.softmax((q[:, :, None] * keys[:, None]).sum(-1) * scale + mask, -1)
         return (p[..., None] * values[:, None]).sum(-2)
 
+    def bmm_split(q, mask, split=8):  # P @ V as split * heads products over slots / split, then a sum
+        p = torch.softmax(torch.baddbmm(mask, q, keys.transpose(1, 2), alpha=scale), -1)
+        t, chunk = q.shape[1], slots // split
+        pp = p.view(h, t, split, chunk).transpose(1, 2).reshape(h * split, t, chunk)
+        return torch.bmm(pp, values.view(h * split, chunk, hd)).view(h, split, t, hd).sum(1)
+
     def per_query(q, mask):
         return torch.cat([bmm(q[:, i : i + 1], mask[i : i + 1]) for i in range(q.shape[1])], dim=1)
 
@@ -121,7 +127,7 @@ def attention_micro() -> dict:
 
     from torch.nn.attention import SDPBackend
 
-    variants = {"bmm": bmm, "bmm_contig": bmm_contig, "elementwise": elementwise, "per_query": per_query,
+    variants = {"bmm": bmm, "bmm_split": bmm_split, "bmm_contig": bmm_contig, "elementwise": elementwise, "per_query": per_query,
                 "sdpa_math": sdpa(SDPBackend.MATH), "sdpa_efficient": sdpa(SDPBackend.EFFICIENT_ATTENTION)}
     res = {}
     print("\n| attention (6 calls = one step) us | " + " | ".join(f"T={t}" for t in (1, 2, 4, 6)) + " |")

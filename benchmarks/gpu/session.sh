@@ -10,7 +10,8 @@
 #       probe   NCCL probe, world size 2, nccl=default,tuned,no_p2p, two interleaved repetitions;
 #               NCCL_DEBUG capture per profile (the golden files tests/data/logs/nccl_debug_<p>.log)
 #       engine  benchmarks/embedded_engine.py --device cuda (graph and eager, interleaved) on one GPU
-#               [ENGINE_ARGS, e.g. "--rounds 5"; ENGINE_EAGER_RERUN=0 skips the eager-only rerun]
+#               [ENGINE_ARGS, e.g. "--rounds 5"; ENGINE_GPUS (default 0), e.g. 0,1 for --tp-size 2;
+#               ENGINE_EAGER_RERUN=0 skips the eager-only rerun]
 #       sweep   python run.py -m experiment=embedded_h200x2_steps_nccl tracking=off [overrides]
 #   e.g.  bash benchmarks/gpu/session.sh tests,probe,engine     # call 1
 #         PROBE_BACKEND=gloo bash benchmarks/gpu/session.sh probe   # a CPU check of the kit
@@ -150,14 +151,14 @@ step_engine() {
   if ! grep -q -- "--device" <<<"$help"; then echo "[session] embedded_engine.py has no --device: skipped"; return 0; fi
   echo "[session] embedded engine, one GPU, default (CUDA graphs when the engine has them)"
   # shellcheck disable=SC2086  # ENGINE_ARGS is a list of flags
-  CUDA_VISIBLE_DEVICES=0 bounded 240 "$PY" benchmarks/embedded_engine.py --device cuda --json "$OUT/engine.json" ${ENGINE_ARGS:-}
+  CUDA_VISIBLE_DEVICES=${ENGINE_GPUS:-0} bounded 240 "$PY" benchmarks/embedded_engine.py --device cuda --json "$OUT/engine.json" ${ENGINE_ARGS:-}
   local rc=$?
   if [ "${ENGINE_EAGER_RERUN:-1}" = 0 ]; then
     :
   elif grep -q -- "--disable-cuda-graph" <<<"$help"; then
     echo "[session] embedded engine, one GPU, --disable-cuda-graph (eager)"
     # shellcheck disable=SC2086
-    CUDA_VISIBLE_DEVICES=0 bounded 240 "$PY" benchmarks/embedded_engine.py --device cuda --disable-cuda-graph ${ENGINE_ARGS:-} || rc=$?
+    CUDA_VISIBLE_DEVICES=${ENGINE_GPUS:-0} bounded 240 "$PY" benchmarks/embedded_engine.py --device cuda --disable-cuda-graph ${ENGINE_ARGS:-} || rc=$?
   else
     echo "[session] embedded_engine.py has no --disable-cuda-graph yet: eager-only engine measured above"
   fi

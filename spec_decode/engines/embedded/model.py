@@ -309,6 +309,9 @@ class KVCache:
         )
 
 
+PV_SPLIT = 8  # slot chunks of the static path's multi-query P @ V ("bmm" attention, T > 1)
+
+
 class StaticKVCache:
     """The KV cache of the CUDA-graph path: every shape fixed, positions given as a device tensor.
     New K/V are written at ``pos`` with ``index_copy_``; attention always reads all ``max_len`` slots
@@ -349,7 +352,17 @@ class StaticKVCache:
         if self.attention == "bmm" and q.shape[1] == k.shape[1]:
             keys, values = self.k[layer][0], self.v[layer][0]  # (heads, max_len, hd)
             scores = torch.baddbmm(mask, q[0], keys.transpose(1, 2), alpha=q.shape[-1] ** -0.5)
-            return torch.bmm(torch.softmax(scores, -1), values)[None]
+            p = torch.softmax(scores, -1)
+            h, t, slots = p.shape
+            if t == 1 or slots % PV_SPLIT:
+                return torch.bmm(p, values)[None]
+            # T > 1: cuBLAS runs (heads, T, slots) @ (heads, slots, hd) as one small tile per head
+            # looping over all slots; PV_SPLIT * heads products over slots / PV_SPLIT, then a sum,
+            # took 2/3 of the time on an H200 (benchmarks/gpu/engine_profile.py --attention-micro).
+            chunk = slots // PV_SPLIT
+            pp = p.view(h, t, PV_SPLIT, chunk).transpose(1, 2).reshape(h * PV_SPLIT, t, chunk)
+            part = torch.bmm(pp, values.reshape(h * PV_SPLIT, chunk, values.shape[-1]))
+            return part.view(h, PV_SPLIT, t, -1).sum(1)[None]
         return F.scaled_dot_product_attention(q, self.k[layer], self.v[layer], attn_mask=mask,
                                               enable_gqa=q.shape[1] != k.shape[1])
 
