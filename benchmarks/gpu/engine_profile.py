@@ -2,7 +2,7 @@
 static path (``old``: graph_ops off; ``ops``: model.py's prepare_graph_ops with SDPA; ``ops-bmm``: the
 same with baddbmm/softmax/bmm attention):
 
-    timeout 300 python benchmarks/gpu/engine_profile.py [--variants old,ops,ops-bmm] [--compile]
+    timeout 300 python benchmarks/gpu/engine_profile.py [--variants old,ops,ops-bmm] [--attention-micro] [--compile]
 
 Prints, per variant and per captured shape (steps 3: decode, verify, draft, extend1..4):
 - ``gpu_us``: GPU time per replay, CUDA events around 200 back-to-back replays (median of 5 sets);
@@ -11,7 +11,8 @@ Prints, per variant and per captured shape (steps 3: decode, verify, draft, exte
 - ``eager_us``: the same function run eagerly (``--disable-cuda-graph``), wall per call after a sync;
 then the decode graph's kernels by total time, and ``Decoder.generate`` wall per token (500 tokens,
 median of 5): graphs with no ``on_step``, through the rank's Scheduler (on_step + counters), eager,
-and steps 1, 2, 3, 5. ``--compile`` adds torch.compile (inductor) of the old decode function captured
+and steps 1, 2, 3, 5. ``--attention-micro`` times attention variants (SDPA backends, bmm, bmm with
+P @ V split, elementwise, per query) for one step's 6 layers at T = 1, 2, 4, 6; ``--compile`` adds torch.compile (inductor) of the old decode function captured
 in a graph: compile seconds and GPU us per replay (an upper bound on what fusion could give).
 """
 

@@ -13,6 +13,9 @@ whole static KV cache under a mask), on buffers allocated once. With graphs on, 
 captured once at start-up and replayed; with ``--disable-cuda-graph`` the same functions run eagerly,
 launching the same kernels, so the two agree token for token. The prompt's prefill runs eagerly
 (its length varies). The host reads one number per cycle (the accepted count), as the eager path does.
+On CUDA the shapes run in fewer kernels by default (``graph_ops``: fused RMSNorm, RoPE from rotated
+projection rows, bmm attention; model.py's prepare_graph_ops): a step of this tiny model costs what
+its kernels cost, not their arithmetic (docs/embedded-engine.md has the per-shape profile).
 
 At tp > 1 the target's all-reduces (``parallel.TensorParallel.reduce``) are captured inside the
 graphs (NCCL). A capture of a c10d collective hangs if the communicator is created or used
