@@ -181,9 +181,20 @@ class BenchmarkConfig:
     # on where two servers fit side by side (CPU; GPUs >= 2 x tp_size), off where they cannot (one
     # 8-GPU model on an 8-GPU box).
     paired: Optional[bool] = None
+    # Timed runs (and warmup) stream (SSE): TTFT and per-token latency per run. The throughput is the
+    # same definition either way (completion_tokens / client wall time); benchmarks/streaming_overhead.py
+    # measures that streaming does not move it beyond noise.
+    stream: bool = True
+    # After the timed runs, one streamed greedy request per prompt of request_prompts: per-request and
+    # per-category acceptance, tok/s, TTFT, outputs for the lossless guard. Off by default: it adds
+    # about n_prompts x request_max_new_tokens of decoding to every job and its figures are separate
+    # from the timed protocol's (which it cannot change: it runs after them, outside their windows).
+    request_pass: bool = False
+    request_prompts: str = "data/prompts_categorized.jsonl"
+    request_max_new_tokens: int = 128
 
     def __post_init__(self) -> None:
-        for key in ("runs", "launches", "max_new_tokens"):
+        for key in ("runs", "launches", "max_new_tokens", "request_max_new_tokens"):
             if getattr(self, key) < 1:
                 raise ConfigError(f"benchmark.{key}={getattr(self, key)}: must be >= 1")
         if self.warmup < 0:
