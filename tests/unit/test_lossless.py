@@ -138,18 +138,18 @@ def test_categories_aggregate_run_scoped_accept_length_and_median_tok_s(tmp_path
 
 def test_latency_percentiles_of_streamed_runs(tmp_path):
     cfg, rec = new(tmp_path)
-    # 3 streamed runs of 11 tokens: TTFT 10/20/30 ms, 10 gaps each, wall 110/220/330 ms
+    # 3 streamed runs of 11 tokens: TTFT 10/20/30 ms, 10 gaps each, wall 300/600/900 ms
     rec.runs = [run(k, GOOD[:11], ttft_s=0.01 * (k + 1), token_gaps_s=[0.01 * (k + 1)] * 10, stream=True)
                 for k in range(3)]
     for k, r in enumerate(rec.runs):
-        r.wall_s = 0.11 * (k + 1)
+        r.wall_s = 0.3 * (k + 1)
     finish(tmp_path, rec, cfg, None)
     lat = rec.latency
     assert lat["ttft_ms"]["p50"] == pytest.approx(20.0) and lat["ttft_ms"]["n"] == 3
     assert lat["ttft_ms"]["p90"] == pytest.approx(28.0)  # linear between order statistics
     assert lat["itl_ms"]["n"] == 30 and lat["itl_ms"]["mean"] == pytest.approx(20.0)
-    assert lat["tpot_ms"]["p50"] == pytest.approx(20.0)  # (220 - 20) / 10
-    assert lat["e2e_ms"]["p99"] == pytest.approx(220 + 110 * 0.98)
+    assert lat["tpot_ms"]["p50"] == pytest.approx(58.0)  # (600 - 20) / 10 tokens after the first
+    assert lat["e2e_ms"]["p99"] == pytest.approx(600 + 300 * 0.98)
     assert rec.metrics["itl_ms_p99"] == pytest.approx(latency.percentile([10] * 10 + [20] * 10 + [30] * 10, 99))
     assert set(latency.metrics_of(lat)) == {f"{k}_p{q}" for k in latency.KINDS for q in (50, 90, 99)}
 
