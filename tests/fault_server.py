@@ -9,6 +9,8 @@ FAULT_COUNTER=<file> with mode every:N:<inner> applies <inner> to every N-th ser
   hang_on_request:K  SIGSTOP itself when the K-th /generate arrives
   drop_profile       start the engine without SPEC_DECODE_PROFILE (profile plugin "not loadable")
   drop_nccl          re-exec without any NCCL_* variable (a launch that lost its tuning)
+  corrupt_output:K   change the K-th generated token id of every non-stream /generate answer (a
+                     speculative engine that is not lossless, for the lossless guard)
 FAULT_GRANDCHILD=1 also starts a `sleep` grandchild, as SGLang's scheduler subprocesses would be.
 """
 
@@ -70,6 +72,19 @@ def main() -> None:
             return original(self, body)
 
         server.EngineState.generate = generate
+    if mode.startswith("corrupt_output:"):
+        from spec_decode.engines.embedded import server
+
+        pos = int(mode.split(":")[1])
+        plain = server.EngineState.generate
+
+        def corrupted(self, body):
+            out = plain(self, body)
+            if isinstance(out, dict) and len(out.get("output_ids") or []) > pos:
+                out["output_ids"][pos] = (out["output_ids"][pos] + 1) % 256
+            return out
+
+        server.EngineState.generate = corrupted
     sys.argv = ["spec_decode.engines.embedded", *argv]
     runpy.run_module("spec_decode.engines.embedded", run_name="__main__")
 
