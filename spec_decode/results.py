@@ -196,6 +196,7 @@ def new_record(cfg: ExperimentConfig, ctx: JobContext, role: str, extra_env: dic
         server_env_extra=provenance.redact_env(extra_env), warnings=list(warnings), out_dir=str(ctx.out_dir),
         provenance=provenance.collect(ctx.root, {
             "target": cfg.model.path, "drafter": cfg.drafter.path, "prompts": cfg.benchmark.prompts,
+            "request_prompts": cfg.benchmark.request_prompts if cfg.benchmark.request_pass else None,
         }),
     )
 
