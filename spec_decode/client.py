@@ -203,6 +203,9 @@ class Client:
                         t_last = chunk.t
                     tokens = now
                 wall = time.perf_counter() - t0  # at [DONE]
+            except (requests.Timeout, urllib3.exceptions.ReadTimeoutError, TimeoutError):
+                raise ClientError(f"POST /generate (stream): no data within {self.timeout_s:.0f}s "
+                                  "(engine.request_timeout_s)") from None
             except (requests.RequestException, urllib3.exceptions.HTTPError, OSError) as e:
                 # a read timeout (engine.request_timeout_s between two chunks) or a dropped connection
                 raise ClientError(f"POST /generate (stream): {type(e).__name__}: {e}") from None

@@ -102,6 +102,10 @@ def test_stream_failures_are_client_errors_naming_the_cause(server):
         server(chunks=[[0, 1], [0, 2]], no_done=True).generate(BODY, 0, 0, stream=True)
     with pytest.raises(ClientError, match="not text/event-stream"):
         server(chunks=[[0, 1]], content_type="application/json").generate(BODY, 0, 0, stream=True)
+    stalled = server(chunks=[[0, 1], [3000, 1]])
+    stalled.timeout_s = 1.0  # a server that stops sending mid-stream: the per-read timeout
+    with pytest.raises(ClientError, match=r"no data within 1s \(engine.request_timeout_s\)"):
+        stalled.generate(BODY, 0, 0, stream=True)
 
 
 def test_unmatched_ids_are_dropped_not_guessed(server):
