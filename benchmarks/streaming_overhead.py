@@ -7,7 +7,10 @@ One embedded server (tp 1, 1 CPU thread), 1 warmup of each mode, then --pairs pa
 requests of the same prompt, pair i stream-first when i is even (an order effect cancels). Throughput is
 the protocol's: completion_tokens / client wall time (send -> last byte / [DONE]). Printed: per mode the
 median and CV of tok/s; the per-pair ratio stream / non-stream (median, geometric mean with a 95% t-CI:
-streaming costs nothing measurable when the CI holds 1.0); the streamed runs' TTFT / ITL / TPOT.
+streaming costs nothing measurable when the CI holds 1.0); the CPU time per request of the client
+process and of the server's HTTP front process (the rank process decodes; with streaming the front
+encodes one event per verify cycle, the client parses it) -- a cost that the machine's load does not
+blur the way it blurs tok/s; the streamed runs' TTFT / ITL / TPOT.
 """
 
 from __future__ import annotations
@@ -15,7 +18,10 @@ from __future__ import annotations
 import argparse
 import statistics
 import sys
+import time
 from pathlib import Path
+
+import psutil
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
@@ -47,10 +53,15 @@ def main() -> None:
         body = client.generate_body(prompt, args.tokens, 0.0, True)
         client.generate(body, 0, -1)
         client.generate(body, 0, -1, stream=True)
+        front = psutil.Process(srv.pid)
         runs: dict[bool, list] = {True: [], False: []}
+        cpu: dict[bool, dict[str, list[float]]] = {m: {"client": [], "front": []} for m in (True, False)}
         for i in range(args.pairs):
             for mode in ((True, False) if i % 2 == 0 else (False, True)):
+                c0, f0 = time.process_time(), sum(front.cpu_times()[:2])
                 runs[mode].append(client.generate(body, 0, i, stream=mode))
+                cpu[mode]["client"].append(time.process_time() - c0)
+                cpu[mode]["front"].append(sum(front.cpu_times()[:2]) - f0)
     tput = {m: [r.throughput_tok_s for r in rs] for m, rs in runs.items()}
     ratio = stats.paired_ratio(tput[True], tput[False])
     per_pair = [a / b for a, b in zip(tput[True], tput[False])]
@@ -64,6 +75,11 @@ def main() -> None:
     print(f"\nstream / non-stream per pair: median {statistics.median(per_pair):.4f}, geometric mean "
           f"{ratio.ratio:.4f} [95% CI {ratio.ci95_lo:.4f}, {ratio.ci95_hi:.4f}]"
           f"{' (differs from 1)' if ratio.significant else ' (CI holds 1.0: no measurable difference)'}")
+    print("\n| CPU ms per request (median) | non-stream | stream |")
+    print("|---|---|---|")
+    for who in ("client", "front"):
+        a, b = (1e3 * statistics.median(cpu[m][who]) for m in (False, True))
+        print(f"| {who} process | {a:.1f} | {b:.1f} |")
     lat = latency.summarize(runs[True])
     print("\n| streamed runs | p50 | p90 | p99 | mean | n |")
     print("|---|---|---|---|---|---|")
