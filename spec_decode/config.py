@@ -182,7 +182,7 @@ class BenchmarkConfig:
     # 8-GPU model on an 8-GPU box).
     paired: Optional[bool] = None
     # Timed runs (and warmup) stream (SSE): TTFT and per-token latency per run. The throughput is the
-    # same definition either way (completion_tokens / client wall time); benchmarks/streaming_overhead.py
+    # same definition either way (completion_tokens / client wall time); benchmarks/streaming_protocol.py
     # measures that streaming does not move it beyond noise.
     stream: bool = True
     # After the timed runs, one streamed greedy request per prompt of request_prompts: per-request and

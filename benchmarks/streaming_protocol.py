@@ -1,7 +1,7 @@
 """Does streaming change the timed throughput? stream=true vs stream=false, interleaved on one server.
 
-    python benchmarks/streaming_overhead.py                    # embedded engine, steps 3, 10 pairs x 500 tokens
-    python benchmarks/streaming_overhead.py --pairs 20 --steps 0 --tokens 200
+    python benchmarks/streaming_protocol.py                    # embedded engine, steps 3, 10 pairs x 500 tokens
+    python benchmarks/streaming_protocol.py --pairs 20 --steps 0 --tokens 200
 
 One embedded server (tp 1, 1 CPU thread), 1 warmup of each mode, then --pairs pairs of back-to-back
 requests of the same prompt, pair i stream-first when i is even (an order effect cancels). Throughput is
