@@ -71,7 +71,7 @@ def test_streamed_record_equals_the_non_stream_answer_one_chunk_per_cycle(server
 
 def test_streamed_job_has_latency_percentiles_and_tok_s_definition(tmp_path, tmp_store):
     out = tmp_path / "job"
-    proc = run_py([*small(), "benchmark.baseline_arm=false", *tmp_store["overrides"], f"hydra.run.dir={out}"],
+    proc = run_py([*small(), "benchmark.stream=true", "benchmark.baseline_arm=false", *tmp_store["overrides"], f"hydra.run.dir={out}"],
                   check=False)
     rec = json.loads((out / "results.json").read_text())
     if rec["status"] == "FAILED" and any(s in (rec["error"] or "") for s in NO_SSE):
