@@ -50,13 +50,16 @@ def test_request_pass_categories_and_lossless_pass(tmp_path, tmp_store):
     assert run.data.metrics["category_code_accept_len"] == pytest.approx(spec["categories"]["code"]["accept_len"], abs=1e-4)
 
 
-def test_a_speculative_engine_that_changes_token_17_fails_the_check(tmp_path):
+@pytest.mark.parametrize("stream", [False, True], ids=["json", "sse"])
+def test_a_speculative_engine_that_changes_token_17_fails_the_check(tmp_path, stream):
     out = tmp_path / "job"
-    run_py([*small(), "benchmark.stream=false", "tracking=off", f"hydra.run.dir={out}",
+    run_py([*small(), f"benchmark.stream={str(stream).lower()}", "tracking=off", f"hydra.run.dir={out}",
             "engine.launcher=[python,tests/fault_server.py]", "+engine.env.FAULT=corrupt_output:17",
-            "+engine.env.FAULT_IF_ARG=--speculative-algorithm:EAGLE3"])
+            "+engine.env.FAULT_IF_ARG=--speculative-algorithm:EAGLE3"], check=False)
     spec = json.loads((out / "results.json").read_text())
-    assert spec["status"] == "FINISHED"
+    if stream and spec["status"] == "FAILED" and "stream" in (spec["error"] or ""):
+        pytest.skip(f"the embedded server answers a stream request without SSE: {spec['error'][:200]}")
+    assert spec["status"] == "FINISHED", spec["error"]
     g = spec["lossless"]
     assert g["verdict"] == "fail" and g["first_divergence"] == {"timed:0": 17} and g["matched"] == 0
     assert {c["name"]: c["ok"] for c in spec["checks"]}["lossless_vs_baseline"] is False
