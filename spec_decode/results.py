@@ -375,8 +375,7 @@ def guard_lossless(rec: JobRecord, cfg: ExperimentConfig, out_dir: Path, baselin
         comparisons += [lossless.Comparison(str(e["prompt_index"]), mine.get(e["prompt_index"]),
                                             theirs.get(e["prompt_index"]), b.request_max_new_tokens)
                         for e in rec.requests]
-    forced = (rec.config.get("spec") or {}).get("simulate_accept_len") is not None
-    return lossless.guard(comparisons, rec.engine.name, b.temperature, forced,
+    return lossless.guard(comparisons, rec.engine.name, b.temperature, performance_only(rec),
                           has_baseline=bool(base_runs) or baseline is not None)
 
 
@@ -437,10 +436,23 @@ def collect(directory: Path) -> list[JobRecord]:
     return sorted(found.values(), key=lambda r: r.started_at)
 
 
+PERFORMANCE_ONLY = "performance-only: forced acceptance, outputs are not lossless"
+
+
+def performance_only(rec: JobRecord) -> bool:
+    """A speculative job run with forced acceptance (spec.simulate_accept_len): its speed numbers are
+    real, its outputs and acceptance are not the drafter's. A baseline record that shares such a
+    config (the job's baseline arm keeps spec.*) decodes plainly and is not performance-only."""
+    forced = (rec.config.get("spec") or {}).get("simulate_accept_len")
+    return forced is not None and bool(rec.speculative)
+
+
 def job_summary(rec: JobRecord) -> str:
     """A few console lines for one finished job."""
     m = rec.metrics
-    lines = [f"[{rec.status}] {rec.label} ({rec.role}, engine={rec.engine.name})"]
+    label = f", {PERFORMANCE_ONLY} (accept len forced to {rec.config['spec']['simulate_accept_len']})" \
+        if performance_only(rec) else ""
+    lines = [f"[{rec.status}] {rec.label} ({rec.role}, engine={rec.engine.name}{label})"]
     if rec.error:
         lines.append(f"  error: {rec.error}")
     if "throughput_tok_s" in m:
