@@ -16,6 +16,8 @@ from typing import Any, Optional
 from hydra.core.config_store import ConfigStore
 from omegaconf import MISSING, DictConfig, OmegaConf
 
+from .pairing import CONCURRENT, PAIRINGS
+
 
 class ConfigError(ValueError):
     """A configuration that cannot run. The message names the key and says what to do."""
@@ -181,8 +183,14 @@ class BenchmarkConfig:
     # on where two servers fit side by side (CPU; GPUs >= 2 x tp_size), off where they cannot (one
     # 8-GPU model on an 8-GPU box).
     paired: Optional[bool] = None
+    # How a paired run meets its baseline run (spec_decode/pairing.py): "concurrent" = both at once,
+    # each server pinned to its own cores; "interleaved" = one after the other (ABBA).
+    # Measured against each other: docs/paired-baseline.md.
+    pairing: str = CONCURRENT
 
     def __post_init__(self) -> None:
+        if self.pairing not in PAIRINGS:
+            raise ConfigError(f"benchmark.pairing={self.pairing}: must be one of {', '.join(PAIRINGS)}")
         for key in ("runs", "launches", "max_new_tokens"):
             if getattr(self, key) < 1:
                 raise ConfigError(f"benchmark.{key}={getattr(self, key)}: must be >= 1")

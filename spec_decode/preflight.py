@@ -12,7 +12,7 @@ import subprocess
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from . import drafter
+from . import drafter, pairing
 from .config import ExperimentConfig
 from .prompts import load_prompts
 
@@ -175,6 +175,15 @@ def check(cfg: ExperimentConfig, root: Path) -> Preflight:
         if cores and tp > cores:
             pf.warnings.append(f"hardware.tp_size={tp} ranks on {cores} CPU cores: the ranks share "
                                "cores, so tok/s measures contention as much as the engine")
+    # Concurrent pairing pins the spec server and its baseline to disjoint halves of our cores.
+    if cfg.paired and cfg.benchmark.pairing == pairing.CONCURRENT:
+        cores = pairing.usable_cores()
+        need = 2 * (tp if cfg.hardware.device == "cpu" else 1)
+        pf.need(len(cores) >= need,
+                f"benchmark.pairing=concurrent runs the spec and the baseline server at once, each pinned "
+                f"to its own CPU cores: that needs {need} cores (2 x hardware.tp_size={tp} ranks on CPU), "
+                f"but this job may use {len(cores)} ({cores}); use benchmark.pairing=interleaved "
+                f"(or benchmark.paired=false)", local=True, dry_run=dry)
     # GPUs.
     if cfg.hardware.device == "cuda":
         n = visible_gpus()
