@@ -2,6 +2,7 @@
 process tree (front and rank) pinned to its own core, the cores swapped every pair; a job records
 which pairing produced its CI."""
 
+import functools
 import json
 import os
 import sys
@@ -60,7 +61,7 @@ def test_concurrent_pairs_overlap_and_pin_each_tree_to_its_own_core(two_servers)
     assert set(map(frozenset, thread_cores(a.pid).values())) == {frozenset(first)}
     assert set(map(frozenset, thread_cores(b.pid).values())) == {frozenset(second)}
     for i in range(3):
-        ra, rb, info = p.run(i, lambda: ca.generate(body, 0, i), lambda: cb.generate(body, 0, i))
+        ra, rb, info = p.run(i, functools.partial(ca.generate, body, 0, i), functools.partial(cb.generate, body, 0, i))
         want_a, want_b = (first, second) if i % 2 == 0 else (second, first)  # swapped every pair
         assert all(c == want_a for c in thread_cores(a.pid).values()), i
         assert all(c == want_b for c in thread_cores(b.pid).values()), i
