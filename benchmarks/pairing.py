@@ -24,6 +24,7 @@ Variants (spec_decode/pairing.py):
 from __future__ import annotations
 
 import argparse
+import json
 import math
 import os
 import statistics
@@ -110,6 +111,10 @@ def main() -> None:
     finally:
         spec.stop()
     load1 = os.getloadavg()
+    raw = {v: [[{"spec": s.as_dict(), "base": x.as_dict(), "info": info} for s, x, info in p] for p in blocks]
+           for v, blocks in results.items()}
+    (out / "pairs.json").write_text(json.dumps(raw))
+    print(f"raw pairs: {out / 'pairs.json'}", file=sys.stderr)
     print(f"\nspec.steps={args.steps}, {args.blocks} blocks x {args.pairs} pairs x {args.tokens} tokens per variant, "
           f"{len(pairing.usable_cores())} cores; load average (1 min) {load0[0]:.2f} before, {load1[0]:.2f} after; "
           f"{time.time() - t0:.0f} s\n")

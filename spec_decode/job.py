@@ -312,6 +312,7 @@ def _one_launch(cfg: ExperimentConfig, ctx: JobContext, launch: int, prompt: str
 
     srv = start_server(cfg, extra_env, log_path)
     port = srv.port
+    nice = cfg.benchmark.server_nice
     rec.argv = rec.argv or srv.argv
     b = cfg.benchmark
     with contextlib.ExitStack() as stack:
@@ -319,12 +320,18 @@ def _one_launch(cfg: ExperimentConfig, ctx: JobContext, launch: int, prompt: str
         client = Client(srv.base_url, cfg.engine.request_timeout_s)
         rec.launches.append({"launch": launch, "port": port, "pid": srv.pid,
                              "server_start_s": srv.start_s})
+        if nice is not None:  # benchmark.server_nice, read back from the server
+            pairing.set_group_nice(srv.pid, nice)
+            rec.launches[-1]["server_nice"] = pairing.group_nice(srv.pid)
         bclient = None
         if pair is not None:
             bsrv = stack.enter_context(start_server(pair.cfg, pair.env, pair.log_path, any_port=True))
             bclient = Client(bsrv.base_url, cfg.engine.request_timeout_s)
             rec.launches[-1].update(baseline_port=bsrv.port, baseline_pid=bsrv.pid,
                                     baseline_server_start_s=bsrv.start_s, pairing=b.pairing)
+            if nice is not None:
+                pairing.set_group_nice(bsrv.pid, nice)
+                rec.launches[-1]["baseline_server_nice"] = pairing.group_nice(bsrv.pid)
             pairer = pairing.Pairer(b.pairing, srv.pid, bsrv.pid)  # concurrent: pins both trees now
         if launch == 0:
             live_env.update(srv.environ())  # filtered + redacted in results.finish

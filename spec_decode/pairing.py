@@ -20,6 +20,7 @@ Measured against each other in one run: benchmarks/pairing.py; numbers in docs/p
 from __future__ import annotations
 
 import os
+import statistics
 import threading
 import time
 from collections.abc import Callable
@@ -83,12 +84,30 @@ def tree_affinity(pid: int) -> list[int]:
     return sorted(cores)
 
 
+AUTOGROUP_SWITCH = "/proc/sys/kernel/sched_autogroup_enabled"
+
+
+def autogroups_enabled() -> bool:
+    try:
+        with open(AUTOGROUP_SWITCH) as f:
+            return f.read().strip() == "1"
+    except OSError:
+        return False
+
+
 def set_group_nice(pid: int, nice: int) -> None:
     """The CPU weight of the server's scheduler autogroup (Linux, kernel.sched_autogroup_enabled):
     the server runs in its own session, so this weighs its whole tree against other sessions' work
-    on the same cores (negative values need root / CAP_SYS_NICE)."""
+    on the same cores (negative values need root / CAP_SYS_NICE). A process's own nice would not do:
+    the scheduler first shares a core between autogroups, then within one."""
     with open(f"/proc/{pid}/autogroup", "w") as f:
         f.write(str(nice))
+
+
+def group_nice(pid: int) -> int:
+    """The nice of the process's autogroup, read back (``/autogroup-123 nice -10``)."""
+    with open(f"/proc/{pid}/autogroup") as f:
+        return int(f.read().split()[-1])
 
 
 def centered_delays(expected_s: dict[str, float]) -> dict[str, float]:
@@ -105,7 +124,8 @@ def overlap_s(a: RunRecord, b: RunRecord) -> float:
 @dataclass
 class Pairer:
     """Runs pair after pair for one launch. ``spec_pid``/``base_pid``: the servers' root processes;
-    ``expected_s``: each arm's expected request time (the warmup's; then the previous pair's)."""
+    ``expected_s``: each arm's expected request time (the warmup's; then the median of the warmup's
+    and the pairs' so far, so that one slow request does not push the arms apart)."""
 
     pairing: str
     spec_pid: int
@@ -114,6 +134,7 @@ class Pairer:
     expected_s: dict[str, float] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
+        self._seen: dict[str, list[float]] = {}
         if self.pairing not in PAIRINGS:
             raise ValueError(f"pairing {self.pairing!r}: must be one of {', '.join(PAIRINGS)}")
         if self.pairing == CONCURRENT:
@@ -141,7 +162,11 @@ class Pairer:
             out = _concurrently(calls, delays)
             info = {"pair": i, "cores": affinity, "delay_s": delays,
                     "overlap_s": overlap_s(out[SPEC], out[BASE])}
-        self.expected_s = {arm: r.wall_s for arm, r in out.items()}
+        if not self._seen:
+            self._seen = {arm: [s] for arm, s in self.expected_s.items()}
+        for arm, r in out.items():
+            self._seen.setdefault(arm, []).append(r.wall_s)
+        self.expected_s = {arm: statistics.median(v) for arm, v in self._seen.items()}
         return out[SPEC], out[BASE], info
 
 
