@@ -14,7 +14,10 @@ each, and the speedup is taken per pair (stats.paired_ratio). Two ways to pair t
   share their midpoint: a machine-wide slowdown during the pair hits both arms alike, and a linear
   drift cancels. Needs 2 x tp_size usable cores (preflight says so otherwise).
 
-Measured against each other in one run: benchmarks/pairing.py; numbers in docs/paired-baseline.md.
+Measured against each other in one run: benchmarks/pairing.py; numbers in docs/paired-baseline.md
+(on this shared 2-core VM concurrent was not tighter, and the arms running at once slowed each other
+unequally, so interleaved is the default). ``set_group_nice`` gives the servers CPU weight against other
+sessions' work (benchmark.server_nice).
 """
 
 from __future__ import annotations
