@@ -1,7 +1,8 @@
 """run_job: one benchmark job, end to end (DESIGN §1).
 
-    preflight -> [baseline arm] -> launch server(s) -> warmup -> /flush_cache -> timed runs
-    -> finish (aggregates, profile, decode log, speedup, checks) -> drift guard
+    preflight -> [baseline arm] -> launch server(s) -> warmup -> /flush_cache -> timed runs (streamed)
+    -> [request pass: one request per prompt of benchmark.request_prompts, outputs.jsonl]
+    -> finish (aggregates, latency, profile, decode log, speedup, checks, lossless guard) -> drift guard
     -> results.json (written once) -> MLflow (a view of it) -> headline metric
 
 results.json is written whatever happens (FAILED naming the key when preflight refuses the job,
@@ -22,12 +23,13 @@ from pathlib import Path
 
 from filelock import FileLock
 
-from . import drift, pairing, preflight, results
+from . import drift, pairing, preflight, request_pass, results
 from .client import Client, ClientError
 from .config import DrafterConfig, ExperimentConfig, config_hash, resolved_dict
 from .engines import server_command, server_extra_env, start_server
 from .parsers.profile import rank_files
-from .prompts import load_prompts
+from .prompts import load_prompt_set, load_prompts
+from .request_pass import OUTPUTS_FILE
 from .results import JobContext, JobRecord
 from .server import ServerError
 from .slots import SlotTimeout, allocate, pool_for
@@ -190,7 +192,7 @@ def measure(cfg: ExperimentConfig, ctx: JobContext, role: str, baseline: JobReco
     out.mkdir(parents=True, exist_ok=True)
     profile_path = out / "profile.jsonl"
     log_path = out / "server.log"
-    for stale in (profile_path, log_path, *rank_files(profile_path).values()):
+    for stale in (profile_path, log_path, out / OUTPUTS_FILE, *rank_files(profile_path).values()):
         stale.unlink(missing_ok=True)
     prompt = load_prompts(_abs(ctx.root, cfg.benchmark.prompts))[cfg.benchmark.prompt_index]
     extra_env = server_extra_env(cfg, str(profile_path) if cfg.benchmark.profile else None)
@@ -345,12 +347,12 @@ def _one_launch(cfg: ExperimentConfig, ctx: JobContext, launch: int, prompt: str
                    file=sys.stderr, leave=False)
         try:
             log_start = log_path.stat().st_size
-            for _ in range(b.warmup):
-                w = client.generate(body, launch, -1)
+            for _ in range(b.warmup):  # streamed like the timed runs: the same code path warmed
+                w = client.generate(body, launch, -1, stream=b.stream)
                 rec.launches[-1]["warmup_s"] = rec.launches[-1].get("warmup_s", 0.0) + w.wall_s
                 bar.update()
                 if bclient is not None:
-                    bw = bclient.generate(body, launch, -1)
+                    bw = bclient.generate(body, launch, -1, stream=b.stream)
                     pairer.expected_s = {"spec": w.wall_s, "base": bw.wall_s}  # pair 0's start delays
                     bar.update()
             if launch == 0 and b.warmup and b.profile:
@@ -361,12 +363,13 @@ def _one_launch(cfg: ExperimentConfig, ctx: JobContext, launch: int, prompt: str
             start = log_path.stat().st_size
             for run in range(b.runs):
                 if bclient is None:
-                    rec.runs.append(client.generate(body, launch, run))
+                    rec.runs.append(client.generate(body, launch, run, stream=b.stream))
                     srv.check_alive()
                     bar.update()
                     continue
-                spec_run, base_run, info = pairer.run(run, functools.partial(client.generate, body, launch, run),
-                                         functools.partial(bclient.generate, body, launch, run))
+                spec_run, base_run, info = pairer.run(
+                    run, functools.partial(client.generate, body, launch, run, stream=b.stream),
+                    functools.partial(bclient.generate, body, launch, run, stream=b.stream))
                 rec.runs.append(spec_run)
                 rec.baseline_runs.append(base_run)
                 rec.launches[-1].setdefault("pairs", []).append(info)
@@ -378,5 +381,22 @@ def _one_launch(cfg: ExperimentConfig, ctx: JobContext, launch: int, prompt: str
             time.sleep(0.05)  # let the last decode-log line reach the file
             log_windows.append((start, log_path.stat().st_size))
             rec.server_info = client.server_info()
+            if b.request_pass and launch == b.launches - 1:
+                run_request_pass(cfg, ctx, client, rec, log_path.parent)
         finally:
             bar.close()
+
+
+def run_request_pass(cfg: ExperimentConfig, ctx: JobContext, client: Client, rec: JobRecord, out: Path) -> None:
+    """After the timed runs (outside their windows, so their numbers cannot change): one greedy request
+    per prompt of benchmark.request_prompts -> rec.requests, and the output ids -> outputs.jsonl."""
+    b = cfg.benchmark
+    prompts = load_prompt_set(_abs(ctx.root, b.request_prompts))
+    _say(ctx, f"[request pass] {len(prompts)} prompts of {b.request_prompts}, {b.request_max_new_tokens} tokens each")
+    runs = []
+    for p in prompts:
+        body = client.generate_body(p.text, b.request_max_new_tokens, b.temperature, b.ignore_eos)
+        r = client.generate(body, rec.launches[-1]["launch"], p.index, stream=b.stream)
+        runs.append(r)
+        rec.requests.append(request_pass.entry(p, r))
+    request_pass.write_outputs(out, prompts, runs)
