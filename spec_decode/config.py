@@ -17,6 +17,8 @@ from typing import Any, Optional
 from hydra.core.config_store import ConfigStore
 from omegaconf import MISSING, DictConfig, OmegaConf
 
+from .pairing import INTERLEAVED, PAIRINGS
+
 
 class ConfigError(ValueError):
     """A configuration that cannot run. The message names the key and says what to do."""
@@ -197,6 +199,14 @@ class BenchmarkConfig:
     # on where two servers fit side by side (CPU; GPUs >= 2 x tp_size), off where they cannot (one
     # 8-GPU model on an 8-GPU box).
     paired: Optional[bool] = None
+    # How a paired run meets its baseline run (spec_decode/pairing.py): "interleaved" = one after the
+    # other (ABBA); "concurrent" = both at once, each server pinned to its own cores. Interleaved is the
+    # default: concurrent was not tighter here and its arms slow each other (docs/paired-baseline.md).
+    pairing: str = INTERLEAVED
+    # CPU weight of the servers against other work on a shared machine: the nice of each server's
+    # scheduler autogroup (Linux; -20..19, negative needs root). null = leave it (0). Other sessions'
+    # load both widens the speedup CI and biases it toward short requests (docs/paired-baseline.md).
+    server_nice: Optional[int] = None
     # true: the warmup and timed runs stream (SSE): TTFT, per-token ITL, TPOT per run (the job's
     # `latency`); tok/s keeps its definition (completion_tokens / client wall time). Off by default:
     # on this 2-core host streaming cost the embedded engine's timed tok/s 6-15% (the front encodes and
@@ -212,6 +222,10 @@ class BenchmarkConfig:
     request_max_new_tokens: int = 128
 
     def __post_init__(self) -> None:
+        if self.pairing not in PAIRINGS:
+            raise ConfigError(f"benchmark.pairing={self.pairing}: must be one of {', '.join(PAIRINGS)}")
+        if self.server_nice is not None and not -20 <= self.server_nice <= 19:
+            raise ConfigError(f"benchmark.server_nice={self.server_nice}: must be in -20..19 (or null)")
         for key in ("runs", "launches", "max_new_tokens", "request_max_new_tokens"):
             if getattr(self, key) < 1:
                 raise ConfigError(f"benchmark.{key}={getattr(self, key)}: must be >= 1")

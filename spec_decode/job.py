@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import functools
 import re
 import shlex
 import sys
@@ -22,7 +23,7 @@ from pathlib import Path
 
 from filelock import FileLock
 
-from . import drift, preflight, request_pass, results
+from . import drift, pairing, preflight, request_pass, results
 from .client import Client, ClientError
 from .config import DrafterConfig, ExperimentConfig, config_hash, resolved_dict
 from .engines import server_command, server_extra_env, start_server
@@ -307,12 +308,13 @@ def _one_launch(cfg: ExperimentConfig, ctx: JobContext, launch: int, prompt: str
                 log_windows: list[tuple[int, int]], live_env: dict[str, str], live_env_tree: dict,
                 pair: Pair | None = None) -> None:
     """One server launch: warmup, /flush_cache, the timed runs. With ``pair``, the baseline server runs
-    beside ours and the timed runs alternate between them, pair i ordered baseline-first when i is even
-    and spec-first when odd (an order effect cancels over the pairs)."""
+    beside ours and each timed run is paired with one of its own (benchmark.pairing: interleaved or
+    concurrent, see spec_decode/pairing.py)."""
     from tqdm import tqdm
 
     srv = start_server(cfg, extra_env, log_path)
     port = srv.port
+    nice = cfg.benchmark.server_nice
     rec.argv = rec.argv or srv.argv
     b = cfg.benchmark
     with contextlib.ExitStack() as stack:
@@ -320,12 +322,19 @@ def _one_launch(cfg: ExperimentConfig, ctx: JobContext, launch: int, prompt: str
         client = Client(srv.base_url, cfg.engine.request_timeout_s)
         rec.launches.append({"launch": launch, "port": port, "pid": srv.pid,
                              "server_start_s": srv.start_s})
+        if nice is not None:  # benchmark.server_nice, read back from the server
+            pairing.set_group_nice(srv.pid, nice)
+            rec.launches[-1]["server_nice"] = pairing.group_nice(srv.pid)
         bclient = None
         if pair is not None:
             bsrv = stack.enter_context(start_server(pair.cfg, pair.env, pair.log_path, any_port=True))
             bclient = Client(bsrv.base_url, cfg.engine.request_timeout_s)
             rec.launches[-1].update(baseline_port=bsrv.port, baseline_pid=bsrv.pid,
-                                    baseline_server_start_s=bsrv.start_s)
+                                    baseline_server_start_s=bsrv.start_s, pairing=b.pairing)
+            if nice is not None:
+                pairing.set_group_nice(bsrv.pid, nice)
+                rec.launches[-1]["baseline_server_nice"] = pairing.group_nice(bsrv.pid)
+            pairer = pairing.Pairer(b.pairing, srv.pid, bsrv.pid)  # concurrent: pins both trees now
         if launch == 0:
             live_env.update(srv.environ())  # filtered + redacted in results.finish
             live_env_tree.update(srv.environ_tree())
@@ -343,7 +352,8 @@ def _one_launch(cfg: ExperimentConfig, ctx: JobContext, launch: int, prompt: str
                 rec.launches[-1]["warmup_s"] = rec.launches[-1].get("warmup_s", 0.0) + w.wall_s
                 bar.update()
                 if bclient is not None:
-                    bclient.generate(body, launch, -1, stream=b.stream)
+                    bw = bclient.generate(body, launch, -1, stream=b.stream)
+                    pairer.expected_s = {"spec": w.wall_s, "base": bw.wall_s}  # pair 0's start delays
                     bar.update()
             if launch == 0 and b.warmup and b.profile:
                 _self_check(rec, cfg, w, log_path, log_start)
@@ -352,19 +362,22 @@ def _one_launch(cfg: ExperimentConfig, ctx: JobContext, launch: int, prompt: str
                 bclient.flush_cache()
             start = log_path.stat().st_size
             for run in range(b.runs):
-                order = ["spec"] if bclient is None else (["base", "spec"] if run % 2 == 0 else ["spec", "base"])
-                for arm in order:
-                    if arm == "spec":
-                        record = client.generate(body, launch, run, stream=b.stream)
-                        rec.runs.append(record)
-                        srv.check_alive()
-                    else:
-                        assert bclient is not None
-                        record = bclient.generate(body, launch, run, stream=b.stream)
-                        rec.baseline_runs.append(record)
-                        bsrv.check_alive()
-                    bar.set_postfix({arm: f"{record.throughput_tok_s:.1f} tok/s"})
+                if bclient is None:
+                    rec.runs.append(client.generate(body, launch, run, stream=b.stream))
+                    srv.check_alive()
                     bar.update()
+                    continue
+                spec_run, base_run, info = pairer.run(
+                    run, functools.partial(client.generate, body, launch, run, stream=b.stream),
+                    functools.partial(bclient.generate, body, launch, run, stream=b.stream))
+                rec.runs.append(spec_run)
+                rec.baseline_runs.append(base_run)
+                rec.launches[-1].setdefault("pairs", []).append(info)
+                srv.check_alive()
+                bsrv.check_alive()
+                bar.set_postfix({"spec": f"{spec_run.throughput_tok_s:.1f}",
+                                 "base": f"{base_run.throughput_tok_s:.1f} tok/s"})
+                bar.update(2)
             time.sleep(0.05)  # let the last decode-log line reach the file
             log_windows.append((start, log_path.stat().st_size))
             rec.server_info = client.server_info()

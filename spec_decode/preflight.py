@@ -7,12 +7,13 @@ GPUs on this machine become warnings (the user is checking a GPU sweep from a la
 from __future__ import annotations
 
 import json
+import os
 import shutil
 import subprocess
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from . import drafter
+from . import drafter, pairing
 from .config import ExperimentConfig
 from .prompts import load_prompt_set, load_prompts
 
@@ -172,12 +173,27 @@ def check(cfg: ExperimentConfig, root: Path) -> Preflight:
                 pf.need(n % tp == 0, f"hardware.tp_size={tp}: the target's {key} is {n}, which tp "
                         f"{tp} does not divide; use a tp size that divides {n}")
     if cfg.hardware.device == "cpu" and tp > 1:
-        import os
-
         cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
         if cores and tp > cores:
             pf.warnings.append(f"hardware.tp_size={tp} ranks on {cores} CPU cores: the ranks share "
                                "cores, so tok/s measures contention as much as the engine")
+    # Concurrent pairing pins the spec server and its baseline to disjoint halves of our cores.
+    if cfg.paired and cfg.benchmark.pairing == pairing.CONCURRENT:
+        cores = pairing.usable_cores()
+        need = 2 * (tp if cfg.hardware.device == "cpu" else 1)
+        pf.need(len(cores) >= need,
+                f"benchmark.pairing=concurrent runs the spec and the baseline server at once, each pinned "
+                f"to its own CPU cores: that needs {need} cores (2 x hardware.tp_size={tp} ranks on CPU), "
+                f"but this job may use {len(cores)} ({cores}); use benchmark.pairing=interleaved "
+                f"(or benchmark.paired=false)", local=True, dry_run=dry)
+    nice = cfg.benchmark.server_nice
+    if nice is not None:
+        pf.need(pairing.autogroups_enabled(),
+                f"benchmark.server_nice={nice}: needs Linux scheduler autogroups ({pairing.AUTOGROUP_SWITCH} = 1); "
+                "leave benchmark.server_nice=null here", local=True, dry_run=dry)
+        pf.need(nice >= 0 or os.geteuid() == 0,
+                f"benchmark.server_nice={nice}: a negative nice needs root (CAP_SYS_NICE); use a value >= 0 or "
+                "null", local=True, dry_run=dry)
     # GPUs.
     if cfg.hardware.device == "cuda":
         n = visible_gpus()

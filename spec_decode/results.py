@@ -316,7 +316,10 @@ def finish(rec: JobRecord, cfg: ExperimentConfig, status: str, error: str | None
         base_summary = stats.summarize(base_tput).as_dict()
         rec.baseline = BaselineRef(baseline.out_dir if baseline else None,
                                    baseline.mlflow_run_id if baseline else None, base_summary)
+        # which pairing produced the CI: as the launches ran it (spec_decode/pairing.py)
+        pairing = sorted({x.get("pairing", "interleaved") for x in rec.launches if "baseline_pid" in x})
         rec.speedup_vs_baseline = {**ratio.as_dict(), "method": "paired", "pairs": n,
+                                   "pairing": ",".join(pairing) or "interleaved",
                                    "per_pair": [x / y for x, y in zip(spec_tput, base_tput)]}
         if baseline is not None and baseline.runs:
             # The unpaired figure against the sweep's separate baseline job, for comparison.
@@ -471,7 +474,8 @@ def job_summary(rec: JobRecord) -> str:
         )
     if "speedup_vs_baseline" in m:
         method = (rec.speedup_vs_baseline or {}).get("method", "welch")
-        how = (f"paired: {(rec.speedup_vs_baseline or {}).get('pairs')} interleaved pairs, baseline "
+        sp = rec.speedup_vs_baseline or {}
+        how = (f"paired: {sp.get('pairs')} {sp.get('pairing', 'interleaved')} pairs, baseline "
                f"{m['baseline_throughput_tok_s']:.1f} tok/s" if method == "paired" else "vs a separate baseline job")
         lines.append(
             f"  speedup vs baseline {m['speedup_vs_baseline']:.3f}x  95% CI "

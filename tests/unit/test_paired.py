@@ -1,6 +1,7 @@
 """Paired baseline: where it is on by default, where it is refused, and the per-pair speedup CI."""
 
 import math
+import os
 import statistics
 from pathlib import Path
 
@@ -52,3 +53,33 @@ def test_paired_ratio_is_the_geometric_mean_of_pair_ratios_with_a_t_ci():
     assert (welch.ci95_hi - welch.ci95_lo) > 5 * (r.ci95_hi - r.ci95_lo)
     with pytest.raises(ValueError, match="needs pairs"):
         paired_ratio(spec, base[:4])
+
+
+def test_pairing_and_server_nice_are_typed_with_errors_naming_the_key():
+    assert experiment().benchmark.pairing == "interleaved"  # what docs/paired-baseline.md justifies
+    assert experiment("benchmark.pairing=concurrent").benchmark.pairing == "concurrent"
+    with pytest.raises(ConfigError, match=r"benchmark.pairing=abba: must be one of interleaved, concurrent"):
+        experiment("benchmark.pairing=abba")
+    assert experiment().benchmark.server_nice is None
+    with pytest.raises(ConfigError, match=r"benchmark.server_nice=-30: must be in -20..19"):
+        experiment("benchmark.server_nice=-30")
+
+
+def test_preflight_refuses_concurrent_pairing_without_a_core_per_server():
+    """On one usable core the two servers cannot each have their own: refused before any launch,
+    naming the key and the way out."""
+    from spec_decode import preflight
+
+    mine = os.sched_getaffinity(0)
+    os.sched_setaffinity(0, {min(mine)})  # this process may use one core (as under taskset -c 0)
+    try:
+        concurrent = preflight.check(experiment("benchmark.pairing=concurrent"), ROOT)
+        interleaved = preflight.check(experiment("benchmark.pairing=interleaved"), ROOT)
+        unpaired = preflight.check(experiment("benchmark.pairing=concurrent", "benchmark.paired=false"), ROOT)
+    finally:
+        os.sched_setaffinity(0, mine)
+    assert [e for e in concurrent.errors if "benchmark.pairing=concurrent" in e] == [
+        f"benchmark.pairing=concurrent runs the spec and the baseline server at once, each pinned to its own "
+        f"CPU cores: that needs 2 cores (2 x hardware.tp_size=1 ranks on CPU), but this job may use 1 "
+        f"([{min(mine)}]); use benchmark.pairing=interleaved (or benchmark.paired=false)"]
+    assert not [e for e in interleaved.errors + unpaired.errors if "pairing" in e]
