@@ -27,7 +27,10 @@ from .config import ExperimentConfig, config_hash, resolved_dict
 from .drift import Drift, Reference
 from .parsers import decode_log, profile
 
-SCHEMA_VERSION = 2  # 2: typed record, drift and checks computed by the job, preflight failures recorded
+# 2: typed record, drift and checks computed by the job, preflight failures recorded
+# 3: streamed runs (latency), request pass (requests, categories), lossless guard, pairing, acceptance by
+#    position and per request (absent sections read as empty: schema 1 and 2 records still load)
+SCHEMA_VERSION = 3
 FILENAME = "results.json"
 STATUSES = ("RUNNING", "FINISHED", "FAILED", "KILLED")
 
@@ -161,7 +164,7 @@ class JobRecord:
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> JobRecord:
-        """Read schema 1 and 2 records (and keep unknown keys)."""
+        """Read schema 1, 2 and 3 records (and keep unknown keys)."""
         d = dict(data)
         names = {f.name for f in dataclasses.fields(cls)}
         known = {k: d.pop(k) for k in list(d) if k in names and k != "extra"}
