@@ -10,8 +10,10 @@ training is logged to MLflow (experiment ``drafter-training``; ``spec_decode.lin
 the data set's md5 and the trained prefix's hash land in training.json (the drafter's lineage).
 
 Fixed seeds, ``torch.use_deterministic_algorithms(True)``, a fixed data order and a fixed thread count
-make a rebuild bit-identical on the same torch build and CPU. The thread count is part of the recipe:
-reductions in the backward pass differ between 1 and 2 threads.
+make a rebuild bit-identical on the same torch build and CPU instruction set (``--kernels native``);
+``--kernels pinned`` also fixes the kernel paths (``kernels.py``), bit-identical across instruction
+sets. The thread count is part of the recipe: reductions in the backward pass differ between 1 and 2
+threads.
 """
 
 from __future__ import annotations

@@ -20,7 +20,8 @@ Output (a directory, small enough for git):
 The held-out split uses prompts from a separate seeded stream, drawn from the part of the corpus the
 train prompts never start in (its last ``heldout_fraction``), so it stays the same whatever
 ``--samples`` is and never overlaps the training prompts.
-Deterministic for a seed on one machine (fixed thread count, deterministic algorithms, fixed batch).
+Deterministic for a seed on one torch build + CPU instruction set (fixed thread count, deterministic
+algorithms, fixed batch); across instruction sets with ``--kernels pinned`` (``kernels.py``).
 """
 
 from __future__ import annotations
