@@ -197,9 +197,22 @@ class BenchmarkConfig:
     # on where two servers fit side by side (CPU; GPUs >= 2 x tp_size), off where they cannot (one
     # 8-GPU model on an 8-GPU box).
     paired: Optional[bool] = None
+    # true: the warmup and timed runs stream (SSE): TTFT, per-token ITL, TPOT per run (the job's
+    # `latency`); tok/s keeps its definition (completion_tokens / client wall time). Off by default:
+    # on this 2-core host streaming cost the embedded engine's timed tok/s 6-15% (the front encodes and
+    # the client parses one event per cycle beside the decoding rank; docs/latency.md), so the timed
+    # protocol stays comparable with the non-streamed one.
+    stream: bool = False
+    # After the timed runs, one streamed greedy request per prompt of request_prompts: per-request and
+    # per-category acceptance, tok/s, TTFT, outputs for the lossless guard. Off by default: it adds
+    # about n_prompts x request_max_new_tokens of decoding to every job and its figures are separate
+    # from the timed protocol's (which it cannot change: it runs after them, outside their windows).
+    request_pass: bool = False
+    request_prompts: str = "data/prompts_categorized.jsonl"
+    request_max_new_tokens: int = 128
 
     def __post_init__(self) -> None:
-        for key in ("runs", "launches", "max_new_tokens"):
+        for key in ("runs", "launches", "max_new_tokens", "request_max_new_tokens"):
             if getattr(self, key) < 1:
                 raise ConfigError(f"benchmark.{key}={getattr(self, key)}: must be >= 1")
         if self.warmup < 0:

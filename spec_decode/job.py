@@ -1,7 +1,8 @@
 """run_job: one benchmark job, end to end (DESIGN §1).
 
-    preflight -> [baseline arm] -> launch server(s) -> warmup -> /flush_cache -> timed runs
-    -> finish (aggregates, profile, decode log, speedup, checks) -> drift guard
+    preflight -> [baseline arm] -> launch server(s) -> warmup -> /flush_cache -> timed runs (streamed)
+    -> [request pass: one request per prompt of benchmark.request_prompts, outputs.jsonl]
+    -> finish (aggregates, latency, profile, decode log, speedup, checks, lossless guard) -> drift guard
     -> results.json (written once) -> MLflow (a view of it) -> headline metric
 
 results.json is written whatever happens (FAILED naming the key when preflight refuses the job,
@@ -21,12 +22,13 @@ from pathlib import Path
 
 from filelock import FileLock
 
-from . import drift, preflight, results
+from . import drift, preflight, request_pass, results
 from .client import Client, ClientError
 from .config import DrafterConfig, ExperimentConfig, config_hash, resolved_dict
 from .engines import server_command, server_extra_env, start_server
 from .parsers.profile import rank_files
-from .prompts import load_prompts
+from .prompts import load_prompt_set, load_prompts
+from .request_pass import OUTPUTS_FILE
 from .results import JobContext, JobRecord
 from .server import ServerError
 from .slots import SlotTimeout, allocate, pool_for
@@ -189,7 +191,7 @@ def measure(cfg: ExperimentConfig, ctx: JobContext, role: str, baseline: JobReco
     out.mkdir(parents=True, exist_ok=True)
     profile_path = out / "profile.jsonl"
     log_path = out / "server.log"
-    for stale in (profile_path, log_path, *rank_files(profile_path).values()):
+    for stale in (profile_path, log_path, out / OUTPUTS_FILE, *rank_files(profile_path).values()):
         stale.unlink(missing_ok=True)
     prompt = load_prompts(_abs(ctx.root, cfg.benchmark.prompts))[cfg.benchmark.prompt_index]
     extra_env = server_extra_env(cfg, str(profile_path) if cfg.benchmark.profile else None)
@@ -336,12 +338,12 @@ def _one_launch(cfg: ExperimentConfig, ctx: JobContext, launch: int, prompt: str
                    file=sys.stderr, leave=False)
         try:
             log_start = log_path.stat().st_size
-            for _ in range(b.warmup):
-                w = client.generate(body, launch, -1)
+            for _ in range(b.warmup):  # streamed like the timed runs: the same code path warmed
+                w = client.generate(body, launch, -1, stream=b.stream)
                 rec.launches[-1]["warmup_s"] = rec.launches[-1].get("warmup_s", 0.0) + w.wall_s
                 bar.update()
                 if bclient is not None:
-                    bclient.generate(body, launch, -1)
+                    bclient.generate(body, launch, -1, stream=b.stream)
                     bar.update()
             if launch == 0 and b.warmup and b.profile:
                 _self_check(rec, cfg, w, log_path, log_start)
@@ -353,12 +355,12 @@ def _one_launch(cfg: ExperimentConfig, ctx: JobContext, launch: int, prompt: str
                 order = ["spec"] if bclient is None else (["base", "spec"] if run % 2 == 0 else ["spec", "base"])
                 for arm in order:
                     if arm == "spec":
-                        record = client.generate(body, launch, run)
+                        record = client.generate(body, launch, run, stream=b.stream)
                         rec.runs.append(record)
                         srv.check_alive()
                     else:
                         assert bclient is not None
-                        record = bclient.generate(body, launch, run)
+                        record = bclient.generate(body, launch, run, stream=b.stream)
                         rec.baseline_runs.append(record)
                         bsrv.check_alive()
                     bar.set_postfix({arm: f"{record.throughput_tok_s:.1f} tok/s"})
@@ -366,5 +368,22 @@ def _one_launch(cfg: ExperimentConfig, ctx: JobContext, launch: int, prompt: str
             time.sleep(0.05)  # let the last decode-log line reach the file
             log_windows.append((start, log_path.stat().st_size))
             rec.server_info = client.server_info()
+            if b.request_pass and launch == b.launches - 1:
+                run_request_pass(cfg, ctx, client, rec, log_path.parent)
         finally:
             bar.close()
+
+
+def run_request_pass(cfg: ExperimentConfig, ctx: JobContext, client: Client, rec: JobRecord, out: Path) -> None:
+    """After the timed runs (outside their windows, so their numbers cannot change): one greedy request
+    per prompt of benchmark.request_prompts -> rec.requests, and the output ids -> outputs.jsonl."""
+    b = cfg.benchmark
+    prompts = load_prompt_set(_abs(ctx.root, b.request_prompts))
+    _say(ctx, f"[request pass] {len(prompts)} prompts of {b.request_prompts}, {b.request_max_new_tokens} tokens each")
+    runs = []
+    for p in prompts:
+        body = client.generate_body(p.text, b.request_max_new_tokens, b.temperature, b.ignore_eos)
+        r = client.generate(body, rec.launches[-1]["launch"], p.index, stream=b.stream)
+        runs.append(r)
+        rec.requests.append(request_pass.entry(p, r))
+    request_pass.write_outputs(out, prompts, runs)

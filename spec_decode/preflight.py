@@ -14,7 +14,7 @@ from pathlib import Path
 
 from . import drafter
 from .config import ExperimentConfig
-from .prompts import load_prompts
+from .prompts import load_prompt_set, load_prompts
 
 # NCCL environment variables (NCCL user guide, "Environment Variables"): a typo such as NCCL_PROTOCOL
 # is silently ignored by NCCL, so we refuse names outside this list.
@@ -159,6 +159,9 @@ def check(cfg: ExperimentConfig, root: Path) -> Preflight:
                 pf.need(need <= ctx, f"benchmark.max_new_tokens={cfg.benchmark.max_new_tokens}: prompt + "
                         f"new tokens + draft = {need} tokens exceed the model's context of {ctx}")
 
+    if cfg.benchmark.request_pass:
+        _check_request_prompts(cfg, root, pf, tcfg)
+
     # Tensor parallel: the target's heads and MLP columns split evenly over the ranks (SGLang
     # asserts the same at load time).
     tp = cfg.hardware.tp_size
@@ -252,3 +255,23 @@ def run(cfg: ExperimentConfig, root: Path) -> list[str]:
     if pf.errors:
         raise PreflightError("preflight failed:\n  - " + "\n  - ".join(pf.errors))
     return pf.warnings
+
+
+def _check_request_prompts(cfg: ExperimentConfig, root: Path, pf: Preflight, tcfg: dict | None) -> None:
+    """benchmark.request_prompts loads (categories valid) and each prompt fits the context."""
+    b = cfg.benchmark
+    path = Path(b.request_prompts) if Path(b.request_prompts).is_absolute() else root / b.request_prompts
+    if not pf.need(path.is_file(), f"benchmark.request_prompts={b.request_prompts}: file not found "
+                   "(benchmark.request_pass=true needs it)"):
+        return
+    try:
+        items = load_prompt_set(path)
+    except ValueError as e:
+        pf.errors.append(f"benchmark.request_prompts: {e}")
+        return
+    if tcfg and cfg.engine.name == "embedded":
+        ctx = tcfg.get("max_position_embeddings", 0)
+        extra = b.request_max_new_tokens + ((cfg.spec.steps + 1) if cfg.speculative else 0)
+        too_long = [p.index for p in items if len(p.text.encode()) + extra > ctx]
+        pf.need(not too_long, f"benchmark.request_max_new_tokens={b.request_max_new_tokens}: prompts "
+                f"{too_long[:5]} of {path.name} + new tokens + draft exceed the model's context of {ctx}")

@@ -20,7 +20,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol
 
-from . import drift, provenance, stats
+from . import drift, latency, lossless, provenance, request_pass, stats
 from .checks import Check, cost_model_metrics, run_checks
 from .client import RunRecord
 from .config import ExperimentConfig, config_hash, resolved_dict
@@ -117,6 +117,11 @@ class JobRecord:
     metrics: dict[str, float] = field(default_factory=dict)  # flat, units in the names (MLflow's)
     checks: list[Check] = field(default_factory=list)
     drift: Drift | None = None
+    # Streamed timed runs: {ttft_ms|itl_ms|tpot_ms|e2e_ms: {p50, p90, p99, mean, n}} (spec_decode.latency)
+    latency: dict = field(default_factory=dict)
+    requests: list[dict] = field(default_factory=list)  # the request pass, one entry per prompt
+    categories: dict = field(default_factory=dict)  # the request pass per prompt category
+    lossless: dict = field(default_factory=dict)  # the lossless guard's verdict (spec_decode.lossless)
     mlflow_run_id: str | None = None
     extra: dict[str, Any] = field(default_factory=dict)  # keys of other schema versions, kept as read
 
@@ -191,6 +196,7 @@ def new_record(cfg: ExperimentConfig, ctx: JobContext, role: str, extra_env: dic
         server_env_extra=provenance.redact_env(extra_env), warnings=list(warnings), out_dir=str(ctx.out_dir),
         provenance=provenance.collect(ctx.root, {
             "target": cfg.model.path, "drafter": cfg.drafter.path, "prompts": cfg.benchmark.prompts,
+            "request_prompts": cfg.benchmark.request_prompts if cfg.benchmark.request_pass else None,
         }),
     )
 
@@ -336,9 +342,41 @@ def finish(rec: JobRecord, cfg: ExperimentConfig, status: str, error: str | None
         rec.provenance["nccl"] = {k: rec.nccl_probe.get(k) for k in
                                   ("backend", "nccl_version", "algorithms", "protocols")}
     metrics.update(cost_model_metrics(metrics))
+    rec.latency = latency.summarize(runs)
+    metrics.update(latency.metrics_of(rec.latency))
+    rec.categories = request_pass.categories(rec.requests)
+    metrics.update(request_pass.metrics_of(rec.categories))
+    rec.lossless = guard_lossless(rec, cfg, out_dir, baseline)
+    if rec.lossless["checked"]:
+        metrics["lossless_match_rate"] = rec.lossless["match_rate"]
     rec.metrics = {k: float(v) for k, v in metrics.items() if v is not None}
     rec.checks = run_checks(rec.metrics, [r.as_dict() for r in runs], rec.profile, rec.speculative,
                             cfg.spec.steps if cfg.speculative else 0)
+    if (check := lossless.check_of(rec.lossless)) is not None:
+        rec.checks.append(check)
+    elif rec.lossless["verdict"] == "warn":
+        rec.warnings.append(f"lossless guard: {rec.lossless['reason']}")
+
+
+def guard_lossless(rec: JobRecord, cfg: ExperimentConfig, out_dir: Path, baseline: JobRecord | None) -> dict:
+    """The spec job's outputs against the baseline's for the same prompts (``spec_decode.lossless``):
+    the timed runs against the paired baseline's runs (else the baseline job's), the request pass
+    against the baseline job's request pass (its ``outputs.jsonl``)."""
+    if rec.role != "spec":
+        return lossless.skipped("a baseline job (no speculation to check)")
+    b = cfg.benchmark
+    base_runs = rec.baseline_runs or (baseline.runs if baseline is not None else [])
+    base_ids = next((r.output_ids for r in base_runs if r.output_ids is not None), None)
+    comparisons = [lossless.Comparison(f"timed:{b.prompt_index}", r.output_ids, base_ids, b.max_new_tokens)
+                   for r in rec.runs]
+    if rec.requests:
+        mine = request_pass.read_outputs(out_dir)
+        theirs = request_pass.read_outputs(baseline.out_dir if baseline is not None else None)
+        comparisons += [lossless.Comparison(str(e["prompt_index"]), mine.get(e["prompt_index"]),
+                                            theirs.get(e["prompt_index"]), b.request_max_new_tokens)
+                        for e in rec.requests]
+    return lossless.guard(comparisons, rec.engine.name, b.temperature, performance_only(rec),
+                          has_baseline=bool(base_runs) or baseline is not None)
 
 
 def add_drift(rec: JobRecord, earlier: list[Reference]) -> None:

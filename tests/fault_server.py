@@ -9,6 +9,8 @@ FAULT_COUNTER=<file> with mode every:N:<inner> applies <inner> to every N-th ser
   hang_on_request:K  SIGSTOP itself when the K-th /generate arrives
   drop_profile       start the engine without SPEC_DECODE_PROFILE (profile plugin "not loadable")
   drop_nccl          re-exec without any NCCL_* variable (a launch that lost its tuning)
+  corrupt_output:K   change the K-th generated token id of every /generate answer and stream event (a
+                     speculative engine that is not lossless, for the lossless guard)
 FAULT_GRANDCHILD=1 also starts a `sleep` grandchild, as SGLang's scheduler subprocesses would be.
 """
 
@@ -59,17 +61,36 @@ def main() -> None:
         kind, k = mode.split(":")
         from spec_decode.engines.embedded import server
 
-        original = server.EngineState.generate
         seen = {"n": 0}
 
-        def generate(self, body):
-            seen["n"] += 1
-            if seen["n"] == int(k):
-                print(f"fault: {kind} at request {seen['n']} (injected)", flush=True)
-                os.kill(os.getpid(), signal.SIGKILL if kind == "die_on_request" else signal.SIGSTOP)
-            return original(self, body)
+        def counted(original):
+            def call(self, arg):
+                seen["n"] += 1
+                if seen["n"] == int(k):
+                    print(f"fault: {kind} at request {seen['n']} (injected)", flush=True)
+                    os.kill(os.getpid(), signal.SIGKILL if kind == "die_on_request" else signal.SIGSTOP)
+                return original(self, arg)
+            return call
 
-        server.EngineState.generate = generate
+        # a /generate request reaches one of them: generate (JSON answer) or stream (SSE events)
+        for name in ("generate", "stream"):
+            if hasattr(server.EngineState, name):
+                setattr(server.EngineState, name, counted(getattr(server.EngineState, name)))
+    if mode.startswith("corrupt_output:"):
+        from spec_decode.engines.embedded import server
+
+        pos = int(mode.split(":")[1])
+
+        def corrupt(out):
+            if isinstance(out, dict) and len(out.get("output_ids") or []) > pos:
+                out["output_ids"][pos] = (out["output_ids"][pos] + 1) % 256
+            return out
+
+        plain = server.EngineState.generate
+        server.EngineState.generate = lambda self, arg: corrupt(plain(self, arg))
+        if hasattr(server.EngineState, "stream"):  # every event carries the ids so far (cumulative)
+            events = server.EngineState.stream
+            server.EngineState.stream = lambda self, arg: (corrupt(ev) for ev in events(self, arg))
     sys.argv = ["spec_decode.engines.embedded", *argv]
     runpy.run_module("spec_decode.engines.embedded", run_name="__main__")
 

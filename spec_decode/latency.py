@@ -1,0 +1,63 @@
+"""Token-level latency of streamed requests: TTFT, ITL, TPOT, E2E percentiles (pure functions).
+
+Per request (``client.RunRecord`` of a streamed call, all on the client's clock):
+- TTFT  = send -> first chunk with >= 1 token (``ttft_s``);
+- ITL   = each token's gap after the previous one (``token_gaps_s``: a chunk of n tokens after a gap g
+          counts n gaps of g/n -- the spreading rule, ``client`` module doc); pooled over the requests;
+- TPOT  = (E2E - TTFT) / (completion_tokens - 1): one value per request;
+- E2E   = send -> end of the stream (``wall_s``).
+Percentiles interpolate linearly between order statistics (numpy's default), with ``n`` beside them:
+P99 of 5 TTFTs is the largest but a bit, not a tail estimate.
+"""
+
+from __future__ import annotations
+
+import math
+import statistics
+from typing import Iterable, Sequence
+
+PERCENTILES = (50, 90, 99)
+KINDS = ("ttft_ms", "itl_ms", "tpot_ms", "e2e_ms")
+
+
+def percentile(values: Sequence[float], q: float) -> float:
+    """The q-th percentile (0..100), linear between order statistics."""
+    if not values:
+        raise ValueError("percentile of no values")
+    xs = sorted(values)
+    pos = (len(xs) - 1) * q / 100
+    lo, hi = math.floor(pos), math.ceil(pos)
+    return xs[lo] + (xs[hi] - xs[lo]) * (pos - lo)
+
+
+def distribution(values: Sequence[float]) -> dict[str, float]:
+    """``{p50, p90, p99, mean, n}``."""
+    out = {f"p{q}": percentile(values, q) for q in PERCENTILES}
+    out["mean"] = statistics.fmean(values)
+    out["n"] = len(values)
+    return out
+
+
+def samples(runs: Iterable) -> dict[str, list[float]]:
+    """The latency samples (ms) of the streamed runs: one TTFT/TPOT/E2E per request, one ITL per token."""
+    out: dict[str, list[float]] = {k: [] for k in KINDS}
+    for r in runs:
+        if not getattr(r, "stream", False) or r.ttft_s is None:
+            continue
+        out["ttft_ms"].append(1e3 * r.ttft_s)
+        out["e2e_ms"].append(1e3 * r.wall_s)
+        out["itl_ms"] += [1e3 * g for g in r.token_gaps_s or []]
+        if r.completion_tokens > 1:
+            out["tpot_ms"].append(1e3 * (r.wall_s - r.ttft_s) / (r.completion_tokens - 1))
+    return out
+
+
+def summarize(runs: Iterable) -> dict[str, dict[str, float]]:
+    """The job's ``latency`` section: ``{ttft_ms|itl_ms|tpot_ms|e2e_ms: {p50, p90, p99, mean, n}}``;
+    empty when no run streamed."""
+    return {k: distribution(v) for k, v in samples(runs).items() if v}
+
+
+def metrics_of(latency: dict[str, dict[str, float]]) -> dict[str, float]:
+    """Flat metrics: ``ttft_ms_p50`` ... ``e2e_ms_p99``."""
+    return {f"{k}_p{q}": d[f"p{q}"] for k, d in latency.items() for q in PERCENTILES}
