@@ -149,9 +149,16 @@ def test_missing_model_dir_says_dvc_pull(tmp_path):
 @pytest.mark.parametrize("edit,named", [
     (lambda c: c.update(architectures=["LlamaForCausalLM"]), "LlamaForCausalLMEagle3"),
     (lambda c: c["eagle_config"].update(eagle_aux_hidden_state_layer_ids=[1, 3, 9]), "0..4"),
-], ids=["not_eagle3", "layer_ids_out_of_range"])
+    # spec_decode.drafter's shape rules (preflight's): the engine refuses them itself, not a rank's
+    # load_state_dict traceback after the processes started
+    (lambda c: c.update(vocab_size=300, draft_vocab_size=300), "vocab_size 300 != target vocab_size 256"),
+    (lambda c: c.update(hidden_size=96, target_hidden_size=192), "hidden_size 96 must equal the target's 192"),
+], ids=["not_eagle3", "layer_ids_out_of_range", "vocab_mismatch", "hidden_mismatch"])
 def test_bad_drafter_exits_1_with_a_message(tmp_path, edit, named):
     d = _drafter_copy(tmp_path, edit)
     p = start(["--model-path", str(TARGET), *SPEC[:2], "--speculative-draft-model-path", d, *SPEC[4:]])
     assert p.returncode == 1
     assert named in p.stderr
+    # the file to fix and what to do, before any process of the server started
+    assert f"{d}/config.json" in p.stderr and "what to do:" in p.stderr
+    assert "plugins loaded" not in p.stdout

@@ -104,39 +104,42 @@ def fail(msg: str) -> None:
 
 
 def check_models(args: argparse.Namespace) -> list[int] | None:
-    """Start-up checks that SGLang would also fail on, with a message that says what to do.
+    """Start-up checks that SGLang would also fail on, with a message that says what to do: the drafter
+    rules are spec_decode.drafter's (the ones preflight applies), plus what only this engine needs.
     Returns the drafter's layer ids as it will be served (None for the baseline)."""
-    from .model import DRAFTER_ARCH
+    from spec_decode import drafter as rules
 
     target = Path(args.model_path)
     if not (target / "config.json").is_file() or not (target / "model.safetensors").is_file():
         fail(f"--model-path {target}: no config.json/model.safetensors there "
              f"(run `dvc pull {target}` or `dvc repro` to build the tiny models)")
-    tcfg = json.loads((target / "config.json").read_text())
+    try:
+        tcfg = rules.read_config(target / "config.json")
+    except ValueError as e:
+        fail(str(e))
     if not args.speculative_algorithm:
         return None
     draft = Path(args.speculative_draft_model_path)
     if not (draft / "config.json").is_file() or not (draft / "model.safetensors").is_file():
         fail(f"--speculative-draft-model-path {draft}: no config.json/model.safetensors there "
              f"(run `dvc pull {draft}`)")
+    where = draft / "config.json"
     try:
-        dcfg = json.loads((draft / "config.json").read_text())
-    except json.JSONDecodeError as e:
-        fail(f"{draft / 'config.json'} is not valid JSON: {e}")
-    if dcfg.get("architectures") != [DRAFTER_ARCH]:
-        fail(f"{draft / 'config.json'}: architectures is {dcfg.get('architectures')!r}, an EAGLE-3 "
-             f"drafter must say [\"{DRAFTER_ARCH}\"]")
-    n = tcfg["num_hidden_layers"]
-    ids = (dcfg.get("eagle_config") or {}).get("eagle_aux_hidden_state_layer_ids")
-    if ids is None:
-        ids = [1, n // 2 - 1, n - 4]  # SGLang's default capture
-        dcfg.setdefault("eagle_config", {})["eagle_aux_hidden_state_layer_ids"] = ids
-    if len(ids) != 3 or not all(isinstance(i, int) and 0 <= i <= n - 2 for i in ids):
-        fail(f"{draft / 'config.json'}: eagle_aux_hidden_state_layer_ids {ids} must be 3 layer ids "
-             f"in 0..{n - 2} for a {n}-layer target")
-    if dcfg.get("hidden_size") != tcfg["hidden_size"]:
-        fail(f"drafter hidden_size {dcfg.get('hidden_size')} != target hidden_size {tcfg['hidden_size']}")
-    return list(ids)
+        dcfg = rules.read_config(where)
+    except ValueError as e:
+        fail(str(e))
+    errors = rules.problems(dcfg, tcfg, str(where))
+    # This engine gives the drafter the target's embedding (as SGLang's set_embed does), so the
+    # drafter's own width must be the target's too.
+    if not errors and dcfg.get("hidden_size") != tcfg["hidden_size"]:
+        errors.append(f"{where}: hidden_size {dcfg.get('hidden_size')} must equal the target's "
+                      f"{tcfg['hidden_size']} (the embedded engine shares the target's embedding)")
+    if errors:
+        fail(f"--speculative-draft-model-path {draft} cannot serve --model-path {target}:\n  - "
+             + "\n  - ".join(errors)
+             + "\nwhat to do: serve the drafter built for this target (models/tiny/drafter, `dvc repro "
+               "drafter`) or fix the drafter's config.json")
+    return rules.served_layer_ids(dcfg, tcfg["num_hidden_layers"])
 
 
 def check_tp_size(args: argparse.Namespace, parser: argparse.ArgumentParser) -> None:

@@ -10,8 +10,10 @@ training is logged to MLflow (experiment ``drafter-training``; ``spec_decode.lin
 the data set's md5 and the trained prefix's hash land in training.json (the drafter's lineage).
 
 Fixed seeds, ``torch.use_deterministic_algorithms(True)``, a fixed data order and a fixed thread count
-make a rebuild bit-identical on the same torch build and CPU. The thread count is part of the recipe:
-reductions in the backward pass differ between 1 and 2 threads.
+make a rebuild bit-identical on the same torch build and CPU instruction set (``--kernels native``);
+``--kernels pinned`` also fixes the kernel paths (``kernels.py``), bit-identical across instruction
+sets. The thread count is part of the recipe: reductions in the backward pass differ between 1 and 2
+threads.
 """
 
 from __future__ import annotations
@@ -29,6 +31,7 @@ import torch.nn.functional as F
 from ...lineage import EXPERIMENT as MLFLOW_EXPERIMENT
 from ...lineage import log_training
 from ...stats import summarize
+from . import kernels
 from .drafter_data import sha256_rows
 from .model import (
     DrafterShape,
@@ -44,9 +47,10 @@ from .tokenizer import encode, write_tokenizer_files
 EVAL_STEPS = 5  # held-out acceptance is reported for chains of 1..5 drafts (the benchmarks' step range)
 
 
-def _setup(seed: int, threads: int) -> torch.Generator:
+def _setup(seed: int, threads: int, kernel_mode: str) -> torch.Generator:
     torch.set_num_threads(threads)
     torch.use_deterministic_algorithms(True)
+    kernels.check(kernel_mode)
     torch.manual_seed(seed)
     return torch.Generator().manual_seed(seed)
 
@@ -92,7 +96,7 @@ def _corpus_tensor(path: str) -> torch.Tensor:
 
 
 def build_target(args: argparse.Namespace) -> None:
-    gen = _setup(args.seed, args.threads)
+    gen = _setup(args.seed, args.threads, args.kernels)
     shape = LlamaShape(
         hidden_size=args.hidden, num_hidden_layers=args.layers, num_attention_heads=args.heads,
         num_key_value_heads=args.heads, intermediate_size=args.ffn, max_position_embeddings=args.max_len,
@@ -118,7 +122,7 @@ def build_target(args: argparse.Namespace) -> None:
     record = {
         "kind": "target", "params": params, "steps": args.steps, "final_loss": round(loss_val, 4),
         "seed": args.seed, "threads": args.threads, "seq": args.seq, "batch": args.batch,
-        "corpus": args.corpus, "torch": torch.__version__,
+        "corpus": args.corpus, "torch": torch.__version__, **kernels.record(args.kernels),
     }
     digest = _save(out, target_config_json(shape), model.state_dict(), record)
     write_tokenizer_files(out, shape.max_position_embeddings)
@@ -176,7 +180,7 @@ def build_drafter(args: argparse.Namespace) -> None:
     from .drafter_data import load as load_data
     from .drafter_data import load_frozen_target
 
-    gen = _setup(args.seed, args.threads)
+    gen = _setup(args.seed, args.threads, args.kernels)
     target = load_frozen_target(args.target)  # training arithmetic, independent of the serving path
     tcfg = read_config(args.target)
     ids = [int(x) for x in args.layer_ids.split(",")]
@@ -255,6 +259,7 @@ def build_drafter(args: argparse.Namespace) -> None:
         # it would differ on every rebuild)
         "mlflow_experiment": MLFLOW_EXPERIMENT,
         "torch": torch.__version__,  # no wall time here: it varies between rebuilds (MLflow has it)
+        **kernels.record(args.kernels),
     }
     digest = _save(Path(args.out), drafter_config_json(shape), drafter.state_dict(), record)
     print(f"drafter: {n_params} params, {n} samples, sha256 {digest[:16]} -> {args.out}")
@@ -274,6 +279,7 @@ def main(argv: list[str] | None = None) -> None:
         p.add_argument("--batch", type=int, default=6)
         p.add_argument("--lr", type=float, default=3e-3)
         p.add_argument("--warmup", type=int, default=20)
+        kernels.add_argument(p)
     t = sub.choices["target"]
     t.add_argument("--corpus", default="data/corpus.txt")
     t.add_argument("--seq", type=int, default=640)
@@ -296,4 +302,5 @@ def main(argv: list[str] | None = None) -> None:
 
 
 if __name__ == "__main__":
+    kernels.pin_process()
     main()

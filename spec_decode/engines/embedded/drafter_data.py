@@ -20,7 +20,8 @@ Output (a directory, small enough for git):
 The held-out split uses prompts from a separate seeded stream, drawn from the part of the corpus the
 train prompts never start in (its last ``heldout_fraction``), so it stays the same whatever
 ``--samples`` is and never overlaps the training prompts.
-Deterministic for a seed on one machine (fixed thread count, deterministic algorithms, fixed batch).
+Deterministic for a seed on one torch build + CPU instruction set (fixed thread count, deterministic
+algorithms, fixed batch); across instruction sets with ``--kernels pinned`` (``kernels.py``).
 """
 
 from __future__ import annotations
@@ -34,6 +35,7 @@ from pathlib import Path
 
 import torch
 
+from . import kernels
 from .model import LlamaShape, LlamaTarget, causal_mask, read_config
 from .tokenizer import encode
 
@@ -115,13 +117,15 @@ def sha256_rows(t: torch.Tensor) -> str:
 
 
 def make(corpus: str, target_dir: str, samples: int, heldout: int, seq: int, prompt_tokens: int,
-         temperature: float, seed: int, threads: int, log=print) -> tuple[dict[str, torch.Tensor], dict]:
+         temperature: float, seed: int, threads: int, log=print,
+         kernel_mode: str = "native") -> tuple[dict[str, torch.Tensor], dict]:
     if not 0 < prompt_tokens < seq:
         raise SystemExit(f"--prompt-tokens {prompt_tokens} must be in 1..{seq - 1} (--seq {seq})")
     if samples < 1 or heldout < 1:
         raise SystemExit(f"--samples {samples} and --heldout {heldout} must be >= 1")
     torch.set_num_threads(threads)
     torch.use_deterministic_algorithms(True)
+    kernels.check(kernel_mode)
     target = load_frozen_target(target_dir)
     if seq > target.shape.max_position_embeddings:
         raise SystemExit(f"--seq {seq} exceeds the target's context of {target.shape.max_position_embeddings}")
@@ -143,7 +147,7 @@ def make(corpus: str, target_dir: str, samples: int, heldout: int, seq: int, pro
         "gen_batch": GEN_BATCH, "corpus": corpus, "target_weights_sha256": target_rec["weights_sha256"],
         "aux_hidden_states": "recomputed at train time from the target (not stored)",
         "train_sha256": sha256_rows(splits["train"]), "heldout_sha256": sha256_rows(splits["heldout"]),
-        "torch": torch.__version__,
+        "torch": torch.__version__, **kernels.record(kernel_mode),
     }
     return splits, record
 
@@ -184,13 +188,15 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--temperature", type=float, default=0.0, help="0 = greedy responses; > 0 samples")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--threads", type=int, default=2)
+    kernels.add_argument(ap)
     args = ap.parse_args(argv)
     splits, record = make(args.corpus, args.target, args.samples, args.heldout, args.seq, args.prompt_tokens,
-                          args.temperature, args.seed, args.threads)
+                          args.temperature, args.seed, args.threads, kernel_mode=args.kernels)
     record = save(Path(args.out), splits, record)
     print(f"drafter_data: {args.samples} train + {args.heldout} held-out samples x {args.seq} tokens, "
           f"md5 {record['file_md5']} -> {args.out}")
 
 
 if __name__ == "__main__":
+    kernels.pin_process()
     main()

@@ -21,10 +21,11 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from ...drafter import ARCHITECTURE, configured_layer_ids, default_layer_ids
 from .parallel import TensorParallel, shard_units
 
 TARGET_ARCH = "LlamaForCausalLM"
-DRAFTER_ARCH = "LlamaForCausalLMEagle3"
+DRAFTER_ARCH = ARCHITECTURE  # spec_decode.drafter owns the drafter rules
 
 
 @dataclass
@@ -691,7 +692,7 @@ def load_target(model_dir: str | Path, device: str = "cpu", tp: TensorParallel |
 
 
 def drafter_shape_from_config(cfg: dict) -> DrafterShape:
-    ids = (cfg.get("eagle_config") or {}).get("eagle_aux_hidden_state_layer_ids")
+    ids = configured_layer_ids(cfg)
     shape = DrafterShape(**{k: cfg[k] for k in LlamaShape.__dataclass_fields__ if k in cfg})
     shape.target_hidden_size = cfg.get("target_hidden_size", shape.hidden_size)
     shape.draft_vocab_size = cfg.get("draft_vocab_size", shape.vocab_size)
@@ -705,9 +706,8 @@ def load_drafter(model_dir: str | Path, target: LlamaTarget, device: str = "cpu"
 
     cfg = read_config(model_dir)
     shape = drafter_shape_from_config(cfg)
-    if not (cfg.get("eagle_config") or {}).get("eagle_aux_hidden_state_layer_ids"):
-        n = target.shape.num_hidden_layers
-        shape.aux_layer_ids = [1, n // 2 - 1, n - 4]  # SGLang's default capture
+    if configured_layer_ids(cfg) is None:
+        shape.aux_layer_ids = default_layer_ids(target.shape.num_hidden_layers)  # SGLang's default capture
     model = Eagle3Drafter(shape, target.model.embed_tokens)
     model.load_state_dict(load_file(str(Path(model_dir) / "model.safetensors")))
     return model.to(device).prepare_inference()
