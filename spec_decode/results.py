@@ -431,6 +431,12 @@ def job_summary(rec: JobRecord) -> str:
         )
     if "accept_len" in m:
         lines.append(f"  accept len {m['accept_len']:.2f}  draft accept rate {m.get('accept_rate_draft', float('nan')):.2f}")
+    acc = rec.acceptance or {}
+    if acc.get("per_position"):
+        lines.append("  acceptance by draft position " + " ".join("-" if r is None else f"{r:.2f}" for r in acc["per_position"])
+                     + f" ({acc.get('source')})" + ("" if acc.get("accept_len_weighted") is None else
+                     f"; accept len per request: {acc['accept_len_weighted']:.2f} weighted by verifies, "
+                     f"{acc['accept_len_unweighted']:.2f} unweighted"))
     if "cycle_ms" in m:
         lines.append(
             f"  cycle {m['cycle_ms']:.2f} ms = draft {m['draft_ms']:.2f} ({m['draft_pct']:.0f}%) + verify "

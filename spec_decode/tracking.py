@@ -20,6 +20,7 @@ import math
 import os
 import re
 import sys
+import tempfile
 import time
 import warnings
 from pathlib import Path
@@ -339,8 +340,6 @@ def log_acceptance_plots(client, run_id: str, rec: JobRecord) -> None:
     figs = charts.acceptance_figures([rec])
     if not figs:
         return
-    import tempfile
-
     with tempfile.TemporaryDirectory(prefix="spec_decode_plots_") as tmp:
         for name, fig in figs.items():
             client.log_artifact(run_id, str(charts.save(fig, Path(tmp) / name)), artifact_path="plots")
