@@ -15,8 +15,8 @@ from .results import JobRecord
 def acceptance_figures(recs: list[JobRecord], fits: dict | None = None) -> dict:
     """acceptance_histogram.png (share of verifies by accepted drafts, one bar series per job) and
     accept_rate_by_position.png (measured rate per draft position per job; dotted: the cost model's
-    fitted alpha x decay^(i-1) per NCCL profile) for the records that carry a histogram. Also one
-    job's pair (the MLflow child run's artifacts)."""
+    fitted alpha x decay^(i-1) per NCCL profile) for the records that carry a histogram. Given one
+    record: that job's two charts (its MLflow child run's artifacts)."""
     import matplotlib
 
     matplotlib.use("Agg")
