@@ -29,12 +29,6 @@ from collections.abc import Iterable, Sequence
 SOURCES = ("profile", "meta_info")
 
 
-def performance_only(rec) -> bool:
-    """Forced acceptance (``spec.simulate_accept_len`` set, issue 21): the record measures the system at
-    a chosen acceptance, not the drafter; its acceptance figures are not the drafter's."""
-    return (rec.config.get("spec") or {}).get("simulate_accept_len") is not None
-
-
 def histogram_from_cycles(cycles: Iterable[dict], steps: int) -> list[int] | None:
     """Verifies by accepted drafts (0..steps) from profile cycles; None when a cycle's count does not
     fit one request's verify (missing, not a whole number, or ``accepted - 1`` outside 0..steps)."""

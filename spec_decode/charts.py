@@ -7,9 +7,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from .acceptance import performance_only
 from .costmodel import fitted_rate
-from .results import JobRecord
+from .results import JobRecord, performance_only
 
 
 def acceptance_figures(recs: list[JobRecord], fits: dict | None = None) -> dict:

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import math
 from dataclasses import dataclass, field
 from typing import Any, Optional
 
@@ -70,10 +71,22 @@ class SpecConfig:
     topk: int = 1
     # Derived: SGLang forces steps + 1 when topk == 1; set it only for topk > 1.
     num_draft_tokens: Optional[int] = None
+    # Forced acceptance for performance work (SGLang's SGLANG_SIMULATE_ACC_LEN, same semantics on both
+    # engines): every verify commits floor(x) or floor(x)+1 tokens, bonus included, mean x, whatever the
+    # target says -- so the system's cost at a chosen accept length is measured without a drafter that
+    # reaches it. Outputs are NOT lossless: the record is labelled performance-only. null = off.
+    simulate_accept_len: Optional[float] = None
 
     def __post_init__(self) -> None:
         if self.steps < 1:
             raise ConfigError(f"spec.steps={self.steps}: must be >= 1 (use drafter=none for the baseline)")
+        x = self.simulate_accept_len
+        if x is not None and not (math.isfinite(x) and 1.0 <= x <= self.steps + 1):
+            raise ConfigError(
+                f"spec.simulate_accept_len={x}: must be in [1, spec.steps+1] = [1, {self.steps + 1}] (tokens "
+                "committed per verify, bonus included; SGLang clamps other values into that range, so the "
+                "label would not be true), or null for real acceptance"
+            )
         if self.topk < 1:
             raise ConfigError(f"spec.topk={self.topk}: must be >= 1")
         if self.topk == 1:
@@ -122,6 +135,9 @@ class EngineConfig:
                               f"schema base_{self.name} in its defaults list")
         if not self.launcher:
             raise ConfigError("engine.launcher is empty: it is the command that starts the server")
+        if "SGLANG_SIMULATE_ACC_LEN" in self.env:
+            raise ConfigError("engine.env.SGLANG_SIMULATE_ACC_LEN: set spec.simulate_accept_len instead, so that "
+                              "the job passes it and labels its results performance-only")
         if not 0 <= self.port <= 65535:
             raise ConfigError(f"engine.port={self.port}: must be in 0..65535")
         if self.startup_timeout_s <= 0 or self.request_timeout_s <= 0:
@@ -298,7 +314,20 @@ def to_experiment(cfg: DictConfig) -> ExperimentConfig:
             raise cause from None
         raise ConfigError(str(e)) from None
     assert isinstance(obj, ExperimentConfig)
+    check_forced_acceptance(obj)
     return obj
+
+
+def check_forced_acceptance(cfg: ExperimentConfig) -> None:
+    """spec.simulate_accept_len only with speculation. A rule of the composed config, not of
+    ExperimentConfig.__post_init__: the job's baseline arm is the same config without its drafter
+    (job.baseline_config), which keeps spec.* and must stay constructible."""
+    x = cfg.spec.simulate_accept_len
+    if x is not None and not cfg.speculative:
+        raise ConfigError(
+            f"spec.simulate_accept_len={x} with drafter={cfg.drafter.name}: forced acceptance needs "
+            "speculative decoding (a drafter); drop spec.simulate_accept_len for the baseline"
+        )
 
 
 def resolved_dict(cfg: ExperimentConfig) -> dict[str, Any]:

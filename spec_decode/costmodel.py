@@ -30,7 +30,8 @@ import numpy as np
 from scipy import optimize
 from scipy import stats as st
 
-from .acceptance import performance_only, rates_from_metrics
+from .acceptance import rates_from_metrics
+from .results import performance_only
 
 if TYPE_CHECKING:
     from .results import JobRecord

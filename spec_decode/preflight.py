@@ -181,6 +181,12 @@ def check(cfg: ExperimentConfig, root: Path) -> Preflight:
         pf.need(n is not None and n >= cfg.hardware.tp_size,
                 f"hardware={cfg.hardware.name} needs {cfg.hardware.tp_size} GPU(s) for tp "
                 f"{cfg.hardware.tp_size}; {n or 0} visible here", local=True, dry_run=dry)
+    # Forced acceptance: real speed, outputs not lossless -- the record says so (results.PERFORMANCE_ONLY).
+    if cfg.speculative and cfg.spec.simulate_accept_len is not None:
+        from .results import PERFORMANCE_ONLY
+
+        pf.warnings.append(f"{PERFORMANCE_ONLY} (spec.simulate_accept_len={cfg.spec.simulate_accept_len}: "
+                           "every verify commits the forced count, SGLANG_SIMULATE_ACC_LEN)")
     # A reported experiment from a dirty tree cannot be rebuilt from its commit.
     if cfg.name != "adhoc":
         from .provenance import git_state

@@ -22,8 +22,12 @@ REDACTED = "***redacted***"
 PACKAGES = ("spec-decode-bench", "sglang", "torch", "transformers", "mlflow", "dvc", "hydra-core")
 
 
+# Names the pattern matches that are settings, not secrets (exact names only).
+NOT_SECRET = frozenset({"SGLANG_SIMULATE_ACC_TOKEN_MODE"})  # SGLang's forced-acceptance token mode
+
+
 def is_secret(name: str) -> bool:
-    return bool(SECRET.search(name))
+    return name not in NOT_SECRET and bool(SECRET.search(name))
 
 
 def redact_env(env: dict[str, str]) -> dict[str, str]:

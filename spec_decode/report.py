@@ -27,10 +27,9 @@ from pathlib import Path
 from tabulate import tabulate
 
 from . import recommend
-from .acceptance import performance_only
 from .charts import acceptance_figures, legend_outside, save
 from .costmodel import describe, fit, points_from_records
-from .results import JobRecord, collect, section
+from .results import JobRecord, collect, performance_only, section
 
 COLUMNS = ("job", "status", "tok/s", "95% CI", "CV%", "speedup", "speedup 95% CI", "accept len",
            "cycle ms", "draft%", "verify%", "extend%", "other%", "checks")

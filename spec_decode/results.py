@@ -417,10 +417,23 @@ def section(rec: JobRecord, name: str):
     return getattr(rec, name, None) or rec.extra.get(name) or None
 
 
+PERFORMANCE_ONLY = "performance-only: forced acceptance, outputs are not lossless"
+
+
+def performance_only(rec: JobRecord) -> bool:
+    """A speculative job run with forced acceptance (spec.simulate_accept_len): its speed numbers are
+    real, its outputs and acceptance are not the drafter's. A baseline record that shares such a
+    config (the job's baseline arm keeps spec.*) decodes plainly and is not performance-only."""
+    forced = (rec.config.get("spec") or {}).get("simulate_accept_len")
+    return forced is not None and bool(rec.speculative)
+
+
 def job_summary(rec: JobRecord) -> str:
     """A few console lines for one finished job."""
     m = rec.metrics
-    lines = [f"[{rec.status}] {rec.label} ({rec.role}, engine={rec.engine.name})"]
+    label = f", {PERFORMANCE_ONLY} (accept len forced to {rec.config['spec']['simulate_accept_len']})" \
+        if performance_only(rec) else ""
+    lines = [f"[{rec.status}] {rec.label} ({rec.role}, engine={rec.engine.name}{label})"]
     if rec.error:
         lines.append(f"  error: {rec.error}")
     if "throughput_tok_s" in m:

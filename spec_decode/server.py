@@ -5,7 +5,8 @@
 
 - The server runs in its own session/process group with the given extra env (NCCL variables go
   here, never into the runner's own environment). Inherited NCCL_* variables are dropped, so the
-  NCCL profile alone decides them -- except NCCL_NVLS_ENABLE, a host-safety setting that is kept.
+  NCCL profile alone decides them -- except NCCL_NVLS_ENABLE, a host-safety setting that is kept --
+  and so are SGLANG_SIMULATE_ACC_* (forced acceptance comes from spec.simulate_accept_len only).
 - The health loop polls the process every iteration: a server that exits during start fails the job
   at once (not at the timeout), with the last lines of its log in the error.
 - Exit, exceptions and Ctrl-C all kill the tree: SIGTERM to the group and every descendant found by
@@ -24,7 +25,9 @@ from pathlib import Path
 import psutil
 import requests
 
-DROPPED_PREFIXES = ("NCCL_",)
+# Inherited variables the job's config alone decides: NCCL_* (the NCCL profile) and SGLang's forced
+# acceptance (spec.simulate_accept_len; an inherited one would silently make outputs not lossless).
+DROPPED_PREFIXES = ("NCCL_", "SGLANG_SIMULATE_ACC_")
 # Inherited NCCL variables that survive the drop: machine-safety settings an operator sets for every
 # NCCL process on the host (NVLink multicast can take shared GPUs out of service), never tuning.
 KEPT_NCCL = ("NCCL_NVLS_ENABLE",)

@@ -302,6 +302,8 @@ def tags_of(rec: JobRecord) -> dict[str, str]:
     tags["checks.failed"] = ",".join(rec.failed_checks) or "none"
     if rec.warnings:
         tags["warnings"] = " | ".join(rec.warnings)[:4000]
+    if results.performance_only(rec):
+        tags["spec_decode.performance_only"] = "true"
     if rec.baseline is not None and rec.baseline.mlflow_run_id:
         tags["baseline_run_id"] = rec.baseline.mlflow_run_id
     return tags

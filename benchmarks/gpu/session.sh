@@ -4,10 +4,14 @@
 #
 #   bash benchmarks/gpu/session.sh STEPS [sweep overrides...]
 #     STEPS: comma-separated, run in the order given (all = tests,probe,engine,sweep)
+#       profile benchmarks/gpu/engine_profile.py on one GPU (per-graph GPU/host us, kernel counts,
+#               generate us/token; PROFILE_ARGS, e.g. "--variants ops --compile"); profile.json
 #       tests   python -m pytest -m gpu tests/gpu tests/integration/test_nccl_probe.py
 #       probe   NCCL probe, world size 2, nccl=default,tuned,no_p2p, two interleaved repetitions;
 #               NCCL_DEBUG capture per profile (the golden files tests/data/logs/nccl_debug_<p>.log)
-#       engine  benchmarks/embedded_engine.py --device cuda (graph) [+ --disable-cuda-graph] on one GPU
+#       engine  benchmarks/embedded_engine.py --device cuda (graph and eager, interleaved) on one GPU
+#               [ENGINE_ARGS, e.g. "--rounds 5"; ENGINE_GPUS (default 0), e.g. 0,1 for --tp-size 2;
+#               ENGINE_EAGER_RERUN=0 skips the eager-only rerun]
 #       sweep   python run.py -m experiment=embedded_h200x2_steps_nccl tracking=off [overrides]
 #   e.g.  bash benchmarks/gpu/session.sh tests,probe,engine     # call 1
 #         PROBE_BACKEND=gloo bash benchmarks/gpu/session.sh probe   # a CPU check of the kit
@@ -31,7 +35,7 @@ PY=${PYTHON:-python3}
 BUDGET_S=${SESSION_BUDGET_S:-540}
 mkdir -p "$OUT" "$WORK"
 for s in ${STEPS//,/ }; do
-  case $s in tests|probe|engine|sweep) ;; *) echo "session.sh: unknown step '$s' (tests, probe, engine, sweep, all)" >&2; exit 2;; esac
+  case $s in profile|tests|probe|engine|sweep) ;; *) echo "session.sh: unknown step '$s' (profile, tests, probe, engine, sweep, all)" >&2; exit 2;; esac
 done
 
 # The lent machine's rule (KINDS.md): NVLink multicast stays off in every NCCL process. The runner
@@ -109,6 +113,11 @@ reap() {
   done
 }
 
+step_profile() {
+  # shellcheck disable=SC2086  # PROFILE_ARGS is a list of flags
+  CUDA_VISIBLE_DEVICES=0 bounded 300 "$PY" benchmarks/gpu/engine_profile.py --json "$OUT/profile.json" ${PROFILE_ARGS:-}
+}
+
 step_tests() {
   bounded 300 "$PY" -m pytest -q -p no:cacheprovider -m gpu tests/gpu tests/integration/test_nccl_probe.py
   local rc=$?
@@ -141,11 +150,15 @@ step_engine() {
   help=$("$PY" benchmarks/embedded_engine.py --help 2>&1) || { echo "[session] benchmarks/embedded_engine.py --help failed: $help"; return 1; }
   if ! grep -q -- "--device" <<<"$help"; then echo "[session] embedded_engine.py has no --device: skipped"; return 0; fi
   echo "[session] embedded engine, one GPU, default (CUDA graphs when the engine has them)"
-  CUDA_VISIBLE_DEVICES=0 bounded 240 "$PY" benchmarks/embedded_engine.py --device cuda
+  # shellcheck disable=SC2086  # ENGINE_ARGS is a list of flags
+  CUDA_VISIBLE_DEVICES=${ENGINE_GPUS:-0} bounded 240 "$PY" benchmarks/embedded_engine.py --device cuda --json "$OUT/engine.json" ${ENGINE_ARGS:-}
   local rc=$?
-  if grep -q -- "--disable-cuda-graph" <<<"$help"; then
+  if [ "${ENGINE_EAGER_RERUN:-1}" = 0 ]; then
+    :
+  elif grep -q -- "--disable-cuda-graph" <<<"$help"; then
     echo "[session] embedded engine, one GPU, --disable-cuda-graph (eager)"
-    CUDA_VISIBLE_DEVICES=0 bounded 240 "$PY" benchmarks/embedded_engine.py --device cuda --disable-cuda-graph || rc=$?
+    # shellcheck disable=SC2086
+    CUDA_VISIBLE_DEVICES=${ENGINE_GPUS:-0} bounded 240 "$PY" benchmarks/embedded_engine.py --device cuda --disable-cuda-graph ${ENGINE_ARGS:-} || rc=$?
   else
     echo "[session] embedded_engine.py has no --disable-cuda-graph yet: eager-only engine measured above"
   fi

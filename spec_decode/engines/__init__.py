@@ -48,11 +48,23 @@ def server_command(cfg: ExperimentConfig, port: int) -> list[str]:
     return launcher(cfg) + common_flags(cfg, port) + engine_flags(cfg) + list(cfg.engine.extra_args)
 
 
+# SGLang 0.5.23's forced-acceptance knobs (srt/environ.py; srt/speculative/spec_utils.py). We pass the
+# method and token mode explicitly (SGLang's defaults) so the record says which semantics ran; a
+# user may pick the others through engine.env.
+SIMULATE_ACC_DEFAULTS = {"SGLANG_SIMULATE_ACC_METHOD": "match-expected", "SGLANG_SIMULATE_ACC_TOKEN_MODE": "fixed"}
+
+
 def server_extra_env(cfg: ExperimentConfig, profile_path: str | None) -> dict[str, str]:
-    """What the server's environment gets on top of ours: NCCL profile, engine env, profiler, and
-    no network at run time (nothing may download a model)."""
+    """What the server's environment gets on top of ours: NCCL profile, engine env, profiler, forced
+    acceptance (spec.simulate_accept_len, speculative jobs only), and no network at run time (nothing
+    may download a model)."""
     env = {"HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1"}
+    forced = cfg.spec.simulate_accept_len if cfg.speculative else None
+    if forced is not None:
+        env.update(SIMULATE_ACC_DEFAULTS)
     env.update({k: str(v) for k, v in cfg.engine.env.items()})
+    if forced is not None:
+        env["SGLANG_SIMULATE_ACC_LEN"] = repr(float(forced))
     env.update({k: str(v) for k, v in cfg.nccl.env.items()})
     if profile_path and cfg.speculative:
         env["SPEC_DECODE_PROFILE"] = profile_path

@@ -3,7 +3,8 @@
     timeout 900 python -m pytest -m gpu -s tests/gpu/test_engine_graphs.py
 
 - tp 1, in process: graph replays equal eager (the same static kernels) token for token and counter
-  for counter, baseline and steps 1, 2, 3, 5; graph vs eager baseline tok/s printed (-s);
+  for counter, baseline and steps 1, 2, 3, 5; graph vs eager baseline tok/s printed (-s); the
+  default fewer-kernel path (graph_ops) agrees with the plain static kernels (up to near-ties);
 - tp 2 (needs 2 GPUs), real servers: `--tp-size 2 --device cuda` with graphs (NCCL all-reduces
   captured inside) equals `--disable-cuda-graph`, baseline and steps 3.
 Every wait is bounded (server start 300 s, request 120 s): a capture that hangs fails, not stalls.
@@ -62,6 +63,25 @@ def test_graphs_equal_eager_at_tp1(models, steps):
         assert (g.verify_ct, g.correct_drafts, g.histogram) == (e.verify_ct, e.correct_drafts, e.histogram)
     if steps:
         assert len(g.output_ids) / g.verify_ct >= min(1.9, 1 + 0.8 * steps)  # real acceptance (1 step: <= 2)
+
+
+def test_fewer_kernel_path_decodes_like_the_plain_static_path():
+    """The default CUDA path (graph_ops: fused RMSNorm, RoPE from rotated rows, bmm attention, in
+    graphs) against the plain static kernels run eagerly, on fresh models: the same function, other
+    fp32 rounding, so the same tokens up to near-ties (as test_cuda's spec-vs-greedy check)."""
+    plain_t = load_target(TARGET, "cuda")
+    plain_d = load_drafter(DRAFTER, plain_t, "cuda")
+    ops_t = load_target(TARGET, "cuda")
+    ops_d = load_drafter(DRAFTER, ops_t, "cuda")
+    for steps in (0, 3):
+        pd, od = (plain_d, ops_d) if steps else (None, None)
+        plain = Decoder(plain_t, pd, steps, StaticRunner(plain_t, pd, steps, use_graphs=False, graph_ops=False))
+        ops = Decoder(ops_t, od, steps, StaticRunner(ops_t, od, steps, use_graphs=True))
+        assert ops.runner.graph_ops and ops_t.graph_ops and not plain_t.graph_ops
+        for ids in prompts():
+            want, got = plain.generate(ids, TOKENS).output_ids, ops.generate(ids, TOKENS).output_ids
+            same = sum(a == b for a, b in zip(want, got)) / len(want)
+            assert got[:50] == want[:50] and same > 0.95, f"steps={steps}: agreement {same:.2f}"
 
 
 def test_graph_baseline_throughput_is_printed(models):

@@ -123,3 +123,37 @@ def test_static_shape_path_decodes_like_the_dynamic_one(models, prompts):
         assert len(states) == len(eager_states)
         for (f1, h1), (f2, h2) in zip(states, eager_states):
             assert torch.equal(f1, f2) and torch.allclose(h1, h2, atol=1e-4), f"steps={steps}"
+
+
+@pytest.mark.parametrize("attention", ("bmm", "sdpa"))
+def test_fewer_kernel_static_path_decodes_like_the_dynamic_one(prompts, attention):
+    """The CUDA path's default (graph_ops: fused RMSNorm, RoPE from rotated projection rows, a
+    precomputed additive mask, bmm attention), run eagerly on CPU: the same tokens and acceptance
+    as the dynamic path. Fresh models: prepare_graph_ops changes the models it is given."""
+    from spec_decode.engines.embedded.graphs import StaticRunner
+
+    target = load_target(TARGET)
+    drafter = load_drafter(DRAFTER, target)
+    ids = encode(prompts[2])
+    want = Decoder(target, None, 0).generate(ids, 80).output_ids
+    runner = StaticRunner(target, None, 0, use_graphs=False, graph_ops=True, attention=attention)
+    assert target.graph_ops and runner.tcache.attention == attention
+    assert Decoder(target, None, 0, runner).generate(ids, 80).output_ids == want
+    for steps in (1, 3):
+        ref = Decoder(target, drafter, steps).generate(ids, 80)
+        static = Decoder(target, drafter, steps,
+                         StaticRunner(target, drafter, steps, use_graphs=False, graph_ops=True, attention=attention))
+        got = static.generate(ids, 80)
+        assert got.output_ids == want, f"steps={steps}"
+        assert (got.verify_ct, got.correct_drafts) == (ref.verify_ct, ref.correct_drafts)
+
+
+def test_the_static_path_stays_plain_on_cpu(models):
+    """graph_ops defaults to the device: on CPU the static path keeps the dynamic path's kernels
+    (test_static_shape_path_decodes_like_the_dynamic_one compares features bit for bit)."""
+    from spec_decode.engines.embedded.graphs import StaticRunner
+
+    target, drafter = models
+    runner = StaticRunner(target, drafter, 2, use_graphs=True)
+    assert not runner.graph_ops and not runner.use_graphs and not target.graph_ops
+    assert runner.tcache.mask_table is None and runner.tcache.attention == "sdpa"

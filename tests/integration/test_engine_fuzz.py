@@ -163,6 +163,17 @@ def server(tmp_path_factory):
         yield srv, d
 
 
+def final_answer(r: requests.Response) -> dict:
+    """The answer of a 200: the JSON body, or for `"stream": true` the last SSE event before [DONE]."""
+    if r.headers["Content-Type"] != "text/event-stream":
+        return r.json()
+    blocks = r.text.split("\n\n")
+    assert blocks[-2:] == ["data: [DONE]", ""], r.text[-300:]
+    last = json.loads(blocks[-3].removeprefix("data: "))
+    assert last["meta_info"]["finish_reason"] is not None, last
+    return last
+
+
 def canary(srv, session, want: list[int]) -> None:
     r = session.post(srv.base_url + "/generate", json=VALID, timeout=30)
     assert r.status_code == 200 and r.json()["output_ids"] == want, r.text[:300]
@@ -187,7 +198,7 @@ def test_generated_bad_bodies_get_4xx_naming_the_field(server):
             message = r.json()["error"]["message"]
             assert field in message or field == "body", f"case {i}: {data[:200]} -> {message!r} names no `{field}`"
         else:
-            out = r.json()
+            out = final_answer(r)
             asked = body["sampling_params"].get("max_new_tokens", 128) if isinstance(body, dict) else None
             if isinstance(asked, int):
                 assert out["meta_info"]["completion_tokens"] == len(out["output_ids"]) == asked

@@ -316,3 +316,21 @@ def test_bad_tp_size_exits_2_naming_the_flag_and_heads(tp):
     assert p.returncode == 2, p.stderr
     assert f"--tp-size {tp}" in p.stderr
     assert f"num_attention_heads ({CFG['num_attention_heads']})" in p.stderr
+
+
+def test_tree_sum_adds_in_the_documented_order():
+    """tree_sum's order is the tp invariant: two halves summed pairwise, then added (8 units: one
+    pairwise pass over all 8, fewer kernels, the same additions). Checked against the written-out
+    order on values whose sum depends on the order."""
+    g = torch.Generator().manual_seed(0)
+    for n in (2, 4, 6, 8):
+        p = torch.randn(n, 3, 64, generator=g) * torch.logspace(-4, 4, n)[:, None, None]
+        if n == 8:
+            want = ((p[0] + p[1]) + (p[2] + p[3])) + ((p[4] + p[5]) + (p[6] + p[7]))
+        elif n == 6:
+            want = ((p[0] + p[1]) + p[2]) + ((p[3] + p[4]) + p[5])
+        elif n == 4:
+            want = (p[0] + p[1]) + (p[2] + p[3])
+        else:
+            want = p[0] + p[1]
+        assert torch.equal(tree_sum(p), want), n

@@ -9,6 +9,11 @@ Processes, as SGLang's: this one (the front) serves HTTP and spawns one rank pro
 sharded Megatron-style across the ranks, the drafter replicated. Rank 0 writes the `Decode batch`
 lines. With SPEC_DECODE_PROFILE set, the profiler plugin (loaded in every process) writes one
 profile file per rank. See docs/embedded-engine.md.
+
+Environment (SGLang 0.5.23's names and semantics): SGLANG_SIMULATE_ACC_LEN=<x> forces every verify
+to commit floor(x) or floor(x)+1 tokens (bonus included; mean x) whatever the target says --
+performance work only, outputs are not lossless; SGLANG_SIMULATE_ACC_METHOD (match-expected |
+multinomial), SGLANG_SIMULATE_ACC_TOKEN_MODE (fixed: token id 100 | real-draft-token).
 """
 
 from __future__ import annotations
@@ -17,6 +22,7 @@ import argparse
 import json
 import logging
 import os
+import random
 import sys
 from pathlib import Path
 
@@ -75,6 +81,21 @@ def resolve_spec(args: argparse.Namespace, parser: argparse.ArgumentParser) -> N
         logging.warning("speculative_num_draft_tokens is adjusted to speculative_num_steps + 1 "
                         "when speculative_eagle_topk == 1")
         args.speculative_num_draft_tokens = args.speculative_num_steps + 1
+
+
+def resolve_seed_and_forcing(args: argparse.Namespace, parser: argparse.ArgumentParser) -> None:
+    """SGLang's rules: no --random-seed means a random one (drawn once, here, so every rank shares
+    it); SGLANG_SIMULATE_ACC_LEN > 0 forces acceptance with speculation (exit 2 on a bad value)."""
+    if args.random_seed is None:
+        args.random_seed = random.randint(0, 1 << 30)
+    from .decoding import ForcedAcceptance
+
+    try:
+        forced = ForcedAcceptance.from_env(args.speculative_num_steps or 0, args.random_seed)
+    except ValueError as e:
+        parser.error(str(e))
+    if forced is not None and args.speculative_algorithm:
+        logging.warning("%s", forced.describe())
 
 
 def fail(msg: str) -> None:
@@ -139,6 +160,7 @@ def main(argv: list[str] | None = None) -> None:
     )
     layer_ids = check_models(args)
     check_tp_size(args, parser)
+    resolve_seed_and_forcing(args, parser)
 
     # Imported only now: a bad flag or model exits above without waiting for torch to load.
     from spec_decode.plugins import load_plugins

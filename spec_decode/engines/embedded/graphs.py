@@ -13,6 +13,9 @@ whole static KV cache under a mask), on buffers allocated once. With graphs on, 
 captured once at start-up and replayed; with ``--disable-cuda-graph`` the same functions run eagerly,
 launching the same kernels, so the two agree token for token. The prompt's prefill runs eagerly
 (its length varies). The host reads one number per cycle (the accepted count), as the eager path does.
+On CUDA the shapes run in fewer kernels by default (``graph_ops``: fused RMSNorm, RoPE from rotated
+projection rows, bmm attention; model.py's prepare_graph_ops): a step of this tiny model costs what
+its kernels cost, not their arithmetic (docs/embedded-engine.md has the per-shape profile).
 
 At tp > 1 the target's all-reduces (``parallel.TensorParallel.reduce``) are captured inside the
 graphs (NCCL). A capture of a c10d collective hangs if the communicator is created or used
@@ -33,7 +36,13 @@ WARMUP_RUNS = 2  # eager runs per shape before capture: lazy inits (cuBLAS handl
 
 
 class StaticRunner:
-    def __init__(self, target, drafter, steps: int, use_graphs: bool):
+    def __init__(self, target, drafter, steps: int, use_graphs: bool, graph_ops: bool | None = None,
+                 attention: str = "bmm"):
+        """``graph_ops`` (default: on CUDA) computes the shapes in fewer kernels (model.py's
+        prepare_graph_ops; it changes the models it is given, for every runner on them), with
+        ``attention`` "bmm" (default: on an H200 SDPA's fp32 kernel took 104 us per layer for one
+        query over the 1024 slots, baddbmm/softmax/bmm 12 us; benchmarks/gpu/engine_profile.py) or
+        "sdpa". Graphs or eager, the same kernels run."""
         self.target, self.drafter, self.k = target, drafter, steps
         dev = target.lm_head.weight.device
         self.device = dev
@@ -41,6 +50,13 @@ class StaticRunner:
         self.capture_ids = list(drafter.shape.aux_layer_ids) if drafter is not None else None
         self.tcache = target.new_static_cache()
         self.dcache = drafter.new_static_cache() if drafter is not None else None
+        self.graph_ops = dev.type == "cuda" if graph_ops is None else graph_ops
+        if self.graph_ops:
+            for model, cache in ((target, self.tcache), (drafter, self.dcache)):
+                if model is not None:
+                    if not model.graph_ops:
+                        model.prepare_graph_ops()
+                    cache.prepare_graph_ops(attention)
         self.arange = torch.arange(target.shape.max_position_embeddings, device=dev)
         h, long = target.shape.hidden_size, dict(dtype=torch.long, device=dev)
         zeros = dict(device=dev)
@@ -159,13 +175,17 @@ class StaticRunner:
             b["h"].copy_(out["h_out"])
         return torch.cat(drafts)
 
-    def verify(self, last: torch.Tensor, draft: torch.Tensor):
+    def verify(self, last: torch.Tensor, draft: torch.Tensor, accept: int | None = None):
+        """``accept``: forced acceptance (SGLANG_SIMULATE_ACC_LEN) -- commit this many drafts instead
+        of the verified count; the verify itself runs (and is read) as always, so it costs the same."""
         b = self.bufs["verify"]
         base = self.tcache.length
         b["ids"][0, :1].copy_(last)
         b["ids"][0, 1:].copy_(draft)
         out = self.run("verify", base)
         a = int(out["accepted"])  # the one host read of a cycle
+        if accept is not None:
+            a = accept
         self.tcache.length = base + a + 1
         return a, out["pred"].clone(), out["aux"]  # pred's tokens are kept (committed): a copy
 

@@ -108,6 +108,13 @@ class RMSNorm(nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + self.eps) * self.weight
 
+    def static(self, x: torch.Tensor, graph_ops: bool) -> torch.Tensor:
+        """The static path's norm: with ``graph_ops``, torch's fused RMSNorm (one kernel on CUDA
+        instead of pow/mean/add/rsqrt/mul/mul); rounding may differ from ``forward`` in the last bit."""
+        if graph_ops:
+            return F.rms_norm(x, self.weight.shape, self.weight, self.eps)
+        return self(x)
+
 
 def rope_tables(head_dim: int, max_pos: int, theta: float) -> tuple[torch.Tensor, torch.Tensor]:
     inv = 1.0 / (theta ** (torch.arange(0, head_dim, 2, dtype=torch.float32) / head_dim))
@@ -122,6 +129,20 @@ def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.T
     return x * cos + rotated * sin
 
 
+def rotate_half_rows(w: torch.Tensor, head_dim: int) -> torch.Tensor:
+    """Projection rows (heads * head_dim, in) -> the rows whose output is rotate_half of theirs
+    (``[-x2, x1]`` per head). With them appended to a q/k projection, one matmul yields q and its
+    rotation, and RoPE is ``q * cos + q_rot * sin`` (2 kernels; apply_rope needs 5 per tensor)."""
+    w = w.reshape(-1, head_dim, w.shape[-1])
+    half = head_dim // 2
+    return torch.cat([-w[:, half:], w[:, :half]], dim=1).reshape(-1, w.shape[-1])
+
+
+def rope_graph(qk: torch.Tensor, qk_rot: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    """RoPE of (..., T, heads, head_dim) given its rotation; cos/sin (T, head_dim)."""
+    return torch.addcmul(qk * cos[:, None], qk_rot, sin[:, None])
+
+
 class Attention(nn.Module):
     def __init__(self, in_dim: int, shape: LlamaShape):
         super().__init__()
@@ -132,6 +153,8 @@ class Attention(nn.Module):
         self.v_proj = nn.Linear(in_dim, nkv * hd, bias=False)
         self.o_proj = nn.Linear(nh * hd, shape.hidden_size, bias=False)
         self._qkv: torch.Tensor | None = None  # fused weight for inference
+        self._qkv_graph: torch.Tensor | None = None  # [q; k; v; rot(q); rot(k)] rows (prepare_graph_ops)
+        self.u_qkv_graph: torch.Tensor | None = None  # the same per tp unit, columns (prepare_graph_ops)
 
     def fuse(self) -> None:
         self._qkv = torch.cat([self.q_proj.weight, self.k_proj.weight, self.v_proj.weight]).detach()
@@ -153,6 +176,43 @@ class Attention(nn.Module):
     def out(self, a: torch.Tensor) -> torch.Tensor:
         b, _, t, _ = a.shape
         return self.o_proj(a.transpose(1, 2).reshape(b, t, self.nh * self.hd))
+
+    # ---- the static (CUDA-graph) path's fewer-kernel variants, see LlamaTarget.prepare_graph_ops ---
+    def prepare_graph_ops(self) -> None:
+        """Projection weights with the rotate_half rows of q and k appended (per tp unit for the
+        sharded target, whole for the drafter's fused ``_qkv``)."""
+        hd, qk = self.hd, (self.nh + self.nkv) * self.hd
+        if self._qkv is not None:
+            self._qkv_graph = torch.cat([self._qkv, rotate_half_rows(self._qkv[:qk], hd)]).contiguous()
+        if getattr(self, "u_qkv", None) is not None:
+            n, qpu, kpu = self.local
+            rows = self.u_qkv.transpose(1, 2)  # (units, c, in)
+            w = rows[:, : (qpu + kpu) * hd]
+            rot = rotate_half_rows(w, hd).view(n, -1, rows.shape[-1])
+            self.u_qkv_graph = torch.cat([rows, rot], dim=1).transpose(1, 2).contiguous()
+
+    def qkv_graph(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor):
+        """``qkv`` in 3 kernels (one matmul, RoPE of q and k together): strided views, not copies."""
+        b, t, _ = x.shape
+        nh, nkv, hd = self.nh, self.nkv, self.hd
+        y = F.linear(x, self._qkv_graph)  # (B, T, [q k v rot(q) rot(k)])
+        qk, c = (nh + nkv) * hd, (nh + 2 * nkv) * hd
+        r = rope_graph(y[..., :qk].view(b, t, nh + nkv, hd), y[..., c:].view(b, t, nh + nkv, hd), cos, sin)
+        v = y[..., qk:c].view(b, t, nkv, hd)
+        return r[:, :, :nh].transpose(1, 2), r[:, :, nh:].transpose(1, 2), v.transpose(1, 2)
+
+    def qkv_sharded_graph(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor):
+        """``qkv_sharded`` in 3 kernels (at one head per unit the head views need no copy)."""
+        n, qpu, kpu = self.local
+        t, hd = x.shape[1], self.hd
+        y = torch.matmul(x, self.u_qkv_graph)  # (local units, T, [q k v rot(q) rot(k)])
+        qk, c = (qpu + kpu) * hd, (qpu + 2 * kpu) * hd
+        r = rope_graph(y[..., :qk].view(n, t, qpu + kpu, hd), y[..., c:].view(n, t, qpu + kpu, hd), cos, sin)
+
+        def heads(z: torch.Tensor, per: int) -> torch.Tensor:  # (n, T, per, hd) -> (1, n * per, T, hd)
+            return z.transpose(1, 2).reshape(1, n * per, t, hd)
+
+        return heads(r[:, :, :qpu], qpu), heads(r[:, :, qpu:], kpu), heads(y[..., qk:c].view(n, t, kpu, hd), kpu)
 
     # ---- tensor-parallel inference (the target): per-unit weights, see parallel.py -------------------
     def shard(self, tp: TensorParallel) -> None:
@@ -249,6 +309,9 @@ class KVCache:
         )
 
 
+PV_SPLIT = 8  # slot chunks of the static path's multi-query P @ V ("bmm" attention, T > 1)
+
+
 class StaticKVCache:
     """The KV cache of the CUDA-graph path: every shape fixed, positions given as a device tensor.
     New K/V are written at ``pos`` with ``index_copy_``; attention always reads all ``max_len`` slots
@@ -261,16 +324,45 @@ class StaticKVCache:
         self.keys = torch.arange(max_len, device=device)
         self.max_len = max_len
         self.length = 0
+        self.mask_table: torch.Tensor | None = None  # (max_len, max_len) additive, prepare_graph_ops
+        self.attention = "sdpa"  # or "bmm" (prepare_graph_ops)
 
     def crop(self, n: int) -> None:
         self.length = n
 
+    def prepare_graph_ops(self, attention: str = "sdpa") -> None:
+        """Fewer kernels per step: the additive mask of every position precomputed (one gather per
+        forward instead of a compare per forward plus SDPA's bool-to-float conversion per layer), and
+        ``attention`` "bmm" = baddbmm(mask, q, k^T) + softmax + bmm (3 kernels) instead of SDPA."""
+        if attention not in ("sdpa", "bmm"):
+            raise ValueError(f"attention must be 'sdpa' or 'bmm', not {attention!r}")
+        keys = self.keys.to(torch.float32)
+        self.mask_table = torch.zeros(self.max_len, self.max_len, device=self.k.device).masked_fill(
+            keys[None, :] > keys[:, None], float("-inf"))
+        self.attention = attention
+
     def mask(self, pos: torch.Tensor) -> torch.Tensor:
+        if self.mask_table is not None:
+            return self.mask_table.index_select(0, pos)  # (T, max_len): 0 or -inf
         return self.keys[None, :] <= pos[:, None]  # (T, max_len)
 
     def attend(self, layer: int, q, k, v, pos: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
         self.k[layer].index_copy_(2, pos, k)
         self.v[layer].index_copy_(2, pos, v)
+        if self.attention == "bmm" and q.shape[1] == k.shape[1]:
+            keys, values = self.k[layer][0], self.v[layer][0]  # (heads, max_len, hd)
+            scores = torch.baddbmm(mask, q[0], keys.transpose(1, 2), alpha=q.shape[-1] ** -0.5)
+            p = torch.softmax(scores, -1)
+            h, t, slots = p.shape
+            if t == 1 or slots % PV_SPLIT:
+                return torch.bmm(p, values)[None]
+            # T > 1: cuBLAS runs (heads, T, slots) @ (heads, slots, hd) as one small tile per head
+            # looping over all slots; PV_SPLIT * heads products over slots / PV_SPLIT, then a sum,
+            # took 2/3 of the time on an H200 (benchmarks/gpu/engine_profile.py --attention-micro).
+            chunk = slots // PV_SPLIT
+            pp = p.view(h, t, PV_SPLIT, chunk).transpose(1, 2).reshape(h * PV_SPLIT, t, chunk)
+            part = torch.bmm(pp, values.reshape(h * PV_SPLIT, chunk, values.shape[-1]))
+            return part.view(h, PV_SPLIT, t, -1).sum(1)[None]
         return F.scaled_dot_product_attention(q, self.k[layer], self.v[layer], attn_mask=mask,
                                               enable_gqa=q.shape[1] != k.shape[1])
 
@@ -346,25 +438,42 @@ class LlamaTarget(nn.Module):
         return StaticKVCache(s.num_hidden_layers, s.num_key_value_heads // self.tp.size,
                              s.max_position_embeddings, s.head_dim, device=self.lm_head.weight.device)
 
+    graph_ops = False  # forward_static in fewer kernels (prepare_graph_ops)
+
+    def prepare_graph_ops(self) -> LlamaTarget:
+        """``forward_static`` with fewer kernels per step, for the CUDA path (graphs.StaticRunner), where a
+        decode step of this tiny model is bound by the count of kernels, not by their work: fused
+        RMSNorm, RoPE from rotated projection rows, cos/sin gathered in one kernel. Same function, other
+        rounding: tokens equal ``forward``'s except on near-ties (the CPU path never sets this)."""
+        for layer in self.model.layers:
+            layer.self_attn.prepare_graph_ops()
+        self.cos_sin = torch.cat([self.cos, self.sin], dim=-1)
+        self.graph_ops = True
+        return self
+
     def forward_static(self, ids: torch.Tensor, pos: torch.Tensor, cache: StaticKVCache,
                        capture: list[int] | None = None):
         """``forward`` with no host value in it (CUDA-graph capturable): (1, T) tokens at the
         positions ``pos`` (T,). Returns logits (T, V) and the captured features or None; the caller
         moves ``cache.length``."""
-        t = ids.shape[1]
-        cos, sin = self.cos.index_select(0, pos), self.sin.index_select(0, pos)
+        t, g = ids.shape[1], self.graph_ops
+        if g:
+            cos, sin = self.cos_sin.index_select(0, pos).chunk(2, dim=-1)
+        else:
+            cos, sin = self.cos.index_select(0, pos), self.sin.index_select(0, pos)
         mask = cache.mask(pos)
         x = self.model.embed_tokens(ids)
         outs = {}
         reduce = self.tp.reduce
         for i, layer in enumerate(self.model.layers):
             attn = layer.self_attn
-            q, k, v = attn.qkv_sharded(layer.input_layernorm(x), cos, sin)
+            qkv = attn.qkv_sharded_graph if g else attn.qkv_sharded
+            q, k, v = qkv(layer.input_layernorm.static(x, g), cos, sin)
             x = x + reduce(attn.out_partials(cache.attend(i, q, k, v, pos, mask))).view(1, t, -1)
-            x = x + reduce(layer.mlp.partials(layer.post_attention_layernorm(x))).view(1, t, -1)
+            x = x + reduce(layer.mlp.partials(layer.post_attention_layernorm.static(x, g))).view(1, t, -1)
             if capture and i in capture:
                 outs[i] = x
-        logits = self.lm_head(self.model.norm(x))[0]
+        logits = self.lm_head(self.model.norm.static(x, g))[0]
         aux = torch.cat([outs[i] for i in capture], dim=-1) if capture else None
         return logits, aux
 
@@ -461,19 +570,20 @@ class Eagle3Drafter(nn.Module):
             device=self.lm_head.weight.device,
         )
 
-    def _inputs(self, tokens: torch.Tensor, hidden: torch.Tensor):
+    def _inputs(self, tokens: torch.Tensor, hidden: torch.Tensor, graph_ops: bool = False):
         """Step inputs: the fc is applied only to target features (3h wide), as in SGLang, and not
         to the drafter's own hidden state that later chain steps feed back (h wide)."""
         g = self.fc(hidden) if hidden.shape[-1] != self.shape.hidden_size else hidden
         layer = self.midlayer
-        x = torch.cat([layer.input_layernorm(self.embed_tokens(tokens)), layer.hidden_norm(g)], -1)
+        x = torch.cat([layer.input_layernorm.static(self.embed_tokens(tokens), graph_ops),
+                       layer.hidden_norm.static(g, graph_ops)], -1)
         return x, g
 
-    def _finish(self, attn_out: torch.Tensor, residual: torch.Tensor):
+    def _finish(self, attn_out: torch.Tensor, residual: torch.Tensor, graph_ops: bool = False):
         layer = self.midlayer
         residual = layer.self_attn.out(attn_out) + residual
-        residual = layer.mlp(layer.post_attention_layernorm(residual)) + residual
-        return self.lm_head(self.norm(residual)), residual
+        residual = layer.mlp(layer.post_attention_layernorm.static(residual, graph_ops)) + residual
+        return self.lm_head(self.norm.static(residual, graph_ops)), residual
 
     def forward(self, tokens: torch.Tensor, hidden: torch.Tensor, cache: KVCache):
         """Incremental step over (1, T) positions starting at cache.length. Returns draft-vocab
@@ -493,13 +603,27 @@ class Eagle3Drafter(nn.Module):
         return StaticKVCache(1, s.num_key_value_heads, s.max_position_embeddings, s.head_dim,
                              device=self.lm_head.weight.device)
 
+    graph_ops = False  # forward_static in fewer kernels (prepare_graph_ops)
+
+    def prepare_graph_ops(self) -> Eagle3Drafter:
+        """As LlamaTarget.prepare_graph_ops, for the drafter's static path."""
+        self.midlayer.self_attn.prepare_graph_ops()
+        self.cos_sin = torch.cat([self.cos, self.sin], dim=-1)
+        self.graph_ops = True
+        return self
+
     def forward_static(self, tokens: torch.Tensor, hidden: torch.Tensor, pos: torch.Tensor,
                        cache: StaticKVCache):
         """``forward`` at the positions ``pos`` (T,), capturable (see LlamaTarget.forward_static)."""
-        x, residual = self._inputs(tokens, hidden)
-        q, k, v = self.midlayer.self_attn.qkv(x, self.cos.index_select(0, pos), self.sin.index_select(0, pos))
+        g = self.graph_ops
+        x, residual = self._inputs(tokens, hidden, g)
+        attn = self.midlayer.self_attn
+        if g:
+            q, k, v = attn.qkv_graph(x, *self.cos_sin.index_select(0, pos).chunk(2, dim=-1))
+        else:
+            q, k, v = attn.qkv(x, self.cos.index_select(0, pos), self.sin.index_select(0, pos))
         a = cache.attend(0, q, k, v, pos, cache.mask(pos))
-        logits, h = self._finish(a, residual)
+        logits, h = self._finish(a, residual, g)
         return logits[0], h
 
     def to_target_ids(self, draft_ids: torch.Tensor) -> torch.Tensor:

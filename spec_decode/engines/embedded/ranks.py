@@ -4,6 +4,7 @@ the server log, and notice at once when one dies.
     group = RankGroup(spec)              # spawns spec.tp_size processes, waits until all are ready
     group.watch(on_death)                # from now on a rank's death calls on_death(err) once
     out = group.call("generate", ids, n) # every rank runs it; rank 0 answers
+    out = group.call("generate", ids, n, True, on_chunk=f)  # streamed: f(new ids) per step first
     group.close()                        # stop, join; SIGTERM/SIGKILL what does not stop
 
 A rank that exits on its own makes ``call`` raise :class:`RankDied` (never a hang); its last output
@@ -100,8 +101,9 @@ class RankGroup:
         threading.Thread(target=self._monitor, args=(on_death,), name="rank-monitor", daemon=True).start()
 
     # ---- commands ------------------------------------------------------------------------------------
-    def call(self, cmd: str, *args, ranks: str = "all"):
-        """Send ``cmd`` to every rank (or only rank 0 with ``ranks="zero"``) and return rank 0's answer."""
+    def call(self, cmd: str, *args, ranks: str = "all", on_chunk=None):
+        """Send ``cmd`` to every rank (or only rank 0 with ``ranks="zero"``) and return rank 0's answer.
+        Rank 0's ``("chunk", payload)`` messages before it (a streamed generate) go to ``on_chunk``."""
         with self.lock:
             if self.dead is not None:
                 raise self.dead
@@ -111,8 +113,12 @@ class RankGroup:
                     conn.send((cmd, *args))
             except OSError:
                 pass  # a dead rank's pipe: _receive names it
-            _, out = self._receive(0)
-            return out
+            while True:
+                tag, out = self._receive(0)
+                if tag != "chunk":
+                    return out
+                if on_chunk is not None:
+                    on_chunk(out)
 
     def _receive(self, rank: int):
         """The next message from ``rank``, or RankDied as soon as any rank has exited."""

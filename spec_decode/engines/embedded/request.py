@@ -5,7 +5,8 @@ Types follow SGLang's msgspec schema (``Optional`` = null allowed; a float field
 is not an int). Unknown ``sampling_params`` keys are refused like SGLang; unknown top-level keys are
 ignored like SGLang. On top of the schema, values the embedded engine cannot honour are refused
 rather than silently ignored: it decodes one prompt greedily (``temperature`` 0), with no stop
-strings, penalties, logit bias, constrained decoding, streaming or logprobs.
+strings, penalties, logit bias, constrained decoding or logprobs. ``stream: true`` is served
+(server.py: SSE as SGLang 0.5.23), with ``sampling_params.stream_interval``.
 """
 
 from __future__ import annotations
@@ -27,6 +28,10 @@ class RequestError(ValueError):
 class GenerateRequest:
     input_ids: list[int]
     max_new_tokens: int
+    stream: bool = False
+    # SGLang's sampling_params.stream_interval (server default 1): a chunk when at least this many
+    # tokens are unsent; the first token and the finish are always sent.
+    stream_interval: int = 1
 
 
 def _kind(v: object) -> str:
@@ -134,7 +139,7 @@ def _prompt(body: dict) -> tuple[str, list[int]]:
 
 
 # Top-level fields whose non-default values would change what the server must return.
-_UNSUPPORTED = {"stream": "streaming", "return_logprob": "logprobs", "return_hidden_states": "hidden states"}
+_UNSUPPORTED = {"return_logprob": "logprobs", "return_hidden_states": "hidden states"}
 
 
 def parse_generate(body: object, context: int, steps: int) -> GenerateRequest:
@@ -155,6 +160,9 @@ def parse_generate(body: object, context: int, steps: int) -> GenerateRequest:
             raise RequestError(f"{key} must be a boolean (got {_kind(value)})")
         if value:
             raise RequestError(f"{key}: {what} is not supported by the embedded engine")
+    stream = body.get("stream")
+    if stream is not None and not isinstance(stream, bool):
+        raise RequestError(f"stream must be a boolean (got {_kind(stream)})")
     rid = body.get("rid")
     if rid is not None and not _is_str_or_list(rid):
         raise RequestError(f"rid must be a string (got {_kind(rid)})")
@@ -175,4 +183,4 @@ def parse_generate(body: object, context: int, steps: int) -> GenerateRequest:
     if n > room:
         raise RequestError(f"{field} ({len(ids)} tokens) + sampling_params.max_new_tokens ({n}) exceeds the "
                            f"context of {context} tokens (at most {room} new tokens fit)")
-    return GenerateRequest(ids, n)
+    return GenerateRequest(ids, n, bool(stream), sp.get("stream_interval") or 1)

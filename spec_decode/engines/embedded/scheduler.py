@@ -29,7 +29,7 @@ import torch.distributed as dist
 
 from spec_decode.plugins import load_plugins
 
-from .decoding import Decoder
+from .decoding import Decoder, ForcedAcceptance
 from .graphs import StaticRunner
 from .model import load_drafter, load_target, read_config
 from .parallel import TensorParallel, shard_units
@@ -81,19 +81,40 @@ class Counters:
 
 
 class Scheduler:
-    """The decoding side of one rank: the Decoder, and on rank 0 the counters and decode log."""
+    """The decoding side of one rank: the Decoder, and on rank 0 the counters and decode log.
 
-    def __init__(self, decoder, rank: int, decode_log_interval: int):
+    A streamed request (``stream=True``): rank 0 sends ``("chunk", [new token ids])`` to the front
+    after the prefill and after every decode step / verify cycle but the finishing one, whose tokens
+    come with the final ``("ok", ...)``.
+    A send is a small pipe write that the front drains at once (never the HTTP client's pace)."""
+
+    def __init__(self, decoder, rank: int, decode_log_interval: int, conn=None):
         self.decoder = decoder
         self.rank = rank
         self.interval = max(1, decode_log_interval)
         self.counters = Counters()
         self.kv_tokens = 0
+        self.conn = conn  # rank 0's pipe to the front (stream chunks)
 
-    def generate(self, ids: list[int], n: int) -> dict:
-        gen = self.decoder.generate(ids, n, on_step=self._on_step if self.rank == 0 else None)
+    def generate(self, ids: list[int], n: int, stream: bool = False) -> dict:
+        on_tokens = self._streamer(n) if stream and self.rank == 0 and self.conn is not None else None
+        gen = self.decoder.generate(ids, n, on_step=self._on_step if self.rank == 0 else None,
+                                    on_tokens=on_tokens)
         self.kv_tokens = 0
         return {"generation": asdict(gen), "internal_state": self.counters.snapshot()}
+
+    def _streamer(self, n: int):
+        sent = 0
+
+        def on_tokens(new) -> None:
+            nonlocal sent
+            ids = new.tolist()
+            if sent + len(ids) >= n:
+                return  # the finishing step: its tokens travel in the final answer (SGLang's last event)
+            sent += len(ids)
+            self.conn.send(("chunk", ids))
+
+        return on_tokens
 
     def flush(self) -> dict:
         self.counters.reset()
@@ -216,11 +237,16 @@ def run_rank(rank: int, spec: RankSpec, cmd_conn, log_conn) -> None:
     runner = None
     if device.type == "cuda":  # static buffers; CUDA graphs captured now unless disabled
         runner = StaticRunner(target, drafter, spec.steps, use_graphs=not spec.disable_cuda_graph)
-    decoder = Decoder(target, drafter, spec.steps, runner)
+    forced = ForcedAcceptance.from_env(spec.steps, spec.random_seed or 0) if drafter is not None else None
+    if forced is not None and rank == 0:
+        log.warning("%s", forced.describe())
+    decoder = Decoder(target, drafter, spec.steps, runner, forced)
     # Warm the kernels once so the first request does not pay for lazy initialisation (through the
     # hooks, as SGLang's warmup request is: its cycles are in the profile before any request).
     decoder.generate([32] * 8, 8)
-    scheduler = Scheduler(decoder, rank, spec.decode_log_interval)
+    if forced is not None:  # the requests' draws start from the seed, whatever the warmup drew
+        forced.generator.manual_seed(spec.random_seed or 0)
+    scheduler = Scheduler(decoder, rank, spec.decode_log_interval, cmd_conn if rank == 0 else None)
     cmd_conn.send(("ready", {"rank": rank, "pid": os.getpid(), "plugins": plugins}))
     _serve_commands(scheduler, cmd_conn, rank)
 

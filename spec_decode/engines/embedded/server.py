@@ -7,8 +7,20 @@ that feeds the rank processes (``ranks.RankGroup``).
 - ``GET|POST /flush_cache``: resets the speculative counters (as SGLang's ``reset_metrics``); waits
   for a running request to finish first.
 - ``POST /generate``: ``{"text" | "input_ids", "sampling_params": {...}}`` -> ``{"text", "output_ids",
-  "meta_info"}`` with SGLang's ``spec_*`` counters when speculation is on. Bad bodies get 400 naming
-  the field (``request.py``); a known path with another method 405; an unknown path 404.
+  "meta_info"}`` with SGLang's ``spec_*`` counters (and ``spec_correct_drafts_histogram``) when
+  speculation is on. Bad bodies get 400 naming the field (``request.py``); a known path with another
+  method 405; an unknown path 404.
+- ``"stream": true``: SGLang 0.5.23's server-sent events (``http_server.py`` ``serve_generate_request``,
+  ``tokenizer_manager.py`` ``_handle_batch_output`` / ``_stream_one_response``): ``text/event-stream``
+  (chunked transfer encoding, as uvicorn sends it), one ``data: {json}\n\n`` event after the prefill
+  and after each decode step / verify cycle, then ``data: [DONE]\n\n``. Every event holds the
+  *cumulative* ``text`` and ``output_ids`` (SGLang's default, ``--incremental-streaming-output`` off) and
+  ``meta_info`` with the cumulative ``completion_tokens`` and ``finish_reason: null``; the last event
+  is the finished response (``finish_reason``, ``e2e_latency`` and the ``spec_*`` counters, as
+  non-stream). The decode loop never waits for the client: a slow reader gets the newest state, several
+  steps in one event (SGLang coalesces the same way). An error after the events began is an
+  ``data: {"error": ...}`` event before ``[DONE]`` (SGLang's shape). A client that leaves mid-stream
+  does not stop the generation (it finishes within max_new_tokens).
 - A rank that dies: the request in flight gets 503 naming the rank, and the server exits (status 1)
   within about a second, after that rank's last log lines.
 """
@@ -22,11 +34,12 @@ import sys
 import threading
 import time
 import uuid
+from collections.abc import Iterator
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from urllib.parse import parse_qs
 
 from .ranks import RankDied, RankGroup
-from .request import SAMPLING_KEYS, RequestError, parse_generate  # noqa: F401 (SAMPLING_KEYS: re-exported)
+from .request import SAMPLING_KEYS, GenerateRequest, RequestError, parse_generate  # noqa: F401 (SAMPLING_KEYS: re-exported)
 from .tokenizer import decode
 
 log = logging.getLogger("spec_decode.embedded")
@@ -58,18 +71,50 @@ class EngineState:
         self.idle = threading.Condition()
 
     # ---- /generate ------------------------------------------------------------------------------
-    def generate(self, body: object) -> dict:
-        req = parse_generate(body, self.context, self.steps)
+    def parse(self, body: object) -> GenerateRequest:
+        return parse_generate(body, self.context, self.steps)
+
+    def generate(self, req: GenerateRequest) -> dict:
         t0 = time.perf_counter()
         out = self.group.call("generate", req.input_ids, req.max_new_tokens)
         latency = time.perf_counter() - t0
         self.internal_state = out["internal_state"]
         return self._response(out["generation"], latency)
 
-    def _response(self, gen: dict, latency: float) -> dict:
+    def stream(self, req: GenerateRequest) -> Iterator[dict]:
+        """The events of a streamed request: cumulative states, the last one finished. The ranks run
+        in a thread of their own that only appends to a feed; this generator sends the newest state
+        whenever its consumer (the HTTP writer) comes back for more."""
+        rid = uuid.uuid4().hex
+        feed = _Feed()
+        t0 = time.perf_counter()
+
+        def drive() -> None:
+            try:
+                feed.finish(self.group.call("generate", req.input_ids, req.max_new_tokens, True, on_chunk=feed.add))
+            except BaseException as e:  # noqa: BLE001 - handed to the consumer, which raises it
+                feed.fail(e)
+
+        threading.Thread(target=drive, name=f"generate-{rid[:8]}", daemon=True).start()
+        sent = 0
+        while True:
+            ids, done = feed.next(sent, req.stream_interval)
+            if done:
+                break
+            sent = len(ids)
+            yield {"text": decode(ids), "output_ids": ids,
+                   "meta_info": {"id": rid, "finish_reason": None, "prompt_tokens": len(req.input_ids),
+                                 "completion_tokens": len(ids), "cached_tokens": 0}}
+        if feed.error is not None:
+            raise feed.error
+        latency = feed.done_at - t0  # when the generation ended, not when this writer got to it (SGLang's)
+        self.internal_state = feed.result["internal_state"]
+        yield self._response(feed.result["generation"], latency, rid)
+
+    def _response(self, gen: dict, latency: float, rid: str | None = None) -> dict:
         ids = gen["output_ids"]
         meta = {
-            "id": uuid.uuid4().hex,
+            "id": rid or uuid.uuid4().hex,
             "finish_reason": {"type": "length", "length": len(ids)},
             "prompt_tokens": gen["prompt_tokens"],
             "completion_tokens": len(ids),
@@ -113,6 +158,45 @@ class EngineState:
         }
 
 
+class _Feed:
+    """The token ids a streamed request has committed so far, filled by the thread that runs the
+    ranks, read by the HTTP writer at its own pace (cumulative, so skipping states loses nothing)."""
+
+    def __init__(self) -> None:
+        self.ids: list[int] = []
+        self.done = False
+        self.done_at = 0.0  # perf_counter when the ranks answered
+        self.result: dict | None = None
+        self.error: BaseException | None = None
+        self.cond = threading.Condition()
+
+    def add(self, new: list[int]) -> None:
+        with self.cond:
+            self.ids.extend(new)
+            self.cond.notify_all()
+
+    def finish(self, result: dict) -> None:
+        with self.cond:
+            self.result, self.done, self.done_at = result, True, time.perf_counter()
+            self.cond.notify_all()
+
+    def fail(self, error: BaseException) -> None:
+        with self.cond:
+            self.error, self.done = error, True
+            self.cond.notify_all()
+
+    def next(self, sent: int, interval: int) -> tuple[list[int], bool]:
+        """(a copy of the ids, finished): waits until an event is due -- the first token, at least
+        ``interval`` unsent tokens (SGLang's stream_interval rule), or the finish."""
+        with self.cond:
+            while not self.done:
+                unsent = len(self.ids) - sent
+                if unsent > 0 and (interval == 1 or unsent >= interval or sent == 0):
+                    break
+                self.cond.wait()
+            return list(self.ids), self.done
+
+
 def make_handler(state: EngineState):
     class Handler(BaseHTTPRequestHandler):
         protocol_version = "HTTP/1.1"
@@ -142,6 +226,33 @@ def make_handler(state: EngineState):
             self.end_headers()
             if self.command != "HEAD":
                 self.wfile.write(data)
+
+        def _stream(self, req: GenerateRequest) -> None:
+            """SSE over chunked transfer encoding (one HTTP chunk per event, one write each)."""
+            if state.group.dead is not None:
+                raise RankDied(str(state.group.dead))  # before the 200: answered 503 like non-stream
+            self.send_response(200)
+            self.send_header("Content-Type", "text/event-stream")
+            self.send_header("Cache-Control", "no-cache")
+            self.send_header("Transfer-Encoding", "chunked")
+            self.end_headers()
+
+            def event(data: bytes) -> None:
+                self.wfile.write(b"%x\r\n%s\r\n" % (len(data), data))
+
+            try:
+                for out in state.stream(req):
+                    event(b"data: " + json.dumps(out).encode() + b"\n\n")
+            except (BrokenPipeError, ConnectionResetError):
+                raise
+            except Exception as e:  # noqa: BLE001 - the 200 is out: the error travels as an event
+                code = 503 if isinstance(e, RankDied) else 500
+                if code == 500:
+                    log.exception("streamed request failed")
+                message = f"the server is shutting down: {e}" if code == 503 else f"{type(e).__name__}: {e}"
+                event(b"data: " + json.dumps({"error": {"message": message, "code": code}}).encode() + b"\n\n")
+            event(b"data: [DONE]\n\n")
+            self.wfile.write(b"0\r\n\r\n")
 
         def _body(self) -> object:
             if self.headers.get("Transfer-Encoding"):
@@ -195,10 +306,14 @@ def make_handler(state: EngineState):
                 elif path == "/flush_cache":
                     self._send(200, state.flush(parse_qs(query)))
                 else:
+                    req = state.parse(body)
                     with state.idle:
                         state.in_flight += 1
                     try:
-                        self._send(200, state.generate(body))
+                        if req.stream:
+                            self._stream(req)
+                        else:
+                            self._send(200, state.generate(req))
                     finally:
                         with state.idle:
                             state.in_flight -= 1
