@@ -1,10 +1,15 @@
 """Cost model: from a steps sweep, predict throughput for step counts not measured.
 
-- Acceptance: the chain model (Leviathan et al. 2023): with per-position acceptance alpha, a cycle with
-  k draft tokens commits L(k) = (1 - alpha^(k+1)) / (1 - alpha) tokens (incl. the bonus). With 3 or more
-  measured step counts a decay is fitted too (position j accepted with alpha * decay^(j-1)): a drafter
-  trained for few steps (EAGLE-3's training-time test unrolls ~3) accepts less at deeper positions, and
-  the i.i.d. model then over-predicts long chains. Least squares on the measured accept lengths.
+- Acceptance, measured: where the records carry the per-position acceptance rates (``accept_rate_pos<i>``,
+  spec_decode.acceptance: rate_i = P(accepted >= i | accepted >= i-1)), the rates measured at the largest
+  step count of the sweep predict L(k) = 1 + sum_{i<=k} prod_{j<=i} rate_j; beyond the measured
+  positions the fitted rates below continue the chain (each prediction says which: ``accept_len_from``).
+- Acceptance, fitted (no measured rates, and beyond them): the chain model (Leviathan et al. 2023): with
+  per-position acceptance alpha, a cycle with k draft tokens commits L(k) = (1 - alpha^(k+1)) / (1 - alpha)
+  tokens (incl. the bonus). With 3 or more measured step counts a decay is fitted too (position j accepted
+  with alpha * decay^(j-1)): a drafter trained for few steps (EAGLE-3's training-time test unrolls ~3)
+  accepts less at deeper positions, and the i.i.d. model then over-predicts long chains. Least squares on
+  the measured accept lengths.
 - Time per cycle: each phase is fitted as fixed + per-token part over the measured points --
   verify(k) = a + b (k+1) (the source found verify barely changes from 6 to 3 draft tokens, i.e. b is
   small), draft(k) = c + d k, re-extend(k) = e + f k; other = its mean.
@@ -25,6 +30,9 @@ import numpy as np
 from scipy import optimize
 from scipy import stats as st
 
+from .acceptance import rates_from_metrics
+from .results import performance_only
+
 if TYPE_CHECKING:
     from .results import JobRecord
 
@@ -38,6 +46,7 @@ class Point:
     extend_ms: float
     other_ms: float
     throughput_tok_s: float | None = None
+    accept_rates: list[float] | None = None  # measured rate at draft positions 1..steps, if known
 
 
 @dataclass
@@ -54,6 +63,8 @@ class Fit:
     predictions: list[dict] = field(default_factory=list)
     best_steps: int | None = None
     best_tok_s: tuple[float, float, float] | None = None  # predicted, lo, hi
+    accept_rates: list[float] | None = None  # the measured per-position rates the model uses
+    rates_steps: int | None = None  # the step count they were measured at
 
     def as_dict(self) -> dict:
         return asdict(self)
@@ -103,8 +114,38 @@ def cycle_ms(fit: Fit, k: int) -> float:
             + fit.extend[0] + fit.extend[1] * k + fit.other_ms)
 
 
+def fitted_rate(fit: Fit, position: int) -> float:
+    """The fitted acceptance at draft position ``position`` (1-based): alpha * decay^(position-1)."""
+    return fit.alpha * fit.decay ** (position - 1)
+
+
+def predicted_accept_len(fit: Fit, k: int) -> tuple[float, str]:
+    """(L(k), where it came from): the measured per-position rates where the fit has them (the fitted
+    rates continue beyond the last measured position), else the fitted chain."""
+    if not fit.accept_rates:
+        return chain_accept_len(fit.alpha, k, fit.decay), "fit"
+    m = len(fit.accept_rates)
+    total, p = 1.0, 1.0
+    for j in range(1, k + 1):
+        p *= fit.accept_rates[j - 1] if j <= m else fitted_rate(fit, j)
+        total += p
+    if k <= m:
+        return total, f"measured rates (steps={fit.rates_steps})"
+    return total, f"measured rates 1..{m} (steps={fit.rates_steps}) + fit beyond"
+
+
 def raw_tok_s(fit: Fit, k: int) -> float:
-    return chain_accept_len(fit.alpha, k, fit.decay) / (cycle_ms(fit, k) / 1e3)
+    return predicted_accept_len(fit, k)[0] / (cycle_ms(fit, k) / 1e3)
+
+
+def measured_rates(points: list[Point]) -> tuple[list[float] | None, int | None]:
+    """The per-position rates measured at the largest step count that has them (only the deepest chain
+    measures the deep positions; its shallow ones are the same drafter's); (None, None) without any."""
+    have = [p for p in points if p.accept_rates]
+    if not have:
+        return None, None
+    p = max(have, key=lambda p: p.steps)
+    return list(p.accept_rates), p.steps
 
 
 def fit(points: list[Point], max_steps: int = 8) -> Fit:
@@ -120,6 +161,7 @@ def fit(points: list[Point], max_steps: int = 8) -> Fit:
         other_ms=statistics.fmean(p.other_ms for p in points),
         scale=1.0, rel_sd=0.0, n=len(points),
     )
+    f.accept_rates, f.rates_steps = measured_rates(points)
     measured = [(p, p.throughput_tok_s) for p in points if p.throughput_tok_s]
     if measured:
         f.scale = statistics.median(m / raw_tok_s(f, p.steps) for p, m in measured)
@@ -130,8 +172,9 @@ def fit(points: list[Point], max_steps: int = 8) -> Fit:
     for k in range(1, max(max_steps, max(ks)) + 1):
         pred = f.scale * raw_tok_s(f, k)
         half = t * f.rel_sd * pred
+        accept_len, source = predicted_accept_len(f, k)
         row = {"steps": k, "predicted_tok_s": pred, "lo": pred - half, "hi": pred + half,
-               "predicted_accept_len": chain_accept_len(f.alpha, k, f.decay),
+               "predicted_accept_len": accept_len, "accept_len_from": source,
                "predicted_cycle_ms": cycle_ms(f, k),
                "measured_tok_s": by_k[k].throughput_tok_s if k in by_k else None}
         f.predictions.append(row)
@@ -146,12 +189,13 @@ POINT_METRICS = {"accept_len", "cycle_ms", "draft_ms", "verify_ms", "extend_ms",
 
 def points_from_records(recs: list[JobRecord], nccl: str | None = None) -> list[Point]:
     """One point per step count from finished speculative records with a phase profile (averaged when
-    a step count appears more than once, e.g. under two NCCL profiles unless ``nccl`` selects one)."""
+    a step count appears more than once, e.g. under two NCCL profiles unless ``nccl`` selects one);
+    performance-only records (forced acceptance) are left out."""
     groups: dict[int, list[dict]] = {}
     for r in recs:
         m = r.metrics
-        if r.status != "FINISHED" or not r.speculative or not POINT_METRICS <= m.keys():
-            continue
+        if r.status != "FINISHED" or not r.speculative or not POINT_METRICS <= m.keys() or performance_only(r):
+            continue  # forced acceptance (performance-only) is not the drafter's acceptance
         if nccl is not None and r.choice("nccl") != nccl:
             continue
         groups.setdefault(r.steps, []).append(m)
@@ -160,23 +204,39 @@ def points_from_records(recs: list[JobRecord], nccl: str | None = None) -> list[
         def avg(key: str, ms: list[dict] = ms) -> float:
             return statistics.fmean(m[key] for m in ms)
 
+        # the measured per-position rates, averaged over the jobs that measured every position
+        rates = [rates_from_metrics(m) for m in ms]
+        full = [r for r in rates if len(r) >= k]
+        mean_rates = [statistics.fmean(r[i] for r in full) for i in range(k)] if full else None
         out.append(Point(k, avg("accept_len"), avg("draft_ms"), avg("verify_ms"), avg("extend_ms"),
-                         avg("other_ms"), avg("throughput_tok_s")))
+                         avg("other_ms"), avg("throughput_tok_s"), mean_rates))
     return out
 
 
+def rates_vs_fit(f: Fit) -> list[dict]:
+    """Per draft position: the measured rate the model uses vs the fitted alpha * decay^(i-1)."""
+    return [{"position": i, "measured": r, "fitted": fitted_rate(f, i), "diff": fitted_rate(f, i) - r}
+            for i, r in enumerate(f.accept_rates or [], start=1)]
+
+
 def describe(f: Fit) -> str:
+    acc = f"fitted acceptance {f.alpha:.3f} x {f.decay:.3f}^(position-1)"
+    if f.accept_rates:
+        acc = (f"acceptance: per-position rates measured at steps={f.rates_steps} "
+               f"({' '.join(f'{r:.3f}' for r in f.accept_rates)}), beyond them the {acc}")
     lines = [
-        f"cost model (n={f.n} step counts): acceptance {f.alpha:.3f} x {f.decay:.3f}^(position-1); verify = "
+        f"cost model (n={f.n} step counts): {acc}; verify = "
         f"{f.verify[0]:.2f} + {f.verify[1]:.3f} x tokens ms; draft = {f.draft[0]:.2f} + {f.draft[1]:.3f} x k ms; "
         f"re-extend = {f.extend[0]:.2f} + {f.extend[1]:.3f} x k ms; other {f.other_ms:.2f} ms; "
         f"scale {f.scale:.3f}; residual sd {100 * f.rel_sd:.1f}%",
-        "steps  predicted tok/s [95% interval]   measured   accept len (pred)  cycle ms (pred)",
+        "steps  predicted tok/s [95% interval]   measured   accept len (pred)  cycle ms (pred)"
+        + ("  accept len from" if f.accept_rates else ""),
     ]
     for r in f.predictions:
         meas = f"{r['measured_tok_s']:.1f}" if r["measured_tok_s"] else "-"
         lines.append(f"{r['steps']:>5}  {r['predicted_tok_s']:8.1f} [{r['lo']:.1f}, {r['hi']:.1f}]"
-                     f"   {meas:>8}   {r['predicted_accept_len']:8.2f}          {r['predicted_cycle_ms']:7.2f}")
+                     f"   {meas:>8}   {r['predicted_accept_len']:8.2f}          {r['predicted_cycle_ms']:7.2f}"
+                     + (f"  {r['accept_len_from']}" if f.accept_rates else ""))
     lo, hi = f.best_tok_s[1], f.best_tok_s[2]
     lines.append(f"predicted best: steps={f.best_steps} at {f.best_tok_s[0]:.1f} tok/s [{lo:.1f}, {hi:.1f}]")
     if not math.isfinite(f.rel_sd) or f.n < 3:

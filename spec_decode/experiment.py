@@ -26,19 +26,26 @@ from pathlib import Path
 
 from tabulate import tabulate
 
+from .acceptance import rates_from_metrics
 from .checks import Check
 from .report import sweep_summary, write_plots
-from .results import EngineInfo, JobRecord, collect
+from .results import EngineInfo, JobRecord, collect, section
 from .stats import ratio_from_summary
 
 ROOT = Path(__file__).resolve().parents[1]
 BEGIN, END = "<!-- table:begin (python -m spec_decode.experiment report) -->", "<!-- table:end -->"
 FACTS_BEGIN, FACTS_END = "<!-- facts:begin (python -m spec_decode.experiment report) -->", "<!-- facts:end -->"
-SUMMARY = ("mean", "std", "n", "ci95_lo", "ci95_hi", "cv")
+SUMMARY = ("mean", "std", "n", "ci95_lo", "ci95_hi", "cv", "robust_cv")
 METRICS = ("accept_len", "accept_rate_draft", "speedup_vs_baseline", "speedup_vs_baseline_ci95_lo",
            "speedup_vs_baseline_ci95_hi", "speedup_ci95_halfwidth_pct", "non_cycle_pct", "cycle_ms", "draft_ms", "verify_ms", "extend_ms", "other_ms",
            "draft_pct", "verify_pct", "extend_pct", "other_pct", "baseline_throughput_tok_s")
 AXES = ("hardware", "model", "engine", "nccl", "drafter")
+# Issue 21's flat metrics, kept by name pattern (their count depends on the steps and the categories):
+# acceptance per draft position and per request, token latency percentiles, the lossless match rate,
+# per-category acceptance and tok/s.
+ISSUE21_METRICS = re.compile(r"^(accept_rate_pos\d+|accept_len_request_(weighted|mean)|(ttft|itl|tpot|e2e)_ms_p\d+"
+                             r"|lossless_match_rate|category_.+_(accept_len|throughput_tok_s))$")
+SECTIONS = ("latency", "categories", "lossless")  # issue 21's record sections kept whole (small dicts)
 
 
 def exp_dir(name: str, root: Path) -> Path:
@@ -85,6 +92,18 @@ def to_metrics(recs: list[JobRecord]) -> dict:
             if k in t:
                 entry["throughput_tok_s" if k == "mean" else f"throughput_tok_s_{k}"] = round(t[k], 4)
         entry.update({k: round(m[k], 4) for k in METRICS if k in m})
+        # 6 places: the cost model multiplies the per-position rates, a report rebuilt from this file
+        # must print the same predictions as one from the records
+        entry.update({k: round(v, 6) for k, v in m.items() if ISSUE21_METRICS.match(k)})
+        if r.acceptance and r.acceptance.get("histogram"):
+            entry["acceptance"] = {k: r.acceptance.get(k) for k in ("histogram", "source")}
+        simulated = (r.config.get("spec") or {}).get("simulate_accept_len")
+        if simulated is not None:  # forced acceptance: the record is performance-only
+            entry["axes"]["spec.simulate_accept_len"] = simulated
+        for name in SECTIONS:
+            value = section(r, name)
+            if value:
+                entry[name] = value
         if r.speedup_vs_baseline:
             entry["speedup_method"] = r.speedup_vs_baseline.get("method", "welch")
         entry["checks"] = {c.name: c.ok for c in r.checks}
@@ -107,8 +126,14 @@ def records_from_metrics(metrics: dict) -> list[JobRecord]:
         axes = e.get("axes") or _axes_from_key(key)
         role = e.get("role") or ("baseline" if key.startswith("baseline") else "spec")
         config = {g: {"name": axes.get(g)} for g in AXES}
-        config["spec"] = {"steps": axes.get("spec.steps")}
+        config["spec"] = {"steps": axes.get("spec.steps"), "simulate_accept_len": axes.get("spec.simulate_accept_len")}
         m = {k: e[k] for k in ("throughput_tok_s", *METRICS) if isinstance(e.get(k), (int, float))}
+        m.update({k: v for k, v in e.items() if ISSUE21_METRICS.match(k) and isinstance(v, (int, float))})
+        acc = None
+        if e.get("acceptance"):
+            acc = {**e["acceptance"], "per_position": rates_from_metrics(m) or None,
+                   "accept_len_weighted": m.get("accept_len_request_weighted"),
+                   "accept_len_unweighted": m.get("accept_len_request_mean")}
         for p in ("draft", "verify", "extend", "other"):  # schema 1 kept the ms, not the shares
             if f"{p}_pct" not in m and f"{p}_ms" in m and m.get("cycle_ms"):
                 m[f"{p}_pct"] = 100 * m[f"{p}_ms"] / m["cycle_ms"]
@@ -122,7 +147,8 @@ def records_from_metrics(metrics: dict) -> list[JobRecord]:
             speculative=role == "spec", status=e.get("status", "?"), error=e.get("error"), metrics=m,
             throughput_tok_s=summary or None, started_at=float(n), out_dir=e.get("out_dir", ""),
             checks=[Check(c, ok, None, "", "") for c, ok in (e.get("checks") or {}).items()],
-            speedup_vs_baseline={"method": e["speedup_method"]} if "speedup_method" in e else None))
+            speedup_vs_baseline={"method": e["speedup_method"]} if "speedup_method" in e else None,
+            acceptance=acc, extra={k: e[k] for k in SECTIONS if e.get(k)}))
     return out
 
 

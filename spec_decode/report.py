@@ -5,10 +5,17 @@ reported experiment's committed metrics.json via ``experiment.records_from_metri
     python -m spec_decode.report experiments/embedded_steps_nccl          # an experiment dir
     python -m spec_decode.report --mlflow-run <parent run id>             # a sweep logged to MLflow
 
+Tables: one row per job (lossless verdict where the job checked it; performance-only jobs -- forced
+acceptance -- labelled), then where the records carry them: acceptance per draft position with the
+histogram of accepted drafts per verify and the per-request accept length (weighted by verifies and
+unweighted); latency percentiles (TTFT / ITL / TPOT / E2E, P50 / P90 / P99); acceptance and tok/s per
+prompt category; the cost model per NCCL profile; the step recommendation with every cell's verdict.
+
 Plots: throughput vs steps per NCCL profile (95% CI bars, baseline lines, the cost model's curve in
 the series' colour up to one step beyond the measured ones); speedup vs steps with CI bars (paired or
-Welch, as measured); stacked phase bars per job, labelled by steps and profile; accept length vs steps.
-Legends sit right of the axes.
+Welch, as measured); stacked phase bars per job, labelled by steps and profile; accept length vs steps;
+accepted drafts per verify (histogram, share of verifies, per job); acceptance rate by draft position
+(measured, per job, with the cost model's fitted decay). Legends sit right of the axes.
 """
 
 from __future__ import annotations
@@ -19,8 +26,10 @@ from pathlib import Path
 
 from tabulate import tabulate
 
+from . import recommend
+from .charts import acceptance_figures, legend_outside, save
 from .costmodel import describe, fit, points_from_records
-from .results import JobRecord, collect
+from .results import JobRecord, collect, performance_only, section
 
 COLUMNS = ("job", "status", "tok/s", "95% CI", "CV%", "speedup", "speedup 95% CI", "accept len",
            "cycle ms", "draft%", "verify%", "extend%", "other%", "checks")
@@ -30,11 +39,28 @@ def _fmt(v, spec: str = ".1f") -> str:
     return "-" if v is None else format(v, spec)
 
 
+LATENCY = (("ttft", "TTFT"), ("itl", "ITL"), ("tpot", "TPOT"), ("e2e", "E2E"))
+
+
+def job_label(rec: JobRecord) -> str:
+    return rec.label + (" [performance-only]" if rec.speculative and performance_only(rec) else "")
+
+
+def lossless_cell(rec: JobRecord) -> str:
+    ll = section(rec, "lossless")
+    if not ll:
+        return "-"
+    verdict = ll.get("verdict", "?")
+    if ll.get("match_rate") is not None and verdict != "skipped":
+        return f"{verdict} ({100 * ll['match_rate']:.0f}% match)"
+    return verdict
+
+
 def row(rec: JobRecord) -> dict:
     m = rec.metrics
     failed = rec.failed_checks
     return {
-        "job": rec.label,
+        "job": job_label(rec),
         "status": rec.status,
         "tok/s": _fmt(m.get("throughput_tok_s")),
         "95% CI": (f"[{m['throughput_tok_s_ci95_lo']:.1f}, {m['throughput_tok_s_ci95_hi']:.1f}]"
@@ -50,14 +76,69 @@ def row(rec: JobRecord) -> dict:
         "extend%": _fmt(m.get("extend_pct"), ".0f"),
         "other%": _fmt(m.get("other_pct"), ".0f"),
         "checks": "-" if not rec.checks else ("ok" if not failed else "FAILED: " + ",".join(failed)),
+        "lossless": lossless_cell(rec),
     }
+
+
+def acceptance_table(recs: list[JobRecord]) -> str | None:
+    """Per job: the acceptance rate at each draft position, the histogram of accepted drafts per verify
+    (its source), the accept length per request weighted by verifies and unweighted."""
+    spec = [r for r in recs if r.speculative and r.acceptance and r.acceptance.get("histogram")]
+    if not spec:
+        return None
+    depth = max(len(r.acceptance["histogram"]) - 1 for r in spec)
+    headers = ["job", *(f"pos{i}" for i in range(1, depth + 1)), "histogram (verifies by accepted drafts 0..k)",
+               "source", "accept len (verify-weighted)", "accept len (request mean)"]
+    rows = []
+    for r in spec:
+        a = r.acceptance
+        rates = list(a.get("per_position") or [])
+        rows.append([job_label(r), *(_fmt(x, ".3f") for x in rates + [None] * (depth - len(rates))),
+                     " ".join(str(n) for n in a["histogram"]), a.get("source") or "-",
+                     _fmt(a.get("accept_len_weighted"), ".3f"), _fmt(a.get("accept_len_unweighted"), ".3f")])
+    return ("acceptance rate by draft position: P(accepted >= i | accepted >= i-1)\n"
+            + tabulate(rows, headers=headers, tablefmt="simple", disable_numparse=True))
+
+
+def latency_table(recs: list[JobRecord]) -> str | None:
+    """TTFT / ITL / TPOT / E2E percentiles (ms) of each job that streamed its requests."""
+    have = [r for r in recs if section(r, "latency")]
+    if not have:
+        return None
+    rows = []
+    for r in have:
+        lat = section(r, "latency")
+        cells = []
+        for key, _ in LATENCY:
+            p = lat.get(f"{key}_ms") or {}
+            cells.append(" / ".join(_fmt(p.get(q), ".2f") for q in ("p50", "p90", "p99")) if p else "-")
+        n = (lat.get("itl_ms") or {}).get("n")
+        rows.append([job_label(r), *cells, n if n is not None else "-"])
+    headers = ["job", *(f"{name} ms p50 / p90 / p99" for _, name in LATENCY), "tokens (ITL n)"]
+    return ("token latency (streamed requests; a chunk of n tokens spreads its gap over its n tokens)\n"
+            + tabulate(rows, headers=headers, tablefmt="simple", disable_numparse=True))
+
+
+def category_table(recs: list[JobRecord]) -> str | None:
+    """Accept length and tok/s per prompt category, per job."""
+    rows = []
+    for r in recs:
+        for name, c in sorted((section(r, "categories") or {}).items()):
+            rows.append([job_label(r), name, c.get("n", "-"), _fmt(c.get("accept_len"), ".2f"),
+                         _fmt(c.get("throughput_tok_s"))])
+    if not rows:
+        return None
+    return ("per prompt category\n" + tabulate(rows, headers=["job", "category", "requests", "accept len", "tok/s"],
+                                                tablefmt="simple", disable_numparse=True))
 
 
 def sweep_summary(recs: list[JobRecord]) -> tuple[str, dict[str, list]]:
     """A text table (console) and the same as columns (MLflow log_table). Jobs that did not finish
     are counted by status, each with its reason."""
     rows = [row(r) for r in recs]
-    lines = [tabulate([[r[c] for c in COLUMNS] for r in rows], headers=COLUMNS, tablefmt="simple",
+    # the lossless column only where a job checked it (older records and sweeps without a baseline arm)
+    columns = COLUMNS + (("lossless",) if any(r["lossless"] != "-" for r in rows) else ())
+    lines = [tabulate([[r[c] for c in columns] for r in rows], headers=columns, tablefmt="simple",
                       disable_numparse=True)] if rows else []
     counts: dict[str, int] = {}
     for r in recs:
@@ -66,9 +147,15 @@ def sweep_summary(recs: list[JobRecord]) -> tuple[str, dict[str, list]]:
     for r in recs:
         if r.status != "FINISHED":
             lines.append(f"  {r.status} {r.label}: {(r.error or 'no error recorded').splitlines()[-1].strip(' -')}")
-    table = {c: [r[c] for r in rows] for c in COLUMNS}
+    table = {c: [r[c] for r in rows] for c in columns}
+    for part in (acceptance_table(recs), latency_table(recs), category_table(recs)):
+        if part:
+            lines += ["", part]
     for prof, f in cost_models(recs).items():
         lines += ["", f"[nccl={prof}] " + describe(f)]
+    rec = recommend.recommend(recs)
+    if rec is not None:
+        lines += ["", recommend.describe(rec)]
     return "\n".join(lines), table
 
 
@@ -83,10 +170,10 @@ def cost_models(recs: list[JobRecord]) -> dict:
 
 
 def write_plots(recs: list[JobRecord], out_dir: Path) -> list[Path]:
-    """throughput_vs_steps.png, speedup_vs_steps.png, phases.png, accept_len_vs_steps.png (those that
-    have data)."""
+    """throughput_vs_steps.png, speedup_vs_steps.png, phases.png, accept_len_vs_steps.png,
+    acceptance_histogram.png, accept_rate_by_position.png (those that have data)."""
     out_dir.mkdir(parents=True, exist_ok=True)
-    return [_save(fig, out_dir / name) for name, fig in figures(recs).items()]
+    return [save(fig, out_dir / name) for name, fig in figures(recs).items()]
 
 
 def figures(recs: list[JobRecord]) -> dict:
@@ -128,7 +215,7 @@ def figures(recs: list[JobRecord]) -> dict:
         ax.set_ylabel("throughput (tok/s), mean with 95% CI")
         ax.set_title(f"Throughput vs steps ({spec[0].engine.name} engine, {spec[0].choice('hardware')})")
         ax.grid(alpha=0.3)
-        _legend_outside(ax)
+        legend_outside(ax)
         out["throughput_vs_steps.png"] = fig
 
         withs = [r for r in spec if "speedup_vs_baseline" in r.metrics]
@@ -152,7 +239,7 @@ def figures(recs: list[JobRecord]) -> dict:
             ax.set_ylabel("speedup vs baseline (x), 95% CI")
             ax.set_title("Speedup vs steps")
             ax.grid(alpha=0.3)
-            _legend_outside(ax)
+            legend_outside(ax)
             out["speedup_vs_steps.png"] = fig
 
         fig, ax = plt.subplots(figsize=(8.5, 4.5))
@@ -171,7 +258,7 @@ def figures(recs: list[JobRecord]) -> dict:
         ax.set_ylabel("accept length (tokens per verify, incl. bonus)")
         ax.set_title("Acceptance vs steps")
         ax.grid(alpha=0.3)
-        _legend_outside(ax)
+        legend_outside(ax)
         out["accept_len_vs_steps.png"] = fig
 
         prof = sorted((r for r in spec if "cycle_ms" in r.metrics), key=lambda r: (r.steps, r.choice("nccl") or ""))
@@ -187,17 +274,10 @@ def figures(recs: list[JobRecord]) -> dict:
             ax.set_xticks(range(len(prof)), labels, fontsize=8)
             ax.set_ylabel("ms per speculative cycle")
             ax.set_title("Where each cycle's time goes")
-            _legend_outside(ax)
+            legend_outside(ax)
             out["phases.png"] = fig
+    out.update(acceptance_figures(spec, cost_models(spec) if spec else {}))
     return out
-
-
-def _legend_outside(ax) -> None:
-    """The legend right of the axes, never over the data; measured series first, then baselines, models."""
-    handles, labels = ax.get_legend_handles_labels()
-    order = sorted(range(len(labels)), key=lambda i: (not labels[i].startswith(("EAGLE", "nccl=")), labels[i]))
-    ax.legend([handles[i] for i in order], [labels[i] for i in order], fontsize=8, loc="upper left",
-              bbox_to_anchor=(1.01, 1.0), borderaxespad=0.0)
 
 
 def _bar_label(rec: JobRecord, group: list[JobRecord]) -> str:
@@ -216,15 +296,6 @@ def _short(label: str, n: int = 32) -> str:
                                                               "benchmark.runs", "benchmark.warmup"))]
     text = ",".join(parts) or label
     return text if len(text) <= n else text[: n - 1] + "~"
-
-
-def _save(fig, path: Path) -> Path:
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    import matplotlib.pyplot as plt
-
-    plt.close(fig)
-    return path
 
 
 def from_mlflow(run_id: str, uri: str, dest: Path) -> Path:

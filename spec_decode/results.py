@@ -20,7 +20,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol
 
-from . import drift, latency, lossless, provenance, request_pass, stats
+from . import acceptance, drift, latency, lossless, provenance, request_pass, stats
 from .checks import Check, cost_model_metrics, run_checks
 from .client import RunRecord
 from .config import ExperimentConfig, config_hash, resolved_dict
@@ -229,7 +229,7 @@ def finish(rec: JobRecord, cfg: ExperimentConfig, status: str, error: str | None
         s = stats.summarize([r.throughput_tok_s for r in runs])
         rec.throughput_tok_s = s.as_dict()
         metrics["throughput_tok_s"] = s.mean
-        for k in ("median", "std", "cv", "ci95_lo", "ci95_hi"):
+        for k in ("median", "std", "cv", "robust_cv", "ci95_lo", "ci95_hi"):
             metrics[f"throughput_tok_s_{k}"] = getattr(s, k)
         metrics["mde_pct"] = 100 * stats.min_detectable_effect(s.cv, s.n)
         if s.cv > stats.CV_WARN:
@@ -251,14 +251,16 @@ def finish(rec: JobRecord, cfg: ExperimentConfig, status: str, error: str | None
         acc = stats.acceptance(sum(r.completion_tokens for r in runs), total("spec_verify_ct") or 0,
                                total("spec_num_correct_drafts"), total("spec_num_proposed_drafts"),
                                cfg.spec.num_draft_tokens or 0)
-        rec.acceptance = {**acc, "source": "meta_info counters (run-scoped)",
+        rec.acceptance = {**acc, "accept_len_source": "meta_info counters (run-scoped)",
                           "per_run_accept_len": [r.completion_tokens / r.spec_verify_ct
                                                  for r in runs if r.spec_verify_ct]}
         metrics.update({k: v for k, v in acc.items() if v is not None})
     # Phase profile inside the timed windows: the logging rank's, the others compared with it.
+    run_cycles: list[list[dict]] | None = None
     if cfg.speculative:
         windows = [(r.start_wall, r.end_wall) for r in runs]
         summary, per_run = profile.summarize_run_windows(out_dir / "profile.jsonl", windows)
+        run_cycles = per_run
         if summary is None:
             why = "profiling off (benchmark.profile=false)" if not cfg.benchmark.profile else \
                 "no profile lines from rank 0 in the timed runs (plugin not loaded?)"
@@ -298,6 +300,16 @@ def finish(rec: JobRecord, cfg: ExperimentConfig, status: str, error: str | None
             for k in ("cycle_ms", "draft_ms", "verify_ms", "extend_ms", "other_ms",
                       "draft_pct", "verify_pct", "extend_pct", "other_pct"):
                 metrics[k] = summary[k]
+    # Per-request and per-position acceptance: from the profile's cycles where it has them, else from
+    # the requests' meta_info histograms (spec_decode.acceptance).
+    if cfg.speculative and runs:
+        per_request = acceptance.summarize(cfg.spec.steps, runs, run_cycles, getattr(rec, "requests", None) or None)
+        if per_request is not None:
+            rec.acceptance = {**(rec.acceptance or {}), **per_request}
+            metrics.update(acceptance.metrics_of(per_request))
+            if per_request.get("profile_matches_meta_info") is False:
+                rec.warnings.append("acceptance histogram: the profile's cycles and the runs' meta_info "
+                                    "spec_correct_drafts_histogram disagree (the profile's is used)")
     # Decode-log summary inside the timed windows.
     lines: list[str] = []
     if log_path.exists():
@@ -442,6 +454,13 @@ def collect(directory: Path) -> list[JobRecord]:
     return sorted(found.values(), key=lambda r: r.started_at)
 
 
+def section(rec: JobRecord, name: str):
+    """A record's issue-21 section (``latency``, ``categories``, ``lossless``, ``requests``) whether the
+    record type declares it or it was read into ``extra`` (a record of another schema); None when
+    absent or empty."""
+    return getattr(rec, name, None) or rec.extra.get(name) or None
+
+
 PERFORMANCE_ONLY = "performance-only: forced acceptance, outputs are not lossless"
 
 
@@ -469,6 +488,12 @@ def job_summary(rec: JobRecord) -> str:
         )
     if "accept_len" in m:
         lines.append(f"  accept len {m['accept_len']:.2f}  draft accept rate {m.get('accept_rate_draft', float('nan')):.2f}")
+    acc = rec.acceptance or {}
+    if acc.get("per_position"):
+        lines.append("  acceptance by draft position " + " ".join("-" if r is None else f"{r:.2f}" for r in acc["per_position"])
+                     + f" ({acc.get('source')})" + ("" if acc.get("accept_len_weighted") is None else
+                     f"; accept len per request: {acc['accept_len_weighted']:.2f} weighted by verifies, "
+                     f"{acc['accept_len_unweighted']:.2f} unweighted"))
     if "cycle_ms" in m:
         lines.append(
             f"  cycle {m['cycle_ms']:.2f} ms = draft {m['draft_ms']:.2f} ({m['draft_pct']:.0f}%) + verify "

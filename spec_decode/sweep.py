@@ -2,8 +2,9 @@
 
 ``on_multirun_start`` opens the parent run and hands its id to each job (environment, so it also
 reaches submitit/joblib workers); at the end (also on failure or Ctrl-C, via atexit) the summary table
-and plots are rendered from the jobs' results.json files -- preflight-refused jobs included -- and the
-parent closes FINISHED, FAILED (any job not FINISHED, or no job at all) or KILLED.
+and plots are rendered from the jobs' results.json files -- preflight-refused jobs included --, the
+step recommendation (spec_decode.recommend) goes on the parent as the tag ``recommendation`` and the
+artifact ``recommendation.json``, and the parent closes FINISHED, FAILED (any job not FINISHED, or no job at all) or KILLED.
 """
 
 from __future__ import annotations
@@ -15,7 +16,7 @@ from pathlib import Path
 
 from hydra.experimental.callback import Callback
 
-from . import results
+from . import recommend, results
 from .report import sweep_summary, write_plots
 from .tracking import PARENT_ENV, Tracker, experiment_tags
 
@@ -112,6 +113,10 @@ class SweepCallback(Callback):
                     c.set_experiment_tag(self._tracker.experiment_id(), key, value)
                 for png in write_plots(recs, Path(self.sweep_dir)):
                     c.log_artifact(self.parent_run_id, str(png), artifact_path="plots")
+                choice = recommend.recommend(recs)
+                if choice is not None:  # the step recommendation: a tag to filter by, the verdicts in full
+                    c.set_tag(self.parent_run_id, "recommendation", recommend.tag(choice))
+                    c.log_dict(self.parent_run_id, choice.as_dict(), "recommendation.json")
             except Exception as e:  # noqa: BLE001 - the summary is a view; the status must still land
                 print(f"warning: sweep summary not logged to MLflow: {type(e).__name__}: {e}", file=sys.stderr)
             finally:

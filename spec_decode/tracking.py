@@ -20,6 +20,7 @@ import math
 import os
 import re
 import sys
+import tempfile
 import time
 import warnings
 from pathlib import Path
@@ -27,7 +28,7 @@ from typing import Any
 
 from filelock import FileLock
 
-from . import drift, results
+from . import charts, drift, results
 from .config import flatten
 from .results import JobContext, JobRecord
 
@@ -332,6 +333,18 @@ def log_record(client, run_id: str, rec: JobRecord, out_dir: Path) -> None:
     lock = Path(rec.provenance.get("root", ".")) / "dvc.lock"
     if lock.exists():
         client.log_artifact(run_id, str(lock), artifact_path="dvc")
+    log_acceptance_plots(client, run_id, rec)
+
+
+def log_acceptance_plots(client, run_id: str, rec: JobRecord) -> None:
+    """The job's acceptance histogram and rate-by-position charts under plots/ (drawn in a temp dir:
+    the job dir holds only what the job wrote)."""
+    figs = charts.acceptance_figures([rec])
+    if not figs:
+        return
+    with tempfile.TemporaryDirectory(prefix="spec_decode_plots_") as tmp:
+        for name, fig in figs.items():
+            client.log_artifact(run_id, str(charts.save(fig, Path(tmp) / name)), artifact_path="plots")
 
 
 # ---- sync: upload results.json files logged nowhere ------------------------------------------------------

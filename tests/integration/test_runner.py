@@ -100,7 +100,8 @@ def test_sweep_steps_by_nccl_gives_parent_children_and_baseline_arm(tmp_path, tm
     assert list(cwd.iterdir()) == []
     named = Path(rep.stderr.split("downloaded the sweep's results.json files to ", 1)[1].split()[0])
     assert {p.name for p in named.glob("*.png")} == {"throughput_vs_steps.png", "phases.png",
-                                                     "accept_len_vs_steps.png", "speedup_vs_steps.png"}
+                                                     "accept_len_vs_steps.png", "speedup_vs_steps.png",
+                                                     "acceptance_histogram.png", "accept_rate_by_position.png"}
 
 
 def test_single_run_logs_a_standalone_run_with_real_metrics(tmp_path, tmp_store):

@@ -1,0 +1,91 @@
+"""Charts of a job's acceptance (issue 21), shared by the report (all jobs of a sweep) and the MLflow
+child run (its own job): the histogram of accepted drafts per verify and the acceptance rate by draft
+position. Read-only views of ``JobRecord.acceptance``; matplotlib (Agg) figures by file name.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from .costmodel import fitted_rate
+from .results import JobRecord, performance_only
+
+
+def acceptance_figures(recs: list[JobRecord], fits: dict | None = None) -> dict:
+    """acceptance_histogram.png (share of verifies by accepted drafts, one bar series per job) and
+    accept_rate_by_position.png (measured rate per draft position per job; dotted: the cost model's
+    fitted alpha x decay^(i-1) per NCCL profile) for the records that carry a histogram. Given one
+    record: that job's two charts (its MLflow child run's artifacts)."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    from matplotlib.ticker import MaxNLocator
+
+    have = sorted((r for r in recs if r.speculative and r.acceptance and r.acceptance.get("histogram")
+                   and sum(r.acceptance["histogram"])), key=lambda r: (r.choice("nccl") or "", r.steps or 0))
+    if not have:
+        return {}
+    out = {}
+    profiles = sorted({r.choice("nccl") for r in have}, key=str)
+    fig, ax = plt.subplots(figsize=(8.5, 4.5))
+    width = 0.8 / len(have)
+    for i, r in enumerate(have):
+        h = r.acceptance["histogram"]
+        total = sum(h)
+        xs = [a - 0.4 + width * (i + 0.5) for a in range(len(h))]
+        ax.bar(xs, [n / total for n in h], width=width, label=f"{_series(r, have)} ({total} verifies, "
+               f"{r.acceptance.get('source')})")
+    ax.set_xlabel("draft tokens accepted in a verify")
+    ax.xaxis.set_major_locator(MaxNLocator(integer=True))
+    ax.set_ylabel("share of verifies")
+    ax.set_title("Accepted drafts per verify" + _perf_note(have))
+    ax.grid(alpha=0.3, axis="y")
+    legend_outside(ax)
+    out["acceptance_histogram.png"] = fig
+
+    fig, ax = plt.subplots(figsize=(8.5, 4.5))
+    for r in have:
+        rates = [(i, x) for i, x in enumerate(r.acceptance.get("per_position") or [], start=1) if x is not None]
+        if rates:
+            ax.plot([i for i, _ in rates], [x for _, x in rates], marker="o", label=_series(r, have))
+    for prof, f in (fits or {}).items():
+        if prof in profiles:
+            depth = max(len(r.acceptance["histogram"]) - 1 for r in have)
+            ax.plot(range(1, depth + 1), [fitted_rate(f, i) for i in range(1, depth + 1)], ls=":", color="grey",
+                    label=f"cost model's fit, nccl={prof}: {f.alpha:.3f} x {f.decay:.3f}^(i-1)")
+    ax.set_xlabel("draft position i")
+    ax.xaxis.set_major_locator(MaxNLocator(integer=True))
+    ax.set_ylabel("P(accepted >= i | accepted >= i-1)")
+    ax.set_ylim(0, 1.05)
+    ax.set_title("Acceptance rate by draft position" + _perf_note(have))
+    ax.grid(alpha=0.3)
+    legend_outside(ax)
+    out["accept_rate_by_position.png"] = fig
+    return out
+
+
+def _series(rec: JobRecord, group: list[JobRecord]) -> str:
+    label = f"steps={rec.steps}" + (f" nccl={rec.choice('nccl')}" if len({r.choice("nccl") for r in group}) > 1 else "")
+    return label + (" [performance-only]" if performance_only(rec) else "")
+
+
+def _perf_note(recs: list[JobRecord]) -> str:
+    return " (performance-only: forced acceptance)" if any(performance_only(r) for r in recs) else ""
+
+
+def legend_outside(ax) -> None:
+    """The legend right of the axes, never over the data; measured series first, then baselines, models."""
+    handles, labels = ax.get_legend_handles_labels()
+    order = sorted(range(len(labels)), key=lambda i: (not labels[i].startswith(("EAGLE", "nccl=", "steps=")), labels[i]))
+    ax.legend([handles[i] for i in order], [labels[i] for i in order], fontsize=8, loc="upper left",
+              bbox_to_anchor=(1.01, 1.0), borderaxespad=0.0)
+
+
+def save(fig, path: Path) -> Path:
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    import matplotlib.pyplot as plt
+
+    plt.close(fig)
+    return path

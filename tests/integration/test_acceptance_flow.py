@@ -1,0 +1,97 @@
+"""Per-position acceptance from real processes: the profile a real embedded server writes gives the same
+histogram as its own meta_info counters, request by request; a real sweep (run.py, MLflow in tmp)
+records the histogram and rates in results.json, logs the charts on each child run and the step
+recommendation on the parent."""
+
+import json
+import sys
+import time
+
+import pytest
+import requests
+from mlflow.tracking import MlflowClient
+
+from spec_decode import acceptance, results
+from spec_decode.client import RunRecord
+from spec_decode.parsers.profile import read_ranks, summarize_run_windows
+from spec_decode.server import ServerProcess, free_port
+
+from ..conftest import DRAFTER, PROMPTS, TARGET, run_py, small
+
+pytestmark = pytest.mark.integration
+STEPS = 5  # deep enough that positions 4-5 (past the drafter's 3 training steps) are measured
+
+
+def test_profile_histogram_equals_the_servers_counters_per_request(tmp_path):
+    port = free_port()
+    argv = [sys.executable, "-m", "spec_decode.engines.embedded", "--model-path", str(TARGET),
+            "--speculative-algorithm", "EAGLE3", "--speculative-draft-model-path", str(DRAFTER),
+            "--speculative-num-steps", str(STEPS), "--speculative-eagle-topk", "1",
+            "--speculative-num-draft-tokens", str(STEPS + 1), "--port", str(port)]
+    prompts = [json.loads(line)["text"] for line in PROMPTS.read_text().splitlines()[:3]]
+    runs, metas = [], []
+    with ServerProcess(argv, env={"SPEC_DECODE_PROFILE": str(tmp_path / "profile.jsonl")},
+                       log_path=tmp_path / "server.log", host="127.0.0.1", port=port, startup_timeout_s=60) as srv:
+        for i, text in enumerate(prompts):
+            t0 = time.time()
+            out = requests.post(srv.base_url + "/generate", timeout=60, json={
+                "text": text, "sampling_params": {"max_new_tokens": 96, "temperature": 0, "ignore_eos": True}}).json()
+            meta = out["meta_info"]
+            metas.append(meta)
+            runs.append(RunRecord(launch=0, run=i, start_wall=t0, end_wall=time.time(), wall_s=time.time() - t0,
+                                  prompt_tokens=meta["prompt_tokens"], completion_tokens=meta["completion_tokens"],
+                                  spec_verify_ct=meta["spec_verify_ct"]))
+        want = sum(m["spec_verify_ct"] for m in metas)
+        deadline = time.monotonic() + 10  # the plugin's flusher writes within ~50 ms of a cycle
+        while time.monotonic() < deadline and len(read_ranks(tmp_path / "profile.jsonl").get(0, [])) < want:
+            time.sleep(0.1)
+    _, per_run = summarize_run_windows(tmp_path / "profile.jsonl", [(r.start_wall, r.end_wall) for r in runs])
+    acc = acceptance.summarize(STEPS, runs, per_run)
+    assert acc["source"] == "profile"
+    # request by request, the profiler's cycles and the server's own counters tell the same story
+    for entry, meta in zip(acc["per_request"], metas):
+        assert entry["histogram"] == meta["spec_correct_drafts_histogram"]
+        assert sum(entry["histogram"]) == meta["spec_verify_ct"]
+        assert sum(a * n for a, n in enumerate(entry["histogram"])) == meta["spec_num_correct_drafts"]
+    total = [sum(m["spec_correct_drafts_histogram"][a] for m in metas) for a in range(STEPS + 1)]
+    assert acc["histogram"] == total
+    reach = [sum(total[i:]) for i in range(STEPS + 1)]
+    assert acc["per_position"] == [reach[i] / reach[i - 1] for i in range(1, STEPS + 1)]
+    lengths = [m["completion_tokens"] / m["spec_verify_ct"] for m in metas]
+    assert acc["accept_len_unweighted"] == pytest.approx(sum(lengths) / 3)
+    assert acc["accept_len_weighted"] == pytest.approx(sum(m["completion_tokens"] for m in metas) / want)
+    assert len(set(lengths)) > 1  # three prompts, three lengths: the two means differ
+    assert acc["accept_len_unweighted"] != pytest.approx(acc["accept_len_weighted"], abs=1e-9)
+
+
+def test_sweep_records_and_logs_acceptance_and_the_recommendation(tmp_path, tmp_store):
+    sweep = tmp_path / "sweep"
+    run_py(["-m", "spec.steps=1,3", "benchmark.baseline_arm=false", *small(), *tmp_store["overrides"],
+            f"hydra.sweep.dir={sweep}"])
+    recs = {r.steps: r for r in results.collect(sweep)}
+    for k, rec in recs.items():
+        acc = rec.acceptance
+        assert acc["source"] == "profile" and len(acc["histogram"]) == k + 1
+        assert sum(acc["histogram"]) == sum(r.spec_verify_ct for r in rec.runs)
+        # the histogram's committed tokens vs the counters: the prefill made each run's first token, the
+        # last cycle may commit up to k past max_new_tokens
+        committed = sum((a + 1) * n for a, n in enumerate(acc["histogram"]))
+        completion = sum(r.completion_tokens for r in rec.runs)
+        assert completion - 2 <= committed <= completion - 2 + 2 * k
+        assert [rec.metrics[f"accept_rate_pos{i}"] for i in range(1, k + 1)] == acc["per_position"]
+        assert rec.metrics["accept_len_request_weighted"] == pytest.approx(rec.metrics["accept_len"])
+        assert "accept_rate_pos%d" % (k + 1) not in rec.metrics
+    c = MlflowClient(tmp_store["uri"])
+    for rec in recs.values():
+        plots = {a.path for a in c.list_artifacts(rec.mlflow_run_id, "plots")}
+        assert plots == {"plots/acceptance_histogram.png", "plots/accept_rate_by_position.png"}
+        logged = c.get_run(rec.mlflow_run_id).data.metrics
+        assert logged["accept_rate_pos1"] == pytest.approx(rec.metrics["accept_rate_pos1"], abs=1e-4)
+    parent = c.get_run(c.get_run(recs[1].mlflow_run_id).data.tags["mlflow.parentRunId"])
+    # two runs per job: no spread can be judged, so no cell competes -- and the tag says so
+    assert parent.data.tags["recommendation"] == (
+        "cannot decide: no stable cell: 2 of 2 noisy (> 5%); rerun with more runs or on a quieter machine")
+    doc = json.loads(open(c.download_artifacts(parent.info.run_id, "recommendation.json", str(tmp_path))).read())
+    assert {v["reason"] for v in doc["verdicts"]} == {"noisy: unknown spread with 2 run(s) (< 3)"}
+    summary = (sweep / "sweep_summary.txt").read_text()
+    assert "acceptance rate by draft position" in summary and "recommendation: cannot decide" in summary
