@@ -54,6 +54,7 @@ class _State:
     first: torch.Tensor | None = None  # the next cycle's first draft token
     h_last: torch.Tensor | None = None  # the drafter hidden state that produced it
     committed: list = field(default_factory=list)
+    on_tokens: object = None  # a streamed request's sender: called with each cycle's committed ids
 
 
 @dataclass
@@ -192,6 +193,8 @@ class Decoder:
         st.first, st.h_last = self.extend(new, aux[:, : a + 1], st.dcache, base)
         st.last = new[-1:]
         st.committed.append(new)
+        if st.on_tokens is not None:  # a streamed request: the send is part of the cycle (its `other`
+            st.on_tokens(new)  # phase), not loop time between cycles that the profile cannot see
         return CycleOut(a, [a + 1])
 
     # The three phases as methods (the shape of SGLang's EagleDraftWorker.draft / EAGLEWorkerV2.verify /
@@ -282,6 +285,7 @@ class Decoder:
         st.first = drafter.to_target_ids(dlogits[-1].argmax()).view(1)
         st.h_last = dh[:, -1:]
         st.committed = [st.last]
+        st.on_tokens = on_tokens
         if on_tokens is not None:
             on_tokens(st.last)
         produced = 1
@@ -295,8 +299,6 @@ class Decoder:
             gen.histogram[a] += 1
             if on_step is not None:
                 on_step(a + 1, a)
-            if on_tokens is not None:
-                on_tokens(st.committed[-1])
         gen.proposed_drafts = gen.verify_ct * k
         gen.decode_steps = gen.verify_ct
         gen.output_ids = torch.cat(st.committed)[:n].tolist()
