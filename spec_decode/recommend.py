@@ -18,8 +18,8 @@ a ``Recommendation`` out; ``report.sweep_summary`` prints it, the sweep's parent
    the tok/s. Only stable cells compete; performance-only records (forced acceptance,
    ``spec.simulate_accept_len``) are labelled and never compete: their acceptance is not the drafter's;
    nor do cells whose lossless check failed (their outputs are not plain decoding's).
-3. **Decision.** The best score wins unless its CI overlaps the runner-up's (the data cannot tell
-   them apart) or no cell is stable: then "cannot decide", with the reason.
+3. **Decision.** The best score wins unless its CI overlaps that of any other competing cell (the
+   data cannot tell them apart) or no cell is stable: then "cannot decide", with the reason.
 """
 
 from __future__ import annotations
@@ -120,14 +120,17 @@ def recommend(recs: list[JobRecord], threshold: float = STABLE_MAX) -> Recommend
                       + "; rerun with more runs or on a quieter machine")
         return out
     best = ranked[0]
-    if len(ranked) > 1 and ranked[1].score_hi >= best.score:
-        up = ranked[1]
-        out.reason = (f"the best and the runner-up overlap: {best.cell} {name} 95% CI "
-                      f"[{best.score:{fmt}}, {best.score_hi:{fmt}}] vs {up.cell} [{up.score:{fmt}}, {up.score_hi:{fmt}}]")
+    # The rival is the other competing cell whose CI reaches highest (not the second-best lower bound:
+    # a wide CI below it can still overlap the best's).
+    rival = max(ranked[1:], key=lambda v: v.score_hi) if len(ranked) > 1 else None
+    if rival is not None and rival.score_hi >= best.score:
+        out.reason = (f"the best and another stable cell overlap: {best.cell} {name} 95% CI "
+                      f"[{best.score:{fmt}}, {best.score_hi:{fmt}}] vs {rival.cell} "
+                      f"[{rival.score:{fmt}}, {rival.score_hi:{fmt}}]")
         return out
     out.decision, out.cell, out.steps = "recommend", best.cell, best.steps
-    beaten = (f"; its CI lies above the runner-up's ({ranked[1].cell}: upper {ranked[1].score_hi:{fmt}})"
-              if len(ranked) > 1 else "; the only competing cell")
+    beaten = (f"; its CI lies above every other competing cell's (highest upper bound: {rival.cell} "
+              f"{rival.score_hi:{fmt}})" if rival is not None else "; the only competing cell")
     out.reason = (f"highest {name} 95% CI lower bound {best.score:{fmt}} among {len(ranked)} competing "
                   f"cell(s){beaten}")
     return out

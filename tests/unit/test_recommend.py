@@ -59,9 +59,23 @@ def test_cannot_decide_when_best_and_runner_up_overlap():
     recs = [cell(2, steady(350)), cell(3, steady(353))]
     rec = recommend.recommend(recs)
     assert rec.decision == "cannot decide" and rec.cell is None
-    assert rec.reason.startswith("the best and the runner-up overlap: nccl=default,spec.steps=3 "
+    assert rec.reason.startswith("the best and another stable cell overlap: nccl=default,spec.steps=3 "
                                  "throughput_tok_s 95% CI [")
-    assert recommend.tag(rec).startswith("cannot decide: the best and the runner-up overlap")
+    assert recommend.tag(rec).startswith("cannot decide: the best and another stable cell overlap")
+
+
+def test_a_wide_ci_below_the_runner_up_still_overlaps_the_best():
+    # Seen on embedded_depth: by lower bound steps=2 is second (1.607, upper 1.766 < best's 1.773), but
+    # steps=3's wider CI [1.596, 1.885] reaches into the best's: the data cannot tell 3 and 5 apart.
+    recs = [cell(2, steady(350), speedup=(1.684, 1.607, 1.766)), cell(3, steady(352), speedup=(1.735, 1.596, 1.885)),
+            cell(5, steady(355), speedup=(1.873, 1.773, 1.978))]
+    rec = recommend.recommend(recs)
+    assert rec.decision == "cannot decide" and rec.cell is None
+    assert "nccl=default,spec.steps=3 [1.596, 1.885]" in rec.reason
+    recs[1] = cell(3, steady(352), speedup=(1.735, 1.596, 1.760))
+    rec = recommend.recommend(recs)
+    assert (rec.decision, rec.steps) == ("recommend", 5)
+    assert "above every other competing cell's (highest upper bound: nccl=default,spec.steps=2 1.766)" in rec.reason
 
 
 def test_cannot_decide_without_a_stable_cell():
