@@ -68,9 +68,11 @@ def run_timing(cycles: list[dict], start_wall: float, end_wall: float, wall_s: f
     (``t``). Between the first and the last cycle end, the decode span holds cycles 2..N and the gaps
     between cycles (loop and scheduler time that no cycle covers):
 
-    - ``interval_over_cycle``: the median over cycles 2..N of (t_i - t_(i-1)) / cycle_ms_i -- a cycle's
-      wall-clock share against its own duration: 1 plus the typical gap, whatever the occasional long
-      gap (a log line, a preemption) adds; below 1 the durations are longer than the wall clock allows;
+    - ``interval_over_cycle``: the median over cycles 2..N of a cycle's wall-clock time against its own
+      duration: (t_i - t0_i) / cycle_ms_i where the lines carry ``t0`` (the wall clock when the cycle
+      was entered: the loop time between cycles stays out), else (t_i - t_(i-1)) / cycle_ms_i (older
+      profiles: 1 plus the typical gap). Whatever an occasional long gap adds does not move the median;
+      below 1 the durations are longer than the wall clock allows;
     - ``span_tok_s``: tokens committed by cycles 2..N / (t_N - t_1) -- tok/s inside the decode, on the
       wall clock, gaps included; ``cycle_tok_s``: the same tokens / the same cycles' summed ``cycle_ms``
       -- what accept_len / cycle predicts.
@@ -86,7 +88,10 @@ def run_timing(cycles: list[dict], start_wall: float, end_wall: float, wall_s: f
     later_cycle_ms = sum(c["cycle_ms"] for c in later)
     later_tokens = sum(c.get("accepted") or 0 for c in later)
     cycle_ms_sum = sum(c["cycle_ms"] for c in cycles)
-    ratios = [(b["t"] - a["t"]) * 1e3 / b["cycle_ms"] for a, b in zip(cycles, later) if b["cycle_ms"] > 0]
+    if all("t0" in c for c in later):
+        ratios = [(b["t"] - b["t0"]) * 1e3 / b["cycle_ms"] for b in later if b["cycle_ms"] > 0]
+    else:
+        ratios = [(b["t"] - a["t"]) * 1e3 / b["cycle_ms"] for a, b in zip(cycles, later) if b["cycle_ms"] > 0]
     return {
         "interval_over_cycle": statistics.median(ratios) if ratios else None,
         "cycles": len(cycles), "accepted": sum(c.get("accepted") or 0 for c in cycles),

@@ -105,7 +105,8 @@ class CudaClock:
 class _Cycle:
     start: object
     end: object = None
-    t: float = 0.0
+    t: float = 0.0  # wall clock when the cycle's hook returned
+    t0: float = 0.0  # wall clock when it was entered (t - t0: the cycle on the wall clock, no loop gap)
     phases: dict = field(default_factory=dict)  # name -> (start mark, end mark)
     accepted: object = None  # int, or a tensor resolved later
     last: object = None  # the latest boundary mark and when the host made it
@@ -149,7 +150,8 @@ class PhaseTimer:
 
     # ---- hooks (HookRegistry AROUND signature: fn(original_fn, *args, **kwargs)) -------------------
     def around_cycle(self, original, *args, **kwargs):
-        cycle = _Cycle(start=self.clock.mark())
+        t0 = time.time()
+        cycle = _Cycle(start=self.clock.mark(), t0=t0)
         cycle.last, cycle.last_host = cycle.start, time.perf_counter()
         self._local.cycle = cycle
         try:
@@ -225,7 +227,7 @@ class PhaseTimer:
         self.drain(wait=True)
 
     def _resolve(self, c: _Cycle) -> dict:
-        rec = {"t": round(c.t, 6), "rank": self.rank}
+        rec = {"t": round(c.t, 6), "t0": round(c.t0, 6), "rank": self.rank}
         for p in PHASES:
             a, b = c.phases.get(p, (None, None))
             rec[f"{p}_ms"] = round(self.clock.ms(a, b), 4) if a is not None else 0.0

@@ -14,15 +14,19 @@ STEPS = 3
 
 
 def make_run(cycles=125, cycle_ms=7.0, gap_ms=0.02, head_ms=20.0, tail_ms=3.0, accepted=4,
-             stamp_scale=1.0, completion=500, start=1000.0, verify_ct=None, long_gaps=(), long_gap_ms=0.0):
+             stamp_scale=1.0, completion=500, start=1000.0, verify_ct=None, long_gaps=(), long_gap_ms=0.0,
+             entry_stamps=False):
     """One timed request: ``head_ms`` before the first cycle, ``cycles`` cycles of ``cycle_ms`` with
     ``gap_ms`` between them, ``tail_ms`` after. ``stamp_scale`` scales the durations the profile
-    *reports* (a planted fault: the wall-clock stamps stay true)."""
+    *reports* (a planted fault: the wall-clock stamps stay true). ``entry_stamps``: the lines also carry
+    ``t0`` (the wall clock at the cycle's entry), as the profiler writes them now."""
     t = start + head_ms / 1e3
     prof = []
     for _ in range(cycles):
+        t0 = t
         t += cycle_ms / 1e3
-        prof.append({"t": t, "cycle_ms": cycle_ms * stamp_scale, "accepted": accepted})
+        prof.append({"t": t, "cycle_ms": cycle_ms * stamp_scale, "accepted": accepted,
+                     **({"t0": t0} if entry_stamps else {})})
         t += (long_gap_ms if len(prof) in long_gaps else gap_ms) / 1e3
     end = t - gap_ms / 1e3 + tail_ms / 1e3
     run = {"wall_s": end - start, "start_wall": start, "end_wall": end, "e2e_latency_s": (end - start) * 0.99,
@@ -229,3 +233,17 @@ def test_plots_read_at_a_glance():
     ticks = [t.get_text() for t in figs["phases.png"].axes[0].get_xticklabels()]
     assert ticks[:2] == ["steps=1\nnccl=default", "steps=1\nnccl=tuned"]
     plt.close("all")
+
+
+def test_entry_stamps_keep_loop_time_between_cycles_out_of_the_in_cycle_check():
+    """GPU cycles of 1.2 ms with 13 us of host loop between them (~1%): end stamps alone read the loop
+    time as a slower cycle (a healthy job failed at -1.01%); with entry stamps the cycle is compared with
+    itself. A planted scaled profile still fails with entry stamps."""
+    gpu = dict(cycles=400, cycle_ms=1.2, gap_ms=0.013, head_ms=5.0, tail_ms=1.0, completion=1600)
+    ends_only = checks_of(healthy(**gpu))["throughput_in_cycles_vs_accept_over_cycle"]
+    assert ends_only.ok is False and ends_only.value == pytest.approx(1.2 / 1.213 - 1, abs=1e-3)
+    entry = checks_of(healthy(entry_stamps=True, **gpu))["throughput_in_cycles_vs_accept_over_cycle"]
+    assert entry.ok is True and abs(entry.value) < 1e-3
+    for scale in (1.03, 0.97):
+        planted = checks_of(healthy(entry_stamps=True, stamp_scale=scale, **gpu))
+        assert planted["throughput_in_cycles_vs_accept_over_cycle"].ok is False
