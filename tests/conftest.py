@@ -43,3 +43,14 @@ def tmp_store(tmp_path: Path) -> dict:
 def small(*extra: str) -> list[str]:
     """Overrides that keep an embedded job to a second or two."""
     return ["benchmark.max_new_tokens=48", "benchmark.runs=2", "benchmark.warmup=1", *extra]
+
+
+def compose_experiment(*overrides: str):
+    """The typed ExperimentConfig that real Hydra composition gives for these overrides (conf/)."""
+    from hydra import compose, initialize_config_dir
+
+    from spec_decode.config import register_configs, to_experiment
+
+    register_configs()
+    with initialize_config_dir(config_dir=str(ROOT / "conf"), version_base="1.3"):
+        return to_experiment(compose("config", overrides=list(overrides)))

@@ -5,11 +5,10 @@ from pathlib import Path
 
 import pytest
 import torch
-from hydra import compose, initialize_config_dir
 from hydra.errors import ConfigCompositionException
 
 from spec_decode import results
-from spec_decode.config import ConfigError, register_configs, to_experiment
+from spec_decode.config import ConfigError
 from spec_decode.engines import server_extra_env
 from spec_decode.engines.embedded.decoding import FILL_TOKEN, ForcedAcceptance
 from spec_decode.job import baseline_config
@@ -17,14 +16,13 @@ from spec_decode.results import JobContext
 from spec_decode.server import server_env
 from spec_decode.tracking import tags_of
 
+from ..conftest import compose_experiment
+
 pytestmark = pytest.mark.unit
 ROOT = Path(__file__).resolve().parents[2]
-register_configs()
 
 
-def experiment(*overrides: str):
-    with initialize_config_dir(config_dir=str(ROOT / "conf"), version_base="1.3"):
-        return to_experiment(compose("config", overrides=list(overrides)))
+experiment = compose_experiment
 
 
 @pytest.mark.parametrize("x,values", [(2.3, {2, 3}), (2.0, {2}), (1.0, {1}), (4.0, {4}), (3.75, {3, 4})])

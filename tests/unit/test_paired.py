@@ -6,20 +6,18 @@ import statistics
 from pathlib import Path
 
 import pytest
-from hydra import compose, initialize_config_dir
 from scipy import stats as st
 
-from spec_decode.config import ConfigError, register_configs, to_experiment
+from spec_decode.config import ConfigError
 from spec_decode.stats import paired_ratio, ratio_of_means
+
+from ..conftest import compose_experiment
 
 pytestmark = pytest.mark.unit
 ROOT = Path(__file__).resolve().parents[2]
-register_configs()
 
 
-def experiment(*overrides: str):
-    with initialize_config_dir(config_dir=str(ROOT / "conf"), version_base="1.3"):
-        return to_experiment(compose("config", overrides=list(overrides)))
+experiment = compose_experiment
 
 
 def test_paired_by_default_where_two_servers_fit():

@@ -5,22 +5,19 @@ import json
 from pathlib import Path
 
 import pytest
-from hydra import compose, initialize_config_dir
 
 from spec_decode import drift, results
 from spec_decode.client import RunRecord
-from spec_decode.config import register_configs, to_experiment
 from spec_decode.parsers import profile
 from spec_decode.results import JobContext, JobRecord
 
+from ..conftest import compose_experiment
+
 pytestmark = pytest.mark.unit
 ROOT = Path(__file__).resolve().parents[2]
-register_configs()
 
 
-def experiment(*overrides: str):
-    with initialize_config_dir(config_dir=str(ROOT / "conf"), version_base="1.3"):
-        return to_experiment(compose("config", overrides=list(overrides)))
+experiment = compose_experiment
 
 
 def new(tmp_path: Path, *overrides: str, role: str = "spec") -> tuple:
