@@ -19,14 +19,14 @@ os.environ.setdefault("MLFLOW_DISABLE_TELEMETRY", "true")
 import hydra  # noqa: E402
 from omegaconf import DictConfig  # noqa: E402
 
-from spec_decode.config import register_configs  # noqa: E402
+from spec_decode.core.config import register_configs  # noqa: E402
 
 register_configs()
 
 
 @hydra.main(version_base="1.3", config_path="conf", config_name="config")
 def main(cfg: DictConfig) -> float | None:
-    from spec_decode.cli import run_from_hydra
+    from spec_decode.runner.cli import run_from_hydra
 
     return run_from_hydra(cfg)
 

@@ -18,8 +18,9 @@ from pathlib import Path
 
 from tabulate import tabulate
 
-from spec_decode import acceptance, results
-from spec_decode.costmodel import chain_accept_len, fit, fitted_rate, points_from_records
+from spec_decode.analysis import acceptance
+from spec_decode.analysis.costmodel import chain_accept_len, fit, fitted_rate, points_from_records
+from spec_decode.record import results
 
 
 def main(argv: list[str] | None = None) -> None:

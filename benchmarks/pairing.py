@@ -12,7 +12,7 @@ the median speedup against interleaved (what `benchmark.pairing=interleaved` mea
 median tok/s, how much of the shorter run both were in flight, and the client's share (client
 wall time minus the server's e2e_latency) so that a client bottleneck would show.
 
-Variants (spec_decode/pairing.py):
+Variants (spec_decode/runner/pairing.py):
   interleaved       one arm after the other, ABBA, servers unpinned (the job's benchmark.pairing=interleaved)
   concurrent        both at once, each server pinned to its own half of the cores, halves swapped per
                     pair, midpoints aligned (benchmark.pairing=concurrent)
@@ -37,12 +37,13 @@ from hydra import compose, initialize_config_dir
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from spec_decode import pairing, stats  # noqa: E402
-from spec_decode.client import Client  # noqa: E402
-from spec_decode.config import register_configs, to_experiment  # noqa: E402
+from spec_decode.analysis import stats  # noqa: E402
+from spec_decode.core.config import register_configs, to_experiment  # noqa: E402
+from spec_decode.core.prompts import load_prompts  # noqa: E402
 from spec_decode.engines import server_extra_env, start_server  # noqa: E402
-from spec_decode.job import baseline_config  # noqa: E402
-from spec_decode.prompts import load_prompts  # noqa: E402
+from spec_decode.runner import pairing  # noqa: E402
+from spec_decode.runner.client import Client  # noqa: E402
+from spec_decode.runner.job import baseline_config  # noqa: E402
 
 VARIANTS = ("interleaved", "concurrent", "concurrent-start", "interleaved-nice", "concurrent-nice")
 

@@ -26,10 +26,10 @@ import psutil
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from spec_decode import latency, stats  # noqa: E402
-from spec_decode.client import Client  # noqa: E402
-from spec_decode.prompts import load_prompts  # noqa: E402
-from spec_decode.server import ServerProcess, free_port  # noqa: E402
+from spec_decode.analysis import latency, stats  # noqa: E402
+from spec_decode.core.prompts import load_prompts  # noqa: E402
+from spec_decode.runner.client import Client  # noqa: E402
+from spec_decode.runner.server import ServerProcess, free_port  # noqa: E402
 
 
 def main() -> None:

@@ -49,7 +49,7 @@ def compose_experiment(*overrides: str):
     """The typed ExperimentConfig that real Hydra composition gives for these overrides (conf/)."""
     from hydra import compose, initialize_config_dir
 
-    from spec_decode.config import register_configs, to_experiment
+    from spec_decode.core.config import register_configs, to_experiment
 
     register_configs()
     with initialize_config_dir(config_dir=str(ROOT / "conf"), version_base="1.3"):

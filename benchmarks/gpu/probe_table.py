@@ -1,4 +1,4 @@
-"""Tables for docs/nccl-probe.md from the probe's JSON files (python -m spec_decode.nccl_probe --json).
+"""Tables for docs/nccl-probe.md from the probe's JSON files (python -m spec_decode.probe.nccl --json).
 
     python benchmarks/gpu/probe_table.py /tmp/spec_decode_session/probe/nccl_probe_*.json
 

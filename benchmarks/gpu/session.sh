@@ -20,7 +20,7 @@
 #
 # Writes into $OUT (default ./gpu_out): <step>.log for each step, probe.tgz (JSON + debug logs +
 # machine facts + tables.md) and sweep.tgz (the multirun dir: results.json, server.log, profile.jsonl
-# per job; extract at the repo root, then python -m spec_decode.tracking sync multirun/<dir>).
+# per job; extract at the repo root, then python -m spec_decode.views.tracking sync multirun/<dir>).
 # At most 7 files: the device tool brings back 8. Every step runs under `timeout`, and the whole call
 # under SESSION_BUDGET_S (default 540 s), so the files come back even when a step hangs.
 set -u -o pipefail
@@ -135,7 +135,7 @@ step_probe() {
       echo "[session] probe nccl=$p repetition $rep"
       local dbg=(--no-debug)
       [ "$rep" = 1 ] && dbg=(--debug-log "$d/nccl_debug_$p.log")
-      bounded 150 "$PY" -m spec_decode.nccl_probe --world-size 2 --backend "${PROBE_BACKEND:-nccl}" --nccl "$p" \
+      bounded 150 "$PY" -m spec_decode.probe.nccl --world-size 2 --backend "${PROBE_BACKEND:-nccl}" --nccl "$p" \
         --sizes 4096,14336,16384,65536,262144,1048576 --model-path models/tiny/target \
         --iters 200 --rounds 10 --timeout-s 60 "${dbg[@]}" --json "$d/nccl_probe_${p}_r$rep.json" || rc=$?
     done

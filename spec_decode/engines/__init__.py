@@ -11,7 +11,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:  # the embedded engine imports this package on GPU boxes without Hydra
-    from ..config import ExperimentConfig
+    from spec_decode.core.config import ExperimentConfig
 
 
 def launcher(cfg: ExperimentConfig) -> list[str]:
@@ -42,9 +42,9 @@ def common_flags(cfg: ExperimentConfig, port: int) -> list[str]:
 
 def server_command(cfg: ExperimentConfig, port: int) -> list[str]:
     if cfg.engine.name == "sglang":
-        from .sglang import engine_flags
+        from spec_decode.engines.sglang import engine_flags
     else:
-        from .embedded.launch import engine_flags
+        from spec_decode.engines.embedded.launch import engine_flags
     return launcher(cfg) + common_flags(cfg, port) + engine_flags(cfg) + list(cfg.engine.extra_args)
 
 
@@ -76,7 +76,7 @@ def start_server(cfg: ExperimentConfig, extra_env: dict[str, str], log_path: Pat
     """Start the engine's server on the configured port (any free one with ``any_port``: a paired
     baseline beside the spec server), or a free one when it is taken (also when another sweep takes it
     between our check and the server's bind). Returns the started ``server.ServerProcess``."""
-    from ..server import PortTaken, ServerError, ServerProcess, choose_port
+    from spec_decode.runner.server import PortTaken, ServerError, ServerProcess, choose_port
 
     wanted = 0 if any_port else cfg.engine.port
     for attempt in range(attempts):

@@ -10,7 +10,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
-    from ..config import ExperimentConfig
+    from spec_decode.core.config import ExperimentConfig
 
 TESTED_VERSION = "0.5.23"
 

@@ -2,7 +2,7 @@
 
 Both engines call ``register()`` in every process they start: SGLang in its launcher, detokenizer
 and each TP-rank scheduler (before the rank's device is set); our embedded engine in its front and
-each rank (``spec_decode.plugins.load_plugins``). So ``register()`` only registers: no CUDA, no file,
+each rank (``spec_decode.engines.plugins.load_plugins``). So ``register()`` only registers: no CUDA, no file,
 no thread. The timer is built on the first hooked call, inside the process that runs cycles, after the
 engine has set its device; it writes that rank's own file (``profile.rank<N>.jsonl`` beside
 ``SPEC_DECODE_PROFILE``), and only the logging rank (0) prints summary blocks.
@@ -58,8 +58,8 @@ def current_rank(worker=None) -> int:
 
 def make_timer(path: str, rank: int = 0):
     """The timer for this process; CUDA events when this process already uses CUDA."""
-    from ..parsers.profile import rank_path
-    from .timer import CudaClock, HostClock, PhaseTimer
+    from spec_decode.parsers.profile import rank_path
+    from spec_decode.profiler.timer import CudaClock, HostClock, PhaseTimer
 
     clock = HostClock()
     torch = sys.modules.get("torch")
@@ -141,7 +141,7 @@ def register() -> None:
     path = os.environ.get("SPEC_DECODE_PROFILE")
     if not path:
         return
-    from ..plugins import registry
+    from spec_decode.engines.plugins import registry
 
     hook_registry, hook_type, _ = registry()
     prof = Profiler(path)

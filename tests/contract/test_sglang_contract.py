@@ -10,10 +10,10 @@ from pathlib import Path
 import pytest
 from hydra import compose, initialize_config_dir
 
-from spec_decode.client import Client
-from spec_decode.config import register_configs, to_experiment
+from spec_decode.core.config import register_configs, to_experiment
 from spec_decode.engines import server_command
 from spec_decode.engines.embedded.request import SAMPLING_KEYS
+from spec_decode.runner.client import Client
 
 pytestmark = pytest.mark.contract
 ROOT = Path(__file__).resolve().parents[2]
@@ -75,8 +75,8 @@ def test_embedded_engine_accepts_exactly_sglangs_sampling_keys(api_types):
 def test_every_hook_target_exists_with_a_compatible_signature(sglang_args):
     """Read from the installed SGLang's source (importing the worker needs real triton kernels), by
     the same code the first-contact self-check runs on a GPU box."""
-    from spec_decode.doctor import check_hook_targets
     from spec_decode.profiler.plugin import TARGETS
+    from spec_decode.runner.doctor import check_hook_targets
 
     item = check_hook_targets("sglang")
     assert item.ok, item.detail

@@ -11,10 +11,11 @@ import pytest
 import requests
 from mlflow.tracking import MlflowClient
 
-from spec_decode import acceptance, results
-from spec_decode.client import RunRecord
+from spec_decode.analysis import acceptance
 from spec_decode.parsers.profile import read_ranks, summarize_run_windows
-from spec_decode.server import ServerProcess, free_port
+from spec_decode.record import results
+from spec_decode.runner.client import RunRecord
+from spec_decode.runner.server import ServerProcess, free_port
 
 from ..conftest import DRAFTER, PROMPTS, TARGET, run_py, small
 

@@ -74,7 +74,7 @@ def test_batched_responses_are_the_targets_own_greedy_continuations():
 def test_more_data_accepts_better_and_every_training_is_logged_with_its_lineage(data_dir, tmp_path):
     from mlflow.tracking import MlflowClient
 
-    from spec_decode.lineage import EXPERIMENT, lineage_tags
+    from spec_decode.core.lineage import EXPERIMENT, lineage_tags
 
     uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
     recs = {}

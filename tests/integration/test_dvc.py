@@ -45,7 +45,7 @@ def test_compare_on_the_committed_metrics_warns_that_nothing_was_rebuilt(clone):
     """A fresh clone: the workspace metrics.json is the committed one; compare must not pass that off as
     a reproduction."""
     d, env = clone
-    p = sh([sys.executable, "-m", "spec_decode.experiment", "compare", "ci_smoke"], cwd=d, env=env)
+    p = sh([sys.executable, "-m", "spec_decode.views.experiment", "compare", "ci_smoke"], cwd=d, env=env)
     assert "is the one committed at HEAD: nothing was rebuilt" in p.stderr
     assert "dvc repro -s -f bench@ci_smoke" in p.stderr
 
@@ -62,7 +62,7 @@ def test_repro_rebuilds_the_experiment_and_compare_judges_it(clone):
     assert all(j["status"] == "FINISHED" and j["engine"] == "embedded" for j in metrics["jobs"].values())
     assert (d / "experiments/ci_smoke/throughput_vs_steps.png").exists()
     assert "speedup 95% CI" in (d / "experiments/ci_smoke/README.md").read_text()
-    p = sh([sys.executable, "-m", "spec_decode.experiment", "compare", "ci_smoke"], cwd=d, env=env)
+    p = sh([sys.executable, "-m", "spec_decode.views.experiment", "compare", "ci_smoke"], cwd=d, env=env)
     assert "nothing was rebuilt" not in p.stderr  # rebuilt numbers differ from the committed ones
     out = p.stdout
     rows = {line.split()[0]: line for line in out.splitlines()[1:] if line.strip()}

@@ -24,7 +24,7 @@ import pytest
 import requests
 
 from spec_decode.engines.embedded.request import SAMPLING_KEYS
-from spec_decode.server import ServerProcess, free_port
+from spec_decode.runner.server import ServerProcess, free_port
 
 from ..conftest import DRAFTER, TARGET
 

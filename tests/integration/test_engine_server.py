@@ -11,7 +11,7 @@ import requests
 
 from spec_decode.parsers.decode_log import read_log, summarize
 from spec_decode.parsers.profile import read_ranks
-from spec_decode.server import ServerProcess, free_port
+from spec_decode.runner.server import ServerProcess, free_port
 
 from ..conftest import DRAFTER, TARGET
 
@@ -151,7 +151,7 @@ def test_missing_model_dir_says_dvc_pull(tmp_path):
 @pytest.mark.parametrize("edit,named", [
     (lambda c: c.update(architectures=["LlamaForCausalLM"]), "LlamaForCausalLMEagle3"),
     (lambda c: c["eagle_config"].update(eagle_aux_hidden_state_layer_ids=[1, 3, 9]), "0..4"),
-    # spec_decode.drafter's shape rules (preflight's): the engine refuses them itself, not a rank's
+    # spec_decode.core.drafter's shape rules (preflight's): the engine refuses them itself, not a rank's
     # load_state_dict traceback after the processes started
     (lambda c: c.update(vocab_size=300, draft_vocab_size=300), "vocab_size 300 != target vocab_size 256"),
     (lambda c: c.update(hidden_size=96, target_hidden_size=192), "hidden_size 96 must equal the target's 192"),

@@ -8,7 +8,7 @@ import time
 import pytest
 import requests
 
-from spec_decode.server import ServerProcess, free_port
+from spec_decode.runner.server import ServerProcess, free_port
 
 from ..conftest import DRAFTER, TARGET
 

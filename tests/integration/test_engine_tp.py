@@ -32,7 +32,7 @@ from spec_decode.engines.embedded.model import load_drafter, load_target, read_c
 from spec_decode.engines.embedded.parallel import TensorParallel, shard_units, tree_sum
 from spec_decode.engines.embedded.tokenizer import encode
 from spec_decode.parsers.profile import read_ranks
-from spec_decode.server import ServerProcess, free_port, kill_tree
+from spec_decode.runner.server import ServerProcess, free_port, kill_tree
 
 from ..conftest import DRAFTER, PROMPTS, TARGET
 

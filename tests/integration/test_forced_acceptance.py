@@ -15,7 +15,7 @@ import torch
 from spec_decode.engines.embedded.decoding import FILL_TOKEN, Decoder, ForcedAcceptance
 from spec_decode.engines.embedded.model import load_drafter, load_target
 from spec_decode.engines.embedded.tokenizer import encode
-from spec_decode.server import ServerProcess, free_port
+from spec_decode.runner.server import ServerProcess, free_port
 
 from ..conftest import DRAFTER, ROOT, TARGET, run_py, small
 

@@ -8,7 +8,7 @@ import sys
 
 import pytest
 
-from spec_decode.nccl_probe import (
+from spec_decode.probe.nccl import (
     ALGO_NAMES,
     DEFAULT_SIZES,
     PROTO_NAMES,
@@ -72,7 +72,7 @@ def test_job_with_probe_records_latencies_and_provenance(tmp_path):
 
 
 def test_cli_names_the_flag_for_a_profile_that_does_not_exist():
-    proc = subprocess.run([sys.executable, "-m", "spec_decode.nccl_probe", "--nccl", "tunned"], cwd=ROOT,
+    proc = subprocess.run([sys.executable, "-m", "spec_decode.probe.nccl", "--nccl", "tunned"], cwd=ROOT,
                           capture_output=True, text=True, timeout=120)
     assert proc.returncode == 2
     assert "--nccl tunned" in proc.stderr and "no_p2p" in proc.stderr and "tuned" in proc.stderr
@@ -80,7 +80,7 @@ def test_cli_names_the_flag_for_a_profile_that_does_not_exist():
 
 def test_cli_gloo_table_with_a_profile_and_the_models_decode_size(tmp_path):
     out = tmp_path / "probe.json"
-    proc = subprocess.run([sys.executable, "-m", "spec_decode.nccl_probe", "--backend", "gloo", "--nccl", "no_p2p",
+    proc = subprocess.run([sys.executable, "-m", "spec_decode.probe.nccl", "--backend", "gloo", "--nccl", "no_p2p",
                            "--sizes", "4096", "--model-path", "models/tiny/target", "--iters", "10", "--rounds", "2",
                            "--warmup", "2", "--json", str(out)], cwd=ROOT, capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stderr

@@ -10,9 +10,9 @@ import sys
 import psutil
 import pytest
 
-from spec_decode import pairing
-from spec_decode.client import Client
-from spec_decode.server import ServerProcess, free_port
+from spec_decode.runner import pairing
+from spec_decode.runner.client import Client
+from spec_decode.runner.server import ServerProcess, free_port
 
 from ..conftest import TARGET, run_py
 

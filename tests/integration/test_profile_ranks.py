@@ -63,7 +63,7 @@ def test_every_process_carries_exactly_the_nccl_profile(tmp_path, nccl):
 def doctor(*args, env=None) -> subprocess.CompletedProcess:
     import os
 
-    return subprocess.run([sys.executable, "-m", "spec_decode.doctor", *args], cwd=ROOT,
+    return subprocess.run([sys.executable, "-m", "spec_decode.runner.doctor", *args], cwd=ROOT,
                           env={**os.environ, **(env or {})}, capture_output=True, text=True, timeout=300)
 
 
@@ -82,8 +82,8 @@ def test_doctor_names_an_excluded_plugin_and_the_empty_profile():
 
 
 def test_doctor_items_for_a_missing_plugin_and_a_wrong_hook_target():
-    from spec_decode.doctor import check_entry_point, check_hook_targets
     from spec_decode.profiler.plugin import TARGETS
+    from spec_decode.runner.doctor import check_entry_point, check_hook_targets
 
     missing = check_entry_point([], None)
     assert not missing.ok and "no `spec_decode_profiler` entry point" in missing.detail

@@ -11,8 +11,9 @@ from pathlib import Path
 import pytest
 from mlflow.tracking import MlflowClient
 
-from spec_decode import experiment, results
-from spec_decode.tracking import display_name
+from spec_decode.record import results
+from spec_decode.views import experiment
+from spec_decode.views.tracking import display_name
 
 from ..conftest import ROOT, run_py, small
 from ..unit.test_record import SCHEMA1
@@ -81,7 +82,7 @@ def test_mlflow_logs_exactly_the_record_written(tmp_path, tmp_store):
 
 
 def test_sync_uploads_schema1_and_half_logged_records_once(tmp_path, tmp_store):
-    from spec_decode.tracking import RECORD_TAG, Tracker
+    from spec_decode.views.tracking import RECORD_TAG, Tracker
 
     old = tmp_path / "sweep" / "old"
     old.mkdir(parents=True)
@@ -93,7 +94,7 @@ def test_sync_uploads_schema1_and_half_logged_records_once(tmp_path, tmp_store):
     results.write(half, rec)
     tracker = Tracker(tmp_store["uri"], "spec-decode-bench", str(tmp_path / "art"), tmp_path)
     started = tracker.client.create_run(tracker.experiment_id(), run_name="half", tags={RECORD_TAG: "half1"})
-    sync = [sys.executable, "-m", "spec_decode.tracking", "sync", str(tmp_path / "sweep"), "--uri", tmp_store["uri"],
+    sync = [sys.executable, "-m", "spec_decode.views.tracking", "sync", str(tmp_path / "sweep"), "--uri", tmp_store["uri"],
             "--artifact-location", str(tmp_path / "art")]
     first = subprocess.run(sync, cwd=ROOT, capture_output=True, text=True, timeout=120)
     second = subprocess.run(sync, cwd=ROOT, capture_output=True, text=True, timeout=120)

@@ -15,7 +15,7 @@ import psutil
 import pytest
 from mlflow.tracking import MlflowClient
 
-from spec_decode.server import free_port
+from spec_decode.runner.server import free_port
 
 from ..conftest import ROOT, run_py, small
 
@@ -173,7 +173,7 @@ def test_dead_tracking_server_keeps_results_and_sync_uploads_once(tmp_path, tmp_
     assert len(recs) == 2 and all(r["status"] == "FINISHED" for r in recs)
     assert all(any("unreachable" in w for w in r["warnings"]) for r in recs)
     assert "tracking sync" in p.stderr
-    sync = [sys.executable, "-m", "spec_decode.tracking", "sync", str(sweep), "--uri", tmp_store["uri"],
+    sync = [sys.executable, "-m", "spec_decode.views.tracking", "sync", str(sweep), "--uri", tmp_store["uri"],
             "--artifact-location", str(tmp_path / "art")]
     first = subprocess.run(sync, cwd=ROOT, capture_output=True, text=True, timeout=120)
     second = subprocess.run(sync, cwd=ROOT, capture_output=True, text=True, timeout=120)
@@ -215,7 +215,7 @@ def test_secrets_never_leave_the_process(tmp_path, tmp_store):
 
 
 def test_secret_looking_engine_env_is_redacted_in_records():
-    from spec_decode.provenance import filter_env, redact_env
+    from spec_decode.record.provenance import filter_env, redact_env
 
     env = {"SGLANG_API_KEY": "sk-123456789", "NCCL_PROTO": "LL", "HF_TOKEN": "hf_abcdefgh", "HOME": "/root"}
     assert redact_env(env)["SGLANG_API_KEY"] == "***redacted***"

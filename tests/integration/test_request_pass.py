@@ -9,7 +9,7 @@ import json
 import pytest
 from mlflow.tracking import MlflowClient
 
-from spec_decode.client import output_sha256
+from spec_decode.runner.client import output_sha256
 
 from ..conftest import run_py, small
 

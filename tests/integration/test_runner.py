@@ -72,7 +72,7 @@ def test_sweep_steps_by_nccl_gives_parent_children_and_baseline_arm(tmp_path, tm
     # where to look: the sweep ends with its dir, the parent run, the UI command and the report command
     tail = proc.stderr[proc.stderr.rindex("sweep dir:"):]
     assert str(sweep) in tail and parents[0].info.run_id in tail and "mlflow ui --backend-store-uri" in tail
-    assert f"python -m spec_decode.report {sweep}" in tail
+    assert f"python -m spec_decode.views.report {sweep}" in tail
     # run.log holds the job's console output
     job_logs = sorted(sweep.glob("*/run.log"))
     assert len(job_logs) == 4 and all("[FINISHED]" in p.read_text() for p in job_logs)
@@ -81,7 +81,7 @@ def test_sweep_steps_by_nccl_gives_parent_children_and_baseline_arm(tmp_path, tm
     assert "cost model" in summary and "predicted best: steps=" in summary
     # the report CLI renders the same sweep from its results.json files
     plots = tmp_path / "plots"
-    rep = subprocess.run([sys.executable, "-m", "spec_decode.report", str(sweep), "--plots", str(plots)],
+    rep = subprocess.run([sys.executable, "-m", "spec_decode.views.report", str(sweep), "--plots", str(plots)],
                          capture_output=True, text=True, timeout=120)
     assert rep.returncode == 0, rep.stderr
     assert "speedup 95% CI" in rep.stdout and rep.stdout.count(" FINISHED ") == 6  # one row per job
@@ -93,7 +93,7 @@ def test_sweep_steps_by_nccl_gives_parent_children_and_baseline_arm(tmp_path, tm
     # report --mlflow-run writes under the directory it names, nothing in the cwd
     cwd = tmp_path / "cwd"
     cwd.mkdir()
-    rep = subprocess.run([sys.executable, "-m", "spec_decode.report", "--mlflow-run", parents[0].info.run_id,
+    rep = subprocess.run([sys.executable, "-m", "spec_decode.views.report", "--mlflow-run", parents[0].info.run_id,
                           "--uri", tmp_store["uri"]], capture_output=True, text=True, timeout=120, cwd=cwd,
                          env={**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[2])})
     assert rep.returncode == 0, rep.stderr

@@ -12,8 +12,8 @@ import pytest
 import requests
 from mlflow.tracking import MlflowClient
 
-from spec_decode.server import free_port, kill_tree
-from spec_decode.slots import allocate
+from spec_decode.runner.server import free_port, kill_tree
+from spec_decode.runner.slots import allocate
 
 from ..conftest import run_py, small
 

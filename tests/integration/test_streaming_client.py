@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from spec_decode.client import Client, ClientError
+from spec_decode.runner.client import Client, ClientError
 
 from ..conftest import ROOT
 

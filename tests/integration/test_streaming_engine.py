@@ -13,8 +13,8 @@ import sys
 import pytest
 import requests
 
-from spec_decode.client import Client
-from spec_decode.server import ServerProcess, free_port
+from spec_decode.runner.client import Client
+from spec_decode.runner.server import ServerProcess, free_port
 
 from ..conftest import DRAFTER, TARGET, run_py, small
 

@@ -16,8 +16,8 @@ import psutil
 import pytest
 from mlflow.tracking import MlflowClient
 
-from spec_decode.server import free_port
-from spec_decode.slots import allocate
+from spec_decode.runner.server import free_port
+from spec_decode.runner.slots import allocate
 
 from ..conftest import ROOT, run_py
 from .conftest import slurm_sweep, squeue

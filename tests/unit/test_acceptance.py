@@ -1,11 +1,11 @@
-"""Per-request and per-position acceptance (spec_decode.acceptance) on hand-counted cases, and the cost
+"""Per-request and per-position acceptance (spec_decode.analysis.acceptance) on hand-counted cases, and the cost
 model using the measured per-position rates instead of its fitted decay."""
 
 import pytest
 
-from spec_decode import acceptance
-from spec_decode.client import RunRecord
-from spec_decode.costmodel import Point, chain_accept_len, fit, fitted_rate, rates_vs_fit
+from spec_decode.analysis import acceptance
+from spec_decode.analysis.costmodel import Point, chain_accept_len, fit, fitted_rate, rates_vs_fit
+from spec_decode.runner.client import RunRecord
 
 pytestmark = pytest.mark.unit
 

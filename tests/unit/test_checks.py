@@ -5,7 +5,7 @@ through the same ``parsers.profile.run_timing`` the job uses."""
 
 import pytest
 
-from spec_decode.checks import cost_model_metrics, run_checks
+from spec_decode.analysis.checks import cost_model_metrics, run_checks
 from spec_decode.parsers.profile import run_timing
 
 pytestmark = pytest.mark.unit
@@ -165,8 +165,8 @@ def test_plots_handle_repeated_step_counts(tmp_path):
     matplotlib.use("Agg")
     from matplotlib import pyplot as plt
 
-    from spec_decode import report
-    from spec_decode.results import EngineInfo, JobRecord
+    from spec_decode.record.results import EngineInfo, JobRecord
+    from spec_decode.views import report
 
     def rec(steps, tput, prompt):
         return JobRecord(role="spec", name=f"benchmark.prompt_index={prompt},spec.steps={steps}", experiment="x",
@@ -196,8 +196,8 @@ def test_plots_read_at_a_glance():
     matplotlib.use("Agg")
     from matplotlib import pyplot as plt
 
-    from spec_decode import report
-    from spec_decode.results import EngineInfo, JobRecord
+    from spec_decode.record.results import EngineInfo, JobRecord
+    from spec_decode.views import report
 
     def rec(steps, nccl, tput, accept):
         cycle = 4.0 + 1.2 * steps

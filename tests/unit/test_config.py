@@ -7,7 +7,7 @@ from hydra import compose, initialize_config_dir
 from hydra.errors import ConfigCompositionException
 from omegaconf import OmegaConf
 
-from spec_decode.config import ConfigError, register_configs, to_experiment
+from spec_decode.core.config import ConfigError, register_configs, to_experiment
 from spec_decode.engines import server_command, server_extra_env
 
 pytestmark = pytest.mark.unit
@@ -65,7 +65,7 @@ def test_every_option_of_every_group_composes_to_its_files_values(group):
 
 
 def test_each_engine_composes_to_its_own_schema():
-    from spec_decode.config import EmbeddedEngineConfig, SglangEngineConfig
+    from spec_decode.core.config import EmbeddedEngineConfig, SglangEngineConfig
 
     embedded, sglang = experiment(), experiment("engine=sglang", "hardware=h200x1")
     assert type(embedded.engine) is EmbeddedEngineConfig and type(sglang.engine) is SglangEngineConfig

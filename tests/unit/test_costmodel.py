@@ -2,7 +2,7 @@
 
 import pytest
 
-from spec_decode.costmodel import Point, chain_accept_len, fit
+from spec_decode.analysis.costmodel import Point, chain_accept_len, fit
 
 pytestmark = pytest.mark.unit
 

@@ -3,7 +3,7 @@ provenance difference (server env, weight/data hashes, engine version) listed.""
 
 import pytest
 
-from spec_decode import drift
+from spec_decode.analysis import drift
 
 pytestmark = pytest.mark.unit
 

@@ -7,14 +7,14 @@ import pytest
 import torch
 from hydra.errors import ConfigCompositionException
 
-from spec_decode import results
-from spec_decode.config import ConfigError
+from spec_decode.core.config import ConfigError
 from spec_decode.engines import server_extra_env
 from spec_decode.engines.embedded.decoding import FILL_TOKEN, ForcedAcceptance
-from spec_decode.job import baseline_config
-from spec_decode.results import JobContext
-from spec_decode.server import server_env
-from spec_decode.tracking import tags_of
+from spec_decode.record import results
+from spec_decode.record.results import JobContext
+from spec_decode.runner.job import baseline_config
+from spec_decode.runner.server import server_env
+from spec_decode.views.tracking import tags_of
 
 from ..conftest import compose_experiment
 

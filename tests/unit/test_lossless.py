@@ -8,10 +8,12 @@ from pathlib import Path
 
 import pytest
 
-from spec_decode import latency, lossless, request_pass, results
-from spec_decode.client import RunRecord
-from spec_decode.prompts import Prompt, load_prompt_set
-from spec_decode.results import JobRecord
+from spec_decode.analysis import latency, lossless
+from spec_decode.core.prompts import Prompt, load_prompt_set
+from spec_decode.record import results
+from spec_decode.record.results import JobRecord
+from spec_decode.runner import request_pass
+from spec_decode.runner.client import RunRecord
 
 from .test_record import ROOT, new
 

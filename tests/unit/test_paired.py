@@ -8,8 +8,8 @@ from pathlib import Path
 import pytest
 from scipy import stats as st
 
-from spec_decode.config import ConfigError
-from spec_decode.stats import paired_ratio, ratio_of_means
+from spec_decode.analysis.stats import paired_ratio, ratio_of_means
+from spec_decode.core.config import ConfigError
 
 from ..conftest import compose_experiment
 
@@ -66,7 +66,7 @@ def test_pairing_and_server_nice_are_typed_with_errors_naming_the_key():
 def test_preflight_refuses_concurrent_pairing_without_a_core_per_server():
     """On one usable core the two servers cannot each have their own: refused before any launch,
     naming the key and the way out."""
-    from spec_decode import preflight
+    from spec_decode.runner import preflight
 
     mine = os.sched_getaffinity(0)
     os.sched_setaffinity(0, {min(mine)})  # this process may use one core (as under taskset -c 0)

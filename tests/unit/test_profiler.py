@@ -27,7 +27,7 @@ class Poison(types.ModuleType):
     def __getattr__(self, name):
         raise AssertionError(f"register() touched torch.{name}")
 sys.modules["torch"] = Poison("torch")  # any use of torch (CUDA included) fails loudly
-from spec_decode.plugins import registry
+from spec_decode.engines.plugins import registry
 from spec_decode.profiler import plugin
 plugin.register()
 reg = registry()[0]

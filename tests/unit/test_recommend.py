@@ -1,12 +1,12 @@
-"""The step recommendation (spec_decode.recommend): noisy cells refused, a conservative score, "cannot
+"""The step recommendation (spec_decode.analysis.recommend): noisy cells refused, a conservative score, "cannot
 decide" when the data cannot, performance-only records never chosen. Records carry real runs and the
 aggregates results.finish computes from them (stats.summarize)."""
 
 import pytest
 
-from spec_decode import recommend, stats
-from spec_decode.client import RunRecord
-from spec_decode.results import EngineInfo, JobRecord
+from spec_decode.analysis import recommend, stats
+from spec_decode.record.results import EngineInfo, JobRecord
+from spec_decode.runner.client import RunRecord
 
 pytestmark = pytest.mark.unit
 

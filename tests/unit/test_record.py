@@ -6,10 +6,11 @@ from pathlib import Path
 
 import pytest
 
-from spec_decode import drift, results
-from spec_decode.client import RunRecord
+from spec_decode.analysis import drift
 from spec_decode.parsers import profile
-from spec_decode.results import JobContext, JobRecord
+from spec_decode.record import results
+from spec_decode.record.results import JobContext, JobRecord
+from spec_decode.runner.client import RunRecord
 
 from ..conftest import compose_experiment
 

@@ -8,7 +8,7 @@ import json
 import matplotlib
 import pytest
 
-from spec_decode import experiment, report
+from spec_decode.views import experiment, report
 
 matplotlib.use("Agg")
 pytestmark = pytest.mark.unit
@@ -56,7 +56,7 @@ def record(steps: int, tput: float, hist: list[int], verdict: str = "pass", simu
 
 
 def sweep():
-    from spec_decode.results import JobRecord
+    from spec_decode.record.results import JobRecord
 
     return [JobRecord.from_dict(json.loads(json.dumps(d))) for d in (
         record(1, 300.0, [10, 90]), record(3, 420.0, [5, 15, 30, 50], verdict="fail"),

@@ -2,8 +2,8 @@
 
 import pytest
 
-from spec_decode.results import EngineInfo, JobRecord
-from spec_decode.tracking import display_name, experiment_tags, rounded
+from spec_decode.record.results import EngineInfo, JobRecord
+from spec_decode.views.tracking import display_name, experiment_tags, rounded
 
 pytestmark = pytest.mark.unit
 
@@ -47,7 +47,7 @@ def test_experiment_opens_in_the_runs_view_with_a_saved_view():
 
 
 def test_a_baseline_reports_no_step_count():
-    from spec_decode.tracking import params_of
+    from spec_decode.views.tracking import params_of
 
     base = JobRecord(role="baseline", name="baseline,nccl=default", experiment="x", speculative=False,
                      config={"spec": {"steps": 2, "topk": 1}, "nccl": {"name": "default"}}, config_hash="",

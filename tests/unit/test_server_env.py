@@ -3,7 +3,7 @@ variables (NVLink multicast off) survive."""
 
 import pytest
 
-from spec_decode.server import server_env
+from spec_decode.runner.server import server_env
 
 pytestmark = pytest.mark.unit
 

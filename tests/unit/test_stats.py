@@ -3,7 +3,7 @@ import math
 import pytest
 from scipy import stats as st
 
-from spec_decode import stats
+from spec_decode.analysis import stats
 
 pytestmark = pytest.mark.unit
 

@@ -7,9 +7,9 @@ from pathlib import Path
 
 import pytest
 
-from spec_decode import experiment, report
-from spec_decode.checks import Check
-from spec_decode.results import EngineInfo, JobRecord
+from spec_decode.analysis.checks import Check
+from spec_decode.record.results import EngineInfo, JobRecord
+from spec_decode.views import experiment, report
 
 pytestmark = pytest.mark.unit
 PKG = Path(__file__).resolve().parents[2] / "spec_decode"
@@ -159,6 +159,6 @@ def test_the_import_graph_has_no_cycle():
     for m in sorted(graph):
         if m not in state:
             visit(m)
-    assert "spec_decode.tracking" not in graph["spec_decode.results"]
-    assert "spec_decode.tracking" in graph["spec_decode.report"]  # report -> tracking only (for --mlflow-run)
-    assert "spec_decode.report" not in graph["spec_decode.tracking"]
+    assert "spec_decode.views.tracking" not in graph["spec_decode.record.results"]
+    assert "spec_decode.views.tracking" in graph["spec_decode.views.report"]  # report -> tracking only (for --mlflow-run)
+    assert "spec_decode.views.report" not in graph["spec_decode.views.tracking"]

@@ -88,7 +88,7 @@ def resolve_seed_and_forcing(args: argparse.Namespace, parser: argparse.Argument
     it); SGLANG_SIMULATE_ACC_LEN > 0 forces acceptance with speculation (exit 2 on a bad value)."""
     if args.random_seed is None:
         args.random_seed = random.randint(0, 1 << 30)
-    from .decoding import ForcedAcceptance
+    from spec_decode.engines.embedded.decoding import ForcedAcceptance
 
     try:
         forced = ForcedAcceptance.from_env(args.speculative_num_steps or 0, args.random_seed)
@@ -105,9 +105,9 @@ def fail(msg: str) -> None:
 
 def check_models(args: argparse.Namespace) -> list[int] | None:
     """Start-up checks that SGLang would also fail on, with a message that says what to do: the drafter
-    rules are spec_decode.drafter's (the ones preflight applies), plus what only this engine needs.
+    rules are spec_decode.core.drafter's (the ones preflight applies), plus what only this engine needs.
     Returns the drafter's layer ids as it will be served (None for the baseline)."""
-    from spec_decode import drafter as rules
+    from spec_decode.core import drafter as rules
 
     target = Path(args.model_path)
     if not (target / "config.json").is_file() or not (target / "model.safetensors").is_file():
@@ -144,7 +144,7 @@ def check_models(args: argparse.Namespace) -> list[int] | None:
 
 def check_tp_size(args: argparse.Namespace, parser: argparse.ArgumentParser) -> None:
     """--tp-size must shard the target evenly (exit 2 naming the flag and the head counts)."""
-    from .parallel import tp_size_error
+    from spec_decode.engines.embedded.parallel import tp_size_error
 
     cfg = json.loads((Path(args.model_path) / "config.json").read_text())
     heads, kv_heads = cfg["num_attention_heads"], cfg.get("num_key_value_heads", cfg["num_attention_heads"])
@@ -166,12 +166,11 @@ def main(argv: list[str] | None = None) -> None:
     resolve_seed_and_forcing(args, parser)
 
     # Imported only now: a bad flag or model exits above without waiting for torch to load.
-    from spec_decode.plugins import load_plugins
-
-    from . import decoding  # noqa: F401 - the profiler's hook targets; loaded before the plugins
-    from .ranks import RankDied, RankGroup
-    from .scheduler import RankSpec
-    from .server import EngineState, bind, exit_on_rank_death, serve
+    from spec_decode.engines.embedded import decoding  # noqa: F401 - the profiler's hook targets; loaded before the plugins
+    from spec_decode.engines.embedded.ranks import RankDied, RankGroup
+    from spec_decode.engines.embedded.scheduler import RankSpec
+    from spec_decode.engines.embedded.server import EngineState, bind, exit_on_rank_death, serve
+    from spec_decode.engines.plugins import load_plugins
 
     try:
         httpd = bind(args.host, args.port)

@@ -6,7 +6,7 @@
 
 The drafter learns from the target's own regenerated text (``drafter_data``), with EAGLE-3's
 training-time test, and is scored on the data set's held-out split (training.json ``heldout``). Each
-training is logged to MLflow (experiment ``drafter-training``; ``spec_decode.lineage``); the run id,
+training is logged to MLflow (experiment ``drafter-training``; ``spec_decode.core.lineage``); the run id,
 the data set's md5 and the trained prefix's hash land in training.json (the drafter's lineage).
 
 Fixed seeds, ``torch.use_deterministic_algorithms(True)``, a fixed data order and a fixed thread count
@@ -28,12 +28,12 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 
-from ...lineage import EXPERIMENT as MLFLOW_EXPERIMENT
-from ...lineage import log_training
-from ...stats import summarize
-from . import kernels
-from .drafter_data import sha256_rows
-from .model import (
+from spec_decode.analysis.stats import summarize
+from spec_decode.core.lineage import EXPERIMENT as MLFLOW_EXPERIMENT
+from spec_decode.core.lineage import log_training
+from spec_decode.engines.embedded import kernels
+from spec_decode.engines.embedded.drafter_data import sha256_rows
+from spec_decode.engines.embedded.model import (
     DrafterShape,
     Eagle3Drafter,
     LlamaShape,
@@ -42,7 +42,7 @@ from .model import (
     read_config,
     target_config_json,
 )
-from .tokenizer import encode, write_tokenizer_files
+from spec_decode.engines.embedded.tokenizer import encode, write_tokenizer_files
 
 EVAL_STEPS = 5  # held-out acceptance is reported for chains of 1..5 drafts (the benchmarks' step range)
 
@@ -177,8 +177,8 @@ def evaluate(drafter: Eagle3Drafter, target: LlamaTarget, rows: torch.Tensor, id
 
 
 def build_drafter(args: argparse.Namespace) -> None:
-    from .drafter_data import load as load_data
-    from .drafter_data import load_frozen_target
+    from spec_decode.engines.embedded.drafter_data import load as load_data
+    from spec_decode.engines.embedded.drafter_data import load_frozen_target
 
     gen = _setup(args.seed, args.threads, args.kernels)
     target = load_frozen_target(args.target)  # training arithmetic, independent of the serving path

@@ -29,8 +29,8 @@ from dataclasses import dataclass, field
 
 import torch
 
-from .graphs import StaticRunner
-from .model import Eagle3Drafter, LlamaTarget
+from spec_decode.engines.embedded.graphs import StaticRunner
+from spec_decode.engines.embedded.model import Eagle3Drafter, LlamaTarget
 
 
 @dataclass

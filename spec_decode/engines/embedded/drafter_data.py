@@ -35,9 +35,9 @@ from pathlib import Path
 
 import torch
 
-from . import kernels
-from .model import LlamaShape, LlamaTarget, causal_mask, read_config
-from .tokenizer import encode
+from spec_decode.engines.embedded import kernels
+from spec_decode.engines.embedded.model import LlamaShape, LlamaTarget, causal_mask, read_config
+from spec_decode.engines.embedded.tokenizer import encode
 
 SAMPLES_FILE = "samples.safetensors"
 RECORD_FILE = "data.json"

@@ -5,7 +5,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
-    from ...config import ExperimentConfig
+    from spec_decode.core.config import ExperimentConfig
 
 
 def engine_flags(cfg: ExperimentConfig) -> list[str]:

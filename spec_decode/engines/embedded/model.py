@@ -21,11 +21,11 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from ...drafter import ARCHITECTURE, configured_layer_ids, default_layer_ids
-from .parallel import TensorParallel, shard_units
+from spec_decode.core.drafter import ARCHITECTURE, configured_layer_ids, default_layer_ids
+from spec_decode.engines.embedded.parallel import TensorParallel, shard_units
 
 TARGET_ARCH = "LlamaForCausalLM"
-DRAFTER_ARCH = ARCHITECTURE  # spec_decode.drafter owns the drafter rules
+DRAFTER_ARCH = ARCHITECTURE  # spec_decode.core.drafter owns the drafter rules
 
 
 @dataclass

@@ -24,9 +24,8 @@ import threading
 import time
 from dataclasses import replace
 
-from spec_decode.server import free_port
-
-from .scheduler import RankSpec, run_rank
+from spec_decode.engines.embedded.scheduler import RankSpec, run_rank
+from spec_decode.runner.server import free_port
 
 log = logging.getLogger("spec_decode.embedded")
 TAIL_LINES = 20  # of each rank's output, kept for the error message when it dies

@@ -14,8 +14,8 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-from .decoding import max_new_tokens
-from .tokenizer import encode
+from spec_decode.engines.embedded.decoding import max_new_tokens
+from spec_decode.engines.embedded.tokenizer import encode
 
 VOCAB = 256  # byte-level: token id == byte value
 

@@ -27,12 +27,11 @@ from datetime import timedelta
 import torch
 import torch.distributed as dist
 
-from spec_decode.plugins import load_plugins
-
-from .decoding import Decoder, ForcedAcceptance
-from .graphs import StaticRunner
-from .model import load_drafter, load_target, read_config
-from .parallel import TensorParallel, shard_units
+from spec_decode.engines.embedded.decoding import Decoder, ForcedAcceptance
+from spec_decode.engines.embedded.graphs import StaticRunner
+from spec_decode.engines.embedded.model import load_drafter, load_target, read_config
+from spec_decode.engines.embedded.parallel import TensorParallel, shard_units
+from spec_decode.engines.plugins import load_plugins
 
 log = logging.getLogger("spec_decode.embedded")
 

@@ -38,9 +38,14 @@ from collections.abc import Iterator
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from urllib.parse import parse_qs
 
-from .ranks import RankDied, RankGroup
-from .request import SAMPLING_KEYS, GenerateRequest, RequestError, parse_generate  # noqa: F401 (SAMPLING_KEYS: re-exported)
-from .tokenizer import decode
+from spec_decode.engines.embedded.ranks import RankDied, RankGroup
+from spec_decode.engines.embedded.request import (  # noqa: F401 (SAMPLING_KEYS: re-exported)
+    SAMPLING_KEYS,
+    GenerateRequest,
+    RequestError,
+    parse_generate,
+)
+from spec_decode.engines.embedded.tokenizer import decode
 
 log = logging.getLogger("spec_decode.embedded")
 MAX_BODY_BYTES = 1 << 20  # a prompt is at most the context (1024 bytes); anything far larger is abuse

@@ -3,7 +3,7 @@
 ``on_multirun_start`` opens the parent run and hands its id to each job (environment, so it also
 reaches submitit/joblib workers); at the end (also on failure or Ctrl-C, via atexit) the summary table
 and plots are rendered from the jobs' results.json files -- preflight-refused jobs included --, the
-step recommendation (spec_decode.recommend) goes on the parent as the tag ``recommendation`` and the
+step recommendation (spec_decode.analysis.recommend) goes on the parent as the tag ``recommendation`` and the
 artifact ``recommendation.json``, and the parent closes FINISHED, FAILED (any job not FINISHED, or no job at all) or KILLED.
 """
 
@@ -16,9 +16,10 @@ from pathlib import Path
 
 from hydra.experimental.callback import Callback
 
-from . import recommend, results
-from .report import sweep_summary, write_plots
-from .tracking import PARENT_ENV, Tracker, experiment_tags
+from spec_decode.analysis import recommend
+from spec_decode.record import results
+from spec_decode.views.report import sweep_summary, write_plots
+from spec_decode.views.tracking import PARENT_ENV, Tracker, experiment_tags
 
 
 def markdown_summary(table: dict[str, list], sweep_dir: str) -> str:
@@ -36,8 +37,8 @@ def where_to_look(sweep_dir: str, parent_run_id: str | None, tracker: Tracker | 
     if parent_run_id and tracker is not None:
         lines.append(f"MLflow parent run: {parent_run_id}")
         lines.append(f"  open: {tracker.ui_command()}  ->  {tracker.ui_url()}")
-    lines.append(f"report: python -m spec_decode.report {sweep_dir}"
-                 + (f"   (or: python -m spec_decode.report --mlflow-run {parent_run_id})" if parent_run_id else ""))
+    lines.append(f"report: python -m spec_decode.views.report {sweep_dir}"
+                 + (f"   (or: python -m spec_decode.views.report --mlflow-run {parent_run_id})" if parent_run_id else ""))
     return "\n".join(lines)
 
 
@@ -76,7 +77,7 @@ class SweepCallback(Callback):
                 self._tracker = tracker
             except Exception as e:  # noqa: BLE001
                 print(f"warning: MLflow store {tracker.uri} unreachable ({e}); jobs keep results.json; "
-                      "upload later: python -m spec_decode.tracking sync " + self.sweep_dir, file=sys.stderr)
+                      "upload later: python -m spec_decode.views.tracking sync " + self.sweep_dir, file=sys.stderr)
         atexit.register(self._finalize)
 
     def on_job_start(self, config, **kwargs) -> None:

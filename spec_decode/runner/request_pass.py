@@ -15,8 +15,8 @@ import statistics
 from pathlib import Path
 from typing import Optional
 
-from .client import RunRecord
-from .prompts import Prompt
+from spec_decode.core.prompts import Prompt
+from spec_decode.runner.client import RunRecord
 
 OUTPUTS_FILE = "outputs.jsonl"
 

@@ -1,7 +1,7 @@
 """First-contact self-check: is this install and this server able to give trustworthy numbers?
 
-    python -m spec_decode.doctor [hydra overrides]          # e.g. engine=sglang hardware=h200x8 ...
-    python -m spec_decode.doctor --static-only [overrides]  # no server: install and hook checks
+    python -m spec_decode.runner.doctor [hydra overrides]          # e.g. engine=sglang hardware=h200x8 ...
+    python -m spec_decode.runner.doctor --static-only [overrides]  # no server: install and hook checks
 
 Static items (no server): the installed engine version; our profiler's entry point in the
 ``sglang.srt.plugins`` group (and not excluded by ``SGLANG_PLUGINS``); every hook target resolves to a
@@ -27,8 +27,8 @@ import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
-from .parsers import decode_log, profile
-from .profiler.plugin import TARGETS
+from spec_decode.parsers import decode_log, profile
+from spec_decode.profiler.plugin import TARGETS
 
 ENTRY_POINT = "spec_decode_profiler"
 # The leading parameters each hooked method must take (our hooks pass *args through, but the phase
@@ -49,10 +49,10 @@ class Item:
 
 
 def check_version(engine: str) -> Item:
-    from .engines.sglang import TESTED_VERSION, installed_version
+    from spec_decode.engines.sglang import TESTED_VERSION, installed_version
 
     if engine != "sglang":
-        from . import __version__
+        from spec_decode import __version__
 
         return Item("engine version", True, f"embedded engine of spec-decode-bench {__version__}")
     v = installed_version()
@@ -226,10 +226,10 @@ def run(overrides: list[str], root: Path, static_only: bool = False, max_new_tok
 
     from hydra import compose, initialize_config_dir
 
-    from .client import Client
-    from .config import register_configs, to_experiment
-    from .engines import server_extra_env, start_server
-    from .prompts import load_prompts
+    from spec_decode.core.config import register_configs, to_experiment
+    from spec_decode.core.prompts import load_prompts
+    from spec_decode.engines import server_extra_env, start_server
+    from spec_decode.runner.client import Client
 
     register_configs()
     with initialize_config_dir(config_dir=str(root / "conf"), version_base="1.3"):
@@ -252,7 +252,7 @@ def run(overrides: list[str], root: Path, static_only: bool = False, max_new_tok
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="python -m spec_decode.doctor", description=__doc__,
+    p = argparse.ArgumentParser(prog="python -m spec_decode.runner.doctor", description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--static-only", action="store_true", help="no server: install and hook checks only")
     p.add_argument("overrides", nargs="*", help="Hydra overrides, as for run.py (engine=sglang ...)")

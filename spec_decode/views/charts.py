@@ -7,8 +7,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from .costmodel import fitted_rate
-from .results import JobRecord, performance_only
+from spec_decode.analysis.costmodel import fitted_rate
+from spec_decode.record.results import JobRecord, performance_only
 
 
 def acceptance_figures(recs: list[JobRecord], fits: dict | None = None) -> dict:

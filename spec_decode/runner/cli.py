@@ -9,11 +9,11 @@ from pathlib import Path
 
 from omegaconf import DictConfig
 
-from .config import ConfigError, to_experiment
-from .job import JobFailed, run_job
-from .preflight import PreflightError
-from .results import JobContext
-from .tracking import PARENT_ENV, Tracker
+from spec_decode.core.config import ConfigError, to_experiment
+from spec_decode.record.results import JobContext
+from spec_decode.runner.job import JobFailed, run_job
+from spec_decode.runner.preflight import PreflightError
+from spec_decode.views.tracking import PARENT_ENV, Tracker
 
 
 class Terminated(KeyboardInterrupt):

@@ -10,7 +10,7 @@ The unit of replication is the run (5 x 500 tokens by default), and the server l
   ratios, t-CI on the mean log ratio with n_pairs - 1 df;
 - minimum detectable effect of a two-sample t-test (alpha 0.05, power 0.8) from the observed CV:
   MDE = (t(0.975, df) + t(0.8, df)) * sqrt(2 / n) * CV; with 5 runs per arm that is about 2.0 CV;
-- robust CV = 1.4826 x MAD / median (the step recommendation's stability measure, spec_decode.recommend);
+- robust CV = 1.4826 x MAD / median (the step recommendation's stability measure, spec_decode.analysis.recommend);
 - CV above 3% is flagged: a 5.9% gain needs CV <= ~3% to be seen with 5 runs.
 """
 
@@ -35,7 +35,7 @@ class Summary:
     ci95_lo: float
     ci95_hi: float
     # 1.4826 x MAD / median: estimates the CV for normal noise, and one outlier of five runs (a
-    # neighbour's burst on a shared host) does not move it; spec_decode.recommend's stability verdict
+    # neighbour's burst on a shared host) does not move it; spec_decode.analysis.recommend's stability verdict
     robust_cv: float = 0.0
 
     def as_dict(self) -> dict:

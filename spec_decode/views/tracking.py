@@ -3,11 +3,11 @@
 - ``Tracker`` talks to the store through ``MlflowClient`` only (no fluent active-run state, so nothing
   leaks between sweep jobs run in one process). The store is initialised once, by the first call.
 - An unreachable store never costs a measurement: the job keeps results.json and a warning says how
-  to upload later with ``python -m spec_decode.tracking sync <dir>`` (idempotent: runs are matched by
+  to upload later with ``python -m spec_decode.views.tracking sync <dir>`` (idempotent: runs are matched by
   the record id tag).
 - It only reads the job record: the job computes everything (checks, drift) and writes results.json
   once before ``Tracker.finish`` logs it. ``earlier_baselines`` reads earlier runs for the job's drift
-  guard. The sweep's parent run is ``spec_decode.sweep.SweepCallback``'s.
+  guard. The sweep's parent run is ``spec_decode.views.sweep.SweepCallback``'s.
 
 Names (DESIGN §3.6): metrics carry units (``throughput_tok_s``, ``cycle_ms``...), params are the
 flattened config plus the group choices (``nccl``, ``drafter``...), tags hold provenance.
@@ -28,9 +28,11 @@ from typing import Any
 
 from filelock import FileLock
 
-from . import charts, drift, results
-from .config import flatten
-from .results import JobContext, JobRecord
+from spec_decode.analysis import drift
+from spec_decode.core.config import flatten
+from spec_decode.record import results
+from spec_decode.record.results import JobContext, JobRecord
+from spec_decode.views import charts
 
 PARENT_ENV = "SPEC_DECODE_PARENT_RUN_ID"
 RECORD_TAG = "spec_decode.record_id"
@@ -221,7 +223,7 @@ class Tracker:
 
     def _unreachable(self, e: Exception) -> str:
         msg = (f"MLflow store {self.uri} unreachable ({type(e).__name__}: {str(e)[:200]}); results stay "
-               f"in results.json; upload later: python -m spec_decode.tracking sync <dir>")
+               f"in results.json; upload later: python -m spec_decode.views.tracking sync <dir>")
         print(f"warning: {msg}", file=sys.stderr)
         return msg
 
@@ -372,7 +374,7 @@ def sync(directory: Path, tracker: Tracker) -> tuple[int, int]:
 
 
 def main(argv: list[str] | None = None) -> None:
-    ap = argparse.ArgumentParser(prog="python -m spec_decode.tracking",
+    ap = argparse.ArgumentParser(prog="python -m spec_decode.views.tracking",
                                  description="Upload job results that never reached MLflow.")
     sub = ap.add_subparsers(dest="cmd", required=True)
     s = sub.add_parser("sync", help="log every results.json under DIR not yet in the store")

@@ -17,7 +17,7 @@ from typing import Any, Optional
 from hydra.core.config_store import ConfigStore
 from omegaconf import MISSING, DictConfig, OmegaConf
 
-from .pairing import INTERLEAVED, PAIRINGS
+from spec_decode.runner.pairing import INTERLEAVED, PAIRINGS
 
 
 class ConfigError(ValueError):
@@ -199,7 +199,7 @@ class BenchmarkConfig:
     # on where two servers fit side by side (CPU; GPUs >= 2 x tp_size), off where they cannot (one
     # 8-GPU model on an 8-GPU box).
     paired: Optional[bool] = None
-    # How a paired run meets its baseline run (spec_decode/pairing.py): "interleaved" = one after the
+    # How a paired run meets its baseline run (spec_decode/runner/pairing.py): "interleaved" = one after the
     # other (ABBA); "concurrent" = both at once, each server pinned to its own cores. Interleaved is the
     # default: concurrent was not tighter here and its arms slow each other (docs/paired-baseline.md).
     pairing: str = INTERLEAVED
@@ -255,7 +255,7 @@ class TrackingConfig:
 @dataclass
 class PreflightConfig:
     # Measure all-reduce latency at decode sizes under the job's NCCL profile before the server
-    # starts (python -m spec_decode.nccl_probe); gloo with 2 processes on a CPU profile.
+    # starts (python -m spec_decode.probe.nccl); gloo with 2 processes on a CPU profile.
     nccl_probe: bool = False
     nccl_probe_iters: int = 200
     # Serve a drafter on other target layers than drafter.layer_ids / its training.json say (the seed's

@@ -1,9 +1,9 @@
 """Reports: a table per sweep and PNG plots, rendered from job records (results.json files, or a
 reported experiment's committed metrics.json via ``experiment.records_from_metrics``). Reads only.
 
-    python -m spec_decode.report multirun/2026-11-29/10-00-00_adhoc     # a sweep dir
-    python -m spec_decode.report experiments/embedded_steps_nccl          # an experiment dir
-    python -m spec_decode.report --mlflow-run <parent run id>             # a sweep logged to MLflow
+    python -m spec_decode.views.report multirun/2026-11-29/10-00-00_adhoc     # a sweep dir
+    python -m spec_decode.views.report experiments/embedded_steps_nccl          # an experiment dir
+    python -m spec_decode.views.report --mlflow-run <parent run id>             # a sweep logged to MLflow
 
 Tables: one row per job (lossless verdict where the job checked it; performance-only jobs -- forced
 acceptance -- labelled), then where the records carry them: acceptance per draft position with the
@@ -26,10 +26,10 @@ from pathlib import Path
 
 from tabulate import tabulate
 
-from . import recommend
-from .charts import acceptance_figures, legend_outside, save
-from .costmodel import describe, fit, points_from_records
-from .results import JobRecord, collect, performance_only, section
+from spec_decode.analysis import recommend
+from spec_decode.analysis.costmodel import describe, fit, points_from_records
+from spec_decode.record.results import JobRecord, collect, performance_only, section
+from spec_decode.views.charts import acceptance_figures, legend_outside, save
 
 COLUMNS = ("job", "status", "tok/s", "95% CI", "CV%", "speedup", "speedup 95% CI", "accept len",
            "cycle ms", "draft%", "verify%", "extend%", "other%", "checks")
@@ -302,7 +302,7 @@ def from_mlflow(run_id: str, uri: str, dest: Path) -> Path:
     """Download the results.json of a sweep's child runs (parent run ``run_id``) under ``dest``."""
     from mlflow.tracking import MlflowClient
 
-    from .tracking import resolve_uri
+    from spec_decode.views.tracking import resolve_uri
 
     client = MlflowClient(tracking_uri=resolve_uri(uri, Path.cwd()))
     parent = client.get_run(run_id)
@@ -313,7 +313,7 @@ def from_mlflow(run_id: str, uri: str, dest: Path) -> Path:
 
 
 def main(argv: list[str] | None = None) -> None:
-    ap = argparse.ArgumentParser(prog="python -m spec_decode.report", description=__doc__,
+    ap = argparse.ArgumentParser(prog="python -m spec_decode.views.report", description=__doc__,
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("path", nargs="?", type=Path, help="a sweep dir or experiment dir")
     ap.add_argument("--plots", type=Path, default=None,

@@ -1,7 +1,7 @@
 """Cost model: from a steps sweep, predict throughput for step counts not measured.
 
 - Acceptance, measured: where the records carry the per-position acceptance rates (``accept_rate_pos<i>``,
-  spec_decode.acceptance: rate_i = P(accepted >= i | accepted >= i-1)), the rates measured at the largest
+  spec_decode.analysis.acceptance: rate_i = P(accepted >= i | accepted >= i-1)), the rates measured at the largest
   step count of the sweep predict L(k) = 1 + sum_{i<=k} prod_{j<=i} rate_j; beyond the measured
   positions the fitted rates below continue the chain (each prediction says which: ``accept_len_from``).
 - Acceptance, fitted (no measured rates, and beyond them): the chain model (Leviathan et al. 2023): with
@@ -30,11 +30,11 @@ import numpy as np
 from scipy import optimize
 from scipy import stats as st
 
-from .acceptance import rates_from_metrics
-from .results import performance_only
+from spec_decode.analysis.acceptance import rates_from_metrics
+from spec_decode.record.results import performance_only
 
 if TYPE_CHECKING:
-    from .results import JobRecord
+    from spec_decode.record.results import JobRecord
 
 
 @dataclass

@@ -20,12 +20,14 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol
 
-from . import acceptance, drift, latency, lossless, provenance, request_pass, stats
-from .checks import Check, cost_model_metrics, run_checks
-from .client import RunRecord
-from .config import ExperimentConfig, config_hash, resolved_dict
-from .drift import Drift, Reference
-from .parsers import decode_log, profile
+from spec_decode.analysis import acceptance, drift, latency, lossless, stats
+from spec_decode.analysis.checks import Check, cost_model_metrics, run_checks
+from spec_decode.analysis.drift import Drift, Reference
+from spec_decode.core.config import ExperimentConfig, config_hash, resolved_dict
+from spec_decode.parsers import decode_log, profile
+from spec_decode.record import provenance
+from spec_decode.runner import request_pass
+from spec_decode.runner.client import RunRecord
 
 # 2: typed record, drift and checks computed by the job, preflight failures recorded
 # 3: streamed runs (latency), request pass (requests, categories), lossless guard, pairing, acceptance by
@@ -109,7 +111,7 @@ class JobRecord:
     provenance: dict[str, Any] = field(default_factory=dict)
     server_info: dict | None = None
     nccl_probe: dict | None = None
-    doctor: list[dict] | None = None  # the first-contact self-check's live items (spec_decode.doctor)
+    doctor: list[dict] | None = None  # the first-contact self-check's live items (spec_decode.runner.doctor)
     throughput_tok_s: dict | None = None  # stats.Summary of the runs
     variance_components: dict | None = None
     acceptance: dict | None = None
@@ -120,11 +122,11 @@ class JobRecord:
     metrics: dict[str, float] = field(default_factory=dict)  # flat, units in the names (MLflow's)
     checks: list[Check] = field(default_factory=list)
     drift: Drift | None = None
-    # Streamed timed runs: {ttft_ms|itl_ms|tpot_ms|e2e_ms: {p50, p90, p99, mean, n}} (spec_decode.latency)
+    # Streamed timed runs: {ttft_ms|itl_ms|tpot_ms|e2e_ms: {p50, p90, p99, mean, n}} (spec_decode.analysis.latency)
     latency: dict = field(default_factory=dict)
     requests: list[dict] = field(default_factory=list)  # the request pass, one entry per prompt
     categories: dict = field(default_factory=dict)  # the request pass per prompt category
-    lossless: dict = field(default_factory=dict)  # the lossless guard's verdict (spec_decode.lossless)
+    lossless: dict = field(default_factory=dict)  # the lossless guard's verdict (spec_decode.analysis.lossless)
     mlflow_run_id: str | None = None
     extra: dict[str, Any] = field(default_factory=dict)  # keys of other schema versions, kept as read
 
@@ -301,7 +303,7 @@ def finish(rec: JobRecord, cfg: ExperimentConfig, status: str, error: str | None
                       "draft_pct", "verify_pct", "extend_pct", "other_pct"):
                 metrics[k] = summary[k]
     # Per-request and per-position acceptance: from the profile's cycles where it has them, else from
-    # the requests' meta_info histograms (spec_decode.acceptance).
+    # the requests' meta_info histograms (spec_decode.analysis.acceptance).
     if cfg.speculative and runs:
         per_request = acceptance.summarize(cfg.spec.steps, runs, run_cycles, getattr(rec, "requests", None) or None)
         if per_request is not None:
@@ -331,7 +333,7 @@ def finish(rec: JobRecord, cfg: ExperimentConfig, status: str, error: str | None
         base_summary = stats.summarize(base_tput).as_dict()
         rec.baseline = BaselineRef(baseline.out_dir if baseline else None,
                                    baseline.mlflow_run_id if baseline else None, base_summary)
-        # which pairing produced the CI: as the launches ran it (spec_decode/pairing.py)
+        # which pairing produced the CI: as the launches ran it (spec_decode/runner/pairing.py)
         pairing = sorted({x.get("pairing", "interleaved") for x in rec.launches if "baseline_pid" in x})
         rec.speedup_vs_baseline = {**ratio.as_dict(), "method": "paired", "pairs": n,
                                    "pairing": ",".join(pairing) or "interleaved",
@@ -354,7 +356,7 @@ def finish(rec: JobRecord, cfg: ExperimentConfig, status: str, error: str | None
         metrics["speedup_vs_baseline_ci95_hi"] = ratio.ci95_hi
         metrics["speedup_ci95_halfwidth_pct"] = 100 * (ratio.ci95_hi - ratio.ci95_lo) / 2 / ratio.ratio
     if rec.nccl_probe:
-        from .nccl_probe import metrics_of
+        from spec_decode.probe.nccl import metrics_of
 
         metrics.update(metrics_of(rec.nccl_probe))
         rec.provenance["nccl"] = {k: rec.nccl_probe.get(k) for k in
@@ -377,7 +379,7 @@ def finish(rec: JobRecord, cfg: ExperimentConfig, status: str, error: str | None
 
 
 def guard_lossless(rec: JobRecord, cfg: ExperimentConfig, out_dir: Path, baseline: JobRecord | None) -> dict:
-    """The spec job's outputs against the baseline's for the same prompts (``spec_decode.lossless``):
+    """The spec job's outputs against the baseline's for the same prompts (``spec_decode.analysis.lossless``):
     the timed runs against the paired baseline's runs (else the baseline job's), the request pass
     against the baseline job's request pass (its ``outputs.jsonl``)."""
     if rec.role != "spec":

@@ -1,9 +1,9 @@
 """Reported experiments (experiments/<name>/): the DVC `bench` and `report` stages, and `compare`.
 
-    python -m spec_decode.experiment bench embedded_steps_nccl    # run the sweep -> metrics.json
-    python -m spec_decode.experiment report embedded_steps_nccl   # metrics.json -> table, facts, plots
-    python -m spec_decode.experiment compare embedded_steps_nccl  # rebuilt (workspace) vs committed (HEAD)
-    python -m spec_decode.experiment headline embedded_steps_nccl # metrics.json -> README's headline table
+    python -m spec_decode.views.experiment bench embedded_steps_nccl    # run the sweep -> metrics.json
+    python -m spec_decode.views.experiment report embedded_steps_nccl   # metrics.json -> table, facts, plots
+    python -m spec_decode.views.experiment compare embedded_steps_nccl  # rebuilt (workspace) vs committed (HEAD)
+    python -m spec_decode.views.experiment headline embedded_steps_nccl # metrics.json -> README's headline table
 
 metrics.json holds one entry per job, keyed by the job's full override set (its Hydra override_dirname;
 ``baseline,<overrides>`` for a baseline): status, error, the config axes, the throughput summary
@@ -26,15 +26,15 @@ from pathlib import Path
 
 from tabulate import tabulate
 
-from .acceptance import rates_from_metrics
-from .checks import Check
-from .report import sweep_summary, write_plots
-from .results import EngineInfo, JobRecord, collect, section
-from .stats import ratio_from_summary
+from spec_decode.analysis.acceptance import rates_from_metrics
+from spec_decode.analysis.checks import Check
+from spec_decode.analysis.stats import ratio_from_summary
+from spec_decode.record.results import EngineInfo, JobRecord, collect, section
+from spec_decode.views.report import sweep_summary, write_plots
 
-ROOT = Path(__file__).resolve().parents[1]
-BEGIN, END = "<!-- table:begin (python -m spec_decode.experiment report) -->", "<!-- table:end -->"
-FACTS_BEGIN, FACTS_END = "<!-- facts:begin (python -m spec_decode.experiment report) -->", "<!-- facts:end -->"
+ROOT = Path(__file__).resolve().parents[2]
+BEGIN, END = "<!-- table:begin (python -m spec_decode.views.experiment report) -->", "<!-- table:end -->"
+FACTS_BEGIN, FACTS_END = "<!-- facts:begin (python -m spec_decode.views.experiment report) -->", "<!-- facts:end -->"
 SUMMARY = ("mean", "std", "n", "ci95_lo", "ci95_hi", "cv", "robust_cv")
 METRICS = ("accept_len", "accept_rate_draft", "speedup_vs_baseline", "speedup_vs_baseline_ci95_lo",
            "speedup_vs_baseline_ci95_hi", "speedup_ci95_halfwidth_pct", "non_cycle_pct", "cycle_ms", "draft_ms", "verify_ms", "extend_ms", "other_ms",
@@ -226,7 +226,7 @@ def report(name: str, root: Path) -> None:
     print(text)
 
 
-HEADLINE_BEGIN = "<!-- headline:begin (python -m spec_decode.experiment headline {name}) -->"
+HEADLINE_BEGIN = "<!-- headline:begin (python -m spec_decode.views.experiment headline {name}) -->"
 HEADLINE_END = "<!-- headline:end -->"
 
 
@@ -257,7 +257,7 @@ def headline(metrics: dict, name: str) -> str:
     commit = (metrics.get("git_commit") or "?")[:10] + (" (dirty tree)" if metrics.get("git_dirty") else "")
     return (f"`python run.py -m experiment={name}` (5 runs x 500 greedy tokens per job, 1 warmup; "
             f"[experiments/{name}/](experiments/{name}/); code {commit}; generated from its metrics.json by "
-            f"`python -m spec_decode.experiment headline {name}`):\n\n{table}")
+            f"`python -m spec_decode.views.experiment headline {name}`):\n\n{table}")
 
 
 def write_headline(name: str, root: Path, readme: Path) -> str:
@@ -319,7 +319,7 @@ def committed_metrics(path: Path, rev: str, root: Path) -> dict:
 
 
 def main(argv: list[str] | None = None) -> None:
-    ap = argparse.ArgumentParser(prog="python -m spec_decode.experiment", description=__doc__,
+    ap = argparse.ArgumentParser(prog="python -m spec_decode.views.experiment", description=__doc__,
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
     sub = ap.add_subparsers(dest="cmd", required=True)
     b = sub.add_parser("bench", help="run the experiment's sweep and write metrics.json")

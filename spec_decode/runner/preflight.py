@@ -13,9 +13,10 @@ import subprocess
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from . import drafter, pairing
-from .config import ExperimentConfig
-from .prompts import load_prompt_set, load_prompts
+from spec_decode.core import drafter
+from spec_decode.core.config import ExperimentConfig
+from spec_decode.core.prompts import load_prompt_set, load_prompts
+from spec_decode.runner import pairing
 
 # NCCL environment variables (NCCL user guide, "Environment Variables"): a typo such as NCCL_PROTOCOL
 # is silently ignored by NCCL, so we refuse names outside this list.
@@ -202,19 +203,19 @@ def check(cfg: ExperimentConfig, root: Path) -> Preflight:
                 f"{cfg.hardware.tp_size}; {n or 0} visible here", local=True, dry_run=dry)
     # Forced acceptance: real speed, outputs not lossless -- the record says so (results.PERFORMANCE_ONLY).
     if cfg.speculative and cfg.spec.simulate_accept_len is not None:
-        from .results import PERFORMANCE_ONLY
+        from spec_decode.record.results import PERFORMANCE_ONLY
 
         pf.warnings.append(f"{PERFORMANCE_ONLY} (spec.simulate_accept_len={cfg.spec.simulate_accept_len}: "
                            "every verify commits the forced count, SGLANG_SIMULATE_ACC_LEN)")
     # A reported experiment from a dirty tree cannot be rebuilt from its commit.
     if cfg.name != "adhoc":
-        from .provenance import git_state
+        from spec_decode.record.provenance import git_state
 
         if git_state(root).get("code_dirty"):
             pf.warnings.append(f"experiment={cfg.name} runs from a dirty git tree: commit first, or the "
                                "result's git.commit does not rebuild it")
     if cfg.engine.name == "sglang":
-        from .engines.sglang import installed_version, version_warning
+        from spec_decode.engines.sglang import installed_version, version_warning
 
         pf.need(installed_version() is not None,
                 "engine=sglang: sglang is not installed; pip install -e '.[sglang]' on the GPU box",
@@ -224,7 +225,7 @@ def check(cfg: ExperimentConfig, root: Path) -> Preflight:
         if cfg.benchmark.profile and cfg.speculative and installed_version() is not None:
             # First contact: our profiler must be installed and its hook targets must exist in this
             # sglang, or every phase number of the sweep would be missing.
-            from . import doctor
+            from spec_decode.runner import doctor
 
             for item in doctor.static_checks("sglang")[1:]:
                 pf.need(item.ok, f"self-check: {item.name}: {item.detail}; what to do: {item.fix} "

@@ -23,16 +23,18 @@ from pathlib import Path
 
 from filelock import FileLock
 
-from . import drift, pairing, preflight, request_pass, results
-from .client import Client, ClientError
-from .config import DrafterConfig, ExperimentConfig, config_hash, resolved_dict
-from .engines import server_command, server_extra_env, start_server
-from .parsers.profile import rank_files
-from .prompts import load_prompt_set, load_prompts
-from .request_pass import OUTPUTS_FILE
-from .results import JobContext, JobRecord
-from .server import ServerError
-from .slots import SlotTimeout, allocate, pool_for
+from spec_decode.analysis import drift
+from spec_decode.core.config import DrafterConfig, ExperimentConfig, config_hash, resolved_dict
+from spec_decode.core.prompts import load_prompt_set, load_prompts
+from spec_decode.engines import server_command, server_extra_env, start_server
+from spec_decode.parsers.profile import rank_files
+from spec_decode.record import results
+from spec_decode.record.results import JobContext, JobRecord
+from spec_decode.runner import pairing, preflight, request_pass
+from spec_decode.runner.client import Client, ClientError
+from spec_decode.runner.request_pass import OUTPUTS_FILE
+from spec_decode.runner.server import ServerError
+from spec_decode.runner.slots import SlotTimeout, allocate, pool_for
 
 __all__ = ["JobContext", "JobFailed", "run_job", "dry_run", "measure"]
 
@@ -172,7 +174,7 @@ def earlier_baselines(cfg: ExperimentConfig, ctx: JobContext, rec: JobRecord) ->
 def run_nccl_probe(cfg: ExperimentConfig, ctx: JobContext) -> dict:
     """All-reduce latency under the job's NCCL profile, at the standard sizes and the model's decode
     size (hidden x batch 1 x dtype bytes); gloo with 2 processes on CPU profiles."""
-    from .nccl_probe import DEFAULT_SIZES, decode_bytes, probe
+    from spec_decode.probe.nccl import DEFAULT_SIZES, decode_bytes, probe
 
     cuda = cfg.hardware.device == "cuda"
     sizes = list(DEFAULT_SIZES)
@@ -256,14 +258,14 @@ def where_to_look(rec: JobRecord, ctx: JobContext) -> str:
         except Exception:  # noqa: BLE001 - a store gone since the run was logged: the id still helps
             lines.append(f"  MLflow run {rec.mlflow_run_id}")
     if not ctx.sweep_dir:
-        lines.append(f"  report: python -m spec_decode.report {ctx.out_dir}")
+        lines.append(f"  report: python -m spec_decode.views.report {ctx.out_dir}")
     return "\n".join(lines)
 
 
 def _drafter_lineage(cfg: ExperimentConfig, ctx: JobContext) -> dict[str, str]:
     """The drafter's lineage tags; its training run is looked up in the job's own store, and only
     when that store answers (MLflow's client retries a dead server for minutes)."""
-    from .lineage import lineage_tags
+    from spec_decode.core.lineage import lineage_tags
 
     uri = "off"
     if ctx.tracker is not None:
@@ -292,7 +294,7 @@ class Pair:
 def _self_check(rec: JobRecord, cfg: ExperimentConfig, warmup, log_path: Path, log_start: int) -> None:
     """The doctor's live items on the warmup request: profile lines from rank 0 with every phase,
     meta_info counters, decode-log lines. A failure is a warning (the job still measures)."""
-    from . import doctor
+    from spec_decode.runner import doctor
 
     items = doctor.warmup_checks(warmup, log_path.parent / "profile.jsonl", log_path, log_start,
                                  cfg.speculative)
@@ -309,7 +311,7 @@ def _one_launch(cfg: ExperimentConfig, ctx: JobContext, launch: int, prompt: str
                 pair: Pair | None = None) -> None:
     """One server launch: warmup, /flush_cache, the timed runs. With ``pair``, the baseline server runs
     beside ours and each timed run is paired with one of its own (benchmark.pairing: interleaved or
-    concurrent, see spec_decode/pairing.py)."""
+    concurrent, see spec_decode/runner/pairing.py)."""
     from tqdm import tqdm
 
     srv = start_server(cfg, extra_env, log_path)

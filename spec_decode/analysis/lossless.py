@@ -20,7 +20,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Optional
 
-from .checks import Check
+from spec_decode.analysis.checks import Check
 
 PERFORMANCE_ONLY = "performance-only (forced acceptance)"
 

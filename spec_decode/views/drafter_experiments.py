@@ -1,11 +1,11 @@
 """The drafter experiments (DVC stages lineage_bench@<name>, lineage_report@<name>):
 
-    python -m spec_decode.drafter_experiments bench drafter_data_scaling   # sweep -> metrics.json
-    python -m spec_decode.drafter_experiments report drafter_data_scaling  # table into README + plot
-    python -m spec_decode.drafter_experiments bench drafter_layer_ids
+    python -m spec_decode.views.drafter_experiments bench drafter_data_scaling   # sweep -> metrics.json
+    python -m spec_decode.views.drafter_experiments report drafter_data_scaling  # table into README + plot
+    python -m spec_decode.views.drafter_experiments bench drafter_layer_ids
 
 - drafter_data_scaling: one drafter per sample count (stage drafter_scaling@N), each served at the
-  step counts of conf/experiment/drafter_data_scaling.yaml; the cost model (spec_decode.costmodel)
+  step counts of conf/experiment/drafter_data_scaling.yaml; the cost model (spec_decode.analysis.costmodel)
   fitted per drafter names its best step count.
 - drafter_layer_ids: the quick start's drafter served with its trained layer ids and with two wrong
   sets. The wrong ones are copies of it whose config.json names other ids and which carry no
@@ -31,10 +31,10 @@ from pathlib import Path
 
 import yaml
 
-from .costmodel import fit, points_from_records
-from .experiment import BEGIN, END, exp_dir
-from .lineage import lineage_tags
-from .tracking import collect
+from spec_decode.analysis.costmodel import fit, points_from_records
+from spec_decode.core.lineage import lineage_tags
+from spec_decode.record.results import collect
+from spec_decode.views.experiment import BEGIN, END, exp_dir
 
 SERVED_DIR = "served"  # experiments/drafter_layer_ids/served/<ids>/: the re-labelled copies (not in git)
 
@@ -93,9 +93,9 @@ def offline_acceptance(root: Path, ids: list[int]) -> dict:
     """Held-out acceptance of the quick start's drafter read with `ids` (no server)."""
     import torch
 
-    from .engines.embedded.build import evaluate
-    from .engines.embedded.drafter_data import load, load_frozen_target
-    from .engines.embedded.model import load_drafter
+    from spec_decode.engines.embedded.build import evaluate
+    from spec_decode.engines.embedded.drafter_data import load, load_frozen_target
+    from spec_decode.engines.embedded.model import load_drafter
 
     torch.set_num_threads(2)
     target = load_frozen_target(root / "models" / "tiny" / "target")
@@ -266,7 +266,7 @@ def report(name: str, root: Path) -> None:
 
 
 def main(argv: list[str] | None = None) -> None:
-    ap = argparse.ArgumentParser(prog="python -m spec_decode.drafter_experiments", description=__doc__,
+    ap = argparse.ArgumentParser(prog="python -m spec_decode.views.drafter_experiments", description=__doc__,
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("cmd", choices=["bench", "report"])
     ap.add_argument("name", choices=["drafter_data_scaling", "drafter_layer_ids"])

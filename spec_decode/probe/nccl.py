@@ -1,9 +1,9 @@
 """All-reduce latency at decode message sizes under an NCCL profile: what the GPUs take per
 all-reduce, and what an engine that launches each all-reduce from Python waits.
 
-    python -m spec_decode.nccl_probe --world-size 2 --nccl tuned            # conf/nccl/tuned.yaml
-    python -m spec_decode.nccl_probe --world-size 8 --env NCCL_PROTO=LL --env NCCL_ALGO=Ring
-    python -m spec_decode.nccl_probe --world-size 2 --backend gloo          # CPU (what CI tests)
+    python -m spec_decode.probe.nccl --world-size 2 --nccl tuned            # conf/nccl/tuned.yaml
+    python -m spec_decode.probe.nccl --world-size 8 --env NCCL_PROTO=LL --env NCCL_ALGO=Ring
+    python -m spec_decode.probe.nccl --world-size 2 --backend gloo          # CPU (what CI tests)
     python run.py preflight.nccl_probe=true nccl=tuned hardware=h200x2 ...
 
 Tensor-parallel decode does ~2 all-reduces per layer per token at small sizes, where latency, not
@@ -370,7 +370,7 @@ def profile_env(name: str, conf_dir: Path = Path("conf")) -> dict[str, str]:
 
 
 def main(argv: list[str] | None = None) -> None:
-    ap = argparse.ArgumentParser(prog="python -m spec_decode.nccl_probe", description=__doc__,
+    ap = argparse.ArgumentParser(prog="python -m spec_decode.probe.nccl", description=__doc__,
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--world-size", type=int, default=2)
     ap.add_argument("--backend", choices=["nccl", "gloo"], default=None, help="default: nccl if CUDA, else gloo")

@@ -26,7 +26,7 @@ from __future__ import annotations
 
 from dataclasses import asdict, dataclass, field
 
-from .results import JobRecord, performance_only, section
+from spec_decode.record.results import JobRecord, performance_only, section
 
 STABLE_MAX = 0.05  # robust CV (or CV) of a cell's runs' tok/s; why 5%: see the module doc
 MIN_RUNS = 3  # a MAD or a CV of 2 runs says nothing about the spread

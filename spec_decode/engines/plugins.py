@@ -21,7 +21,7 @@ from collections import defaultdict
 from enum import Enum
 from importlib.metadata import entry_points
 
-log = logging.getLogger("spec_decode.plugins")
+log = logging.getLogger("spec_decode.engines.plugins")
 GROUP = "sglang.srt.plugins"
 
 

@@ -33,7 +33,7 @@ from typing import TYPE_CHECKING
 import psutil
 
 if TYPE_CHECKING:  # config.py imports this module for PAIRINGS: keep it light
-    from .client import RunRecord
+    from spec_decode.runner.client import RunRecord
 
 INTERLEAVED = "interleaved"
 CONCURRENT = "concurrent"
