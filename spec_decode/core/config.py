@@ -17,7 +17,11 @@ from typing import Any, Optional
 from hydra.core.config_store import ConfigStore
 from omegaconf import MISSING, DictConfig, OmegaConf
 
-from spec_decode.runner.pairing import INTERLEAVED, PAIRINGS
+# benchmark.pairing: the two ways a paired baseline runs beside the spec server (runner/pairing.py)
+INTERLEAVED = "interleaved"
+CONCURRENT = "concurrent"
+PAIRINGS = (INTERLEAVED, CONCURRENT)
+
 
 
 class ConfigError(ValueError):

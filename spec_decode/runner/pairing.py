@@ -32,12 +32,11 @@ from typing import TYPE_CHECKING
 
 import psutil
 
-if TYPE_CHECKING:  # config.py imports this module for PAIRINGS: keep it light
+from spec_decode.core.config import CONCURRENT, INTERLEAVED, PAIRINGS
+
+if TYPE_CHECKING:
     from spec_decode.runner.client import RunRecord
 
-INTERLEAVED = "interleaved"
-CONCURRENT = "concurrent"
-PAIRINGS = (INTERLEAVED, CONCURRENT)
 
 SPEC, BASE = "spec", "base"
 
