@@ -118,7 +118,7 @@ class RankGroup:
             self.conns.append(ours)
             self.copiers.append(copier)
         try:
-            self.ready = [self._receive(rank) for rank in range(self.spec.tp_size)]
+            self.ready = [self._receive(rank)[1] for rank in range(self.spec.tp_size)]  # their payloads
         except BaseException:
             self.kill()
             raise

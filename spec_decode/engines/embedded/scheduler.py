@@ -281,9 +281,12 @@ def run_rank(rank: int, spec: RankSpec, cmd_conn, log_conn) -> None:
     tp = TensorParallel(size=spec.tp_size, rank=rank, units=units)
     target = load_target(spec.model_path, str(device), tp)
     drafter = load_drafter(spec.draft_model_path, target, str(device)) if spec.draft_model_path else None
+    # The command broadcast needs a CPU group: gloo itself on CPU, a gloo group beside NCCL on CUDA.
+    group = dist.new_group(backend="gloo") if spec.tp_size > 1 and device.type == "cuda" else None
     runner = None
     if device.type == "cuda":  # static buffers; CUDA graphs captured now unless disabled
         runner = StaticRunner(target, drafter, spec.steps, use_graphs=not spec.disable_cuda_graph)
+        runner.agree_on_graphs(group)  # a capture that failed on any rank: every rank runs eagerly
     forced = ForcedAcceptance.from_env(spec.steps, spec.random_seed or 0) if drafter is not None else None
     if forced is not None and rank == 0:
         log.warning("%s", forced.describe())
@@ -296,13 +299,11 @@ def run_rank(rank: int, spec: RankSpec, cmd_conn, log_conn) -> None:
     if runner is not None and spec.max_running_requests > 1 and rank == 0:
         log.warning("--device cuda: the static (CUDA-graph) path runs one request at a time; "
                     "--max-running-requests %d is capped to 1", spec.max_running_requests)
-    # The command broadcast needs a CPU group: gloo itself on CPU, a gloo group beside NCCL on CUDA.
-    group = None
-    if spec.tp_size > 1 and device.type == "cuda":
-        group = dist.new_group(backend="gloo")
     scheduler = Scheduler(decoder, rank, spec.decode_log_interval, cmd_conn if rank == 0 else None,
                           spec.max_running_requests, not spec.disable_overlap_schedule, spec.tp_size, group)
-    cmd_conn.send(("ready", {"rank": rank, "pid": os.getpid(), "plugins": plugins}))
+    cmd_conn.send(("ready", {"rank": rank, "pid": os.getpid(), "plugins": plugins,
+                             "cuda_graph": decoder.cuda_graph,
+                             "cuda_graph_error": runner.capture_error if runner is not None else None}))
     scheduler.serve()
     if dist.is_initialized():
         dist.destroy_process_group()

@@ -159,6 +159,11 @@ class EngineState:
             "startup_time": self.started,
             "tp_size": self.group.spec.tp_size,
             "rank_pids": self.group.pids,
+            # CUDA graphs in use on every rank (False on CPU, with --disable-cuda-graph, or after a
+            # capture failed: then the reason, and the ranks run the same shapes eagerly)
+            "cuda_graph": all(r.get("cuda_graph", False) for r in self.group.ready),
+            "cuda_graph_error": next((r["cuda_graph_error"] for r in self.group.ready
+                                      if r.get("cuda_graph_error")), None),
             "internal_states": [dict(self.internal_state)],
         }
 
