@@ -151,6 +151,13 @@ class Scheduler:
             if self.loop.busy:
                 self.loop.step()
 
+    def generate(self, ids: list[int], n: int) -> dict:
+        """One request through this rank's loop and counters, in process (benchmarks/gpu): its answer."""
+        req = self.decoder.new_req("local", ids, n)
+        self.loop.add(req)
+        self.loop.run_until_idle()
+        return {"generation": asdict(generation(req, self.decoder.steps)), "internal_state": self.counters.snapshot()}
+
     def _send(self, tag: str, rid: str, payload) -> None:
         if self.rank == 0 and self.conn is not None:
             self.conn.send((tag, rid, payload))
