@@ -36,7 +36,9 @@ ENTRY_POINT = "spec_decode_profiler"
 SIGNATURES = {
     "sglang": {"forward_batch_generation": ["self", "batch"], "draft": ["self", "batch"],
                "verify": ["self", "batch"], "_draft_extend_for_decode": ["self", "batch", "batch_result"]},
-    "embedded": {},  # our Decoder's phase methods: any parameters after self
+    # our Decoder takes SGLang's batch in every hooked method (docs/embedded-engine.md, hook contract)
+    "embedded": {"cycle": ["self", "batch"], "draft": ["self", "batch"], "verify": ["self", "batch"],
+                 "extend": ["self", "batch"]},
 }
 
 

@@ -246,3 +246,12 @@ def test_streams_and_forced_acceptance_work_per_request_in_a_batch(tmp_path, bs1
         assert meta["spec_correct_drafts_histogram"] == [0, meta["spec_verify_ct"], 0, 0], meta
         # the prefill token is the target's; every verify commits SGLang's "fixed" token id 100
         assert meta["completion_tokens"] == n and set(out["output_ids"][1:]) == {100}
+
+
+def test_the_doctor_checks_the_batch_signature_of_every_hooked_method(monkeypatch):
+    from spec_decode.runner.doctor import check_hook_targets
+
+    assert check_hook_targets("embedded").ok
+    monkeypatch.setattr(Decoder, "cycle", lambda self, st: None)  # the old batch-1 shape
+    item = check_hook_targets("embedded")
+    assert not item.ok and "Decoder.cycle(self, st): expected parameters starting ['self', 'batch']" in item.detail
