@@ -160,8 +160,13 @@ class EmbeddedEngineConfig(EngineConfig):
     """Our CPU/CUDA engine (python -m spec_decode.engines.embedded)."""
 
     name: str = "embedded"
+    max_running_requests: int = 16  # --max-running-requests: the running batch's cap (SGLang's flag)
+    disable_overlap_schedule: bool = False  # --disable-overlap-schedule (SGLang's flag; overlap is the default)
 
     def check(self, spec: SpecConfig, hardware: HardwareConfig) -> None:
+        if self.max_running_requests < 1:
+            raise ConfigError(f"engine.max_running_requests={self.max_running_requests}: must be >= 1 "
+                              "(requests decoded together; the rest queue)")
         if spec.topk != 1:
             raise ConfigError(f"spec.topk={spec.topk}: engine=embedded drafts chains only (topk 1); "
                               "use engine=sglang for tree drafting")

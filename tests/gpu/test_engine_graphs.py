@@ -131,3 +131,76 @@ def serve_and_generate(tmp_path, tp: int, steps: int, graph: bool) -> list[list[
 @pytest.mark.parametrize("steps", (0, 3))
 def test_graphs_with_nccl_inside_equal_eager_at_tp2(tmp_path, steps):
     assert serve_and_generate(tmp_path, 2, steps, graph=True) == serve_and_generate(tmp_path, 2, steps, graph=False)
+
+
+def test_runners_made_one_after_another_all_capture(models):
+    """The issue-26 failure (CUBLAS_STATUS_INTERNAL_ERROR in _capture_all of the 4th runner made in
+    one process): runners for every step count, made and dropped in turn, twice -- every capture
+    succeeds and none falls back."""
+    target, drafter = models
+    for _ in range(2):
+        for steps in (0, *STEPS):
+            d = drafter if steps else None
+            runner = StaticRunner(target, d, steps, use_graphs=True)
+            assert runner.use_graphs and runner.capture_error is None, runner.capture_error
+            del runner
+
+
+def test_a_capture_that_fails_falls_back_to_eager_and_says_so(models, monkeypatch, caplog):
+    """A real capture failure (a host read of a device value inside the capture, which CUDA refuses):
+    the runner runs the same shapes eagerly, says so in the log and in capture_error; output unchanged."""
+    target, drafter = models
+    original = StaticRunner._verify
+
+    def verify_with_host_sync(self, b):
+        original(self, b)
+        int(b["accepted"])  # cudaErrorStreamCaptureUnsupported inside a capture
+
+    monkeypatch.setattr(StaticRunner, "_verify", verify_with_host_sync)
+    runner = StaticRunner(target, drafter, 3, use_graphs=True)
+    assert not runner.use_graphs and not runner.graphs and "Error" in runner.capture_error
+    assert "CUDA graph capture failed" in caplog.text
+    monkeypatch.undo()
+    ids = prompts(1)[0]
+    eager = Decoder(target, drafter, 3, StaticRunner(target, drafter, 3, use_graphs=False)).generate(ids, 100)
+    assert Decoder(target, drafter, 3, runner).generate(ids, 100).output_ids == eager.output_ids
+
+
+def test_16_concurrent_requests_on_cuda_with_graphs_give_the_batch_size_1_outputs(tmp_path):
+    """The lossless-at-load check on the GPU with graphs. The static (graph) path serves one request
+    at a time (--max-running-requests is capped to 1 there, said in the log): the 16 requests queue
+    and must each come back exactly as when sent alone; /server_info says graphs are in use."""
+    import threading
+
+    import requests
+
+    texts = [json.loads(line)["text"] for line in PROMPTS.read_text().splitlines()]
+    work = [(encode(texts[i % len(texts)])[: 12 + 5 * i], 9 + 5 * i) for i in range(16)]
+    port = free_port()
+    argv = [sys.executable, "-m", "spec_decode.engines.embedded", "--model-path", str(TARGET), "--device", "cuda",
+            "--port", str(port), "--speculative-algorithm", "EAGLE3", "--speculative-draft-model-path", str(DRAFTER),
+            "--speculative-num-steps", "3", "--speculative-eagle-topk", "1", "--speculative-num-draft-tokens", "4",
+            "--max-running-requests", "16"]
+
+    def body(ids, n):
+        return {"input_ids": ids, "sampling_params": {"max_new_tokens": n, "temperature": 0, "ignore_eos": True}}
+
+    with ServerProcess(argv, env={}, log_path=tmp_path / "server.log", host="127.0.0.1", port=port,
+                       startup_timeout_s=300) as srv:
+        info = requests.get(srv.base_url + "/server_info", timeout=10).json()
+        assert info["cuda_graph"] is True and info["cuda_graph_error"] is None
+        alone = [requests.post(srv.base_url + "/generate", json=body(i, n), timeout=120).json() for i, n in work]
+        together: list = [None] * len(work)
+
+        def one(k):
+            time.sleep(0.03 * k)
+            together[k] = requests.post(srv.base_url + "/generate", json=body(*work[k]), timeout=300).json()
+
+        threads = [threading.Thread(target=one, args=(k,)) for k in range(len(work))]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+    for a, b in zip(alone, together):
+        assert b["output_ids"] == a["output_ids"]
+        assert b["meta_info"]["spec_verify_ct"] == a["meta_info"]["spec_verify_ct"]

@@ -73,13 +73,20 @@ class TestSpecServer:
             if len(prof) >= r["meta_info"]["spec_verify_ct"]:
                 break
             time.sleep(0.1)
-        assert len(prof) == r["meta_info"]["spec_verify_ct"]
+        time.sleep(0.3)  # the flusher's next pass: an in-flight cycle after the counted ones
+        prof = [c for c in read_ranks(d / "profile.jsonl").get(0, []) if c["t"] >= t0]
+        # the counted verifies, then SGLang's uncounted in-flight cycle (overlap scheduler) iff the
+        # finishing result was not foreseeable when the next batch was scheduled:
+        # len(output_ids) + 1 < max_new_tokens then (scheduler.py 4444-4457)
+        v = r["meta_info"]["spec_verify_ct"]
+        before_last = 1 + sum(p["accepted"] for p in prof[: v - 1])
+        assert len(prof) == v + (before_last + 1 < 64), (len(prof), v)
         assert set(prof[0]) == {"t", "t0", "rank", "draft_ms", "verify_ms", "extend_ms", "cycle_ms", "accepted"}
         # entry and exit stamps of each cycle on the wall clock: in order, and the cycle's own duration fits
         assert all(p["t0"] < p["t"] and (p["t"] - p["t0"]) * 1e3 >= 0.9 * p["cycle_ms"] for p in prof)
         assert all(1 <= p["accepted"] <= 4 and p["rank"] == 0 for p in prof)
-        # The prefill made the first token; the last cycle may commit up to steps (3) past the 64.
-        assert 64 - 1 <= sum(p["accepted"] for p in prof) <= 64 - 1 + 3
+        # The prefill made the first token; the last counted cycle may commit up to steps (3) past the 64.
+        assert 64 - 1 <= sum(p["accepted"] for p in prof[:v]) <= 64 - 1 + 3
 
     @pytest.mark.parametrize("body,named", [
         ({"text": "hi", "sampling_params": {"max_tokens": 5}}, "max_tokens"),

@@ -51,6 +51,12 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--disable-cuda-graph", action="store_true",
                    help="on --device cuda: run decode/draft/verify/extend eagerly instead of replaying "
                         "CUDA graphs (same kernels, same output; CPU never uses graphs)")
+    p.add_argument("--max-running-requests", type=int, default=16,
+                   help="requests decoded together in the running batch; the rest wait in the queue "
+                        "(SGLang's flag; capped to 1 on --device cuda, whose static path holds one request)")
+    p.add_argument("--disable-overlap-schedule", action="store_true",
+                   help="process each batch's result before the next batch is scheduled (SGLang's flag); "
+                        "by default the next batch is launched first (the overlap scheduler)")
     p.add_argument("--cpu-threads", type=int, default=1,
                    help="torch threads (tiny models decode fastest on 1: per-op overhead dominates)")
     p.add_argument("--log-level", default="info")
@@ -163,6 +169,8 @@ def main(argv: list[str] | None = None) -> None:
     )
     layer_ids = check_models(args)
     check_tp_size(args, parser)
+    if args.max_running_requests < 1:
+        parser.error(f"--max-running-requests must be >= 1 (got {args.max_running_requests})")
     resolve_seed_and_forcing(args, parser)
 
     # Imported only now: a bad flag or model exits above without waiting for torch to load.
@@ -188,7 +196,8 @@ def main(argv: list[str] | None = None) -> None:
         steps=args.speculative_num_steps or 0, tp_size=args.tp_size, device=args.device,
         cpu_threads=args.cpu_threads, random_seed=args.random_seed,
         decode_log_interval=args.decode_log_interval, log_level=args.log_level, dist_port=0, front_pid=0,
-        disable_cuda_graph=args.disable_cuda_graph,
+        disable_cuda_graph=args.disable_cuda_graph, max_running_requests=args.max_running_requests,
+        disable_overlap_schedule=args.disable_overlap_schedule,
     )
     try:
         group = RankGroup(spec)

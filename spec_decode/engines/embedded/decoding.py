@@ -29,7 +29,17 @@ from dataclasses import dataclass, field
 
 import torch
 
+from spec_decode.engines.embedded.batch import (
+    BatchResult,
+    Req,
+    Rope,
+    ScheduleBatch,
+    drafter_forward,
+    split_rows,
+    target_forward,
+)
 from spec_decode.engines.embedded.graphs import StaticRunner
+from spec_decode.engines.embedded.loop import BatchLoop
 from spec_decode.engines.embedded.model import Eagle3Drafter, LlamaTarget
 
 
@@ -42,26 +52,7 @@ class Generation:
     proposed_drafts: int = 0
     histogram: list[int] = field(default_factory=list)  # histogram[a] = cycles that accepted a drafts
     decode_steps: int = 0  # target forwards after prefill (verify cycles, or plain decode steps)
-
-
-@dataclass
-class _State:
-    """The decoding state carried between cycles."""
-
-    tcache: object
-    dcache: object
-    last: torch.Tensor | None = None  # committed, not yet in the target cache
-    first: torch.Tensor | None = None  # the next cycle's first draft token
-    h_last: torch.Tensor | None = None  # the drafter hidden state that produced it
-    committed: list = field(default_factory=list)
-    on_tokens: object = None  # a streamed request's sender: called with each cycle's committed ids
-
-
-@dataclass
-class CycleOut:
-    accepted_drafts: int
-    accept_lens: list[int]  # per request, incl. the bonus token (as SGLang's batch result); the
-    # profiler plugin reads this attribute from the return value of its AROUND hook on ``cycle``
+    inflight_cycles: int = 0  # overlap scheduler: cycles run after the result that finished it
 
 
 FILL_TOKEN = 100  # SGLang's token mode "fixed": every committed token is id 100 ("some legit token id")
@@ -145,15 +136,22 @@ def max_new_tokens(context: int, steps: int, prompt_len: int) -> int:
 
 
 class Decoder:
-    """Greedy decoding of one request at a time. In a tensor-parallel server every rank runs its own
-    Decoder in lockstep: the target's row-parallel blocks all-reduce inside its forward; the drafter
-    and all decisions (argmax, accepted count) are replicated and come out equal on every rank.
+    """Greedy decoding of a batch of requests, each with its own KV caches and its own accepted length
+    per verify (ragged acceptance). In a tensor-parallel server every rank runs its own Decoder in
+    lockstep: the target's row-parallel blocks all-reduce inside its forward; the drafter and all
+    decisions (argmax, accepted counts) are replicated and come out equal on every rank.
 
-    ``cycle``, ``draft``, ``verify`` and ``extend`` are the profiler plugin's hook targets (it patches
-    these class attributes): keep their names and call them as attributes of ``self``.
+    Hook contract (the profiler plugin patches these class attributes; keep the names and call them as
+    attributes of ``self``): ``cycle(batch)`` is the whole cycle, SGLang's
+    ``EAGLEWorkerV2.forward_batch_generation(batch)``: ``batch`` is a ``batch.ScheduleBatch`` (``.reqs``,
+    each with ``.rid``; ``.forward_mode`` with ``is_decode()`` / ``is_extend()`` / ``is_idle()``); it
+    returns a ``BatchResult`` whose ``accept_lens`` lists each request's committed tokens. A prefill
+    (extend) batch goes through ``cycle`` too and calls no phase; a decode batch calls
+    ``draft(batch)``, ``verify(batch, drafts)`` and ``extend(batch, news, feats)`` once each. The
+    baseline (no drafter) never calls them (SGLang's non-speculative worker is not hooked either).
 
-    With a ``runner`` (the CUDA path, graphs.py) the phases run on static buffers -- CUDA-graph
-    replays unless graphs are disabled; the cycle's logic stays here, unchanged."""
+    With a ``runner`` (the CUDA path, graphs.py) the phases run on its static buffers -- CUDA-graph
+    replays unless graphs are disabled -- for one request at a time (``max_batch`` 1)."""
 
     def __init__(self, target: LlamaTarget, drafter: Eagle3Drafter | None, steps: int,
                  runner: StaticRunner | None = None, forced: ForcedAcceptance | None = None):
@@ -164,8 +162,13 @@ class Decoder:
         self.device = target.lm_head.weight.device
         self.context = target.shape.max_position_embeddings
         self.runner = runner
+        self.max_batch = 1 if runner is not None else None  # the static path holds one request's caches
         # Forced acceptance (SGLANG_SIMULATE_ACC_LEN): speculative decoding only, as in SGLang.
         self.forced = forced if drafter is not None else None
+        # Room for the overlap scheduler's in-flight cycle past the last committable position.
+        self.margin = self.steps + 1
+        self.trope = Rope(target, self.margin) if runner is None else None
+        self.drope = Rope(drafter, self.margin) if runner is None and drafter is not None else None
 
     @property
     def cuda_graph(self) -> bool:
@@ -174,132 +177,152 @@ class Decoder:
     def max_new_tokens(self, prompt_len: int) -> int:
         return max_new_tokens(self.context, self.steps, prompt_len)
 
+    def new_req(self, rid: str, prompt: list[int], max_new: int, stream: bool = False) -> Req:
+        return Req(rid=rid, origin_input_ids=list(prompt), max_new_tokens=max_new, stream=stream,
+                   histogram=[0] * (self.steps + 1) if self.drafter is not None else [])
+
+    def room_for_cycle(self, req: Req) -> bool:
+        """Whether one more cycle fits the request's caches (always, but for the static path's
+        in-flight cycle at the very end of the context: that one is skipped)."""
+        return req.tcache.length + self.steps + 1 <= req.tcache.max_len
+
     @torch.inference_mode()
-    def generate(self, prompt: list[int], max_new_tokens: int, on_step=None, on_tokens=None) -> Generation:
-        """``on_step(tokens, accepted)`` after each decode step / verify cycle (counters);
-        ``on_tokens(ids)`` with the token ids committed by the prefill and then by each step (a
-        device tensor, possibly past ``max_new_tokens`` in the last cycle): what a stream sends."""
-        ids = torch.tensor([prompt], dtype=torch.long, device=self.device)
-        if self.drafter is None:
-            return self._greedy(ids, max_new_tokens, on_step, on_tokens)
-        return self._speculative(ids, max_new_tokens, on_step, on_tokens)
+    def run_batch(self, batch: ScheduleBatch) -> BatchResult:
+        if self.drafter is None:  # the baseline: no hooked method (as SGLang's non-spec worker)
+            return self.prefill(batch) if batch.forward_mode.is_extend() else self.decode(batch)
+        return self.cycle(batch)
 
-    def cycle(self, st: _State) -> CycleOut:
-        """One speculative cycle (SGLang: EAGLEWorkerV2.forward_batch_generation for a decode batch)."""
-        base = st.tcache.length
-        draft = self.draft(st.first, st.h_last, st.dcache)
-        a, pred, aux = self.verify(st.last, draft, st.tcache)
-        new = pred[: a + 1]  # accepted drafts (== pred[:a]) and the bonus token
-        st.first, st.h_last = self.extend(new, aux[:, : a + 1], st.dcache, base)
-        st.last = new[-1:]
-        st.committed.append(new)
-        if st.on_tokens is not None:  # a streamed request: the send is part of the cycle (its `other`
-            st.on_tokens(new)  # phase), not loop time between cycles that the profile cannot see
-        return CycleOut(a, [a + 1])
+    def generate(self, prompt: list[int], max_new_tokens: int, overlap: bool = False) -> Generation:
+        """One request alone (batch size 1): the reference that any concurrency must reproduce."""
+        req = self.new_req("0", prompt, max_new_tokens)
+        loop = BatchLoop(self, max_running=1, overlap=overlap)
+        loop.add(req)
+        loop.run_until_idle()
+        return generation(req, self.steps)
 
-    # The three phases as methods (the shape of SGLang's EagleDraftWorker.draft / EAGLEWorkerV2.verify /
-    # _draft_extend_for_decode), so that phase hooks such as the profiler plugin's can wrap them.
-    def draft(self, first: torch.Tensor, h: torch.Tensor, dcache) -> torch.Tensor:
-        """k draft tokens: the first from the last re-extend, then k-1 drafter steps on its own hidden."""
+    # ---- the hooked cycle and its phases ----------------------------------------------------------
+    def cycle(self, batch: ScheduleBatch) -> BatchResult:
+        """One forward of the batch (SGLang: EAGLEWorkerV2.forward_batch_generation)."""
+        if batch.forward_mode.is_extend():
+            return self.prefill(batch)
+        drafts = self.draft(batch)
+        accepted, preds, aux = self.verify(batch, drafts)
+        news = [pred[: a + 1] for pred, a in zip(preds, accepted)]  # accepted drafts and the bonus
+        feats = [x[:, : a + 1] for x, a in zip(aux, accepted)]
+        firsts, h = self.extend(batch, news, feats)
+        for i, req in enumerate(batch.reqs):
+            req.last = news[i][-1:]
+            req.first, req.h_last = firsts[i: i + 1], h[:, i: i + 1]
+        return BatchResult(news, accepted)
+
+    def draft(self, batch: ScheduleBatch) -> torch.Tensor:
+        """(B, k) drafts: the first from the last re-extend, then k-1 drafter steps on its own hidden."""
+        reqs = batch.reqs
         if self.runner is not None:
-            return self.runner.draft(first, h)
-        drafter = self.drafter
-        drafts, tok = [first], first
+            return self.runner.draft(reqs[0].first, reqs[0].h_last).view(1, -1)
+        toks = [r.first for r in reqs]
+        drafts = [torch.cat(toks)]
+        h = torch.cat([r.h_last for r in reqs], dim=1) if len(reqs) > 1 else reqs[0].h_last
+        caches = [r.dcache for r in reqs]
         for _ in range(self.steps - 1):
-            dl, h = drafter(tok.view(1, 1), h, dcache)
-            tok = drafter.to_target_ids(dl[-1].argmax()).view(1)
+            dl, h = drafter_forward(self.drafter, self.drope, toks, h, caches)
+            tok = self.drafter.to_target_ids(dl.argmax(-1))
             drafts.append(tok)
-        return torch.cat(drafts)
+            toks = list(tok.view(-1, 1))
+        return torch.stack(drafts, dim=1)
 
-    def verify(self, last: torch.Tensor, draft: torch.Tensor, tcache):
-        """One target forward over [last, d1..dk]; returns (accepted count, argmax preds, features).
-        With forced acceptance the count is drawn instead and the preds rewritten (SGLang's order:
-        the real verification runs, then the simulation overrides its result)."""
-        forced = self.forced.draw() - 1 if self.forced is not None else None
+    def verify(self, batch: ScheduleBatch, drafts: torch.Tensor):
+        """One target forward over each request's [last, d1..dk]; returns per request (accepted count,
+        argmax preds, features). With forced acceptance the counts are drawn (one per request, in
+        batch order) and the preds rewritten (SGLang's order: the real verification runs first)."""
+        reqs, k = batch.reqs, self.steps
+        forced = [self.forced.draw() - 1 for _ in reqs] if self.forced is not None else None
         if self.runner is not None:
-            a, pred, aux = self.runner.verify(last, draft, accept=forced)
+            a, pred, aux = self.runner.verify(reqs[0].last, drafts[0], accept=forced[0] if forced else None)
+            accepted, preds, auxs = [a], [pred], [aux]
         else:
-            base = tcache.length
-            logits, aux = self.target(torch.cat([last, draft]).view(1, -1), tcache, self.capture)
-            pred = logits.argmax(-1)  # (k+1,)
-            a = int((draft == pred[: self.steps]).to(torch.int32).cumprod(0).sum())
-            if forced is not None:
-                a = forced
-            tcache.crop(base + a + 1)
+            caches = [r.tcache for r in reqs]
+            bases = [c.length for c in caches]
+            ids = [torch.cat([r.last, drafts[i]]) for i, r in enumerate(reqs)]
+            logits, aux = target_forward(self.target, self.trope, ids, caches, self.capture)
+            pred = logits.argmax(-1).view(len(reqs), k + 1)
+            accepted = forced or (drafts == pred[:, :k]).to(torch.int32).cumprod(1).sum(1).tolist()
+            for c, base, a in zip(caches, bases, accepted):
+                c.crop(base + a + 1)
+            preds, auxs = list(pred), split_rows(aux, [k + 1] * len(reqs), dim=1)
         if forced is not None:
-            pred = self.forced.apply(draft, pred, a + 1)
-        return a, pred, aux
+            preds = [self.forced.apply(drafts[i], p, a + 1) for i, (p, a) in enumerate(zip(preds, accepted))]
+        return accepted, preds, auxs
 
-    def extend(self, new: torch.Tensor, feats: torch.Tensor, dcache, base: int):
-        """Drop the chain's own entries, re-extend with the true features of the committed tokens;
-        returns the next cycle's first draft token and hidden state."""
+    def extend(self, batch: ScheduleBatch, news: list[torch.Tensor], feats: list[torch.Tensor]):
+        """Drop the chains' own entries, re-extend with the true features of the committed tokens;
+        returns the next first draft tokens (B,) and hidden states (1, B, h)."""
+        reqs = batch.reqs
         if self.runner is not None:
-            return self.runner.extend(new, feats, base)
-        dcache.crop(base)
-        dl, dh = self.drafter(new.view(1, -1), feats, dcache)
-        return self.drafter.to_target_ids(dl[-1].argmax()).view(1), dh[:, -1:]
+            base = reqs[0].tcache.length - news[0].shape[0]
+            return self.runner.extend(news[0], feats[0], base)
+        caches = [r.dcache for r in reqs]
+        for r, c, new in zip(reqs, caches, news):
+            c.crop(r.tcache.length - new.shape[0])  # the committed length before this verify
+        dl, dh = drafter_forward(self.drafter, self.drope, news,
+                                 torch.cat(feats, dim=1) if len(feats) > 1 else feats[0], caches)
+        ends = _ends([n.shape[0] for n in news])
+        return self.drafter.to_target_ids(dl[ends].argmax(-1)), dh[:, ends]
 
-    def _greedy(self, ids: torch.Tensor, n: int, on_step, on_tokens) -> Generation:
-        runner = self.runner
+    # ---- prefill and the baseline's decode step (not hooked) ----------------------------------------
+    def prefill(self, batch: ScheduleBatch) -> BatchResult:
+        """Each new request's prompt through the target (packed), the drafter extended over it pairing
+        feature t with token t+1; the target's next token is the first output token."""
+        reqs, runner = batch.reqs, self.runner
+        ids = [torch.tensor(r.origin_input_ids, dtype=torch.long, device=self.device) for r in reqs]
         if runner is not None:
-            runner.new_caches()
-            logits, _ = runner.prefill(ids)
+            reqs[0].tcache, reqs[0].dcache = runner.new_caches()
+            logits, aux = runner.prefill(ids[0].view(1, -1))
         else:
-            cache = self.target.new_cache()
-            logits, _ = self.target(ids, cache)
-        tok = logits[-1].argmax().view(1, 1)
-        out = [tok]
-        if on_tokens is not None:
-            on_tokens(tok.view(1))
-        gen = Generation(output_ids=[], prompt_tokens=ids.shape[1])
-        while len(out) < n:
+            for r in reqs:
+                r.tcache = self.target.new_cache(self.context + self.margin)
+                if self.drafter is not None:
+                    r.dcache = self.drafter.new_cache(self.context + self.margin)
+            logits, aux = target_forward(self.target, self.trope, ids, [r.tcache for r in reqs], self.capture)
+        ends = _ends([x.shape[0] for x in ids])
+        lasts = logits[ends].argmax(-1)
+        for i, r in enumerate(reqs):
+            r.last = lasts[i: i + 1]
+        if self.drafter is not None:
+            shifted = [torch.cat([x[1:], r.last]) for x, r in zip(ids, reqs)]
             if runner is not None:
-                tok = runner.decode(tok)
+                dl, dh = runner.prefill_drafter(shifted[0].view(1, -1), aux)
             else:
-                logits, _ = self.target(tok, cache)
-                tok = logits[-1].argmax().view(1, 1)
-            out.append(tok)
-            gen.decode_steps += 1
-            if on_step is not None:
-                on_step(1, None)
-            if on_tokens is not None:
-                on_tokens(tok.view(1))
-        gen.output_ids = torch.cat(out, dim=1)[0, :n].tolist()
-        return gen
+                dl, dh = drafter_forward(self.drafter, self.drope, shifted, aux, [r.dcache for r in reqs])
+            firsts = self.drafter.to_target_ids(dl[ends].argmax(-1))
+            for i, r in enumerate(reqs):
+                r.first, r.h_last = firsts[i: i + 1], dh[:, ends[i]: ends[i] + 1]
+        return BatchResult([r.last for r in reqs])
 
-    def _speculative(self, ids: torch.Tensor, n: int, on_step, on_tokens) -> Generation:
-        target, drafter, k = self.target, self.drafter, self.steps
-        assert drafter is not None
-        runner = self.runner
-        if runner is not None:
-            tcache, dcache = runner.new_caches()
-            st = _State(tcache=tcache, dcache=dcache)
+    def decode(self, batch: ScheduleBatch) -> BatchResult:
+        """The baseline: one target forward of each request's last token."""
+        reqs = batch.reqs
+        if self.runner is not None:
+            reqs[0].last = self.runner.decode(reqs[0].last.view(1, 1)).view(1)
         else:
-            st = _State(tcache=target.new_cache(), dcache=drafter.new_cache())
-        # Prefill: target over the prompt; the drafter extends over it pairing feature t with token t+1.
-        logits, aux = runner.prefill(ids) if runner is not None else target(ids, st.tcache, self.capture)
-        st.last = logits[-1].argmax().view(1)
-        shifted = torch.cat([ids[0, 1:], st.last]).view(1, -1)
-        dlogits, dh = (runner.prefill_drafter(shifted, aux) if runner is not None
-                       else drafter(shifted, aux, st.dcache))
-        st.first = drafter.to_target_ids(dlogits[-1].argmax()).view(1)
-        st.h_last = dh[:, -1:]
-        st.committed = [st.last]
-        st.on_tokens = on_tokens
-        if on_tokens is not None:
-            on_tokens(st.last)
-        produced = 1
-        gen = Generation(output_ids=[], prompt_tokens=ids.shape[1], histogram=[0] * (k + 1))
-        while produced < n:
-            out = self.cycle(st)
-            a = out.accepted_drafts
-            produced += a + 1
-            gen.verify_ct += 1
-            gen.correct_drafts += a
-            gen.histogram[a] += 1
-            if on_step is not None:
-                on_step(a + 1, a)
-        gen.proposed_drafts = gen.verify_ct * k
-        gen.decode_steps = gen.verify_ct
-        gen.output_ids = torch.cat(st.committed)[:n].tolist()
-        return gen
+            logits, _ = target_forward(self.target, self.trope, [r.last for r in reqs], [r.tcache for r in reqs], None)
+            toks = logits.argmax(-1)
+            for i, r in enumerate(reqs):
+                r.last = toks[i: i + 1]
+        return BatchResult([r.last for r in reqs])
+
+
+def _ends(lengths: list[int]) -> list[int]:
+    out, total = [], 0
+    for n in lengths:
+        total += n
+        out.append(total - 1)
+    return out
+
+
+def generation(req: Req, steps: int) -> Generation:
+    """A finished request's answer (what the rank sends the front)."""
+    return Generation(output_ids=list(req.output_ids), prompt_tokens=len(req.origin_input_ids),
+                      verify_ct=req.spec_verify_ct, correct_drafts=req.spec_num_correct_drafts,
+                      proposed_drafts=req.spec_verify_ct * steps, histogram=list(req.histogram),
+                      decode_steps=req.decode_steps, inflight_cycles=req.inflight_cycles)

@@ -27,9 +27,11 @@ c10d watchdog thread may query events meanwhile).
 
 from __future__ import annotations
 
+import gc
 import logging
 
 import torch
+import torch.distributed as dist
 
 log = logging.getLogger("spec_decode.embedded")
 WARMUP_RUNS = 2  # eager runs per shape before capture: lazy inits (cuBLAS handles, NCCL) happen here
@@ -77,8 +79,9 @@ class StaticRunner:
                                          "pos": torch.zeros(n, **long), "first": torch.zeros(1, **long),
                                          "h_out": torch.zeros(1, 1, h, **zeros)}, self._extend)
         self.graphs: dict[str, torch.cuda.CUDAGraph] = {}
+        self.capture_error: str | None = None
         if self.use_graphs:
-            self._capture_all()
+            self._capture_or_fall_back()
 
     # ---- the shapes (each reads and writes only its own buffers) --------------------------------------
     def _add(self, name: str, bufs: dict, fn) -> None:
@@ -119,6 +122,18 @@ class StaticRunner:
         return b
 
     def _capture_all(self) -> None:
+        """Warm every shape on the capture stream, then capture each with the garbage collector frozen
+        (SGLang's ``freeze_gc``, model_executor/runner/base_cuda_graph_runner.py 47-62).
+
+        Why (CUBLAS_STATUS_INTERNAL_ERROR inside a capture on the H200, issue 26): torch keeps one
+        cuBLAS workspace per (handle, stream), and destroying a CUDA graph clears the workspaces of the
+        stream it was captured on; ``torch.cuda.Stream()`` hands out streams from a small pool, so an
+        earlier runner's capture stream is often ours. Such a runner lives in a reference cycle
+        (``fns`` closes over it), so it dies only in a garbage collection -- and ``torch.cuda.graph``
+        runs one right before ``capture_begin``: the workspace our warmup made was freed just before
+        the capture, and cuBLAS met the capture without one. So: collect first (dead graphs go now),
+        warm up and synchronise, and keep collections out of the capture window."""
+        gc.collect()
         stream = torch.cuda.Stream(device=self.device)
         stream.wait_stream(torch.cuda.current_stream(self.device))
         with torch.cuda.stream(stream):
@@ -127,13 +142,44 @@ class StaticRunner:
                     fn()
         torch.cuda.synchronize(self.device)
         pool = torch.cuda.graph_pool_handle()
-        for name, fn in self.fns.items():  # the same order on every rank: collectives pair up
-            graph = torch.cuda.CUDAGraph()
-            with torch.cuda.graph(graph, pool=pool, stream=stream, capture_error_mode="thread_local"):
-                fn()
-            torch.cuda.synchronize(self.device)
-            self.graphs[name] = graph
+        gc.freeze()  # torch.cuda.graph's own gc.collect() then finds no earlier runner to destroy
+        try:
+            for name, fn in self.fns.items():  # the same order on every rank: collectives pair up
+                graph = torch.cuda.CUDAGraph()
+                with torch.cuda.graph(graph, pool=pool, stream=stream, capture_error_mode="thread_local"):
+                    fn()
+                torch.cuda.synchronize(self.device)
+                self.graphs[name] = graph
+        finally:
+            gc.unfreeze()
+        self.capture_stream = stream  # ours while the graphs live
         log.info("captured %d CUDA graphs: %s", len(self.graphs), ", ".join(self.graphs))
+
+    def _capture_or_fall_back(self) -> None:
+        """Capture; a capture that fails leaves this runner eager (same kernels, same output), said in
+        the log and in ``capture_error`` (the rank reports it: /server_info ``cuda_graph_error``).
+        Every rank then agrees (``agree_on_graphs``) so that no rank replays while another runs eagerly."""
+        try:
+            self._capture_all()
+        except RuntimeError as e:
+            self.graphs.clear()
+            self.use_graphs = False
+            self.capture_error = f"{type(e).__name__}: {str(e).splitlines()[0][:300]}"
+            torch.cuda.synchronize(self.device)
+            log.error("CUDA graph capture failed (%s); running the static shapes eagerly "
+                      "(--disable-cuda-graph behaviour; same output, slower)", self.capture_error)
+
+    def agree_on_graphs(self, group=None) -> None:
+        """At tp > 1: if any rank failed to capture, every rank runs eagerly (MIN over a CPU group)."""
+        if not (dist.is_available() and dist.is_initialized()):
+            return
+        ok = torch.tensor([1 if self.use_graphs or self.capture_error is None else 0])
+        dist.all_reduce(ok, op=dist.ReduceOp.MIN, group=group)
+        if not int(ok) and self.use_graphs:
+            self.graphs.clear()
+            self.use_graphs = False
+            self.capture_error = "another rank's CUDA graph capture failed"
+            log.error("CUDA graphs off on this rank too: %s", self.capture_error)
 
     # ---- what the Decoder calls -----------------------------------------------------------------------
     def new_caches(self):

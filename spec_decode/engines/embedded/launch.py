@@ -9,4 +9,8 @@ if TYPE_CHECKING:
 
 
 def engine_flags(cfg: ExperimentConfig) -> list[str]:
-    return ["--device", cfg.hardware.device]
+    e = cfg.engine
+    flags = ["--device", cfg.hardware.device, "--max-running-requests", str(e.max_running_requests)]
+    if e.disable_overlap_schedule:
+        flags.append("--disable-overlap-schedule")
+    return flags

@@ -3,8 +3,9 @@ the server log, and notice at once when one dies.
 
     group = RankGroup(spec)              # spawns spec.tp_size processes, waits until all are ready
     group.watch(on_death)                # from now on a rank's death calls on_death(err) once
-    out = group.call("generate", ids, n) # every rank runs it; rank 0 answers
-    out = group.call("generate", ids, n, True, on_chunk=f)  # streamed: f(new ids) per step first
+    out = group.call("generate", ids, n, False)  # rank 0 takes it, every rank runs it, rank 0 answers
+    out = group.call("generate", ids, n, True, on_chunk=f)  # streamed: f(new ids) per result first
+    (calls from several threads at once are batched together by the ranks)
     group.close()                        # stop, join; SIGTERM/SIGKILL what does not stop
 
 A rank that exits on its own makes ``call`` raise :class:`RankDied` (never a hang); its last output
@@ -68,10 +69,38 @@ class _OutputCopier(threading.Thread):
             pass
 
 
+class _Waiter:
+    """One call waiting for rank 0's answer."""
+
+    def __init__(self, on_chunk=None):
+        self.on_chunk = on_chunk
+        self.done = threading.Event()
+        self.result = None
+        self.error: BaseException | None = None
+
+    def chunk(self, ids) -> None:
+        if self.on_chunk is not None:
+            self.on_chunk(ids)
+
+    def set(self, result) -> None:
+        self.result = result
+        self.done.set()
+
+    def fail(self, error: BaseException) -> None:
+        self.error = error
+        self.done.set()
+
+    def wait(self):
+        self.done.wait()
+        if self.error is not None:
+            raise self.error
+        return self.result
+
+
 class RankGroup:
     def __init__(self, spec: RankSpec):
         self.spec = replace(spec, front_pid=os.getpid(), dist_port=spec.dist_port or free_port())
-        self.lock = threading.Lock()  # one command at a time: the ranks run requests in lockstep
+        self.lock = threading.Lock()  # guards the pipe to rank 0 and the waiting calls
         self.closing = False
         self.dead: RankDied | None = None
         ctx = multiprocessing.get_context("spawn")  # as SGLang: a fresh interpreter per rank
@@ -89,38 +118,70 @@ class RankGroup:
             self.conns.append(ours)
             self.copiers.append(copier)
         try:
-            self.ready = [self._receive(rank) for rank in range(self.spec.tp_size)]
+            self.ready = [self._receive(rank)[1] for rank in range(self.spec.tp_size)]  # their payloads
         except BaseException:
             self.kill()
             raise
         self.pids = [p.pid for p in self.procs]
+        self.waiters: dict[str, _Waiter] = {}
+        self.next_rid = 0
+        threading.Thread(target=self._dispatch, name="rank0-answers", daemon=True).start()
 
     def watch(self, on_death) -> None:
         """Call ``on_death(err)`` (from a thread) when a rank exits other than through close()."""
         threading.Thread(target=self._monitor, args=(on_death,), name="rank-monitor", daemon=True).start()
 
     # ---- commands ------------------------------------------------------------------------------------
-    def call(self, cmd: str, *args, ranks: str = "all", on_chunk=None):
-        """Send ``cmd`` to every rank (or only rank 0 with ``ranks="zero"``) and return rank 0's answer.
-        Rank 0's ``("chunk", payload)`` messages before it (a streamed generate) go to ``on_chunk``."""
+    def call(self, cmd: str, *args, on_chunk=None):
+        """Send ``cmd`` to rank 0 (which broadcasts it to the others between two cycles) and wait for
+        its answer; any number of calls may wait at once (the ranks batch the requests). Rank 0's
+        ``("chunk", rid, ids)`` messages before the answer (a streamed generate) go to ``on_chunk``."""
+        waiter = _Waiter(on_chunk)
         with self.lock:
             if self.dead is not None:
                 raise self.dead
-            targets = self.conns if ranks == "all" else self.conns[:1]
+            self.next_rid += 1
+            rid = f"{self.next_rid:x}"
+            self.waiters[rid] = waiter
             try:
-                for conn in targets:
-                    conn.send((cmd, *args))
+                self.conns[0].send((cmd, rid, *args))
             except OSError:
-                pass  # a dead rank's pipe: _receive names it
-            while True:
-                tag, out = self._receive(0)
-                if tag != "chunk":
-                    return out
-                if on_chunk is not None:
-                    on_chunk(out)
+                pass  # a dead rank 0: the dispatcher fails this call
+        return waiter.wait()
+
+    def _dispatch(self) -> None:
+        """Rank 0's messages to their callers; on a rank's death every waiting call raises RankDied."""
+        conn = self.conns[0]
+        sentinels = {p.sentinel: r for r, p in enumerate(self.procs)}
+        while True:
+            ready = multiprocessing.connection.wait([conn, *sentinels])
+            if conn in ready:
+                try:
+                    tag, rid, payload = conn.recv()
+                except (EOFError, OSError):
+                    tag = None  # it died mid-message: its sentinel says so next
+                if tag is not None:
+                    waiter = self.waiters.get(rid)
+                    if waiter is not None:
+                        if tag == "chunk":
+                            waiter.chunk(payload)
+                        else:
+                            with self.lock:
+                                self.waiters.pop(rid, None)
+                            waiter.set(payload)
+                    continue
+            dead = [sentinels[s] for s in ready if s in sentinels]
+            if dead:
+                err = self._died(dead[0])
+                with self.lock:
+                    self.dead = self.dead or err
+                    waiters, self.waiters = list(self.waiters.values()), {}
+                for waiter in waiters:
+                    waiter.fail(self.dead)
+                return
 
     def _receive(self, rank: int):
-        """The next message from ``rank``, or RankDied as soon as any rank has exited."""
+        """The next message from ``rank`` (start-up only), or RankDied as soon as any rank has exited."""
         conn = self.conns[rank]
         sentinels = {p.sentinel: r for r, p in enumerate(self.procs)}
         while True:

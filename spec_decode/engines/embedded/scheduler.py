@@ -27,8 +27,9 @@ from datetime import timedelta
 import torch
 import torch.distributed as dist
 
-from spec_decode.engines.embedded.decoding import Decoder, ForcedAcceptance
+from spec_decode.engines.embedded.decoding import Decoder, ForcedAcceptance, generation
 from spec_decode.engines.embedded.graphs import StaticRunner
+from spec_decode.engines.embedded.loop import BatchLoop
 from spec_decode.engines.embedded.model import load_drafter, load_target, read_config
 from spec_decode.engines.embedded.parallel import TensorParallel, shard_units
 from spec_decode.engines.plugins import load_plugins
@@ -37,6 +38,7 @@ log = logging.getLogger("spec_decode.embedded")
 
 PR_SET_PDEATHSIG = 1
 FRONT_GONE_EXIT = 3  # exit code of a rank whose front disappeared
+IDLE_POLL_S = 0.5  # an idle rank 0 broadcasts an empty command list this often
 
 
 @dataclass(frozen=True)
@@ -55,6 +57,8 @@ class RankSpec:
     dist_port: int
     front_pid: int
     disable_cuda_graph: bool = False  # on CUDA: run the static shapes eagerly (SGLang's flag)
+    max_running_requests: int = 16  # SGLang's --max-running-requests: the rest wait in the queue
+    disable_overlap_schedule: bool = False  # SGLang's flag: process each result before the next launch
 
 
 class Counters:
@@ -68,7 +72,8 @@ class Counters:
         self.total_accept_tokens = 0
         self.total_verify_ct = 0
         self.window_tokens = 0
-        self.window_forward_ct = 0
+        self.window_forward_ct = 0  # decode batches
+        self.window_verify_ct = 0  # requests' counted verifies (SGLang's spec_num_forward_ct)
         self.window_correct = 0
         self.last_gen_throughput = 0.0
 
@@ -80,72 +85,122 @@ class Counters:
 
 
 class Scheduler:
-    """The decoding side of one rank: the Decoder, and on rank 0 the counters and decode log.
+    """The decoding side of one rank: the BatchLoop over the Decoder, and on rank 0 the counters, the
+    decode log and the answers.
 
-    A streamed request (``stream=True``): rank 0 sends ``("chunk", [new token ids])`` to the front
-    after the prefill and after every decode step / verify cycle but the finishing one, whose tokens
-    come with the final ``("ok", ...)``.
-    A send is a small pipe write that the front drains at once (never the HTTP client's pace)."""
+    Commands reach rank 0 only (``("generate", rid, ids, n, stream)``, ``("flush", rid)``,
+    ``("stop",)``); between two steps rank 0 takes every command waiting on its pipe and broadcasts
+    the list to the other ranks (SGLang's ``recv_requests`` + ``broadcast_pyobj``), so every rank
+    admits the same requests before the same cycle and the ranks stay in lockstep. While idle, rank 0
+    waits up to ``IDLE_POLL_S`` for a command, then broadcasts an empty list (a heartbeat: the other
+    ranks never wait in a collective long enough to time out).
 
-    def __init__(self, decoder, rank: int, decode_log_interval: int, conn=None):
+    Rank 0 sends ``("chunk", rid, ids)`` for a streamed request after each result that does not finish
+    it, and ``("ok", rid, answer)`` when it finishes (SGLang's last event carries the finishing tokens).
+    ``/flush_cache`` waits until no request is running or waiting, as SGLang's does."""
+
+    def __init__(self, decoder, rank: int, decode_log_interval: int, conn=None, max_running: int = 16,
+                 overlap: bool = True, tp_size: int = 1, group=None):
         self.decoder = decoder
         self.rank = rank
         self.interval = max(1, decode_log_interval)
         self.counters = Counters()
-        self.kv_tokens = 0
-        self.conn = conn  # rank 0's pipe to the front (stream chunks)
+        self.conn = conn  # rank 0's pipe to the front
+        self.tp_size, self.group = tp_size, group
+        lead = rank == 0 and conn is not None
+        self.loop = BatchLoop(decoder, max_running, overlap, on_chunk=self._chunk if lead else None,
+                              on_finish=self._finish if lead else None,
+                              on_decode=self._on_decode if rank == 0 else None)
+        self.flushes: list[str] = []
 
-    def generate(self, ids: list[int], n: int, stream: bool = False) -> dict:
-        on_tokens = self._streamer(n) if stream and self.rank == 0 and self.conn is not None else None
-        gen = self.decoder.generate(ids, n, on_step=self._on_step if self.rank == 0 else None,
-                                    on_tokens=on_tokens)
-        self.kv_tokens = 0
-        return {"generation": asdict(gen), "internal_state": self.counters.snapshot()}
+    # ---- commands --------------------------------------------------------------------------------
+    def receive(self) -> list[tuple]:
+        """This step's commands, the same list on every rank."""
+        msgs: list[tuple] = []
+        if self.rank == 0:
+            try:
+                if self.loop.busy or self.conn.poll(IDLE_POLL_S):
+                    while self.conn.poll(0):
+                        msgs.append(self.conn.recv())
+            except EOFError:  # the front is gone: exit through atexit, so the profiler drains
+                sys.exit(FRONT_GONE_EXIT)
+        if self.tp_size > 1:
+            box = [msgs]
+            dist.broadcast_object_list(box, src=0, group=self.group)
+            msgs = box[0]
+        return msgs
 
-    def _streamer(self, n: int):
-        sent = 0
+    def serve(self) -> None:
+        """Run commands and steps until ``stop``."""
+        while True:
+            for cmd, *args in self.receive():
+                if cmd == "stop":
+                    return
+                if cmd == "generate":
+                    rid, ids, n, *stream = args
+                    self.loop.add(self.decoder.new_req(rid, ids, n, bool(stream and stream[0])))
+                elif cmd == "flush":
+                    self.flushes.append(args[0])
+                else:
+                    raise ValueError(f"unknown command {cmd!r}")
+            if self.flushes and not self.loop.busy:
+                self.counters.reset()
+                for rid in self.flushes:
+                    self._send("ok", rid, {"internal_state": self.counters.snapshot()})
+                self.flushes.clear()
+            if self.loop.busy:
+                self.loop.step()
 
-        def on_tokens(new) -> None:
-            nonlocal sent
-            ids = new.tolist()
-            if sent + len(ids) >= n:
-                return  # the finishing step: its tokens travel in the final answer (SGLang's last event)
-            sent += len(ids)
-            self.conn.send(("chunk", ids))
+    def generate(self, ids: list[int], n: int) -> dict:
+        """One request through this rank's loop and counters, in process (benchmarks/gpu): its answer."""
+        req = self.decoder.new_req("local", ids, n)
+        self.loop.add(req)
+        self.loop.run_until_idle()
+        return {"generation": asdict(generation(req, self.decoder.steps)), "internal_state": self.counters.snapshot()}
 
-        return on_tokens
+    def _send(self, tag: str, rid: str, payload) -> None:
+        if self.rank == 0 and self.conn is not None:
+            self.conn.send((tag, rid, payload))
 
-    def flush(self) -> dict:
-        self.counters.reset()
-        return {"internal_state": self.counters.snapshot()}
+    def _chunk(self, req, ids: list[int]) -> None:
+        if req.stream:
+            self._send("chunk", req.rid, ids)
 
-    def _on_step(self, tokens: int, accepted: int | None) -> None:
+    def _finish(self, req) -> None:
+        gen = generation(req, self.decoder.steps)
+        self._send("ok", req.rid, {"generation": asdict(gen), "internal_state": self.counters.snapshot()})
+
+    # ---- counters and the decode log (rank 0) ----------------------------------------------------
+    def _on_decode(self, batch, counted) -> None:
         c = self.counters
-        c.window_tokens += tokens
-        c.window_forward_ct += 1
-        self.kv_tokens += tokens
-        if accepted is not None:
-            c.window_correct += accepted
-            c.total_accept_tokens += tokens
-            c.total_verify_ct += 1
+        c.window_forward_ct += 1  # decode batches (SGLang's forward_ct_decode)
+        for _req, tokens, accepted in counted:
+            c.window_tokens += tokens
+            if accepted is not None:
+                c.window_verify_ct += 1
+                c.window_correct += accepted
+                c.total_accept_tokens += tokens
+                c.total_verify_ct += 1
         if c.window_forward_ct >= self.interval:
-            self._log_decode()
+            self._log_decode(batch)
 
-    def _log_decode(self) -> None:
+    def _log_decode(self, batch) -> None:
         c = self.counters
         now = time.monotonic()
         c.last_gen_throughput = c.window_tokens / max(now - c.last_log_tic, 1e-9)
-        dec = self.decoder
-        parts = ["#running-req: 1", f"#token: {self.kv_tokens}",
-                 f"token usage: {self.kv_tokens / dec.context:.2f}"]
+        dec, loop = self.decoder, self.loop
+        kv = sum(r.tcache.length for r in loop.running if r.tcache is not None)
+        parts = [f"#running-req: {batch.batch_size()}", f"#token: {kv}",
+                 f"token usage: {kv / (dec.context * loop.max_running):.2f}"]
         if dec.drafter is not None:
-            parts.append(f"accept len: {c.window_tokens / c.window_forward_ct:.2f}")
-            parts.append(f"accept rate: {c.window_correct / (c.window_forward_ct * dec.steps):.2f}")
+            verifies = max(c.window_verify_ct, 1)
+            parts.append(f"accept len: {c.window_tokens / verifies:.2f}")
+            parts.append(f"accept rate: {c.window_correct / (verifies * dec.steps):.2f}")
         graph = "cuda graph" if dec.device.type == "cuda" else "cpu graph"
         parts += [f"{graph}: {dec.cuda_graph}", f"gen throughput (token/s): {c.last_gen_throughput:.2f}",
-                  "#queue-req: 0"]
+                  f"#queue-req: {len(loop.waiting)}"]
         log.info("Decode batch, " + ", ".join(parts))
-        c.window_tokens = c.window_forward_ct = c.window_correct = 0
+        c.window_tokens = c.window_forward_ct = c.window_correct = c.window_verify_ct = 0
         c.last_log_tic = now
 
 
@@ -233,9 +288,12 @@ def run_rank(rank: int, spec: RankSpec, cmd_conn, log_conn) -> None:
     tp = TensorParallel(size=spec.tp_size, rank=rank, units=units)
     target = load_target(spec.model_path, str(device), tp)
     drafter = load_drafter(spec.draft_model_path, target, str(device)) if spec.draft_model_path else None
+    # The command broadcast needs a CPU group: gloo itself on CPU, a gloo group beside NCCL on CUDA.
+    group = dist.new_group(backend="gloo") if spec.tp_size > 1 and device.type == "cuda" else None
     runner = None
     if device.type == "cuda":  # static buffers; CUDA graphs captured now unless disabled
         runner = StaticRunner(target, drafter, spec.steps, use_graphs=not spec.disable_cuda_graph)
+        runner.agree_on_graphs(group)  # a capture that failed on any rank: every rank runs eagerly
     forced = ForcedAcceptance.from_env(spec.steps, spec.random_seed or 0) if drafter is not None else None
     if forced is not None and rank == 0:
         log.warning("%s", forced.describe())
@@ -245,29 +303,15 @@ def run_rank(rank: int, spec: RankSpec, cmd_conn, log_conn) -> None:
     decoder.generate([32] * 8, 8)
     if forced is not None:  # the requests' draws start from the seed, whatever the warmup drew
         forced.generator.manual_seed(spec.random_seed or 0)
-    scheduler = Scheduler(decoder, rank, spec.decode_log_interval, cmd_conn if rank == 0 else None)
-    cmd_conn.send(("ready", {"rank": rank, "pid": os.getpid(), "plugins": plugins}))
-    _serve_commands(scheduler, cmd_conn, rank)
-
-
-def _serve_commands(scheduler: Scheduler, conn, rank: int) -> None:
-    """Run the front's commands until ``stop``. An exception ends the process (nonzero): the group
-    may be mid-collective, so the front stops the whole server, as SGLang does."""
-    while True:
-        try:
-            cmd, *args = conn.recv()
-        except EOFError:  # the front is gone: exit through atexit, so the profiler drains
-            sys.exit(FRONT_GONE_EXIT)
-        if cmd == "stop":
-            break
-        if cmd == "generate":
-            out = scheduler.generate(*args)
-        elif cmd == "flush":
-            out = scheduler.flush()
-        else:
-            raise ValueError(f"unknown command {cmd!r}")
-        if rank == 0:
-            conn.send(("ok", out))
+    if runner is not None and spec.max_running_requests > 1 and rank == 0:
+        log.warning("--device cuda: the static (CUDA-graph) path runs one request at a time; "
+                    "--max-running-requests %d is capped to 1", spec.max_running_requests)
+    scheduler = Scheduler(decoder, rank, spec.decode_log_interval, cmd_conn if rank == 0 else None,
+                          spec.max_running_requests, not spec.disable_overlap_schedule, spec.tp_size, group)
+    cmd_conn.send(("ready", {"rank": rank, "pid": os.getpid(), "plugins": plugins,
+                             "cuda_graph": decoder.cuda_graph,
+                             "cuda_graph_error": runner.capture_error if runner is not None else None}))
+    scheduler.serve()
     if dist.is_initialized():
         dist.destroy_process_group()
     log.info("rank %d stopped", rank)

@@ -81,7 +81,7 @@ class EngineState:
 
     def generate(self, req: GenerateRequest) -> dict:
         t0 = time.perf_counter()
-        out = self.group.call("generate", req.input_ids, req.max_new_tokens)
+        out = self.group.call("generate", req.input_ids, req.max_new_tokens, False)
         latency = time.perf_counter() - t0
         self.internal_state = out["internal_state"]
         return self._response(out["generation"], latency)
@@ -145,8 +145,8 @@ class EngineState:
                 raise ValueError
         except ValueError:
             raise RequestError(f"flush_cache: timeout must be a number of seconds >= 0 (got {timeout!r})") from None
-        # Waits for a running request (the rank group runs one command at a time).
-        self.internal_state = self.group.call("flush", ranks="zero")["internal_state"]
+        # Rank 0 answers once no request is running or waiting (SGLang's condition).
+        self.internal_state = self.group.call("flush")["internal_state"]
         return "Cache flushed.\nPlease check backend logs for more details. (When there are running or waiting requests, the operation will not be performed.)\n"
 
     def server_info(self) -> dict:
@@ -159,6 +159,11 @@ class EngineState:
             "startup_time": self.started,
             "tp_size": self.group.spec.tp_size,
             "rank_pids": self.group.pids,
+            # CUDA graphs in use on every rank (False on CPU, with --disable-cuda-graph, or after a
+            # capture failed: then the reason, and the ranks run the same shapes eagerly)
+            "cuda_graph": all(r.get("cuda_graph", False) for r in self.group.ready),
+            "cuda_graph_error": next((r["cuda_graph_error"] for r in self.group.ready
+                                      if r.get("cuda_graph_error")), None),
             "internal_states": [dict(self.internal_state)],
         }
 

@@ -1,0 +1,128 @@
+"""Embedded engine under load: aggregate tok/s at several concurrencies, baseline vs EAGLE-3, and the
+overlap scheduler on vs off (issue 26).
+
+    python benchmarks/embedded_batching.py                            # CPU: concurrency 1, 4, 16
+    python benchmarks/embedded_batching.py --rounds 3 --tokens 64     # shorter
+    timeout 900 python benchmarks/embedded_batching.py --device cuda  # one GPU, CUDA graphs
+
+Every variant is a real rank group (the server's own processes, ``ranks.RankGroup``, no HTTP), all
+started first, then timed in interleaved rounds (for each round, for each concurrency, every variant
+in turn), so machine noise hits all of them alike. At concurrency c, c calls (prompts 0..c-1 of
+``data/prompts.jsonl``, cycled, each ``--tokens`` new tokens) are sent at once from c threads; the
+aggregate tok/s is c x tokens / the wall time until the last answer. The table gives medians over the
+rounds and the speedup of steps 3 over the baseline as the median of per-round ratios. "lossless":
+every output at every concurrency equals the baseline's output for that prompt sent alone.
+Overlap off (``--disable-overlap-schedule``) runs at concurrency 1 only.
+
+On CUDA the static (CUDA-graph) path runs one request at a time (``--max-running-requests`` is capped
+to 1 there), so its concurrency rows measure queueing, not batching: the table says so.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import threading
+import time
+from pathlib import Path
+
+import torch
+
+from spec_decode.engines.embedded.ranks import RankGroup
+from spec_decode.engines.embedded.scheduler import RankSpec
+from spec_decode.engines.embedded.tokenizer import encode
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def start(args, steps: int, overlap: bool) -> RankGroup:
+    spec = RankSpec(model_path=str(ROOT / "models/tiny/target"),
+                    draft_model_path=str(ROOT / "models/tiny/drafter") if steps else None, steps=steps,
+                    tp_size=args.tp_size, device=args.device, cpu_threads=args.threads, random_seed=0,
+                    decode_log_interval=10**9, log_level="warning", dist_port=0, front_pid=0,
+                    max_running_requests=args.max_running_requests, disable_overlap_schedule=not overlap)
+    return RankGroup(spec)
+
+
+def burst(group: RankGroup, prompts: list[list[int]], tokens: int) -> tuple[float, list[list[int]]]:
+    """All prompts at once; (aggregate tok/s, outputs)."""
+    outs: list = [None] * len(prompts)
+
+    def one(i: int) -> None:
+        outs[i] = group.call("generate", prompts[i], tokens, False)["generation"]["output_ids"]
+
+    threads = [threading.Thread(target=one, args=(i,)) for i in range(len(prompts))]
+    t0 = time.perf_counter()
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    return len(prompts) * tokens / (time.perf_counter() - t0), outs
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--device", default="cpu")
+    ap.add_argument("--tp-size", type=int, default=1)
+    ap.add_argument("--threads", type=int, default=1, help="torch threads per rank")
+    ap.add_argument("--concurrency", default="1,4,16")
+    ap.add_argument("--rounds", type=int, default=5)
+    ap.add_argument("--tokens", type=int, default=128)
+    ap.add_argument("--max-running-requests", type=int, default=16)
+    ap.add_argument("--json", type=Path, default=None, help="also write the rows here")
+    args = ap.parse_args()
+    texts = [json.loads(line)["text"] for line in (ROOT / "data/prompts.jsonl").read_text().splitlines()]
+    concs = [int(x) for x in args.concurrency.split(",")]
+    prompts = [encode(texts[i % len(texts)]) for i in range(max(concs))]
+    variants = {"baseline": (0, True), "steps=3": (3, True),
+                "baseline overlap-off": (0, False), "steps=3 overlap-off": (3, False)}
+    groups: dict[str, RankGroup] = {}
+    tps: dict[tuple[str, int], list[float]] = {}
+    lossless = True
+    try:
+        for name, (steps, overlap) in variants.items():
+            groups[name] = start(args, steps, overlap)
+        ref = [groups["baseline"].call("generate", p, args.tokens, False)["generation"]["output_ids"]
+               for p in prompts]  # each prompt alone: the reference (and the warmup)
+        for group in groups.values():
+            burst(group, prompts[:4], 16)  # warm the batched shapes
+        for _ in range(args.rounds):
+            for c in concs:
+                for name, group in groups.items():
+                    if "overlap-off" in name and c != 1:
+                        continue
+                    rate, outs = burst(group, prompts[:c], args.tokens)
+                    tps.setdefault((name, c), []).append(rate)
+                    lossless &= outs == ref[:c]
+    finally:
+        for group in groups.values():
+            group.close()
+    print(f"device={args.device} tp={args.tp_size} threads/rank={args.threads} tokens={args.tokens} "
+          f"rounds={args.rounds} max_running_requests={args.max_running_requests} torch={torch.__version__} "
+          f"cpus={os.cpu_count()} loadavg={open('/proc/loadavg').read().split()[:3]}")
+    if args.device == "cuda":
+        print("note: on cuda the graph path runs one request at a time: concurrency > 1 measures queueing")
+    print("| variant | concurrency | aggregate tok/s (median) | quartiles | speedup vs baseline (median of rounds) |")
+    print("|---|---|---|---|---|")
+    rows = []
+    for (name, c), rates in tps.items():
+        base_name = "baseline overlap-off" if "overlap-off" in name else "baseline"
+        base = tps[(base_name, c)]
+        q = statistics.quantiles(rates, n=4) if len(rates) > 1 else [rates[0]] * 3
+        speed = statistics.median(v / b for v, b in zip(rates, base))
+        rows.append({"variant": name, "concurrency": c, "tok_s": statistics.median(rates), "q1": q[0], "q3": q[2],
+                     "speedup": speed})
+        print(f"| {name} | {c} | {statistics.median(rates):.0f} | {q[0]:.0f}-{q[2]:.0f} | {speed:.2f}x |")
+    for name in ("baseline", "steps=3"):
+        on, off = tps[(name, 1)], tps[(f"{name} overlap-off", 1)]
+        print(f"overlap on / off at concurrency 1, {name}: {statistics.median(a / b for a, b in zip(on, off)):.3f} "
+              "(median of per-round ratios)")
+    print(f"lossless (every output == the baseline's, prompt alone): {lossless}")
+    if args.json:
+        args.json.write_text(json.dumps(rows, indent=2))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,24 @@
+"""The embedded engine's scheduling keys through real Hydra composition: the server command line and
+the error for a bad cap (issue 26)."""
+
+import pytest
+
+from spec_decode.core.config import ConfigError
+from spec_decode.engines import server_command
+
+from ..conftest import compose_experiment
+
+
+def test_scheduling_keys_reach_the_server_command():
+    argv = server_command(compose_experiment("engine=embedded"), 30000)
+    i = argv.index("--max-running-requests")
+    assert argv[i + 1] == "16" and "--disable-overlap-schedule" not in argv  # overlap on by default
+    argv = server_command(compose_experiment("engine=embedded", "engine.max_running_requests=4",
+                                             "engine.disable_overlap_schedule=true"), 30000)
+    i = argv.index("--max-running-requests")
+    assert argv[i + 1] == "4" and "--disable-overlap-schedule" in argv
+
+
+def test_a_cap_below_one_is_refused_naming_the_key():
+    with pytest.raises(ConfigError, match=r"engine.max_running_requests=0: must be >= 1"):
+        compose_experiment("engine=embedded", "engine.max_running_requests=0")
