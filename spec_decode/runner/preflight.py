@@ -16,6 +16,8 @@ from pathlib import Path
 from spec_decode.core import drafter
 from spec_decode.core.config import ExperimentConfig
 from spec_decode.core.prompts import load_prompt_set, load_prompts
+from spec_decode.engines import sglang
+from spec_decode.record import provenance
 from spec_decode.runner import pairing
 
 # NCCL environment variables (NCCL user guide, "Environment Variables"): a typo such as NCCL_PROTOCOL
@@ -204,6 +206,9 @@ def check(cfg: ExperimentConfig, root: Path) -> Preflight:
         pf.need(n is not None and n >= cfg.hardware.tp_size,
                 f"hardware={cfg.hardware.name} needs {cfg.hardware.tp_size} GPU(s) for tp "
                 f"{cfg.hardware.tp_size}; {n or 0} visible here", local=True, dry_run=dry)
+        if n:  # the profile's labels against what the box reports (GPU names, nvidia-smi topo -m)
+            pf.warnings.extend(provenance.hardware_mismatches(cfg.hardware.gpu_type, cfg.hardware.interconnect,
+                                                              cfg.hardware.tp_size, provenance.gpu_facts()))
     # Forced acceptance: real speed, outputs not lossless -- the record says so (results.PERFORMANCE_ONLY).
     if cfg.speculative and cfg.spec.simulate_accept_len is not None:
         from spec_decode.record.results import PERFORMANCE_ONLY
@@ -217,6 +222,8 @@ def check(cfg: ExperimentConfig, root: Path) -> Preflight:
         if git_state(root).get("code_dirty"):
             pf.warnings.append(f"experiment={cfg.name} runs from a dirty git tree: commit first, or the "
                                "result's git.commit does not rebuild it")
+    if cfg.engine.name == "sglang":
+        pf.warnings.extend(sglang.config_warnings(cfg, dict(os.environ)))  # dead flags, inherited switches
     if cfg.engine.name == "sglang":
         from spec_decode.engines.sglang import installed_version, version_warning
 

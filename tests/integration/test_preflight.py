@@ -181,3 +181,16 @@ def test_llama3_pair_with_the_default_capture_passes(tmp_path):
                 "model.num_layers=32", f"model.path={target}", f"drafter.path={eagle3}",
                 f"hydra.run.dir={tmp_path / 'job'}"])
     assert "# error" not in p.stdout, p.stdout
+
+
+def test_sglang_choices_are_never_silent(tmp_path):
+    """An inherited SGLANG_ENABLE_PCIE_IPC_ALLREDUCE is named and dropped (the config's choice is passed);
+    a dead flag in engine.extra_args is named."""
+    p = run_py(["engine=sglang", "hardware=h200x2", "dry_run=true", "tracking=off", "drafter=none",
+                "engine.extra_args=[--num-continuous-decode-steps,4]", f"hydra.run.dir={tmp_path / 'job'}"],
+               env={"SGLANG_ENABLE_PCIE_IPC_ALLREDUCE": "1"})
+    assert ("# warning: SGLANG_ENABLE_PCIE_IPC_ALLREDUCE=1 in this shell is dropped from the server's environment: "
+            "engine.pcie_ipc_allreduce decides") in p.stdout, p.stdout
+    assert "\nSGLANG_ENABLE_PCIE_IPC_ALLREDUCE=0\n" in p.stdout  # the server env the dry run prints
+    assert "# warning: engine.extra_args has --num-continuous-decode-steps: parsed by 0.5.23 but read by nothing" \
+        in p.stdout
