@@ -210,7 +210,8 @@ def rank_environment(tree: dict, launcher_pid: int | None) -> dict:
 def topology_links(topo: str | None, n: int) -> set[str]:
     """The link kinds between the first ``n`` GPUs in ``nvidia-smi topo -m``: ``nvlink`` (NV#) and/or
     ``pcie`` (PIX, PXB, PHB, NODE, SYS); empty when the matrix is not there."""
-    rows = [line.split() for line in (topo or "").splitlines() if re.match(r"GPU\d+\s", line)]
+    rows = [line.split() for line in (topo or "").splitlines()
+            if re.match(r"GPU\d+\s", line) and not re.match(r"GPU\d+\s+GPU\d+", line)]  # not the header
     kinds: set[str] = set()
     for i, row in enumerate(rows[:n]):
         for j, cell in enumerate(row[1:n + 1]):

@@ -2,6 +2,7 @@
 a baseline whose server lost its NCCL variables (real processes, a real MLflow store)."""
 
 import json
+import os
 import shutil
 
 import pytest
@@ -194,3 +195,29 @@ def test_sglang_choices_are_never_silent(tmp_path):
     assert "\nSGLANG_ENABLE_PCIE_IPC_ALLREDUCE=0\n" in p.stdout  # the server env the dry run prints
     assert "# warning: engine.extra_args has --num-continuous-decode-steps: parsed by 0.5.23 but read by nothing" \
         in p.stdout
+
+
+FAKE_SMI = """#!/bin/sh
+# a fake nvidia-smi at the process boundary: an 8-GPU PCIe box of RTX PRO 6000s
+case "$*" in
+  -L) for i in 0 1 2 3 4 5 6 7; do echo "GPU $i: NVIDIA RTX PRO 6000 Blackwell Server Edition (UUID: GPU-$i)"; done ;;
+  *query-gpu*) for i in 0 1 2 3 4 5 6 7; do echo "NVIDIA RTX PRO 6000 Blackwell Server Edition, 580.65"; done ;;
+  "topo -m") printf '\\tGPU0\\tGPU1\\tCPU Affinity\\nGPU0\\t X \\tPIX\\t0-15\\nGPU1\\tPIX\\t X \\t0-15\\n' ;;
+esac
+"""
+
+
+def test_hardware_labels_are_checked_against_what_the_box_reports(tmp_path):
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    (bin_dir / "nvidia-smi").write_text(FAKE_SMI)
+    (bin_dir / "nvidia-smi").chmod(0o755)
+    env = {"PATH": f"{bin_dir}:{os.environ['PATH']}"}
+    p = run_py(["hardware=h200x2", "drafter=none", "dry_run=true", "tracking=off", f"hydra.run.dir={tmp_path / 'j'}"],
+               env=env)
+    assert ("# warning: hardware.gpu_type='NVIDIA H200' but nvidia-smi reports "
+            "['NVIDIA RTX PRO 6000 Blackwell Server Edition']") in p.stdout, p.stdout
+    assert "# warning: hardware.interconnect=nvlink but `nvidia-smi topo -m` shows ['pcie'] links" in p.stdout
+    p = run_py(["hardware=rtx_pro_6000x8", "drafter=none", "dry_run=true", "tracking=off",
+                f"hydra.run.dir={tmp_path / 'k'}"], env=env)
+    assert "hardware.gpu_type" not in p.stdout and "hardware.interconnect" not in p.stdout, p.stdout
