@@ -162,8 +162,9 @@ def problems(dcfg: dict, tcfg: dict | None, where: str, trained_ids: list[int] |
     family = target_family(tcfg)
     cap = captured_layers(ids, n, family)
     if n and cap is not None and not all(isinstance(c, int) and 0 <= c <= n - 1 for c in cap):
+        rule = f"ids in 0..{n - 2} under the +1 rule" if family == LLAMA else "ids that capture layers of it"
         out.append(f"{where}: {describe(ids, tcfg)}, but the {n}-layer target has layers 0..{n - 1}; "
-                   f"use ids that capture layers of this target ({FAMILY_SOURCES.get(family or '', '')})")
+                   f"use {rule} ({FAMILY_SOURCES.get(family or '', '')})")
     if ids is None and n and count != DEFAULT_AUX_LAYERS:
         out.append(f"{where}: names no layer ids, so the target captures {DEFAULT_AUX_LAYERS} layers "
                    f"{default_captured(n)}, but the drafter reads {count}")
