@@ -144,6 +144,9 @@ class EngineConfig:
         if "SGLANG_SIMULATE_ACC_LEN" in self.env:
             raise ConfigError("engine.env.SGLANG_SIMULATE_ACC_LEN: set spec.simulate_accept_len instead, so that "
                               "the job passes it and labels its results performance-only")
+        if "SGLANG_ENABLE_PCIE_IPC_ALLREDUCE" in self.env:
+            raise ConfigError("engine.env.SGLANG_ENABLE_PCIE_IPC_ALLREDUCE: set engine.pcie_ipc_allreduce=true|false "
+                              "instead (engine=sglang), so that the all-reduce choice is recorded and sweepable")
         if not 0 <= self.port <= 65535:
             raise ConfigError(f"engine.port={self.port}: must be in 0..65535")
         if self.startup_timeout_s <= 0 or self.request_timeout_s <= 0:
@@ -179,6 +182,10 @@ class SglangEngineConfig(EngineConfig):
     name: str = "sglang"
     cuda_graph_max_bs_decode: Optional[int] = None  # --cuda-graph-max-bs-decode (0.5.20 removed -max-bs)
     enable_metrics: bool = False  # --enable-metrics (Prometheus /metrics)
+    # Which all-reduce serves decode on tp > 1: false = NCCL; true = SGLang's PCIe-IPC all-reduce
+    # (SGLANG_ENABLE_PCIE_IPC_ALLREDUCE, chosen before NCCL for decode-sized reductions), always passed
+    # explicitly to the server (an inherited copy is dropped); sweep it: engine.pcie_ipc_allreduce=false,true
+    pcie_ipc_allreduce: bool = False
 
     def check(self, spec: SpecConfig, hardware: HardwareConfig) -> None:
         if hardware.device == "cpu":

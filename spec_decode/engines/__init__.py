@@ -10,6 +10,8 @@ import sys
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from spec_decode.engines import sglang
+
 if TYPE_CHECKING:  # the embedded engine imports this package on GPU boxes without Hydra
     from spec_decode.core.config import ExperimentConfig
 
@@ -66,8 +68,23 @@ def server_extra_env(cfg: ExperimentConfig, profile_path: str | None) -> dict[st
     if forced is not None:
         env["SGLANG_SIMULATE_ACC_LEN"] = repr(float(forced))
     env.update({k: str(v) for k, v in cfg.nccl.env.items()})
+    if cfg.engine.name == "sglang":  # which all-reduce runs: the config's, never inherited
+        env[sglang.PCIE_IPC_ALLREDUCE] = "1" if cfg.engine.pcie_ipc_allreduce else "0"
     if profile_path and cfg.speculative:
         env["SPEC_DECODE_PROFILE"] = profile_path
+    return env
+
+
+def rank_nccl_env(cfg: ExperimentConfig) -> dict[str, str]:
+    """The NCCL variables the server's ranks run with -- what the NCCL probe runs with: the server's
+    environment as ServerProcess builds it (profile + kept inherited ones), plus, on SGLang, what its
+    launcher writes before it spawns the ranks (spec_decode.engines.sglang.rank_nccl_env)."""
+    # lazy, as in start_server: the embedded engine imports this package where the runner's deps are absent
+    from spec_decode.runner.server import server_env
+
+    env = {k: v for k, v in server_env(server_extra_env(cfg, None)).items() if k.startswith("NCCL_")}
+    if cfg.engine.name == "sglang":
+        env = sglang.rank_nccl_env(env, cfg.hardware.tp_size, list(cfg.engine.extra_args))
     return env
 
 

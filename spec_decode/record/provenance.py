@@ -181,3 +181,61 @@ def collect(root: Path, inputs: dict[str, str | None]) -> dict:
 
 def dumps_clean(obj: object, secrets: list[str]) -> str:
     return scrub(json.dumps(obj, indent=2, sort_keys=False, default=str), secrets)
+
+
+def rank_environment(tree: dict, launcher_pid: int | None) -> dict:
+    """The environment the server's ranks really ran with, from every process of its tree ({pid: env},
+    read back from /proc): the launcher's children are the ranks (SGLang's schedulers, our engine's
+    rank processes). A launcher that writes ``os.environ`` before it spawns them (SGLang does:
+    NCCL_CUMEM_ENABLE, NCCL_NVLS_ENABLE, NCCL_GRAPH_REGISTER, NCCL_ALGO under
+    --enable-deterministic-inference; spec_decode.engines.sglang.ENV_WRITES) never shows those writes
+    in its own /proc environ, so the launcher is not the reference.
+
+    Returns ``env`` (the ranks' variables, filtered; the launcher's when it has no children),
+    ``set_by_engine`` (filtered variables the ranks hold with another value than the launcher was
+    started with: the engine's own writes) and ``differing`` ({name: {pid: value}} for variables the
+    ranks themselves disagree on; empty when they agree)."""
+    envs = {str(pid): filter_env(env) for pid, env in tree.items()}
+    launcher = envs.get(str(launcher_pid), {})
+    ranks = {pid: env for pid, env in envs.items() if pid != str(launcher_pid)} or {str(launcher_pid): launcher}
+    first = next(iter(ranks.values()), {})
+    names = sorted({k for env in ranks.values() for k in env})
+    differing = {k: {pid: env.get(k) for pid, env in ranks.items()} for k in names
+                 if len({env.get(k) for env in ranks.values()}) > 1}
+    set_by_engine = {k: v for k, v in first.items() if launcher.get(k) != v and k not in differing}
+    return {"env": first, "set_by_engine": set_by_engine if launcher_pid is not None and len(envs) > 1 else {},
+            "differing": differing}
+
+
+def topology_links(topo: str | None, n: int) -> set[str]:
+    """The link kinds between the first ``n`` GPUs in ``nvidia-smi topo -m``: ``nvlink`` (NV#) and/or
+    ``pcie`` (PIX, PXB, PHB, NODE, SYS); empty when the matrix is not there."""
+    rows = [line.split() for line in (topo or "").splitlines()
+            if re.match(r"GPU\d+\s", line) and not re.match(r"GPU\d+\s+GPU\d+", line)]  # not the header
+    kinds: set[str] = set()
+    for i, row in enumerate(rows[:n]):
+        for j, cell in enumerate(row[1:n + 1]):
+            if j == i:
+                continue
+            if re.fullmatch(r"NV\d+", cell):
+                kinds.add("nvlink")
+            elif cell in ("PIX", "PXB", "PHB", "NODE", "SYS"):
+                kinds.add("pcie")
+    return kinds
+
+
+def hardware_mismatches(gpu_type: str | None, interconnect: str, tp_size: int, facts: dict | None) -> list[str]:
+    """What the hardware profile claims (gpu_type, interconnect) against what this box reports
+    (nvidia-smi's GPU names, ``nvidia-smi topo -m``); empty without GPUs or when they agree."""
+    if not facts or not facts.get("gpus"):
+        return []
+    out = []
+    names = sorted({g.split(",")[0].strip() for g in facts["gpus"]})
+    if gpu_type and not any(gpu_type.lower() in n.lower() or n.lower() in gpu_type.lower() for n in names):
+        out.append(f"hardware.gpu_type={gpu_type!r} but nvidia-smi reports {names}: fix the hardware profile "
+                   "(its label goes into every record)")
+    links = topology_links(facts.get("topology"), tp_size)
+    if links and interconnect in ("pcie", "nvlink") and links != {interconnect}:
+        out.append(f"hardware.interconnect={interconnect} but `nvidia-smi topo -m` shows {sorted(links)} links "
+                   f"between the first {tp_size} GPUs: fix the hardware profile")
+    return out

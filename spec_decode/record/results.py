@@ -97,6 +97,7 @@ class JobRecord:
     server_env_extra: dict[str, str] = field(default_factory=dict)  # what we add (redacted)
     server_env: dict[str, str] | None = None  # read back from the live server process (filtered)
     server_env_processes: dict[str, dict[str, str]] | None = None  # every server process (TP ranks), by pid
+    server_env_set_by_engine: dict[str, str] = field(default_factory=dict)  # written by its launcher for the ranks
     argv: list[str] | None = None
     slots: list[str] | None = None
     launches: list[dict] = field(default_factory=list)
@@ -218,12 +219,19 @@ def finish(rec: JobRecord, cfg: ExperimentConfig, status: str, error: str | None
     rec.ended_at = time.time()
     rec.server_env = provenance.filter_env(live_env) if live_env else None
     if live_env_tree:
-        # Every process of the server (each TP rank) read back: the NCCL profile must reach all.
+        # Every process of the server read back. The ranks (the launcher's children) are what ran:
+        # the launcher's own /proc environ misses what it wrote into os.environ before spawning them.
         rec.server_env_processes = {str(pid): provenance.filter_env(env) for pid, env in live_env_tree.items()}
-        nccl = {pid: {k: v for k, v in env.items() if k.startswith("NCCL_")}
-                for pid, env in rec.server_env_processes.items()}
-        if len({tuple(sorted(v.items())) for v in nccl.values()}) > 1:
-            rec.warnings.append(f"the server's processes do not share one NCCL environment: {nccl}")
+        ranks = provenance.rank_environment(live_env_tree, rec.launches[0]["pid"] if rec.launches else None)
+        rec.server_env, rec.server_env_set_by_engine = ranks["env"], ranks["set_by_engine"]
+        nccl = {k: v for k, v in ranks["differing"].items() if k.startswith("NCCL_")}
+        if nccl:
+            rec.warnings.append(f"the server's rank processes do not share one NCCL environment: {nccl}")
+        for k, v in cfg.nccl.env.items():
+            if ranks["env"].get(k) != str(v):
+                rec.warnings.append(f"nccl={cfg.nccl.name} sets {k}={v} but the server's ranks ran with "
+                                    f"{k}={ranks['env'].get(k)} (the engine's launcher rewrote it: "
+                                    "server_env_set_by_engine)")
     rec.engine.version = (rec.server_info or {}).get("version")
     runs = rec.runs
     metrics: dict[str, float] = {}

@@ -26,7 +26,7 @@ from filelock import FileLock
 from spec_decode.analysis import drift
 from spec_decode.core.config import DrafterConfig, ExperimentConfig, config_hash, resolved_dict
 from spec_decode.core.prompts import load_prompt_set, load_prompts
-from spec_decode.engines import server_command, server_extra_env, start_server
+from spec_decode.engines import rank_nccl_env, server_command, server_extra_env, start_server
 from spec_decode.parsers.profile import rank_files
 from spec_decode.record import results
 from spec_decode.record.results import JobContext, JobRecord
@@ -183,7 +183,7 @@ def run_nccl_probe(cfg: ExperimentConfig, ctx: JobContext) -> dict:
     world = cfg.hardware.tp_size if cuda else max(2, cfg.hardware.tp_size)  # the server's ranks
     _say(ctx, f"[nccl probe] {'nccl' if cuda else 'gloo'} x{world}, nccl={cfg.nccl.name}, sizes {sorted(set(sizes))}")
     return probe(world, "nccl" if cuda else "gloo", sizes, iters=cfg.preflight.nccl_probe_iters,
-                 env=dict(cfg.nccl.env))
+                 env=rank_nccl_env(cfg))  # the ranks' NCCL variables: the profile + the engine launcher's
 
 
 def measure(cfg: ExperimentConfig, ctx: JobContext, role: str, baseline: JobRecord | None = None,

@@ -16,6 +16,8 @@ from pathlib import Path
 from spec_decode.core import drafter
 from spec_decode.core.config import ExperimentConfig
 from spec_decode.core.prompts import load_prompt_set, load_prompts
+from spec_decode.engines import sglang
+from spec_decode.record import provenance
 from spec_decode.runner import pairing
 
 # NCCL environment variables (NCCL user guide, "Environment Variables"): a typo such as NCCL_PROTOCOL
@@ -128,15 +130,18 @@ def check(cfg: ExperimentConfig, root: Path) -> Preflight:
     model_dir = Path(cfg.model.path)
     model_dir = model_dir if model_dir.is_absolute() else root / model_dir
     tcfg: dict | None = None
-    if has_weights(model_dir):
+    if (model_dir / "config.json").is_file():  # the shape checks need only config.json, not the weights
         tcfg = _read_json(model_dir / "config.json", pf, "the model's config.json")
+    if has_weights(model_dir):
+        pass  # the weights are here
     elif cfg.engine.name == "sglang" and not model_dir.exists() and cfg.model.path.count("/") == 1 \
             and not cfg.model.path.startswith((".", "/")):
         pf.warnings.append(f"model.path={cfg.model.path} is not a local directory: SGLang must find it in "
                            "the Hugging Face cache (HF_HUB_OFFLINE=1, nothing is downloaded)")
     else:
         pf.need(False, _missing_weights(root, cfg.model.path, "model.path"), local=True, dry_run=dry)
-    n_layers = (tcfg or {}).get("num_hidden_layers", cfg.model.num_layers)
+    lm = drafter.language_model(tcfg)  # Kimi-K2.5 nests its language model under text_config
+    n_layers = drafter.num_layers(tcfg) or cfg.model.num_layers
 
     # Drafter: architecture, layer ids (config vs served vs trained), shapes.
     if cfg.speculative:
@@ -154,7 +159,7 @@ def check(cfg: ExperimentConfig, root: Path) -> Preflight:
         if items and pf.need(cfg.benchmark.prompt_index < len(items),
                              f"benchmark.prompt_index={cfg.benchmark.prompt_index}: {prompts.name} has "
                              f"{len(items)} prompts (0..{len(items) - 1})") and tcfg:
-            ctx = tcfg.get("max_position_embeddings", 0)
+            ctx = lm.get("max_position_embeddings", 0)
             need = len(items[cfg.benchmark.prompt_index].encode()) + cfg.benchmark.max_new_tokens
             need += (cfg.spec.steps + 1) if cfg.speculative else 0
             if cfg.engine.name == "embedded":
@@ -169,7 +174,7 @@ def check(cfg: ExperimentConfig, root: Path) -> Preflight:
     tp = cfg.hardware.tp_size
     if tcfg and tp > 1:
         for key in ("num_attention_heads", "num_key_value_heads", "intermediate_size"):
-            n = tcfg.get(key)
+            n = lm.get(key)
             if isinstance(n, int):
                 pf.need(n % tp == 0, f"hardware.tp_size={tp}: the target's {key} is {n}, which tp "
                         f"{tp} does not divide; use a tp size that divides {n}")
@@ -201,6 +206,9 @@ def check(cfg: ExperimentConfig, root: Path) -> Preflight:
         pf.need(n is not None and n >= cfg.hardware.tp_size,
                 f"hardware={cfg.hardware.name} needs {cfg.hardware.tp_size} GPU(s) for tp "
                 f"{cfg.hardware.tp_size}; {n or 0} visible here", local=True, dry_run=dry)
+        if n:  # the profile's labels against what the box reports (GPU names, nvidia-smi topo -m)
+            pf.warnings.extend(provenance.hardware_mismatches(cfg.hardware.gpu_type, cfg.hardware.interconnect,
+                                                              cfg.hardware.tp_size, provenance.gpu_facts()))
     # Forced acceptance: real speed, outputs not lossless -- the record says so (results.PERFORMANCE_ONLY).
     if cfg.speculative and cfg.spec.simulate_accept_len is not None:
         from spec_decode.record.results import PERFORMANCE_ONLY
@@ -214,6 +222,8 @@ def check(cfg: ExperimentConfig, root: Path) -> Preflight:
         if git_state(root).get("code_dirty"):
             pf.warnings.append(f"experiment={cfg.name} runs from a dirty git tree: commit first, or the "
                                "result's git.commit does not rebuild it")
+    if cfg.engine.name == "sglang":
+        pf.warnings.extend(sglang.config_warnings(cfg, dict(os.environ)))  # dead flags, inherited switches
     if cfg.engine.name == "sglang":
         from spec_decode.engines.sglang import installed_version, version_warning
 
@@ -241,28 +251,30 @@ def _check_drafter(cfg: ExperimentConfig, root: Path, pf: Preflight, tcfg: dict 
     full = path if path.is_absolute() else root / path
     if not has_weights(full):
         pf.need(False, _missing_weights(root, str(d.path), "drafter.path"), local=True, dry_run=cfg.dry_run)
-        return
+        if not (full / "config.json").is_file():  # a config.json alone still gets every check below
+            return
     dcfg = _read_json(full / "config.json", pf, "the drafter's config.json")
     if dcfg is None:
         return
-    served = drafter.served_layer_ids(dcfg, n_layers)
-    # Layer-id mismatches stop the job unless the experiment asks for them on purpose.
+    served = drafter.configured_layer_ids(dcfg)  # None: SGLang's default capture
+    target = tcfg if tcfg else ({"num_hidden_layers": n_layers} if n_layers else None)
+    # Layer-id mismatches stop the job unless the experiment asks for them on purpose; compared as the
+    # target layers captured under the target family's rule (spec_decode.core.drafter).
     allow = cfg.preflight.allow_layer_id_mismatch
     mismatches = pf.warnings if allow else pf.errors
     note = "allowed by preflight.allow_layer_id_mismatch=true: " if allow else ""
-    if d.layer_ids is not None and served is not None and list(served) != list(d.layer_ids):
-        mismatches.append(f"{note}drafter={d.name}: the checkpoint serves layer ids {list(served)} "
+    if d.layer_ids is not None and not drafter.same_layers(served, list(d.layer_ids), target):
+        mismatches.append(f"{note}drafter={d.name}: the checkpoint has {drafter.describe(served, target)} "
                           f"(eagle_config.{drafter.LAYER_IDS_KEY}) but drafter.layer_ids is "
-                          f"{list(d.layer_ids)}; fix whichever is wrong")
+                          f"{drafter.describe(list(d.layer_ids), target)}; fix whichever is wrong")
     try:
         trained = drafter.trained_layer_ids(full)
     except ValueError as e:
         pf.errors.append(str(e))
         trained = None
-    target = tcfg if tcfg else ({"num_hidden_layers": n_layers} if n_layers else None)
     where = str(full / "config.json")
     pf.errors.extend(drafter.problems(dcfg, target, where))
-    if (m := drafter.trained_mismatch(trained, served, where)) is not None:
+    if (m := drafter.trained_mismatch(trained, served, where, target)) is not None:
         mismatches.append(note + m)
 
 

@@ -6,7 +6,8 @@
 - The server runs in its own session/process group with the given extra env (NCCL variables go
   here, never into the runner's own environment). Inherited NCCL_* variables are dropped, so the
   NCCL profile alone decides them -- except NCCL_NVLS_ENABLE, a host-safety setting that is kept --
-  and so are SGLANG_SIMULATE_ACC_* (forced acceptance comes from spec.simulate_accept_len only).
+  and so are SGLANG_SIMULATE_ACC_* (forced acceptance comes from spec.simulate_accept_len only) and
+  SGLANG_ENABLE_PCIE_IPC_ALLREDUCE (engine.pcie_ipc_allreduce only).
 - The health loop polls the process every iteration: a server that exits during start fails the job
   at once (not at the timeout), with the last lines of its log in the error.
 - Exit, exceptions and Ctrl-C all kill the tree: SIGTERM to the group and every descendant found by
@@ -25,9 +26,11 @@ from pathlib import Path
 import psutil
 import requests
 
-# Inherited variables the job's config alone decides: NCCL_* (the NCCL profile) and SGLang's forced
-# acceptance (spec.simulate_accept_len; an inherited one would silently make outputs not lossless).
-DROPPED_PREFIXES = ("NCCL_", "SGLANG_SIMULATE_ACC_")
+# Inherited variables the job's config alone decides: NCCL_* (the NCCL profile), SGLang's forced
+# acceptance (spec.simulate_accept_len; an inherited one would silently make outputs not lossless) and
+# SGLang's PCIe-IPC all-reduce switch (engine.pcie_ipc_allreduce; inherited, it would replace NCCL for
+# decode and turn the nccl= axis into a no-op).
+DROPPED_PREFIXES = ("NCCL_", "SGLANG_SIMULATE_ACC_", "SGLANG_ENABLE_PCIE_IPC_ALLREDUCE")
 # Inherited NCCL variables that survive the drop: machine-safety settings an operator sets for every
 # NCCL process on the host (NVLink multicast can take shared GPUs out of service), never tuning.
 KEPT_NCCL = ("NCCL_NVLS_ENABLE",)

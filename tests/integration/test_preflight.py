@@ -2,11 +2,12 @@
 a baseline whose server lost its NCCL variables (real processes, a real MLflow store)."""
 
 import json
+import os
 import shutil
 
 import pytest
 
-from ..conftest import DRAFTER, ROOT, run_py, small
+from ..conftest import DRAFTER, ROOT, compose_experiment, run_py, small
 
 pytestmark = pytest.mark.integration
 
@@ -37,7 +38,8 @@ def refused(tmp_path, *overrides) -> str:
 def test_drafter_trained_on_other_layers_is_refused_with_both_lists(tmp_path):
     d = drafter_copy(tmp_path, edit_record=lambda r: r.update(trained_aux_layer_ids=[0, 2, 3]))
     err = refused(tmp_path, f"drafter.path={d}")
-    assert "[0, 2, 3]" in err and "[1, 3, 4]" in err and "trained on target layers" in err
+    assert "trained on ids [0, 2, 3] -> captured layers [1, 3, 4]" in err
+    assert "served with ids [1, 3, 4] -> captured layers [2, 4, 5]" in err
 
 
 def test_served_ids_differing_from_the_config_are_refused(tmp_path):
@@ -56,16 +58,17 @@ def test_layer_id_mismatch_on_purpose_is_a_warning(tmp_path):
                 f"hydra.run.dir={tmp_path / 'job'}"])
     warned = [line for line in p.stdout.splitlines()
               if line.startswith("# warning: allowed by preflight.allow_layer_id_mismatch=true")]
-    assert len(warned) == 2 and "trained on target layers [1, 3, 4]" in warned[1], p.stdout
+    assert len(warned) == 2 and "trained on ids [1, 3, 4]" in warned[1], p.stdout
     assert "# error" not in p.stdout
     bad = drafter_copy(tmp_path / "b", edit_config=lambda c: c.update(vocab_size=32000))
     assert "vocab_size" in refused(tmp_path / "b", f"drafter.path={bad}", "preflight.allow_layer_id_mismatch=true")
 
 
 BAD_FILES = {
-    "not_eagle3": (lambda c: c.update(architectures=["LlamaForCausalLM"]), None, "LlamaForCausalLMEagle3"),
+    "not_eagle3": (lambda c: c.update(architectures=["LlamaForCausalLM"]), None,
+                   "one of ['Eagle3DeepseekV2ForCausalLM', 'LlamaForCausalLMEagle3']"),
     "ids_out_of_range": (lambda c: c["eagle_config"].update(eagle_aux_hidden_state_layer_ids=[1, 3, 7]),
-                         None, "0..4"),
+                         None, "captured layers [2, 4, 8] (llama rule), but the 6-layer target has layers 0..5"),
     "hidden_mismatch": (lambda c: c.update(hidden_size=256, target_hidden_size=256), None, "hidden size"),
     "vocab_mismatch": (lambda c: c.update(vocab_size=32000), None, "vocab_size"),
     "malformed_json": (None, "{not json", "not valid JSON"),
@@ -115,3 +118,106 @@ def test_drift_guard_flags_a_baseline_that_lost_its_nccl_variables(tmp_path, tmp
     ok = json.loads((tmp_path / "ok1" / "results.json").read_text())
     assert ok["drift"]["env_differences"] == []
     assert ok["server_env"]["NCCL_PROTO"] == "LL"
+
+
+# Kimi-K2.5 and its MLA drafter, from config fixtures (published config.json fields, no weights).
+FIXTURES = ROOT / "tests" / "data" / "models"
+KIMI = ["experiment=kimi_k25_rtx6000x8_eagle3", "dry_run=true", "tracking=off"]
+
+
+def fixture_copy(tmp_path, name, edit=None, training_ids=None, weights_stub=False):
+    """A config fixture in tmp_path; ``weights_stub``: an empty model.safetensors beside it, so that
+    preflight takes the path of a checkpoint whose weights are present (nothing is loaded)."""
+    d = tmp_path / name
+    shutil.copytree(FIXTURES / name, d)
+    if weights_stub:
+        (d / "model.safetensors").touch()
+    if edit:
+        cfg = json.loads((d / "config.json").read_text())
+        edit(cfg)
+        (d / "config.json").write_text(json.dumps(cfg))
+    if training_ids is not None:
+        (d / "training.json").write_text(json.dumps({"trained_aux_layer_ids": training_ids}))
+    return d
+
+
+def dry_errors(tmp_path, *overrides) -> list[str]:
+    p = run_py([*KIMI, *overrides, f"hydra.run.dir={tmp_path / 'job'}"])
+    return [line for line in p.stdout.splitlines() if line.startswith("# error")]
+
+
+def test_kimi_dry_run_passes_preflight_with_the_mla_drafter(tmp_path):
+    assert compose_experiment("experiment=kimi_k25_rtx6000x8_eagle3").drafter.name == "kimi_k25_eagle3_mla"
+    mla = fixture_copy(tmp_path, "kimi_k25_eagle3_mla", training_ids=[1, 29, 57], weights_stub=True)
+    target = fixture_copy(tmp_path, "kimi_k25", weights_stub=True)
+    assert dry_errors(tmp_path, f"model.path={target}", f"drafter.path={mla}") == []
+    # config.json alone (no weights here): the same checks still run, the missing weights only warn
+    assert dry_errors(tmp_path, f"model.path={FIXTURES / 'kimi_k25'}",
+                      f"drafter.path={FIXTURES / 'kimi_k25_eagle3_mla'}") == []
+    wrong = fixture_copy(tmp_path / "w", "kimi_k25_eagle3_mla", edit=lambda c: c.update(architectures=["X"]))
+    assert any("architectures is ['X']" in e for e in dry_errors(tmp_path, f"drafter.path={wrong}",
+                                                                  f"model.path={FIXTURES / 'kimi_k25'}"))
+
+
+def test_kimi_ids_trained_on_1_29_57_served_as_0_29_57_are_refused_naming_the_captured_layers(tmp_path):
+    served = fixture_copy(tmp_path, "kimi_k25_eagle3_mla", training_ids=[1, 29, 57],
+                          edit=lambda c: c["eagle_config"].update(eagle_aux_hidden_state_layer_ids=[0, 29, 57]))
+    errors = dry_errors(tmp_path, f"model.path={FIXTURES / 'kimi_k25'}", f"drafter.path={served}",
+                        "drafter.layer_ids=[0,29,57]")
+    [trained] = [e for e in errors if "training.json" in e]
+    assert ("trained on ids [1, 29, 57] -> captured layers [2, 30, 58] (deepseek rule)" in trained
+            and "served with ids [0, 29, 57] -> captured layers [0, 29, 57] (deepseek rule)" in trained), errors
+
+
+def test_kimi_wrong_hidden_size_in_text_config_is_refused(tmp_path):
+    target = fixture_copy(tmp_path, "kimi_k25", edit=lambda c: c["text_config"].update(hidden_size=4096))
+    errors = dry_errors(tmp_path, f"model.path={target}", f"drafter.path={FIXTURES / 'kimi_k25_eagle3_mla'}")
+    assert any("does not fit the target's 4096 (text_config.hidden_size)" in e for e in errors), errors
+
+
+def test_llama3_pair_with_the_default_capture_passes(tmp_path):
+    target = fixture_copy(tmp_path, "llama3_8b_instruct", weights_stub=True)
+    eagle3 = fixture_copy(tmp_path, "llama3_8b_eagle3", weights_stub=True, training_ids=[1, 15, 28])
+    p = run_py(["engine=sglang", "hardware=h200x1", "dry_run=true", "tracking=off", "drafter.layer_ids=[1,15,28]",
+                "model.num_layers=32", f"model.path={target}", f"drafter.path={eagle3}",
+                f"hydra.run.dir={tmp_path / 'job'}"])
+    assert "# error" not in p.stdout, p.stdout
+
+
+def test_sglang_choices_are_never_silent(tmp_path):
+    """An inherited SGLANG_ENABLE_PCIE_IPC_ALLREDUCE is named and dropped (the config's choice is passed);
+    a dead flag in engine.extra_args is named."""
+    p = run_py(["engine=sglang", "hardware=h200x2", "dry_run=true", "tracking=off", "drafter=none",
+                "engine.extra_args=[--num-continuous-decode-steps,4]", f"hydra.run.dir={tmp_path / 'job'}"],
+               env={"SGLANG_ENABLE_PCIE_IPC_ALLREDUCE": "1"})
+    assert ("# warning: SGLANG_ENABLE_PCIE_IPC_ALLREDUCE=1 in this shell is dropped from the server's environment: "
+            "engine.pcie_ipc_allreduce decides") in p.stdout, p.stdout
+    assert "\nSGLANG_ENABLE_PCIE_IPC_ALLREDUCE=0\n" in p.stdout  # the server env the dry run prints
+    assert "# warning: engine.extra_args has --num-continuous-decode-steps: parsed by 0.5.23 but read by nothing" \
+        in p.stdout
+
+
+FAKE_SMI = """#!/bin/sh
+# a fake nvidia-smi at the process boundary: an 8-GPU PCIe box of RTX PRO 6000s
+case "$*" in
+  -L) for i in 0 1 2 3 4 5 6 7; do echo "GPU $i: NVIDIA RTX PRO 6000 Blackwell Server Edition (UUID: GPU-$i)"; done ;;
+  *query-gpu*) for i in 0 1 2 3 4 5 6 7; do echo "NVIDIA RTX PRO 6000 Blackwell Server Edition, 580.65"; done ;;
+  "topo -m") printf '\\tGPU0\\tGPU1\\tCPU Affinity\\nGPU0\\t X \\tPIX\\t0-15\\nGPU1\\tPIX\\t X \\t0-15\\n' ;;
+esac
+"""
+
+
+def test_hardware_labels_are_checked_against_what_the_box_reports(tmp_path):
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    (bin_dir / "nvidia-smi").write_text(FAKE_SMI)
+    (bin_dir / "nvidia-smi").chmod(0o755)
+    env = {"PATH": f"{bin_dir}:{os.environ['PATH']}"}
+    p = run_py(["hardware=h200x2", "drafter=none", "dry_run=true", "tracking=off", f"hydra.run.dir={tmp_path / 'j'}"],
+               env=env)
+    assert ("# warning: hardware.gpu_type='NVIDIA H200' but nvidia-smi reports "
+            "['NVIDIA RTX PRO 6000 Blackwell Server Edition']") in p.stdout, p.stdout
+    assert "# warning: hardware.interconnect=nvlink but `nvidia-smi topo -m` shows ['pcie'] links" in p.stdout
+    p = run_py(["hardware=rtx_pro_6000x8", "drafter=none", "dry_run=true", "tracking=off",
+                f"hydra.run.dir={tmp_path / 'k'}"], env=env)
+    assert "hardware.gpu_type" not in p.stdout and "hardware.interconnect" not in p.stdout, p.stdout
