@@ -220,6 +220,11 @@ class BenchmarkConfig:
     request_pass: bool = False
     request_prompts: str = "data/prompts_categorized.jsonl"
     request_max_new_tokens: int = 128
+    # Labels with no effect on the job (issue 25; spec_decode/analysis/{blocks,control}.py): sweep
+    # benchmark.block=0,1,2,3 as the first axis to spread every cell over the sweep (interval from
+    # block-level values); benchmark.replicate=0,1 on one cell buys an A/A control where no axis is inert.
+    block: int = 0
+    replicate: int = 0
 
     def __post_init__(self) -> None:
         if self.pairing not in PAIRINGS:
