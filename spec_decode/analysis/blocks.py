@@ -5,10 +5,11 @@ server launch, a minute or so of the sweep. What moves a rerun -- the machine's 
 minutes on a shared host, the contention level (which biases the speedup itself, docs/paired-baseline.md),
 a new server launch -- is not in it. The block design puts it in:
 
-- ``benchmark.block`` is a label with no effect on what a job does; sweeping it as the *first* axis
-  (``python run.py -m benchmark.block=0,1,2,3 spec.steps=... nccl=...``) makes Hydra's basic launcher run
-  the whole sweep once per block, so each cell's launches are spread over the whole sweep and slow drift
-  hits every cell alike. Each block of a cell is one job: its own server launch, its paired baseline
+- ``benchmark.block`` is a label with no effect on what a job does. A reported experiment lists it as
+  the *first* sweep axis, ``benchmark.block: range(0,${benchmark.blocks})`` (command-line sweep axes
+  come after the config's, so Hydra's basic launcher varies the first config axis slowest): with
+  ``benchmark.blocks=4`` the whole sweep runs once per block, each cell's launches are spread over the
+  whole sweep and slow drift hits every cell alike. Each block of a cell is one job: its own server launch, its paired baseline
   beside it (the baseline measurement of the block, serving the spec cell).
 - ``cells(records)`` folds the blocks of each cell into one record: the speedup is the geometric mean
   of the per-block paired speedups, with a Student-t 95% CI on their logs (n_blocks - 1 df); tok/s and
@@ -49,8 +50,11 @@ def cell_key(rec: JobRecord) -> str:
     return json.dumps([rec.role, conf], sort_keys=True, default=str)
 
 
-def _drop_block(label: str) -> str:
-    return ",".join(p for p in label.split(",") if not p.lstrip("+~").startswith(f"benchmark.{BLOCK_KEY}="))
+def drop_block(label: str) -> str:
+    """A job's override set without the block items (``benchmark.block=2``, ``benchmark.blocks=4``): the
+    cell's name, the same in the cheap mode and the block design."""
+    return ",".join(p for p in label.split(",")
+                    if not p.lstrip("+~").startswith((f"benchmark.{BLOCK_KEY}=", f"benchmark.{BLOCK_KEY}s=")))
 
 
 def log_t_interval(values: list[float], confidence: float = 0.95) -> tuple[float, float, float]:
@@ -68,7 +72,7 @@ def fold(blocks: list[JobRecord]) -> JobRecord:
     blocks = sorted(blocks, key=lambda r: block_of(r) or 0)
     done = [r for r in blocks if r.status == "FINISHED" and "throughput_tok_s" in r.metrics]
     out = copy.copy(blocks[0])
-    out.name = _drop_block(blocks[0].name)
+    out.name = drop_block(blocks[0].name)
     out.config = {**blocks[0].config, "benchmark": {k: v for k, v in (blocks[0].config.get("benchmark") or {}).items()
                                                     if k != BLOCK_KEY}}
     out.status = "FINISHED" if len(done) == len(blocks) else next(r.status for r in blocks if r not in done)

@@ -19,8 +19,11 @@ Per cell (the block design's cells where both sides have them, else the jobs):
 
 from __future__ import annotations
 
+import re
 import statistics
 from dataclasses import dataclass
+
+from spec_decode.analysis.blocks import drop_block
 
 # What a comparison names when it differs (the load is a condition of the run, reported beside it).
 IDENTITY = ("cpu_model", "isa", "logical_cores", "usable_cores", "physical_cores", "hypervisor", "mem_gib")
@@ -43,6 +46,8 @@ def host_differences(a: dict | None, b: dict | None) -> list[str]:
     return out
 
 
+# Hydra's override_dirname joins "key=value" items with ","; values may hold commas ([a,b]) (as runner.job)
+_ITEM = re.compile(r",(?=[+~]*[\w./@-]+=)")
 ACCEPT_TOL = 0.005  # relative: the embedded engine repeats accept lengths to 4 places; GPU kernels may not
 
 
@@ -54,6 +59,7 @@ class Row:
     b: str
     accept: str
     verdict: str  # "agree" | "info" | "DIFFERS: ..."
+    inside: bool | None = None  # B's speedup inside A's 95% interval (issue 25's coverage count)
 
     @property
     def differs(self) -> bool:
@@ -61,8 +67,18 @@ class Row:
 
 
 def entries(metrics: dict) -> dict[str, dict]:
-    """The cells of a sweep: the block design's folded cells where present, else its jobs."""
-    return metrics.get("cells") or metrics["jobs"]
+    """The cells of a sweep: the block design's folded cells where present, else its jobs; keyed by
+    what varies inside the sweep (its axes: ``nccl=tuned,spec.steps=3``; ``baseline,nccl=tuned``), so
+    two sweeps line up whatever fixed overrides each was run with (a fault launcher, runs=30) and a
+    cheap-mode sweep lines up with a block-design one (block items dropped)."""
+    raw = {drop_block(k): v for k, v in (metrics.get("cells") or metrics["jobs"]).items()}
+    items = {k: [p for p in _ITEM.split(k) if p and p != "baseline"] for k in raw}
+    common = set.intersection(*(set(v) for v in items.values())) if len(items) > 1 else set()
+    out = {}
+    for k, v in raw.items():
+        key = ",".join((["baseline"] if k.split(",", 1)[0] == "baseline" else []) + [p for p in items[k] if p not in common])
+        out[key or k] = v
+    return out
 
 
 def _ci(e: dict, name: str) -> tuple[float, float] | None:
@@ -98,7 +114,8 @@ def compare_cell(key: str, a: dict | None, b: dict | None) -> Row:
         overlap = max(ia[0], ib[0]) <= min(ia[1], ib[1])
         why = [] if overlap else [f"speedup intervals disjoint ({100 * (b['speedup_vs_baseline'] / a['speedup_vs_baseline'] - 1):+.1f}%)"]
         why += [] if same_accept else ["accept length differs"]
-        return Row(key, role, fa, fb, accept, "DIFFERS: " + "; ".join(why) if why else "agree")
+        return Row(key, role, fa, fb, accept, "DIFFERS: " + "; ".join(why) if why else "agree",
+                   ia[0] <= b["speedup_vs_baseline"] <= ia[1])
     if role == "baseline" and "throughput_tok_s" in a and "throughput_tok_s" in b:
         ratio = b["throughput_tok_s"] / a["throughput_tok_s"]
         return Row(key, role, _fmt(a, "throughput_tok_s", ".1f"), _fmt(b, "throughput_tok_s", ".1f"), accept,
@@ -117,8 +134,16 @@ def verdict(rows: list[Row]) -> str:
     bad = [r for r in rows if r.differs]
     spec = [r for r in rows if r.role == "spec"]
     if bad:
-        return f"DIFFER: {len(bad)} of {len(rows)} cell(s) differ ({', '.join(r.cell for r in bad[:5])}{', ...' if len(bad) > 5 else ''})"
+        return f"DIFFER: {len(bad)} of {len(rows)} cell(s) differ ({', '.join(r.cell[:60] for r in bad[:4])}{', ...' if len(bad) > 4 else ''})"
     return f"agree: all {len(spec)} spec cell(s) have overlapping speedup intervals and equal accept lengths"
+
+
+def coverage(rows: list[Row]) -> str | None:
+    """``k of n B speedups inside A's 95% interval`` (the issue's rerun criterion; stricter than overlap)."""
+    judged = [r for r in rows if r.inside is not None]
+    if not judged:
+        return None
+    return f"coverage: {sum(r.inside for r in judged)} of {len(judged)} speedups of B inside A's 95% interval"
 
 
 def load_note(metrics: dict) -> str:

@@ -220,9 +220,11 @@ class BenchmarkConfig:
     request_pass: bool = False
     request_prompts: str = "data/prompts_categorized.jsonl"
     request_max_new_tokens: int = 128
-    # Labels with no effect on the job (issue 25; spec_decode/analysis/{blocks,control}.py): sweep
-    # benchmark.block=0,1,2,3 as the first axis to spread every cell over the sweep (interval from
-    # block-level values); benchmark.replicate=0,1 on one cell buys an A/A control where no axis is inert.
+    # Issue 25 (docs/reproducibility.md, spec_decode/analysis/{blocks,control}.py): an experiment whose first
+    # sweep axis is benchmark.block=range(0,${benchmark.blocks}) runs the whole sweep `blocks` times, each
+    # cell's interval taken over its blocks (1 = the cheap mode: one launch, the within-launch interval).
+    # block and replicate are labels with no effect on a job; replicate=0,1 on one cell = an A/A twin.
+    blocks: int = 1
     block: int = 0
     replicate: int = 0
 

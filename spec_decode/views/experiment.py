@@ -305,7 +305,9 @@ def compare(a: dict, b: dict, names: tuple[str, str] = ("A", "B")) -> tuple[list
                               "accept len", "verdict"], tablefmt="plain", disable_numparse=True).splitlines()
     notes = [n.replace("A: ", f"{names[0]}: ", 1).replace("B: ", f"{names[1]}: ", 1) for n in cmp.host_notes(a, b)]
     verdict = cmp.verdict(rows)
-    return [*table, "", *notes, f"verdict: {verdict}"], verdict.startswith("DIFFER")
+    cover = cmp.coverage(rows)
+    cover = [cover.replace(" of B ", f" of {names[1]} ").replace(" A's ", f" {names[0]}'s ")] if cover else []
+    return [*table, "", *notes, *cover, f"verdict: {verdict}"], verdict.startswith("DIFFER")
 
 
 def load_sweep(src: str, uri: str | None) -> dict:

@@ -113,10 +113,30 @@ def test_compare_verdicts_on_known_inputs():
     assert rows["s=5"].verdict == "DIFFERS: accept length differs"
     assert rows["baseline"].verdict.startswith("info") and not rows["baseline"].differs
     assert compare.verdict(list(rows.values())).startswith("DIFFER: 2 of 4")
+    # the rerun criterion: B's point inside A's interval (s=1: 1.28 in [1.20, 1.30]; s=3 and s=5 -- 1.5 in [1.4, 1.6])
+    assert [rows[k].inside for k in ("s=1", "s=3", "s=5")] == [True, False, True]
+    assert compare.coverage(list(rows.values())) == "coverage: 2 of 3 speedups of B inside A's 95% interval"
     del b["jobs"]["s=3"], b["jobs"]["s=5"]
     a2 = {"jobs": {k: a["jobs"][k] for k in ("s=1", "baseline")}}
     assert compare.verdict(compare.compare(a2, b)).startswith("agree")
     assert compare.compare(a, b)[2].verdict == "DIFFERS: only in A"
+
+
+def test_compare_lines_up_sweeps_run_with_different_fixed_overrides_and_block_design_cells():
+    a = {"jobs": {"benchmark.runs=30,nccl=tuned,spec.steps=3": entry((1.5, 1.4, 1.6)),
+                  "benchmark.runs=30,nccl=default,spec.steps=3": entry((1.5, 1.4, 1.6)),
+                  "baseline,benchmark.runs=30,nccl=tuned": {"role": "baseline", "throughput_tok_s": 500.0}}}
+    b = {"jobs": {}, "cells": {
+        "+engine.env.FAULT=slow\\:0.15,benchmark.blocks=4,engine.launcher=[python,tests/fault_server.py],nccl=tuned,spec.steps=3":
+            entry((1.2, 1.1, 1.3)),
+        "+engine.env.FAULT=slow\\:0.15,benchmark.blocks=4,engine.launcher=[python,tests/fault_server.py],nccl=default,spec.steps=3":
+            entry((1.45, 1.3, 1.6)),
+        "baseline,+engine.env.FAULT=slow\\:0.15,benchmark.blocks=4,engine.launcher=[python,tests/fault_server.py],nccl=tuned":
+            {"role": "baseline", "throughput_tok_s": 480.0}}}
+    assert set(compare.entries(b)) == set(compare.entries(a)) == {
+        "nccl=tuned,spec.steps=3", "nccl=default,spec.steps=3", "baseline,nccl=tuned"}
+    rows = {r.cell: r.verdict for r in compare.compare(a, b)}
+    assert rows["nccl=tuned,spec.steps=3"].startswith("DIFFERS") and rows["nccl=default,spec.steps=3"] == "agree"
 
 
 def test_compare_names_host_differences():
