@@ -178,6 +178,7 @@ def facts(metrics: dict) -> list[str]:
     """The numbers an experiment's conclusion cites, generated from its metrics.json (so prose never
     drifts from the table): speedups with CIs per profile, the best measured step count, acceptance
     by step count, phase costs per step and per verified token, baselines, checks."""
+    metrics = {**metrics, "jobs": metrics.get("cells") or metrics["jobs"]}  # the block design: its cells
     recs = [r for r in records_from_metrics(metrics) if r.status == "FINISHED" and "throughput_tok_s" in r.metrics]
     spec = [r for r in recs if r.speculative and r.steps is not None]
     lines = []
@@ -255,6 +256,7 @@ HEADLINE_END = "<!-- headline:end -->"
 def headline(metrics: dict, name: str) -> str:
     """The README's headline table, from a reported experiment's metrics.json: every job, baselines
     first, then by NCCL profile and step count; the speedup with its CI and how it was taken."""
+    metrics = {**metrics, "jobs": metrics.get("cells") or metrics["jobs"]}  # the block design: one row per cell
     recs = [r for r in records_from_metrics(metrics) if r.status == "FINISHED" and "throughput_tok_s" in r.metrics]
     recs.sort(key=lambda r: (r.speculative, r.choice("nccl") or "", r.steps or 0))
     entries = metrics["jobs"]

@@ -15,6 +15,9 @@ from pathlib import Path
 import pytest
 from mlflow.tracking import MlflowClient
 
+from spec_decode.record.results import collect
+from spec_decode.views.experiment import to_metrics
+
 from ..conftest import ROOT, run_py
 
 pytestmark = pytest.mark.integration
@@ -84,3 +87,40 @@ def test_compare_exits_nonzero_on_a_planted_15_percent_slowdown(tmp_path, tmp_st
     diff = compare(str(a_dir), str(b_dir), uri=tmp_store["uri"])
     assert diff.returncode == 1, diff.stdout + diff.stderr
     assert "DIFFERS: speedup intervals disjoint" in diff.stdout
+
+
+BLOCKS_EXPERIMENT = """# @package _global_
+name: blocks_smoke
+hydra:
+  sweeper:
+    params:
+      benchmark.block: range(0,${benchmark.blocks})
+      spec.steps: "3"
+"""
+
+
+def test_block_design_spreads_each_cell_over_the_sweep_and_folds_its_blocks(tmp_path):
+    """benchmark.block as the first axis (an experiment from an extra config dir): the whole sweep runs
+    once per block, and the summary and metrics.json fold each cell's blocks into one interval."""
+    conf = tmp_path / "conf" / "experiment"
+    conf.mkdir(parents=True)
+    (conf / "blocks_smoke.yaml").write_text(BLOCKS_EXPERIMENT)
+    d = tmp_path / "sweep"
+    run_py(["-m", "--config-dir", str(tmp_path / "conf"), "experiment=blocks_smoke", "benchmark.blocks=3",
+            "benchmark.max_new_tokens=48", "benchmark.runs=3", "benchmark.warmup=1", "tracking=off",
+            f"hydra.sweep.dir={d}"])
+    recs = collect(d)
+    spec = sorted((r for r in recs if r.speculative), key=lambda r: r.started_at)
+    assert [r.config["benchmark"]["block"] for r in spec] == [0, 1, 2]  # one launch of the cell per block
+    base = sorted((r for r in recs if not r.speculative), key=lambda r: r.started_at)
+    assert [r.config["benchmark"]["block"] for r in base] == [0, 1, 2]  # each block has its own baseline
+    metrics = to_metrics(recs)
+    assert metrics["interval"].startswith("3 blocks spread over the sweep") and set(metrics["cells"]) == {
+        "benchmark.max_new_tokens=48,benchmark.runs=3,benchmark.warmup=1,spec.steps=3",
+        "baseline,benchmark.max_new_tokens=48,benchmark.runs=3,benchmark.warmup=1"}
+    cell = metrics["cells"]["benchmark.max_new_tokens=48,benchmark.runs=3,benchmark.warmup=1,spec.steps=3"]
+    assert cell["speedup_method"] == "blocks" and cell["throughput_tok_s_n"] == 3
+    per_block = [r.metrics["speedup_vs_baseline"] for r in spec]
+    assert min(per_block) <= cell["speedup_vs_baseline"] <= max(per_block)
+    summary = (d / "sweep_summary.txt").read_text()
+    assert "cells over blocks (3 blocks spread over the sweep (launch-level values, t with 2 df))" in summary
