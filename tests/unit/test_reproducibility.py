@@ -5,14 +5,19 @@ window. Records carry real runs and the aggregates results.finish computes from 
 import math
 import statistics
 
+import matplotlib
 import pytest
 from scipy import stats as st
 
 from spec_decode.analysis import blocks, compare, control, recommend
 from spec_decode.analysis import stats as sd_stats
+from spec_decode.analysis.costmodel import chain_accept_len
 from spec_decode.record import host
 from spec_decode.record.results import EngineInfo, JobRecord
 from spec_decode.runner.client import RunRecord
+from spec_decode.views import report
+
+matplotlib.use("Agg")
 
 pytestmark = pytest.mark.unit
 
@@ -181,3 +186,22 @@ def test_cpu_facts_and_the_load_window():
     assert m == {"host_load1": 6.5, "host_load1_max": 8.0, "host_steal_pct": 5.0, "host_busy_pct": 70.0}
     live = host.fingerprint()
     assert live["logical_cores"] >= 1 and live["cpu_model"] and "host:" in host.describe(live)
+
+
+# ---- the cost model's extrapolation label reaches the report and the plot legend ----------------------
+def test_report_and_plot_legend_label_a_best_beyond_the_measured_steps():
+    recs = []
+    for k in (1, 2, 3):  # high acceptance, cheap verify: the model's best lies beyond steps 3
+        accept = chain_accept_len(0.95, k)
+        parts = {"draft_ms": 0.2 * k, "verify_ms": 3.0 + 0.05 * (k + 1), "extend_ms": 0.3, "other_ms": 0.1}
+        tput = accept / (sum(parts.values()) / 1e3)
+        r = cell(k, steady(tput), (1.5, 1.4, 1.6), accept_len=accept)
+        r.metrics.update(parts, cycle_ms=sum(parts.values()))
+        recs.append(r)
+    text, _ = report.sweep_summary(recs)
+    note = next(line for line in text.splitlines() if line.startswith("EXTRAPOLATION: steps="))
+    assert "outside the measured steps 1..3; not measured, not a recommendation" in note
+    assert "predicted best: steps=3 " in text  # the best named without a label is a measured step count
+    _, labels = report.figures(recs)["throughput_vs_steps.png"].axes[0].get_legend_handles_labels()
+    model = next(lb for lb in labels if lb.startswith("cost model"))
+    assert "best within measured steps: 3" in model and "by EXTRAPOLATION, not measured" in model
