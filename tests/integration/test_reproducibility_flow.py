@@ -115,6 +115,8 @@ def test_block_design_spreads_each_cell_over_the_sweep_and_folds_its_blocks(tmp_
     base = sorted((r for r in recs if not r.speculative), key=lambda r: r.started_at)
     assert [r.config["benchmark"]["block"] for r in base] == [0, 1, 2]  # each block has its own baseline
     metrics = to_metrics(recs)
+    assert metrics["host"] == recs[0].provenance["host"] and metrics["host"]["cpu_model"]  # metrics.json names the host
+    assert all("host_load1" in e for e in metrics["jobs"].values())
     assert metrics["interval"].startswith("3 blocks spread over the sweep") and set(metrics["cells"]) == {
         "benchmark.max_new_tokens=48,benchmark.runs=3,benchmark.warmup=1,spec.steps=3",
         "baseline,benchmark.max_new_tokens=48,benchmark.runs=3,benchmark.warmup=1"}
