@@ -190,9 +190,10 @@ def cost_models(recs: list[JobRecord]) -> dict:
 
 def write_plots(recs: list[JobRecord], out_dir: Path) -> list[Path]:
     """throughput_vs_steps.png, speedup_vs_steps.png, phases.png, accept_len_vs_steps.png,
-    acceptance_histogram.png, accept_rate_by_position.png (those that have data)."""
+    acceptance_histogram.png, accept_rate_by_position.png (those that have data). A block-design sweep
+    is plotted by cell (its blocks folded, spec_decode.analysis.blocks), one point per cell."""
     out_dir.mkdir(parents=True, exist_ok=True)
-    return [save(fig, out_dir / name) for name, fig in figures(recs).items()]
+    return [save(fig, out_dir / name) for name, fig in figures(blocks.cells(recs)).items()]
 
 
 def figures(recs: list[JobRecord]) -> dict:
