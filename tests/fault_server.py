@@ -11,6 +11,10 @@ FAULT_COUNTER=<file> with mode every:N:<inner> applies <inner> to every N-th ser
   drop_nccl          re-exec without any NCCL_* variable (a launch that lost its tuning)
   corrupt_output:K   change the K-th generated token id of every /generate answer and stream event (a
                      speculative engine that is not lossless, for the lossless guard)
+  slow:F             busy-wait after every /generate for F/(1-F) x the time it took, so this server's
+                     tok/s is (1-F) x its own whatever the host's load (a planted bias: A/A control, compare)
+FAULT_IF_ENV=NAME applies the fault only to servers whose environment holds NAME (e.g. NCCL_PROTO: the
+nccl=tuned servers).
 FAULT_GRANDCHILD=1 also starts a `sleep` grandchild, as SGLang's scheduler subprocesses would be.
 """
 
@@ -19,9 +23,12 @@ import runpy
 import signal
 import subprocess
 import sys
+import time
 
 
 def applies(argv: list[str]) -> bool:
+    if (need := os.environ.get("FAULT_IF_ENV")) and need not in os.environ:
+        return False
     cond = os.environ.get("FAULT_IF_ARG")
     if not cond:
         return True
@@ -91,6 +98,21 @@ def main() -> None:
         if hasattr(server.EngineState, "stream"):  # every event carries the ids so far (cumulative)
             events = server.EngineState.stream
             server.EngineState.stream = lambda self, arg: (corrupt(ev) for ev in events(self, arg))
+    if mode.startswith("slow:"):
+        from spec_decode.engines.embedded import server
+
+        frac = float(mode.split(":")[1])
+        plain_generate = server.EngineState.generate
+
+        def slowed(self, arg):
+            t0 = time.perf_counter()
+            out = plain_generate(self, arg)
+            until = time.perf_counter() + (time.perf_counter() - t0) * frac / (1 - frac)
+            while time.perf_counter() < until:  # busy: it takes CPU like real work would
+                pass
+            return out
+
+        server.EngineState.generate = slowed
     sys.argv = ["spec_decode.engines.embedded", *argv]
     runpy.run_module("spec_decode.engines.embedded", run_name="__main__")
 

@@ -12,7 +12,13 @@
   the measured accept lengths.
 - Time per cycle: each phase is fitted as fixed + per-token part over the measured points --
   verify(k) = a + b (k+1) (the source found verify barely changes from 6 to 3 draft tokens, i.e. b is
-  small), draft(k) = c + d k, re-extend(k) = e + f k; other = its mean.
+  small), draft(k) = c + d k, re-extend(k) = e + f k; other = its mean. The fit is constrained to be
+  physical (issue 25): a, b, c, d, e, f >= 0 (bounded least squares, scipy.optimize.lsq_linear); a noisy
+  sweep otherwise fits a negative cost per token (``verify = 4.44 + -0.401 x tokens``) that makes long
+  chains look free. Each phase states its fit quality: R^2 and the rms residual (ms).
+- Best: ``best_steps`` is the best predicted step count *within the measured range* (min..max measured
+  steps). A higher prediction outside it is kept apart (``best_outside``) and always printed labelled as
+  an extrapolation; every prediction row says whether it is one (``extrapolated``).
 - Predicted tok/s(k) = L(k) / cycle(k), scaled by the median measured/predicted ratio of the measured
   points (the measured side also pays prefill and HTTP, which the per-cycle model does not see).
 - Interval: +- t(0.975, n-1) x the std of the measured points' relative residuals (n = points), a
@@ -61,7 +67,10 @@ class Fit:
     rel_sd: float
     n: int
     predictions: list[dict] = field(default_factory=list)
-    best_steps: int | None = None
+    fit_quality: dict = field(default_factory=dict)  # phase -> {"r2", "rms_ms"} of its constrained line
+    measured_steps: tuple[int, int] | None = None  # (min, max) measured step count
+    best_outside: dict | None = None  # the best prediction when it lies outside the measured range
+    best_steps: int | None = None  # the best predicted step count within the measured range
     best_tok_s: tuple[float, float, float] | None = None  # predicted, lo, hi
     accept_rates: list[float] | None = None  # the measured per-position rates the model uses
     rates_steps: int | None = None  # the step count they were measured at
@@ -102,11 +111,20 @@ def fit_acceptance(points: list[Point]) -> tuple[float, float]:
     return a, 1.0
 
 
-def _line(xs: list[float], ys: list[float]) -> tuple[float, float]:
+def nonneg_line(xs: list[float], ys: list[float]) -> tuple[float, float, dict]:
+    """y = a + b x with a, b >= 0 (bounded least squares), and its fit quality: R^2 (None when y does
+    not vary) and the rms residual. One distinct x: the mean, slope 0."""
     if len(set(xs)) < 2:
-        return (statistics.fmean(ys), 0.0)
-    b, a = np.polyfit(xs, ys, 1)
-    return float(a), float(b)
+        a, b = max(0.0, statistics.fmean(ys)), 0.0
+    else:
+        sol = optimize.lsq_linear(np.column_stack([np.ones(len(xs)), xs]), np.asarray(ys, float),
+                                  bounds=(0.0, np.inf), method="bvls")
+        a, b = float(sol.x[0]), float(sol.x[1])
+    res = [y - (a + b * x) for x, y in zip(xs, ys)]
+    ss_res = sum(r * r for r in res)
+    mean = statistics.fmean(ys)
+    ss_tot = sum((y - mean) ** 2 for y in ys)
+    return a, b, {"r2": 1 - ss_res / ss_tot if ss_tot > 0 else None, "rms_ms": math.sqrt(ss_res / len(ys))}
 
 
 def cycle_ms(fit: Fit, k: int) -> float:
@@ -153,13 +171,15 @@ def fit(points: list[Point], max_steps: int = 8) -> Fit:
         raise ValueError("the cost model needs at least 2 measured step counts")
     ks = [p.steps for p in points]
     alpha, decay = fit_acceptance(points)
+    lines = {"verify": nonneg_line([k + 1 for k in ks], [p.verify_ms for p in points]),
+             "draft": nonneg_line(ks, [p.draft_ms for p in points]),
+             "extend": nonneg_line(ks, [p.extend_ms for p in points])}
     f = Fit(
         alpha=alpha, decay=decay,
-        verify=_line([k + 1 for k in ks], [p.verify_ms for p in points]),
-        draft=_line(ks, [p.draft_ms for p in points]),
-        extend=_line(ks, [p.extend_ms for p in points]),
-        other_ms=statistics.fmean(p.other_ms for p in points),
+        verify=lines["verify"][:2], draft=lines["draft"][:2], extend=lines["extend"][:2],
+        other_ms=max(0.0, statistics.fmean(p.other_ms for p in points)),
         scale=1.0, rel_sd=0.0, n=len(points),
+        fit_quality={name: q for name, (_, _, q) in lines.items()}, measured_steps=(min(ks), max(ks)),
     )
     f.accept_rates, f.rates_steps = measured_rates(points)
     measured = [(p, p.throughput_tok_s) for p in points if p.throughput_tok_s]
@@ -176,12 +196,25 @@ def fit(points: list[Point], max_steps: int = 8) -> Fit:
         row = {"steps": k, "predicted_tok_s": pred, "lo": pred - half, "hi": pred + half,
                "predicted_accept_len": accept_len, "accept_len_from": source,
                "predicted_cycle_ms": cycle_ms(f, k),
-               "measured_tok_s": by_k[k].throughput_tok_s if k in by_k else None}
+               "measured_tok_s": by_k[k].throughput_tok_s if k in by_k else None,
+               "extrapolated": not min(ks) <= k <= max(ks)}
         f.predictions.append(row)
-    best = max(f.predictions, key=lambda r: r["predicted_tok_s"])
-    f.best_steps = best["steps"]
-    f.best_tok_s = (best["predicted_tok_s"], best["lo"], best["hi"])
+    inside = max((r for r in f.predictions if not r["extrapolated"]), key=lambda r: r["predicted_tok_s"])
+    f.best_steps = inside["steps"]
+    f.best_tok_s = (inside["predicted_tok_s"], inside["lo"], inside["hi"])
+    overall = max(f.predictions, key=lambda r: r["predicted_tok_s"])
+    if overall["extrapolated"] and overall["predicted_tok_s"] > inside["predicted_tok_s"]:
+        f.best_outside = {"steps": overall["steps"], "tok_s": (overall["predicted_tok_s"], overall["lo"], overall["hi"])}
     return f
+
+
+def extrapolation_note(f: Fit) -> str | None:
+    """The label a best outside the measured steps always carries (console, report, plot legend)."""
+    if f.best_outside is None:
+        return None
+    lo, hi = f.measured_steps
+    return (f"EXTRAPOLATION: steps={f.best_outside['steps']} predicted {f.best_outside['tok_s'][0]:.1f} tok/s, "
+            f"outside the measured steps {lo}..{hi}; not measured, not a recommendation")
 
 
 POINT_METRICS = {"accept_len", "cycle_ms", "draft_ms", "verify_ms", "extend_ms", "other_ms", "throughput_tok_s"}
@@ -229,6 +262,9 @@ def describe(f: Fit) -> str:
         f"{f.verify[0]:.2f} + {f.verify[1]:.3f} x tokens ms; draft = {f.draft[0]:.2f} + {f.draft[1]:.3f} x k ms; "
         f"re-extend = {f.extend[0]:.2f} + {f.extend[1]:.3f} x k ms; other {f.other_ms:.2f} ms; "
         f"scale {f.scale:.3f}; residual sd {100 * f.rel_sd:.1f}%",
+        "  constrained fit (costs >= 0): " + "; ".join(
+            f"{name} R^2 {'-' if q['r2'] is None else format(q['r2'], '.2f')}, rms {q['rms_ms']:.2f} ms"
+            for name, q in f.fit_quality.items()),
         "steps  predicted tok/s [95% interval]   measured   accept len (pred)  cycle ms (pred)"
         + ("  accept len from" if f.accept_rates else ""),
     ]
@@ -236,9 +272,13 @@ def describe(f: Fit) -> str:
         meas = f"{r['measured_tok_s']:.1f}" if r["measured_tok_s"] else "-"
         lines.append(f"{r['steps']:>5}  {r['predicted_tok_s']:8.1f} [{r['lo']:.1f}, {r['hi']:.1f}]"
                      f"   {meas:>8}   {r['predicted_accept_len']:8.2f}          {r['predicted_cycle_ms']:7.2f}"
-                     + (f"  {r['accept_len_from']}" if f.accept_rates else ""))
+                     + (f"  {r['accept_len_from']}" if f.accept_rates else "")
+                     + ("  (extrapolated)" if r.get("extrapolated") else ""))
     lo, hi = f.best_tok_s[1], f.best_tok_s[2]
-    lines.append(f"predicted best: steps={f.best_steps} at {f.best_tok_s[0]:.1f} tok/s [{lo:.1f}, {hi:.1f}]")
+    lines.append(f"predicted best: steps={f.best_steps} at {f.best_tok_s[0]:.1f} tok/s [{lo:.1f}, {hi:.1f}] "
+                 f"(within the measured steps {f.measured_steps[0]}..{f.measured_steps[1]})")
+    if (note := extrapolation_note(f)) is not None:
+        lines.append(note)
     if not math.isfinite(f.rel_sd) or f.n < 3:
         lines.append("(fewer than 3 measured step counts: the interval is not informative)")
     return "\n".join(lines)

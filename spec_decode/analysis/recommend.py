@@ -20,12 +20,16 @@ a ``Recommendation`` out; ``report.sweep_summary`` prints it, the sweep's parent
    nor do cells whose lossless check failed (their outputs are not plain decoding's).
 3. **Decision.** The best score wins unless its CI overlaps that of any other competing cell (the
    data cannot tell them apart) or no cell is stable: then "cannot decide", with the reason.
+4. **The A/A control** (issue 25, ``spec_decode.analysis.control``): when two cells known to measure the
+   same thing have disjoint 95% intervals, the machine's noise exceeds the stated intervals and no
+   score above can be trusted: "cannot decide", whatever the ranking says.
 """
 
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass, field
 
+from spec_decode.analysis import control
 from spec_decode.record.results import JobRecord, performance_only, section
 
 STABLE_MAX = 0.05  # robust CV (or CV) of a cell's runs' tok/s; why 5%: see the module doc
@@ -58,6 +62,7 @@ class Recommendation:
     score_name: str  # "speedup_vs_baseline" | "throughput_tok_s" (its 95% CI lower bound)
     threshold: float = STABLE_MAX
     verdicts: list[CellVerdict] = field(default_factory=list)
+    control: str = "none"  # the A/A control's status: ok | disagree | none
 
     def as_dict(self) -> dict:
         return asdict(self)
@@ -110,6 +115,11 @@ def recommend(recs: list[JobRecord], threshold: float = STABLE_MAX) -> Recommend
     ranked = sorted((verdicts[r.label] for r in competing if verdicts[r.label].score is not None),
                     key=lambda v: v.score, reverse=True)
     fmt = ".3f" if by_speedup else ".1f"
+    aa = control.check(recs)
+    out.control = aa.status
+    if aa.status == "disagree":  # refuse: the intervals the ranking rests on are not honest here
+        out.reason = f"refused: {aa.message}"
+        return out
     if not ranked:
         noisy = sum(not v.stable for v in verdicts.values())
         perf = sum(v.performance_only for v in verdicts.values())
@@ -122,7 +132,10 @@ def recommend(recs: list[JobRecord], threshold: float = STABLE_MAX) -> Recommend
     best = ranked[0]
     # The rival is the other competing cell whose CI reaches highest (not the second-best lower bound:
     # a wide CI below it can still overlap the best's).
-    rival = max(ranked[1:], key=lambda v: v.score_hi) if len(ranked) > 1 else None
+    # ... and not the best's A/A twin: known to measure the same thing, it overlaps by design
+    twins = {frozenset((a.label, b.label)) for a, b, _ in control.pairs(recs)}
+    rivals = [v for v in ranked[1:] if frozenset((best.cell, v.cell)) not in twins]
+    rival = max(rivals, key=lambda v: v.score_hi) if rivals else None
     if rival is not None and rival.score_hi >= best.score:
         out.reason = (f"the best and another stable cell overlap: {best.cell} {name} 95% CI "
                       f"[{best.score:{fmt}}, {best.score_hi:{fmt}}] vs {rival.cell} "
@@ -140,7 +153,7 @@ def describe(rec: Recommendation) -> str:
     """A few lines: the decision and every cell's verdict."""
     head = (f"recommendation: steps={rec.steps} ({rec.cell})" if rec.decision == "recommend"
             else "recommendation: cannot decide")
-    lines = [f"{head} -- {rec.reason}",
+    lines = [f"{head} -- {rec.reason}", f"  A/A control: {rec.control}",
              f"  score: the 95% CI lower bound of {rec.score_name}; a cell competes when its runs' spread "
              f"is <= {100 * rec.threshold:.0f}%"]
     for v in sorted(rec.verdicts, key=lambda v: (v.nccl or "", v.steps or 0, v.cell)):

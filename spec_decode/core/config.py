@@ -236,6 +236,13 @@ class BenchmarkConfig:
     request_pass: bool = False
     request_prompts: str = "data/prompts_categorized.jsonl"
     request_max_new_tokens: int = 128
+    # Issue 25 (docs/reproducibility.md, spec_decode/analysis/{blocks,control}.py): an experiment whose first
+    # sweep axis is benchmark.block=range(0,${benchmark.blocks}) runs the whole sweep `blocks` times, each
+    # cell's interval taken over its blocks (1 = the cheap mode: one launch, the within-launch interval).
+    # block and replicate are labels with no effect on a job; replicate=0,1 on one cell = an A/A twin.
+    blocks: int = 1
+    block: int = 0
+    replicate: int = 0
 
     def __post_init__(self) -> None:
         if self.pairing not in PAIRINGS:

@@ -15,6 +15,8 @@ from functools import lru_cache
 from importlib.metadata import PackageNotFoundError, version
 from pathlib import Path
 
+from spec_decode.record import host
+
 ENV_PREFIXES = ("NCCL_", "SGLANG_", "CUDA_", "TORCH_", "HF_HUB_OFFLINE", "TRANSFORMERS_OFFLINE",
                 "SPEC_DECODE_", "OMP_NUM_THREADS")
 SECRET = re.compile(r"(TOKEN|_KEY|SECRET|PASSWORD|PASSWD|CREDENTIAL)", re.IGNORECASE)
@@ -175,6 +177,7 @@ def collect(root: Path, inputs: dict[str, str | None]) -> dict:
         "packages": packages(),
         "machine": machine(),
         "gpu": gpu_facts(),
+        "host": host.fingerprint(),  # CPU model + ISA, cores, GPUs + clocks, NCCL (record/host.py)
         "data": data_hashes(root, inputs),
     }
 

@@ -28,7 +28,7 @@ from spec_decode.core.config import DrafterConfig, ExperimentConfig, config_hash
 from spec_decode.core.prompts import load_prompt_set, load_prompts
 from spec_decode.engines import rank_nccl_env, server_command, server_extra_env, start_server
 from spec_decode.parsers.profile import rank_files
-from spec_decode.record import results
+from spec_decode.record import host, results
 from spec_decode.record.results import JobContext, JobRecord
 from spec_decode.runner import pairing, preflight, request_pass
 from spec_decode.runner.client import Client, ClientError
@@ -236,6 +236,7 @@ def measure(cfg: ExperimentConfig, ctx: JobContext, role: str, baseline: JobReco
     finally:
         results.finish(rec, cfg, status, error, out, log_path, log_windows, baseline, live_env,
                        live_env_tree)
+        rec.metrics.update(host.metrics_of([x["host"] for x in rec.launches if "host" in x]))
         if rec.role == "baseline" and rec.status == "FINISHED":
             results.add_drift(rec, earlier_baselines(cfg, ctx, rec))
         results.write(out, rec)  # the one write
@@ -362,7 +363,7 @@ def _one_launch(cfg: ExperimentConfig, ctx: JobContext, launch: int, prompt: str
             client.flush_cache()
             if bclient is not None:
                 bclient.flush_cache()
-            start = log_path.stat().st_size
+            start, host_t0 = log_path.stat().st_size, host.sample()  # + load/steal over the timed runs
             for run in range(b.runs):
                 if bclient is None:
                     rec.runs.append(client.generate(body, launch, run, stream=b.stream))
@@ -381,6 +382,7 @@ def _one_launch(cfg: ExperimentConfig, ctx: JobContext, launch: int, prompt: str
                                  "base": f"{base_run.throughput_tok_s:.1f} tok/s"})
                 bar.update(2)
             time.sleep(0.05)  # let the last decode-log line reach the file
+            rec.launches[-1]["host"] = host.window(host_t0, host.sample())
             log_windows.append((start, log_path.stat().st_size))
             rec.server_info = client.server_info()
             if b.request_pass and launch == b.launches - 1:

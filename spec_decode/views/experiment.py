@@ -3,20 +3,21 @@
     python -m spec_decode.views.experiment bench embedded_steps_nccl    # run the sweep -> metrics.json
     python -m spec_decode.views.experiment report embedded_steps_nccl   # metrics.json -> table, facts, plots
     python -m spec_decode.views.experiment compare embedded_steps_nccl  # rebuilt (workspace) vs committed (HEAD)
+    python -m spec_decode.views.experiment compare SWEEP_A SWEEP_B      # dirs, metrics.json or MLflow parent ids
     python -m spec_decode.views.experiment headline embedded_steps_nccl # metrics.json -> README's headline table
 
 metrics.json holds one entry per job, keyed by the job's full override set (its Hydra override_dirname;
 ``baseline,<overrides>`` for a baseline): status, error, the config axes, the throughput summary
 (mean, std, n, 95% CI), accept length, speedup with CI, phase times and shares, failed checks. It is the
 report stage's only input: the table, the generated facts in the README and the plots are rebuilt from
-the committed file (``records_from_metrics``), and compare runs Welch's test on its summaries.
+the committed file (``records_from_metrics``). compare gives a verdict per cell (speedup intervals
+overlap, accept length equal; spec_decode.analysis.compare) and exits 1 when a cell differs.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
-import math
 import os
 import re
 import statistics
@@ -26,11 +27,13 @@ from pathlib import Path
 
 from tabulate import tabulate
 
+from spec_decode.analysis import blocks
+from spec_decode.analysis import compare as cmp
 from spec_decode.analysis.acceptance import rates_from_metrics
 from spec_decode.analysis.checks import Check
-from spec_decode.analysis.stats import ratio_from_summary
+from spec_decode.analysis.costmodel import nonneg_line
 from spec_decode.record.results import EngineInfo, JobRecord, collect, section
-from spec_decode.views.report import sweep_summary, write_plots
+from spec_decode.views.report import records_of, sweep_summary, write_plots
 
 ROOT = Path(__file__).resolve().parents[2]
 BEGIN, END = "<!-- table:begin (python -m spec_decode.views.experiment report) -->", "<!-- table:end -->"
@@ -38,7 +41,8 @@ FACTS_BEGIN, FACTS_END = "<!-- facts:begin (python -m spec_decode.views.experime
 SUMMARY = ("mean", "std", "n", "ci95_lo", "ci95_hi", "cv", "robust_cv")
 METRICS = ("accept_len", "accept_rate_draft", "speedup_vs_baseline", "speedup_vs_baseline_ci95_lo",
            "speedup_vs_baseline_ci95_hi", "speedup_ci95_halfwidth_pct", "non_cycle_pct", "cycle_ms", "draft_ms", "verify_ms", "extend_ms", "other_ms",
-           "draft_pct", "verify_pct", "extend_pct", "other_pct", "baseline_throughput_tok_s")
+           "draft_pct", "verify_pct", "extend_pct", "other_pct", "baseline_throughput_tok_s",
+           "host_load1", "host_load1_max", "host_steal_pct", "host_busy_pct")  # host_*: record/host.py
 AXES = ("hardware", "model", "engine", "nccl", "drafter")
 # Issue 21's flat metrics, kept by name pattern (their count depends on the steps and the categories):
 # acceptance per draft position and per request, token latency percentiles, the lossless match rate,
@@ -77,39 +81,56 @@ def job_key(rec: JobRecord) -> str:
 
 
 def to_metrics(recs: list[JobRecord]) -> dict:
+    """metrics.json: one entry per job; with the block design (benchmark.block swept) also one per cell,
+    folded over its blocks (``cells``); the host fingerprint and what the intervals cover."""
     jobs: dict[str, dict] = {}
     for i, r in enumerate(recs):
         key = job_key(r)
         if key in jobs:
             raise ValueError(f"two jobs share the metrics key {key!r} ({jobs[key]['out_dir']} and {r.out_dir})")
-        m, t = r.metrics, r.throughput_tok_s or {}
-        entry: dict = {"index": i, "status": r.status, "role": r.role, "engine": r.engine.name,
-                       "out_dir": Path(r.out_dir).name,
-                       "axes": {**{g: r.choice(g) for g in AXES}, "spec.steps": r.steps}}
-        if r.error:
-            entry["error"] = r.error
-        for k in SUMMARY:
-            if k in t:
-                entry["throughput_tok_s" if k == "mean" else f"throughput_tok_s_{k}"] = round(t[k], 4)
-        entry.update({k: round(m[k], 4) for k in METRICS if k in m})
-        # 6 places: the cost model multiplies the per-position rates, a report rebuilt from this file
-        # must print the same predictions as one from the records
-        entry.update({k: round(v, 6) for k, v in m.items() if ISSUE21_METRICS.match(k)})
-        if r.acceptance and r.acceptance.get("histogram"):
-            entry["acceptance"] = {k: r.acceptance.get(k) for k in ("histogram", "source")}
-        simulated = (r.config.get("spec") or {}).get("simulate_accept_len")
-        if simulated is not None:  # forced acceptance: the record is performance-only
-            entry["axes"]["spec.simulate_accept_len"] = simulated
-        for name in SECTIONS:
-            value = section(r, name)
-            if value:
-                entry[name] = value
-        if r.speedup_vs_baseline:
-            entry["speedup_method"] = r.speedup_vs_baseline.get("method", "welch")
-        entry["checks"] = {c.name: c.ok for c in r.checks}
-        jobs[key] = entry
+        jobs[key] = _entry(i, r)
     git = recs[0].provenance.get("git", {}) if recs else {}
-    return {"jobs": jobs, "git_commit": git.get("commit"), "git_dirty": git.get("dirty")}
+    hosts = [r.provenance.get("host") for r in recs if r.provenance.get("host")]
+    out = {"jobs": jobs, "git_commit": git.get("commit"), "git_dirty": git.get("dirty"),
+           "host": hosts[0] if hosts else None, "interval": blocks.interval_label(recs)}
+    if any(h != hosts[0] for h in hosts):  # a sweep spread over machines (submitit): say so
+        out["hosts_differ"] = True
+    if blocks.has_blocks(recs):
+        out["cells"] = {job_key(c): _entry(i, c) for i, c in enumerate(blocks.cells(recs))}
+    return out
+
+
+def _entry(i: int, r: JobRecord) -> dict:
+    m, t = r.metrics, r.throughput_tok_s or {}
+    bench = r.config.get("benchmark") or {}
+    entry: dict = {"index": i, "status": r.status, "role": r.role, "engine": r.engine.name,
+                   "out_dir": Path(r.out_dir).name,
+                   "axes": {**{g: r.choice(g) for g in AXES}, "spec.steps": r.steps,
+                            **{f"benchmark.{k}": bench[k] for k in ("block", "replicate") if bench.get(k)}}}
+    if r.error:
+        entry["error"] = r.error
+    for k in SUMMARY:
+        if k in t:
+            entry["throughput_tok_s" if k == "mean" else f"throughput_tok_s_{k}"] = round(t[k], 4)
+    entry.update({k: round(m[k], 4) for k in METRICS if k in m})
+    # 6 places: the cost model multiplies the per-position rates, a report rebuilt from this file
+    # must print the same predictions as one from the records
+    entry.update({k: round(v, 6) for k, v in m.items() if ISSUE21_METRICS.match(k)})
+    if r.acceptance and r.acceptance.get("histogram"):
+        entry["acceptance"] = {k: r.acceptance.get(k) for k in ("histogram", "source")}
+    simulated = (r.config.get("spec") or {}).get("simulate_accept_len")
+    if simulated is not None:  # forced acceptance: the record is performance-only
+        entry["axes"]["spec.simulate_accept_len"] = simulated
+    for name in SECTIONS:
+        value = section(r, name)
+        if value:
+            entry[name] = value
+    if r.speedup_vs_baseline:
+        entry["speedup_method"] = r.speedup_vs_baseline.get("method", "welch")
+    entry["checks"] = {c.name: c.ok for c in r.checks}
+    if "interval" in r.extra:  # a cell folded over blocks: how its interval was taken
+        entry["interval"] = r.extra["interval"]
+    return entry
 
 
 def _axes_from_key(key: str) -> dict:
@@ -127,6 +148,7 @@ def records_from_metrics(metrics: dict) -> list[JobRecord]:
         role = e.get("role") or ("baseline" if key.startswith("baseline") else "spec")
         config = {g: {"name": axes.get(g)} for g in AXES}
         config["spec"] = {"steps": axes.get("spec.steps"), "simulate_accept_len": axes.get("spec.simulate_accept_len")}
+        config["benchmark"] = {k: axes.get(f"benchmark.{k}", 0) for k in ("block", "replicate")}
         m = {k: e[k] for k in ("throughput_tok_s", *METRICS) if isinstance(e.get(k), (int, float))}
         m.update({k: v for k, v in e.items() if ISSUE21_METRICS.match(k) and isinstance(v, (int, float))})
         acc = None
@@ -156,6 +178,7 @@ def facts(metrics: dict) -> list[str]:
     """The numbers an experiment's conclusion cites, generated from its metrics.json (so prose never
     drifts from the table): speedups with CIs per profile, the best measured step count, acceptance
     by step count, phase costs per step and per verified token, baselines, checks."""
+    metrics = {**metrics, "jobs": metrics.get("cells") or metrics["jobs"]}  # the block design: its cells
     recs = [r for r in records_from_metrics(metrics) if r.status == "FINISHED" and "throughput_tok_s" in r.metrics]
     spec = [r for r in recs if r.speculative and r.steps is not None]
     lines = []
@@ -170,13 +193,13 @@ def facts(metrics: dict) -> list[str]:
         lines.append(f"- `nccl={prof}` best measured: {best.steps} steps at {best.metrics['throughput_tok_s']:.1f} "
                      f"tok/s [{best.metrics['throughput_tok_s_ci95_lo']:.1f}, {best.metrics['throughput_tok_s_ci95_hi']:.1f}]")
         phased = [r for r in mine if "verify_ms" in r.metrics]
-        if len({r.steps for r in phased}) >= 2:
-            tokens = [r.steps + 1 for r in phased]
-            v = statistics.linear_regression(tokens, [r.metrics["verify_ms"] for r in phased])
-            d = statistics.linear_regression([r.steps for r in phased], [r.metrics["draft_ms"] for r in phased])
-            lines.append(f"- `nccl={prof}` verify = {v.intercept:.2f} + {v.slope:.3f} ms per verified token; "
-                         f"draft = {d.intercept:.2f} + {d.slope:.3f} ms per step (least squares over "
-                         f"{len(phased)} jobs)")
+        if len({r.steps for r in phased}) >= 2:  # costs >= 0 (costmodel.nonneg_line), with the fit quality
+            va, vb, vq = nonneg_line([r.steps + 1 for r in phased], [r.metrics["verify_ms"] for r in phased])
+            da, db, dq = nonneg_line([r.steps for r in phased], [r.metrics["draft_ms"] for r in phased])
+            r2 = " / ".join("-" if q["r2"] is None else f"{q['r2']:.2f}" for q in (vq, dq))
+            lines.append(f"- `nccl={prof}` verify = {va:.2f} + {vb:.3f} ms per verified token; "
+                         f"draft = {da:.2f} + {db:.3f} ms per step (least squares with costs >= 0 over "
+                         f"{len(phased)} jobs; R^2 {r2})")
     paid = [r for r in spec if "speedup_vs_baseline_ci95_lo" in r.metrics]
     if paid:
         above = [r for r in paid if r.metrics["speedup_vs_baseline_ci95_lo"] > 1.0]
@@ -233,6 +256,7 @@ HEADLINE_END = "<!-- headline:end -->"
 def headline(metrics: dict, name: str) -> str:
     """The README's headline table, from a reported experiment's metrics.json: every job, baselines
     first, then by NCCL profile and step count; the speedup with its CI and how it was taken."""
+    metrics = {**metrics, "jobs": metrics.get("cells") or metrics["jobs"]}  # the block design: one row per cell
     recs = [r for r in records_from_metrics(metrics) if r.status == "FINISHED" and "throughput_tok_s" in r.metrics]
     recs.sort(key=lambda r: (r.speculative, r.choice("nccl") or "", r.steps or 0))
     entries = metrics["jobs"]
@@ -274,30 +298,27 @@ def _replace_block(body: str, begin: str, end: str, content: str) -> str:
     return body + "\n" + block + "\n"
 
 
-def compare(rebuilt: dict, reported: dict) -> list[str]:
-    """Per job: the rebuilt throughput vs the reported one, Welch's 95% CI of the ratio, a verdict."""
-    rows = []
-    for key, rep in sorted(reported["jobs"].items()):
-        new = rebuilt["jobs"].get(key)
-        if new is None or "throughput_tok_s" not in new or "throughput_tok_s" not in rep:
-            rows.append([key, "-", "-", "-", "missing in the rebuilt metrics"])
-            continue
-        ratio = ratio_from_summary(new["throughput_tok_s"], new.get("throughput_tok_s_std", 0.0),
-                                   int(new.get("throughput_tok_s_n", 1)), rep["throughput_tok_s"],
-                                   rep.get("throughput_tok_s_std", 0.0), int(rep.get("throughput_tok_s_n", 1)))
-        r = ratio.ratio
-        # a claim without an interval (n < 2) is a point: any difference counts
-        lo, hi = (r, r) if math.isnan(ratio.ci95_lo) else (ratio.ci95_lo, ratio.ci95_hi)
-        inside = rep.get("throughput_tok_s_ci95_lo", -1) <= new["throughput_tok_s"] <= rep.get("throughput_tok_s_ci95_hi", -1)
-        if lo <= 1.0 <= hi:
-            verdict = "within noise" + ("" if inside else " (outside the reported CI, but not significantly different)")
-        else:
-            verdict = f"DIFFERS by {100 * (r - 1):+.1f}% (Welch 95% CI {100 * (lo - 1):+.1f}% .. {100 * (hi - 1):+.1f}%)"
-        ci = f"[{rep.get('throughput_tok_s_ci95_lo', float('nan')):.1f}, {rep.get('throughput_tok_s_ci95_hi', float('nan')):.1f}]"
-        rows.append([key, f"{rep['throughput_tok_s']:.1f} {ci}", f"{new['throughput_tok_s']:.1f}",
-                     f"{r:.3f} [{lo:.3f}, {hi:.3f}]", verdict])
-    return tabulate(rows, headers=["job", "reported tok/s [95% CI]", "rebuilt tok/s", "ratio [95% CI]", "verdict"],
-                    tablefmt="plain", disable_numparse=True).splitlines()
+def compare(a: dict, b: dict, names: tuple[str, str] = ("A", "B")) -> tuple[list[str], bool]:
+    """Per cell: the speedup intervals overlap or not, accept length equal or not; the hosts' differences
+    and loads; the verdict (spec_decode.analysis.compare). Returns (lines, differ)."""
+    rows = cmp.compare(a, b)
+    table = tabulate([[r.cell, r.a, r.b, r.accept, r.verdict] for r in rows],
+                     headers=["cell", f"{names[0]}: speedup (tok/s for baselines) [95% CI]", f"{names[1]}",
+                              "accept len", "verdict"], tablefmt="plain", disable_numparse=True).splitlines()
+    notes = [n.replace("A: ", f"{names[0]}: ", 1).replace("B: ", f"{names[1]}: ", 1) for n in cmp.host_notes(a, b)]
+    verdict = cmp.verdict(rows)
+    cover = cmp.coverage(rows)
+    cover = [cover.replace(" of B ", f" of {names[1]} ").replace(" A's ", f" {names[0]}'s ")] if cover else []
+    return [*table, "", *notes, *cover, f"verdict: {verdict}"], verdict.startswith("DIFFER")
+
+
+def load_sweep(src: str, uri: str | None) -> dict:
+    """A sweep as metrics.json: a metrics.json file, an experiment dir holding one, or the records of a
+    multirun dir / an MLflow parent run (``report.records_of``)."""
+    path = Path(src)
+    if path.is_dir() and (path / "metrics.json").is_file() and not any(path.glob("*/results.json")):
+        path = path / "metrics.json"
+    return json.loads(path.read_text()) if path.is_file() else to_metrics(records_of(src, uri))
 
 
 def same_metrics_warning(rebuilt: dict, reported: dict, name: str, rev: str) -> str | None:
@@ -330,28 +351,47 @@ def main(argv: list[str] | None = None) -> None:
     h = sub.add_parser("headline", help="metrics.json -> the headline table in README.md (between its markers)")
     h.add_argument("name")
     h.add_argument("--readme", type=Path, default=None, help="default: README.md of the project")
-    c = sub.add_parser("compare", help="rebuilt metrics.json (workspace) vs the committed one")
-    c.add_argument("name")
-    c.add_argument("--rev", default="HEAD", help="git revision holding the reported metrics")
+    c = sub.add_parser("compare", help="two sweeps cell by cell with a verdict (exit 1 when a cell differs)",
+                       description="compare NAME: the rebuilt metrics.json (workspace) vs the committed one; "
+                                   "compare A B: any two sweeps (metrics.json, experiment or multirun dirs, "
+                                   "MLflow parent run ids)")
+    c.add_argument("sources", nargs="+", metavar="NAME | A B")
+    c.add_argument("--rev", default="HEAD", help="git revision holding the reported metrics (compare NAME)")
+    c.add_argument("--uri", default=None, help="MLflow store for run ids (default: MLFLOW_TRACKING_URI)")
     args = ap.parse_args(argv)
     root = Path(os.environ.get("DVC_ROOT") or Path.cwd())
+    if args.cmd == "compare":
+        if len(args.sources) > 2:
+            ap.error("compare takes an experiment name, or two sweeps")
+        if len(args.sources) == 2:
+            a, b = (load_sweep(src, args.uri) for src in args.sources)
+            names = tuple(args.sources)
+        else:
+            a, b, names = compare_experiment(ap, args.sources[0], args.rev, root)
+        lines, differ = compare(a, b, names)
+        print("\n".join(lines))
+        raise SystemExit(1 if differ else 0)
     if not (root / "conf" / "experiment" / f"{args.name}.yaml").exists():
         ap.error(f"no experiment {args.name!r}: conf/experiment/{args.name}.yaml not found")
     if args.cmd == "bench":
         bench(args.name, root, args.overrides)
     elif args.cmd == "report":
         report(args.name, root)
-    elif args.cmd == "headline":
-        print(write_headline(args.name, root, args.readme or root / "README.md"))
     else:
-        path = exp_dir(args.name, root) / "metrics.json"
-        if not path.exists():
-            ap.error(f"{path} not found: run `dvc repro bench@{args.name}` first")
-        rebuilt, reported = json.loads(path.read_text()), committed_metrics(path, args.rev, root)
-        if (w := same_metrics_warning(rebuilt, reported, args.name, args.rev)) is not None:
-            print(w, file=sys.stderr)
-        print("\n".join(compare(rebuilt, reported)))
+        print(write_headline(args.name, root, args.readme or root / "README.md"))
 
+
+def compare_experiment(ap: argparse.ArgumentParser, name: str, rev: str, root: Path) -> tuple[dict, dict, tuple]:
+    """(reported at ``rev``, rebuilt in the workspace, their names) of a named experiment."""
+    if not (root / "conf" / "experiment" / f"{name}.yaml").exists():
+        ap.error(f"no experiment {name!r}: conf/experiment/{name}.yaml not found (or give two sweeps)")
+    path = exp_dir(name, root) / "metrics.json"
+    if not path.exists():
+        ap.error(f"{path} not found: run `dvc repro bench@{name}` first")
+    rebuilt, reported = json.loads(path.read_text()), committed_metrics(path, rev, root)
+    if (w := same_metrics_warning(rebuilt, reported, name, rev)) is not None:
+        print(w, file=sys.stderr)
+    return reported, rebuilt, (f"reported ({rev})", "rebuilt")
 
 if __name__ == "__main__":
     main()

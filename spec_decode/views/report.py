@@ -21,13 +21,18 @@ accepted drafts per verify (histogram, share of verifies, per job); acceptance r
 from __future__ import annotations
 
 import argparse
+import json
+import os
+import statistics
 import sys
+import tempfile
 from pathlib import Path
 
 from tabulate import tabulate
 
-from spec_decode.analysis import recommend
+from spec_decode.analysis import blocks, control, recommend
 from spec_decode.analysis.costmodel import describe, fit, points_from_records
+from spec_decode.record import host
 from spec_decode.record.results import JobRecord, collect, performance_only, section
 from spec_decode.views.charts import acceptance_figures, legend_outside, save
 
@@ -151,11 +156,25 @@ def sweep_summary(recs: list[JobRecord]) -> tuple[str, dict[str, list]]:
     for part in (acceptance_table(recs), latency_table(recs), category_table(recs)):
         if part:
             lines += ["", part]
-    for prof, f in cost_models(recs).items():
+    cells = blocks.cells(recs)  # the block design's cells (issue 25); the records themselves otherwise
+    if cells is not recs:
+        lines += ["", f"cells over blocks ({blocks.interval_label(recs)}):",
+                  tabulate([[row(r)[c] for c in COLUMNS] for r in cells], headers=COLUMNS, tablefmt="simple",
+                           disable_numparse=True)]
+    lines += ["", f"intervals: {blocks.interval_label(recs)}"]
+    for prof, f in cost_models(cells).items():
         lines += ["", f"[nccl={prof}] " + describe(f)]
-    rec = recommend.recommend(recs)
+    lines += ["", control.tag(control.check(cells))]
+    rec = recommend.recommend(cells)
     if rec is not None:
         lines += ["", recommend.describe(rec)]
+    fps = {json.dumps((r.provenance or {}).get("host"), sort_keys=True) for r in recs if (r.provenance or {}).get("host")}
+    lines += [host.describe(json.loads(fp)) for fp in sorted(fps)]
+    loads = [r.metrics["host_load1"] for r in recs if "host_load1" in r.metrics]
+    if loads:
+        lines.append(f"load (1 min) during the timed runs: median {statistics.median(loads):.1f}, max "
+                     f"{max(r.metrics.get('host_load1_max', 0) for r in recs):.1f}; CPU steal "
+                     f"{max(r.metrics.get('host_steal_pct', 0) for r in recs):.1f}% at most")
     return "\n".join(lines), table
 
 
@@ -171,9 +190,10 @@ def cost_models(recs: list[JobRecord]) -> dict:
 
 def write_plots(recs: list[JobRecord], out_dir: Path) -> list[Path]:
     """throughput_vs_steps.png, speedup_vs_steps.png, phases.png, accept_len_vs_steps.png,
-    acceptance_histogram.png, accept_rate_by_position.png (those that have data)."""
+    acceptance_histogram.png, accept_rate_by_position.png (those that have data). A block-design sweep
+    is plotted by cell (its blocks folded, spec_decode.analysis.blocks), one point per cell."""
     out_dir.mkdir(parents=True, exist_ok=True)
-    return [save(fig, out_dir / name) for name, fig in figures(recs).items()]
+    return [save(fig, out_dir / name) for name, fig in figures(blocks.cells(recs)).items()]
 
 
 def figures(recs: list[JobRecord]) -> dict:
@@ -209,7 +229,9 @@ def figures(recs: list[JobRecord]) -> dict:
                 f = fits[prof]
                 pred = [p for p in f.predictions if p["steps"] <= max(xs) + 1]
                 ax.plot([p["steps"] for p in pred], [p["predicted_tok_s"] for p in pred], ls=":", marker="x",
-                        color=colors[prof], label=f"cost model, nccl={prof} (best: {f.best_steps} steps)")
+                        color=colors[prof], label=f"cost model, nccl={prof} (best within measured steps: "
+                        f"{f.best_steps}" + (f"; {f.best_outside['steps']} by EXTRAPOLATION, not measured)"
+                                             if f.best_outside else ")"))
         ax.set_xlabel("speculative steps (draft tokens per cycle)")
         ax.xaxis.set_major_locator(MaxNLocator(integer=True))
         ax.set_ylabel("throughput (tok/s), mean with 95% CI")
@@ -312,6 +334,22 @@ def from_mlflow(run_id: str, uri: str, dest: Path) -> Path:
     return dest
 
 
+def records_of(src: str, uri: str | None) -> list[JobRecord]:
+    """The records of a multirun dir, or of an MLflow parent run id (its children's results.json, from
+    ``uri`` or MLFLOW_TRACKING_URI); SystemExit naming the source when there are none."""
+    if Path(src).is_dir():
+        recs = collect(Path(src))
+    else:
+        uri = uri or os.environ.get("MLFLOW_TRACKING_URI") or "sqlite:///mlflow.db"
+        try:
+            recs = collect(from_mlflow(src, uri, Path(tempfile.mkdtemp(prefix=f"spec_decode_{src[:8]}_"))))
+        except Exception as e:  # noqa: BLE001 - whatever MLflow raises, the answer is the same
+            raise SystemExit(f"{src!r} is neither a directory nor a parent run in {uri}: {type(e).__name__}: {e}") from e
+    if not recs:
+        raise SystemExit(f"no results.json in {src}")
+    return recs
+
+
 def main(argv: list[str] | None = None) -> None:
     ap = argparse.ArgumentParser(prog="python -m spec_decode.views.report", description=__doc__,
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -322,8 +360,6 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--uri", default="sqlite:///mlflow.db")
     args = ap.parse_args(argv)
     if args.mlflow_run:
-        import tempfile
-
         root = from_mlflow(args.mlflow_run, args.uri,
                            Path(tempfile.mkdtemp(prefix=f"spec_decode_report_{args.mlflow_run[:8]}_")))
         print(f"downloaded the sweep's results.json files to {root}", file=sys.stderr)

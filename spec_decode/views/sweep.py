@@ -16,7 +16,7 @@ from pathlib import Path
 
 from hydra.experimental.callback import Callback
 
-from spec_decode.analysis import recommend
+from spec_decode.analysis import blocks, control, recommend
 from spec_decode.record import results
 from spec_decode.views.report import sweep_summary, write_plots
 from spec_decode.views.tracking import PARENT_ENV, Tracker, experiment_tags
@@ -114,7 +114,9 @@ class SweepCallback(Callback):
                     c.set_experiment_tag(self._tracker.experiment_id(), key, value)
                 for png in write_plots(recs, Path(self.sweep_dir)):
                     c.log_artifact(self.parent_run_id, str(png), artifact_path="plots")
-                choice = recommend.recommend(recs)
+                cells = blocks.cells(recs)  # issue 25: the A/A control's verdict as a tag (ok | disagree | none)
+                c.set_tag(self.parent_run_id, "aa_control", control.tag(control.check(cells)))
+                choice = recommend.recommend(cells)
                 if choice is not None:  # the step recommendation: a tag to filter by, the verdicts in full
                     c.set_tag(self.parent_run_id, "recommendation", recommend.tag(choice))
                     c.log_dict(self.parent_run_id, choice.as_dict(), "recommendation.json")

@@ -301,6 +301,9 @@ def tags_of(rec: JobRecord) -> dict[str, str]:
         if h.get("dvc_md5"):
             tags[f"dvc.{name}.md5"] = h["dvc_md5"]
     tags.update(prov.get("drafter_lineage") or {})  # drafter.training_run_id, drafter.data_md5, ...
+    fp = prov.get("host") or {}  # the host fingerprint (record/host.py); its load figures are metrics
+    tags.update({"host.cpu": str(fp.get("cpu_model")), "host.cores": str(fp.get("logical_cores")),
+                 "host.isa": " ".join(fp.get("isa") or []), "host.gpu": str((fp.get("gpus") or [{}])[0].get("name"))})
     tags["checks.failed"] = ",".join(rec.failed_checks) or "none"
     if rec.warnings:
         tags["warnings"] = " | ".join(rec.warnings)[:4000]

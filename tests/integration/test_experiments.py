@@ -1,7 +1,8 @@
 """Every reported experiment in conf/experiment/ runs as a real `-m` sweep (dry run: each job composes,
 passes preflight -- missing GPU weights are warnings in a dry run -- and prints its server command)."""
 
-import itertools
+import math
+import re
 from pathlib import Path
 
 import pytest
@@ -14,8 +15,14 @@ EXPERIMENTS = sorted(p.stem for p in (ROOT / "conf" / "experiment").glob("*.yaml
 
 
 def sweep_points(name: str) -> int:
-    params = OmegaConf.load(ROOT / "conf" / "experiment" / f"{name}.yaml").hydra.sweeper.params
-    return len(list(itertools.product(*(str(v).split(",") for v in params.values()))))
+    """Jobs of the experiment's sweep: comma lists, and range(a,b) (the block axis, issue 25)."""
+    conf = OmegaConf.load(ROOT / "conf" / "experiment" / f"{name}.yaml")
+    conf.benchmark = {"blocks": 1, **OmegaConf.to_container(conf.get("benchmark") or {})}
+    sizes = []
+    for v in conf.hydra.sweeper.params.values():
+        m = re.fullmatch(r"range\((\d+),(\d+)\)", str(v))
+        sizes.append(int(m[2]) - int(m[1]) if m else len(str(v).split(",")))
+    return math.prod(sizes)
 
 
 @pytest.mark.parametrize("name", EXPERIMENTS)

@@ -1,0 +1,162 @@
+"""Two measurements of the same sweep, cell by cell, with a verdict (issue 25).
+
+Inputs are two metrics.json-shaped dicts (``views.experiment.to_metrics``: ``{"jobs": {key: entry},
+"cells": {...} (block design), "host": fingerprint}``): reported vs rebuilt, or sweep A vs sweep B.
+Per cell (the block design's cells where both sides have them, else the jobs):
+
+- spec cells: the 95% speedup intervals **overlap** or not (two overlapping 95% intervals are not
+  evidence of a difference; disjoint ones are, at roughly the 0.6% level for equal widths), and the
+  accept length is **equal** or not (greedy decoding of the same weights and prompt gives the same
+  tokens: a different accept length means a different drafter, target, prompt or engine, not noise;
+  ``ACCEPT_TOL`` allows GPU kernels' last-digit nondeterminism);
+- baselines: their tok/s ratio, for information only (absolute throughput follows the host's load; the
+  product's claims are speedups);
+- a cell present on one side only differs.
+
+``verdict(rows)`` is "agree" or "DIFFER" (the CLI exits 1 on DIFFER); the hosts' differences are named
+(``host_differences`` on the fingerprints of ``record.host``) and each side's load during its timed runs is shown beside it.
+"""
+
+from __future__ import annotations
+
+import re
+import statistics
+from dataclasses import dataclass
+
+from spec_decode.analysis.blocks import drop_block
+
+# What a comparison names when it differs (the load is a condition of the run, reported beside it).
+IDENTITY = ("cpu_model", "isa", "logical_cores", "usable_cores", "physical_cores", "hypervisor", "mem_gib")
+GPU_IDENTITY = ("name", "driver_version", "clocks.max.sm")
+
+
+def host_differences(a: dict | None, b: dict | None) -> list[str]:
+    """The fingerprint fields that differ, as ``field: A vs B`` (an unknown side is named as such)."""
+    if not a or not b:
+        return [] if a == b else ["host fingerprint: " + ("missing on the first side" if not a else
+                                                          "missing on the second side")]
+    out = [f"{k}: {a.get(k)} vs {b.get(k)}" for k in IDENTITY if a.get(k) != b.get(k)]
+    ga, gb = a.get("gpus") or [], b.get("gpus") or []
+    if len(ga) != len(gb):
+        out.append(f"gpus: {len(ga)} vs {len(gb)}")
+    for i, (x, y) in enumerate(zip(ga, gb)):
+        out += [f"gpu{i} {k}: {x.get(k)} vs {y.get(k)}" for k in GPU_IDENTITY if x.get(k) != y.get(k)]
+    if a.get("nccl_version") != b.get("nccl_version"):
+        out.append(f"nccl_version: {a.get('nccl_version')} vs {b.get('nccl_version')}")
+    return out
+
+
+# Hydra's override_dirname joins "key=value" items with ","; values may hold commas ([a,b]) (as runner.job)
+_ITEM = re.compile(r",(?=[+~]*[\w./@-]+=)")
+ACCEPT_TOL = 0.005  # relative: the embedded engine repeats accept lengths to 4 places; GPU kernels may not
+
+
+@dataclass
+class Row:
+    cell: str
+    role: str
+    a: str  # the figure on each side, formatted
+    b: str
+    accept: str
+    verdict: str  # "agree" | "info" | "DIFFERS: ..."
+    inside: bool | None = None  # B's speedup inside A's 95% interval (issue 25's coverage count)
+
+    @property
+    def differs(self) -> bool:
+        return self.verdict.startswith("DIFFERS")
+
+
+def entries(metrics: dict) -> dict[str, dict]:
+    """The cells of a sweep: the block design's folded cells where present, else its jobs; keyed by
+    what varies inside the sweep (its axes: ``nccl=tuned,spec.steps=3``; ``baseline,nccl=tuned``), so
+    two sweeps line up whatever fixed overrides each was run with (a fault launcher, runs=30) and a
+    cheap-mode sweep lines up with a block-design one (block items dropped)."""
+    raw = {drop_block(k): v for k, v in (metrics.get("cells") or metrics["jobs"]).items()}
+    items = {k: [p for p in _ITEM.split(k) if p and p != "baseline"] for k in raw}
+    common = set.intersection(*(set(v) for v in items.values())) if len(items) > 1 else set()
+    out = {}
+    for k, v in raw.items():
+        key = ",".join((["baseline"] if k.split(",", 1)[0] == "baseline" else []) + [p for p in items[k] if p not in common])
+        out[key or k] = v
+    return out
+
+
+def _ci(e: dict, name: str) -> tuple[float, float] | None:
+    lo, hi = e.get(f"{name}_ci95_lo"), e.get(f"{name}_ci95_hi")
+    if lo is None or hi is None or lo != lo or hi != hi:
+        return None
+    return lo, hi
+
+
+def _fmt(e: dict, name: str, spec: str) -> str:
+    ci = _ci(e, name)
+    return f"{e[name]:{spec}}" + (f" [{ci[0]:{spec}}, {ci[1]:{spec}}]" if ci else " [no interval]")
+
+
+def compare_cell(key: str, a: dict | None, b: dict | None) -> Row:
+    if a is None or b is None:
+        return Row(key, (a or b or {}).get("role", "?"), "-" if a is None else "present",
+                   "-" if b is None else "present", "-", f"DIFFERS: only in {'B' if a is None else 'A'}")
+    role = a.get("role") or ("baseline" if key.startswith("baseline") else "spec")
+    if a.get("status", "FINISHED") != "FINISHED" or b.get("status", "FINISHED") != "FINISHED":
+        return Row(key, role, a.get("status", "?"), b.get("status", "?"), "-", "DIFFERS: not FINISHED on both sides")
+    acc_a, acc_b = a.get("accept_len"), b.get("accept_len")
+    accept, same_accept = "-", True
+    if acc_a is not None and acc_b is not None:
+        same_accept = abs(acc_a - acc_b) <= ACCEPT_TOL * max(abs(acc_a), abs(acc_b))
+        accept = f"{acc_a:.4f} vs {acc_b:.4f}" + ("" if same_accept else " (differs)")
+    if "speedup_vs_baseline" in a and "speedup_vs_baseline" in b:
+        ia, ib = _ci(a, "speedup_vs_baseline"), _ci(b, "speedup_vs_baseline")
+        fa, fb = _fmt(a, "speedup_vs_baseline", ".3f"), _fmt(b, "speedup_vs_baseline", ".3f")
+        if ia is None or ib is None:
+            ia = ia or (a["speedup_vs_baseline"],) * 2
+            ib = ib or (b["speedup_vs_baseline"],) * 2
+        overlap = max(ia[0], ib[0]) <= min(ia[1], ib[1])
+        why = [] if overlap else [f"speedup intervals disjoint ({100 * (b['speedup_vs_baseline'] / a['speedup_vs_baseline'] - 1):+.1f}%)"]
+        why += [] if same_accept else ["accept length differs"]
+        return Row(key, role, fa, fb, accept, "DIFFERS: " + "; ".join(why) if why else "agree",
+                   ia[0] <= b["speedup_vs_baseline"] <= ia[1])
+    if role == "baseline" and "throughput_tok_s" in a and "throughput_tok_s" in b:
+        ratio = b["throughput_tok_s"] / a["throughput_tok_s"]
+        return Row(key, role, _fmt(a, "throughput_tok_s", ".1f"), _fmt(b, "throughput_tok_s", ".1f"), accept,
+                   f"info: tok/s x{ratio:.3f} (a baseline's absolute speed follows the host's load)")
+    if not same_accept:
+        return Row(key, role, "-", "-", accept, "DIFFERS: accept length differs")
+    return Row(key, role, "-", "-", accept, "DIFFERS: no speedup on one side")
+
+
+def compare(a: dict, b: dict) -> list[Row]:
+    ea, eb = entries(a), entries(b)
+    return [compare_cell(k, ea.get(k), eb.get(k)) for k in sorted(set(ea) | set(eb))]
+
+
+def verdict(rows: list[Row]) -> str:
+    bad = [r for r in rows if r.differs]
+    spec = [r for r in rows if r.role == "spec"]
+    if bad:
+        return f"DIFFER: {len(bad)} of {len(rows)} cell(s) differ ({', '.join(r.cell[:60] for r in bad[:4])}{', ...' if len(bad) > 4 else ''})"
+    return f"agree: all {len(spec)} spec cell(s) have overlapping speedup intervals and equal accept lengths"
+
+
+def coverage(rows: list[Row]) -> str | None:
+    """``k of n B speedups inside A's 95% interval`` (the issue's rerun criterion; stricter than overlap)."""
+    judged = [r for r in rows if r.inside is not None]
+    if not judged:
+        return None
+    return f"coverage: {sum(r.inside for r in judged)} of {len(judged)} speedups of B inside A's 95% interval"
+
+
+def load_note(metrics: dict) -> str:
+    """The median and max 1-minute load of a side's timed runs (recorded since issue 25)."""
+    loads = [e["host_load1"] for e in metrics["jobs"].values() if "host_load1" in e]
+    if not loads:
+        return "load not recorded"
+    return f"load (1 min) median {statistics.median(loads):.1f}, max {max(loads):.1f}"
+
+
+def host_notes(a: dict, b: dict) -> list[str]:
+    diffs = host_differences(a.get("host"), b.get("host"))
+    out = [f"hosts differ: {d}" for d in diffs] if diffs else ["hosts: same fingerprint"]
+    out += [f"A: {load_note(a)}; interval: {a.get('interval', 'runs within one launch (not recorded)')}",
+            f"B: {load_note(b)}; interval: {b.get('interval', 'runs within one launch (not recorded)')}"]
+    return out

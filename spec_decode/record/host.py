@@ -1,0 +1,150 @@
+"""The host a number was measured on: what it is (fingerprint) and how busy it was while the timed runs ran.
+
+- ``fingerprint()``: CPU model, vendor, the ISA flags that change a CPU engine's speed (a summary, not the
+  whole flag list), logical / physical cores, the cores this process may use, memory, kernel, whether a
+  hypervisor is visible; where ``nvidia-smi`` exists, every GPU's name, driver, current and maximum SM
+  clock, and the NCCL version torch loads. Never required: a missing source leaves its field None.
+- ``sample()`` / ``window(a, b)``: /proc/stat's CPU times and /proc/loadavg at the start and the end of a
+  launch's timed runs -> the 1-minute load at both ends, and the shares of CPU time that were busy, stolen
+  by the hypervisor (steal: another VM had our core) and waiting for I/O over the window.
+- ``metrics_of(windows)``: the job's flat figures (``host_load1``, ``host_load1_max``, ``host_steal_pct``,
+  ``host_busy_pct``); ``analysis.compare.host_differences`` names what differs between two fingerprints.
+"""
+
+from __future__ import annotations
+
+import os
+import platform
+import subprocess
+import sys
+import time
+from functools import lru_cache
+from pathlib import Path
+
+# The flags that decide which kernels a CPU engine (torch / oneDNN) can use; the rest is noise in a diff.
+ISA_FLAGS = ("sse4_2", "avx", "avx2", "fma", "f16c", "avx512f", "avx512bw", "avx512_vnni", "avx512_bf16",
+             "avx512_fp16", "amx_tile", "amx_bf16", "amx_int8", "asimd", "sve")
+# /proc/stat "cpu" line: user nice system idle iowait irq softirq steal (guest time is inside user)
+_FIELDS = ("user", "nice", "system", "idle", "iowait", "irq", "softirq", "steal")
+GPU_QUERY = "name,driver_version,clocks.sm,clocks.max.sm,clocks.mem"
+
+
+def _run(argv: list[str]) -> str | None:
+    try:
+        return subprocess.run(argv, capture_output=True, text=True, timeout=20, check=True).stdout.strip()
+    except (OSError, subprocess.SubprocessError):
+        return None
+
+
+def cpu_facts(cpuinfo: str) -> dict:
+    """Model, vendor, ISA summary, physical cores and hypervisor flag from /proc/cpuinfo's text."""
+    model = vendor = None
+    flags: set[str] = set()
+    cores: set[tuple[str, str]] = set()
+    phys = core = None
+    for line in cpuinfo.splitlines():
+        key, _, value = line.partition(":")
+        key, value = key.strip(), value.strip()
+        if key == "model name" and model is None:
+            model = value
+        elif key == "vendor_id" and vendor is None:
+            vendor = value
+        elif key in ("flags", "Features") and not flags:
+            flags = set(value.split())
+        elif key == "physical id":
+            phys = value
+        elif key == "core id":
+            core = value
+        elif not key and phys is not None and core is not None:  # the blank line ending one processor
+            cores.add((phys, core))
+            phys = core = None
+    if phys is not None and core is not None:
+        cores.add((phys, core))
+    return {"cpu_model": model, "cpu_vendor": vendor, "isa": [f for f in ISA_FLAGS if f in flags],
+            "hypervisor": "hypervisor" in flags, "physical_cores": len(cores) or None}
+
+
+def gpu_facts() -> list[dict] | None:
+    """One dict per GPU from nvidia-smi (None where there is none)."""
+    out = _run(["nvidia-smi", f"--query-gpu={GPU_QUERY}", "--format=csv,noheader,nounits"])
+    if not out:
+        return None
+    keys = GPU_QUERY.split(",")
+    return [dict(zip(keys, (v.strip() for v in line.split(",")))) for line in out.splitlines()]
+
+
+@lru_cache(maxsize=1)
+def fingerprint() -> dict:
+    """What the host is (cached: it does not change within a process)."""
+    try:
+        cpu = cpu_facts(Path("/proc/cpuinfo").read_text())
+    except OSError:
+        cpu = {"cpu_model": platform.processor() or None, "cpu_vendor": None, "isa": [], "hypervisor": None,
+               "physical_cores": None}
+    try:
+        mem_kb = int(Path("/proc/meminfo").read_text().split("\n", 1)[0].split()[1])
+    except (OSError, ValueError, IndexError):
+        mem_kb = None
+    gpus = gpu_facts()
+    nccl = None
+    if gpus:  # the NCCL torch loads; the runner does not import torch, so a child answers
+        nccl = _run([sys.executable, "-c", "import torch; print('.'.join(map(str, torch.cuda.nccl.version())))"])
+    return {**cpu, "logical_cores": os.cpu_count(),
+            "usable_cores": len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else None,
+            "mem_gib": round(mem_kb / 2**20, 1) if mem_kb else None, "kernel": platform.release(),
+            "gpus": gpus, "nccl_version": nccl}
+
+
+def sample() -> dict:
+    """A point in time: monotonic time, the aggregate CPU times (ticks) and the load averages."""
+    times: list[int] = []
+    load: list[float] = []
+    try:
+        first = Path("/proc/stat").read_text().split("\n", 1)[0].split()
+        times = [int(x) for x in first[1:1 + len(_FIELDS)]]
+        load = [float(x) for x in Path("/proc/loadavg").read_text().split()[:3]]
+    except (OSError, ValueError):
+        pass
+    return {"t": time.monotonic(), "cpu": times, "loadavg": load}
+
+
+def window(a: dict, b: dict) -> dict:
+    """How busy the host was between two samples (shares of all cores' time, in %)."""
+    out: dict = {"s": round(b["t"] - a["t"], 3),
+                 "load1_start": a["loadavg"][0] if a["loadavg"] else None,
+                 "load1_end": b["loadavg"][0] if b["loadavg"] else None}
+    if len(a["cpu"]) == len(b["cpu"]) == len(_FIELDS):
+        d = dict(zip(_FIELDS, (y - x for x, y in zip(a["cpu"], b["cpu"]))))
+        total = sum(d.values())
+        if total > 0:
+            out.update(busy_pct=round(100 * (total - d["idle"] - d["iowait"]) / total, 2),
+                       steal_pct=round(100 * d["steal"] / total, 2), iowait_pct=round(100 * d["iowait"] / total, 2))
+    return out
+
+
+def metrics_of(windows: list[dict]) -> dict[str, float]:
+    """A job's host figures over its timed windows: mean and max 1-minute load (both ends of every
+    window), steal and busy shares weighted by the windows' durations."""
+    loads = [w[k] for w in windows for k in ("load1_start", "load1_end") if w.get(k) is not None]
+    out: dict[str, float] = {}
+    if loads:
+        out["host_load1"] = sum(loads) / len(loads)
+        out["host_load1_max"] = max(loads)
+    timed = [w for w in windows if "steal_pct" in w and w.get("s")]
+    if timed:
+        total = sum(w["s"] for w in timed)
+        out["host_steal_pct"] = sum(w["steal_pct"] * w["s"] for w in timed) / total
+        out["host_busy_pct"] = sum(w["busy_pct"] * w["s"] for w in timed) / total
+    return out
+
+
+def describe(fp: dict | None) -> str:
+    """One line: ``Intel Xeon ..., 2 cores (2 usable), avx2 fma avx512f; GPUs: ...``."""
+    if not fp:
+        return "host: unknown (recorded before the host fingerprint)"
+    gpus = fp.get("gpus") or []
+    gpu = (f"; {len(gpus)} x {gpus[0].get('name')} (driver {gpus[0].get('driver_version')}, SM "
+           f"{gpus[0].get('clocks.sm')}/{gpus[0].get('clocks.max.sm')} MHz), NCCL {fp.get('nccl_version')}"
+           if gpus else "; no GPU")
+    return (f"host: {fp.get('cpu_model')}, {fp.get('logical_cores')} cores ({fp.get('usable_cores')} usable), "
+            f"ISA {' '.join(fp.get('isa') or []) or '?'}" + (", VM" if fp.get("hypervisor") else "") + gpu)
