@@ -12,6 +12,7 @@ Results: the job dir's results.json, and MLflow (mlflow ui --backend-store-uri s
 from __future__ import annotations
 
 import os
+import sys
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("MLFLOW_DISABLE_TELEMETRY", "true")
@@ -19,7 +20,8 @@ os.environ.setdefault("MLFLOW_DISABLE_TELEMETRY", "true")
 import hydra  # noqa: E402
 from omegaconf import DictConfig  # noqa: E402
 
-from spec_decode.core.config import register_configs  # noqa: E402
+from spec_decode.core.config import ConfigError, register_configs  # noqa: E402
+from spec_decode.core.overrides import check_argv  # noqa: E402
 
 register_configs()
 
@@ -32,4 +34,9 @@ def main(cfg: DictConfig) -> float | None:
 
 
 if __name__ == "__main__":
+    try:  # a key the schema lacks (spec.step=3, +spec.step=3): refused before Hydra composes
+        check_argv(sys.argv[1:])
+    except ConfigError as e:
+        print(f"error: {e}", file=sys.stderr)
+        raise SystemExit(2) from None
     main()

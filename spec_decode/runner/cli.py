@@ -10,6 +10,7 @@ from pathlib import Path
 from omegaconf import DictConfig
 
 from spec_decode.core.config import ConfigError, to_experiment
+from spec_decode.core.overrides import check_composed
 from spec_decode.record.results import JobContext
 from spec_decode.runner.job import JobFailed, run_job
 from spec_decode.runner.preflight import PreflightError
@@ -32,6 +33,7 @@ def run_from_hydra(cfg: DictConfig) -> float | None:
 
     hc = HydraConfig.get()
     try:
+        check_composed(cfg)  # a '+key' from a sweeper's params or an experiment file
         exp = to_experiment(cfg)
     except ConfigError as e:
         print(f"error: {e}", file=sys.stderr)
