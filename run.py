@@ -14,6 +14,10 @@ from __future__ import annotations
 import os
 import sys
 
+from spec_decode.runner import interrupt
+
+interrupt.install()  # first: a Ctrl-C during the imports below exits quietly
+
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("MLFLOW_DISABLE_TELEMETRY", "true")
 
@@ -39,4 +43,10 @@ if __name__ == "__main__":
     except ConfigError as e:
         print(f"error: {e}", file=sys.stderr)
         raise SystemExit(2) from None
-    main()
+    interrupt.started()
+    try:
+        main()
+    except KeyboardInterrupt as e:  # the job recorded itself KILLED; the sweep's atexit writes the summary
+        interrupt.end_open_runs("KILLED")
+        print(f"\n{e or interrupt.MESSAGE}: open MLflow runs ended KILLED; results.json files kept", file=sys.stderr)
+        raise SystemExit(interrupt.EXIT_CODE) from None

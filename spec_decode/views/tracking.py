@@ -32,6 +32,7 @@ from spec_decode.analysis import drift
 from spec_decode.core.config import flatten
 from spec_decode.record import results
 from spec_decode.record.results import JobContext, JobRecord
+from spec_decode.runner import interrupt
 from spec_decode.views import charts
 
 PARENT_ENV = "SPEC_DECODE_PARENT_RUN_ID"
@@ -117,7 +118,8 @@ class Tracker:
             from mlflow.tracking import MlflowClient
 
             self.reachable()
-            with _store_lock(self.uri):  # schema creation/migration happens once, under the lock
+            # schema creation/migration happens once, under the lock, and whole (a Ctrl-C waits for it)
+            with interrupt.deferred(), _store_lock(self.uri):
                 client = MlflowClient(tracking_uri=self.uri)
                 client.search_experiments(max_results=1)
             self._client = client
@@ -185,6 +187,7 @@ class Tracker:
             rec.warnings.append(self._unreachable(e))
             return None
         rec.mlflow_run_id = run.info.run_id
+        interrupt.opened(run.info.run_id, self.client)  # a Ctrl-C from here on ends it KILLED
         return run.info.run_id
 
     def earlier_baselines(self, rec: JobRecord) -> list[drift.Reference] | None:
@@ -218,6 +221,7 @@ class Tracker:
         try:
             log_record(self.client, run_id, rec, out_dir)
             self.client.set_terminated(run_id, status=_status(rec.status))
+            interrupt.closed(run_id)
         except Exception as e:  # noqa: BLE001
             print(f"warning: {self._unreachable(e)}", file=sys.stderr)
 
