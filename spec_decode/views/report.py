@@ -28,6 +28,7 @@ from tabulate import tabulate
 
 from spec_decode.analysis import recommend
 from spec_decode.analysis.costmodel import describe, fit, points_from_records
+from spec_decode.core import store
 from spec_decode.record.results import JobRecord, collect, performance_only, section
 from spec_decode.views.charts import acceptance_figures, legend_outside, save
 
@@ -302,9 +303,7 @@ def from_mlflow(run_id: str, uri: str, dest: Path) -> Path:
     """Download the results.json of a sweep's child runs (parent run ``run_id``) under ``dest``."""
     from mlflow.tracking import MlflowClient
 
-    from spec_decode.views.tracking import resolve_uri
-
-    client = MlflowClient(tracking_uri=resolve_uri(uri, Path.cwd()))
+    client = MlflowClient(tracking_uri=store.readable(uri))
     parent = client.get_run(run_id)
     kids = client.search_runs([parent.info.experiment_id], f"tags.mlflow.parentRunId = '{run_id}'")
     for k in kids:
@@ -319,12 +318,17 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--plots", type=Path, default=None,
                     help="where to write PNGs (default: PATH, or the named download dir of --mlflow-run)")
     ap.add_argument("--mlflow-run", default=None, help="a sweep's parent run id (downloads its children)")
-    ap.add_argument("--uri", default="sqlite:///mlflow.db")
+    ap.add_argument("--uri", default=None, help="the MLflow store of --mlflow-run (default: $MLFLOW_TRACKING_URI, "
+                    "else sqlite:///mlflow.db in the current directory)")
     args = ap.parse_args(argv)
     if args.mlflow_run:
         import tempfile
 
-        root = from_mlflow(args.mlflow_run, args.uri,
+        try:
+            uri = store.readable(store.store_uri(args.uri))
+        except store.StoreMissing as e:
+            ap.error(str(e))
+        root = from_mlflow(args.mlflow_run, uri,
                            Path(tempfile.mkdtemp(prefix=f"spec_decode_report_{args.mlflow_run[:8]}_")))
         print(f"downloaded the sweep's results.json files to {root}", file=sys.stderr)
     elif args.path is not None:

@@ -29,6 +29,7 @@ from typing import Any
 from filelock import FileLock
 
 from spec_decode.analysis import drift
+from spec_decode.core import store
 from spec_decode.core.config import flatten
 from spec_decode.record import results
 from spec_decode.record.results import JobContext, JobRecord
@@ -383,13 +384,13 @@ def main(argv: list[str] | None = None) -> None:
     sub = ap.add_subparsers(dest="cmd", required=True)
     s = sub.add_parser("sync", help="log every results.json under DIR not yet in the store")
     s.add_argument("dir", type=Path)
-    s.add_argument("--uri", default="sqlite:///mlflow.db")
+    s.add_argument("--uri", default=None, help="default: $MLFLOW_TRACKING_URI, else sqlite:///mlflow.db")
     s.add_argument("--experiment", default="spec-decode-bench")
     s.add_argument("--artifact-location", default="mlartifacts")
     args = ap.parse_args(argv)
     if not args.dir.is_dir():
         ap.error(f"{args.dir}: not a directory")
-    tracker = Tracker(args.uri, args.experiment, args.artifact_location, Path.cwd())
+    tracker = Tracker(store.store_uri(args.uri), args.experiment, args.artifact_location, Path.cwd())
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         up, present = sync(args.dir, tracker)
