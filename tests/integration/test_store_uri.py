@@ -11,7 +11,7 @@ from mlflow.tracking import MlflowClient
 
 from spec_decode.core import lineage
 
-from ..conftest import ROOT, run_py, small
+from ..conftest import run_py, small
 
 pytestmark = pytest.mark.integration
 
