@@ -93,7 +93,19 @@ def has_weights(model_dir: Path) -> bool:
     return any(model_dir.glob("*.safetensors")) or any(model_dir.glob("*.bin"))
 
 
+def _git_tracked(root: Path, path: str) -> bool:
+    """Whether git tracks files under ``path`` (the index still lists what was deleted from the tree)."""
+    try:
+        out = subprocess.run(["git", "-C", str(root), "ls-files", "--", path], capture_output=True,
+                             text=True, timeout=30)
+    except (OSError, subprocess.SubprocessError):
+        return False
+    return out.returncode == 0 and bool(out.stdout.strip())
+
+
 def _missing_weights(root: Path, path: str, flag: str) -> str:
+    if _git_tracked(root, path):  # the tiny models live in git: DVC would answer "Everything is up to date"
+        return f"{flag}={path}: weights not found (config.json + *.safetensors); run `git checkout -- {path}`"
     hint = f"run `dvc pull {path}`"
     if not _dvc_tracked(root, path):
         hint += (" (this repo has no DVC pointer for it yet: where the weights live, "
