@@ -187,9 +187,11 @@ def check(cfg: ExperimentConfig, root: Path) -> Preflight:
                         f"{tp} does not divide; use a tp size that divides {n}")
     if cfg.hardware.device == "cpu" and tp > 1:
         cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
-        if cores and tp > cores:
-            pf.warnings.append(f"hardware.tp_size={tp} ranks on {cores} CPU cores: the ranks share "
-                               "cores, so tok/s measures contention as much as the engine")
+        useful = max(1, (cores or 1) - 1)  # one core goes to the runner, the client and the HTTP front
+        if tp > useful:
+            pf.warnings.append(f"hardware.tp_size={tp} ranks on {cores} CPU cores ({useful} useful beside the "
+                               "runner): the ranks share cores, so tok/s measures gloo all-reduce and contention, "
+                               "not speculation; use hardware.tp_size=1 here")
     # Concurrent pairing pins the spec server and its baseline to disjoint halves of our cores.
     if cfg.paired and cfg.benchmark.pairing == pairing.CONCURRENT:
         cores = pairing.usable_cores()

@@ -148,6 +148,11 @@ def sweep_summary(recs: list[JobRecord]) -> tuple[str, dict[str, list]]:
     for r in recs:
         if r.status != "FINISHED":
             lines.append(f"  {r.status} {r.label}: {(r.error or 'no error recorded').splitlines()[-1].strip(' -')}")
+    warned: dict[str, int] = {}  # each distinct warning once (tp over the useful cores, drift ...)
+    for r in recs:
+        for w in r.warnings:
+            warned[w] = warned.get(w, 0) + 1
+    lines += [f"  warning ({n} job(s)): {w}" for w, n in warned.items()]
     table = {c: [r[c] for r in rows] for c in columns}
     for part in (acceptance_table(recs), latency_table(recs), category_table(recs)):
         if part:
