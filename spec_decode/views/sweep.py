@@ -23,7 +23,7 @@ from omegaconf import OmegaConf
 
 from spec_decode.analysis import recommend
 from spec_decode.record import results
-from spec_decode.runner import interrupt
+from spec_decode.runner import interrupt, progress
 from spec_decode.views.report import sweep_summary, write_plots
 from spec_decode.views.tracking import PARENT_ENV, Tracker, experiment_tags
 
@@ -83,10 +83,11 @@ class SweepCallback(Callback):
         self._tracker: Tracker | None = None
         self._done = False
         self.jobs: list[str] | None = None
+        self._bar = None  # job i/N, elapsed, ETA (terminal only)
 
     def __getstate__(self) -> dict:
         # Shipped to submitit/joblib workers: the parent run id travels, the client does not.
-        return {**self.__dict__, "_tracker": None}
+        return {**self.__dict__, "_tracker": None, "_bar": None}
 
     def on_multirun_start(self, config, **kwargs) -> None:
         self.sweep_dir = str(Path(config.hydra.sweep.dir).resolve())
@@ -96,6 +97,7 @@ class SweepCallback(Callback):
         if config.get("dry_run"):
             return
         self.jobs = planned_jobs(config)
+        self._bar = progress.sweep_bar(len(self.jobs)) if self.jobs else None
         atexit.register(self._finalize)  # before the parent exists: a Ctrl-C from here on still closes it
         tracker = Tracker.from_config(tcfg, root)
         if tracker is not None:
@@ -118,6 +120,12 @@ class SweepCallback(Callback):
             os.environ[PARENT_ENV] = self.parent_run_id
         if self.sweep_dir:
             os.environ["SPEC_DECODE_SWEEP_DIR"] = self.sweep_dir
+        if self._bar is not None:
+            self._bar.set_postfix_str(f"; running job {self._bar.n + 1}/{self._bar.total}")
+
+    def on_job_end(self, config, job_return, **kwargs) -> None:
+        if self._bar is not None:
+            self._bar.update(1)
 
     def on_multirun_end(self, config, **kwargs) -> None:
         self._finalize()
@@ -126,6 +134,8 @@ class SweepCallback(Callback):
         if self._done or self.sweep_dir is None:
             return
         self._done = True
+        if self._bar is not None:
+            self._bar.close()
         recs = results.collect(Path(self.sweep_dir))
         text, table = sweep_summary(recs)
         missing = unfinished_lines(Path(self.sweep_dir), self.jobs)
