@@ -74,6 +74,32 @@ def unfinished_lines(sweep_dir: Path, jobs: list[str] | None) -> list[str]:
     return lines
 
 
+def headline(recs: list, jobs: list[str] | None) -> tuple[dict[str, float], dict[str, str]]:
+    """The parent run's own metrics and params: the sweep's best numbers and what it varied."""
+    done = [r for r in recs if r.status == "FINISHED"]
+    spec = [r for r in done if r.speculative and "speedup_vs_baseline" in r.metrics]
+    metrics: dict[str, float] = {"jobs_finished": len(done), "jobs_not_finished": len(recs) - len(done)}
+    params: dict[str, str] = {}
+    if done:
+        metrics["best_throughput_tok_s"] = max(r.metrics.get("throughput_tok_s", 0.0) for r in done)
+        params.update({g: str(done[0].choice(g)) for g in ("hardware", "engine", "model")})
+    base = [r.metrics["throughput_tok_s"] for r in done if r.role == "baseline" and "throughput_tok_s" in r.metrics]
+    if base:
+        metrics["baseline_throughput_tok_s"] = base[0]
+    if spec:
+        best = max(spec, key=lambda r: r.metrics["speedup_vs_baseline"])
+        metrics["best_speedup_vs_baseline"] = best.metrics["speedup_vs_baseline"]
+        params["best_job"] = best.label[:500]
+    axes: dict[str, list[str]] = {}
+    for job in jobs or []:
+        for item in job.split(","):
+            k, _, v = item.partition("=")
+            if v not in axes.setdefault(k, []):
+                axes[k].append(v)
+    params.update({f"sweep.{k}": ",".join(v)[:500] for k, v in axes.items() if len(v) > 1})
+    return metrics, params
+
+
 class SweepCallback(Callback):
     """Parent MLflow run per multirun; summary at the end (also on failure or Ctrl-C, via atexit)."""
 
@@ -155,6 +181,11 @@ class SweepCallback(Callback):
             try:
                 c.log_text(self.parent_run_id, text, "sweep_summary.txt")
                 c.log_table(self.parent_run_id, table, "sweep_summary.json")
+                metrics, params = headline(recs, self.jobs)
+                for k, v in metrics.items():
+                    c.log_metric(self.parent_run_id, k, round(v, 4))
+                for k, v in params.items():
+                    c.log_param(self.parent_run_id, k, v)
                 # The run's description (shown on its page without a click) is the table.
                 c.set_tag(self.parent_run_id, "mlflow.note.content", markdown_summary(table, self.sweep_dir)
                           + "".join(f"\n\n**{x.strip()}**" for x in missing))

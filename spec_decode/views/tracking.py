@@ -16,6 +16,7 @@ flattened config plus the group choices (``nccl``, ``drafter``...), tags hold pr
 from __future__ import annotations
 
 import argparse
+import json
 import math
 import os
 import re
@@ -23,6 +24,7 @@ import sys
 import tempfile
 import time
 import warnings
+from contextlib import nullcontext
 from pathlib import Path
 from typing import Any
 
@@ -44,8 +46,6 @@ GROUPS = ("hardware", "nccl", "drafter", "model", "engine")
 ARTIFACTS = ("results.json", "server.log")
 PROFILE_GLOB = "profile.rank*.jsonl"  # one per TP rank (spec_decode.parsers.profile)
 
-# MLflow 3.x opens an experiment in the view its kind names; without the tag it guesses the GenAI
-# "Overview" (traces) for an empty or new experiment. custom_model_development is the runs table.
 EXPERIMENT_KIND = "custom_model_development"
 DESCRIPTION = (
     "Speculative-decoding benchmarks from spec-decode-bench. One parent run per sweep (its description "
@@ -53,6 +53,11 @@ DESCRIPTION = (
     "(`steps=3 nccl=default`, `baseline nccl=default`). Each job's results.json (artifact) is the "
     "authoritative record. Views > \"speedup by steps\" shows the key metrics side by side."
 )
+# What the 3.17.2 UI obeys (its JS bundle): the URL's workflowType, else localStorage (default genai:
+# Overview + "Detect Issues"), not experimentKind; a shared view drops runsExpanded, and a first visit
+# unfolds every parent whose children carry mlflow.runType=evaluation. docs/mlflow.md has the details.
+WORKFLOW = "workflowType=machine_learning"
+CHILD_TAGS = {"mlflow.runType": "evaluation"}
 # A saved runs-table view (MLflow >= 3.15 keeps them as experiment tags mlflow.sharedViewState.<key>):
 # the columns a performance engineer compares, in order; opened by ?viewStateShareKey=<key>.
 VIEW_KEY = "spec-decode-speedup"
@@ -89,8 +94,6 @@ def _store_lock(uri: str):
     """Serialise the first use of a sqlite store across processes: two sweeps creating the schema at
     once race ("duplicate column name", "table already exists")."""
     if not uri.startswith("sqlite:///"):
-        from contextlib import nullcontext
-
         return nullcontext()
     path = Path(uri[len("sqlite:///"):] + ".lock")
     path.parent.mkdir(parents=True, exist_ok=True)
@@ -151,8 +154,8 @@ class Tracker:
         """Where to look in ``mlflow ui``: the run, or the experiment's compare view."""
         exp = self.experiment_id()
         if run_id:
-            return f"{host}/#/experiments/{exp}/runs/{run_id}"
-        return f"{host}/#/experiments/{exp}/runs?viewStateShareKey={VIEW_KEY}"
+            return f"{host}/#/experiments/{exp}/runs/{run_id}?{WORKFLOW}"
+        return f"{host}/#/experiments/{exp}/runs?{WORKFLOW}&viewStateShareKey={VIEW_KEY}"
 
     def ui_command(self) -> str:
         if self.uri.startswith("sqlite:///"):
@@ -181,7 +184,7 @@ class Tracker:
         job then records a warning saying how to upload later)."""
         tags = {RECORD_TAG: rec.record_id, "spec_decode.role": rec.role, "spec_decode.out_dir": str(ctx.out_dir)}
         if ctx.parent_run_id:
-            tags["mlflow.parentRunId"] = ctx.parent_run_id
+            tags.update({"mlflow.parentRunId": ctx.parent_run_id, **CHILD_TAGS})  # the parent opens unfolded
         try:
             run = self.client.create_run(self.experiment_id(), run_name=display_name(rec), tags=tags)
         except Exception as e:  # noqa: BLE001 - any store failure: keep measuring
@@ -238,17 +241,13 @@ def _status(status: str) -> str:
 
 
 def experiment_tags(expanded: list[str] | tuple = ()) -> dict[str, str]:
-    """The experiment's kind (runs view), description and saved view; ``expanded``: parent runs the view
-    opens unfolded (the latest sweep's)."""
-    import json
-
+    """The experiment's kind, description and saved view (``expanded``: kept, though 3.17.2 ignores it)."""
     cols = ([f"params.`{p}`" for p in VIEW_PARAMS] + [f"metrics.`{m}`" for m in VIEW_METRICS]
             + [f"tags.`{t}`" for t in VIEW_TAGS])
     widths = {c: 120 for c in cols}  # wide enough for a metric's name and value
     widths.update({f"metrics.`{m}`": 190 for m in VIEW_METRICS if m.startswith("speedup")})
     state = {"selectedColumns": cols, "columnOrder": cols, "columnWidths": widths,
-             "orderByKey": "attributes.start_time",
-             "orderByAsc": False, "runsHiddenMode": "SHOW_ALL", "searchFilter": "",
+             "orderByKey": "attributes.start_time", "orderByAsc": False, "runsHiddenMode": "SHOW_ALL", "searchFilter": "",
              "runsExpanded": {run_id: True for run_id in expanded}}
     now = int(time.time() * 1000)
     view = {"name": VIEW_NAME, "createdAt": now, "updatedAt": now, "state": json.dumps(state)}
