@@ -17,7 +17,7 @@ from mlflow.tracking import MlflowClient
 
 from spec_decode.runner.server import free_port
 
-from ..conftest import ROOT, run_py, small
+from ..conftest import run_py, small
 
 pytestmark = pytest.mark.integration
 CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
