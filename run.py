@@ -12,6 +12,11 @@ Results: the job dir's results.json, and MLflow (mlflow ui --backend-store-uri s
 from __future__ import annotations
 
 import os
+import sys
+
+from spec_decode.runner import interrupt
+
+interrupt.install()  # first: a Ctrl-C during the imports below exits quietly
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("MLFLOW_DISABLE_TELEMETRY", "true")
@@ -19,7 +24,8 @@ os.environ.setdefault("MLFLOW_DISABLE_TELEMETRY", "true")
 import hydra  # noqa: E402
 from omegaconf import DictConfig  # noqa: E402
 
-from spec_decode.core.config import register_configs  # noqa: E402
+from spec_decode.core.config import ConfigError, register_configs  # noqa: E402
+from spec_decode.core.overrides import check_argv  # noqa: E402
 
 register_configs()
 
@@ -32,4 +38,15 @@ def main(cfg: DictConfig) -> float | None:
 
 
 if __name__ == "__main__":
-    main()
+    try:  # a key the schema lacks (spec.step=3, +spec.step=3): refused before Hydra composes
+        check_argv(sys.argv[1:])
+    except ConfigError as e:
+        print(f"error: {e}", file=sys.stderr)
+        raise SystemExit(2) from None
+    interrupt.started()
+    try:
+        main()
+    except KeyboardInterrupt as e:  # the job recorded itself KILLED; the sweep's atexit writes the summary
+        interrupt.end_open_runs("KILLED")
+        print(f"\n{e or interrupt.MESSAGE}: open MLflow runs ended KILLED; results.json files kept", file=sys.stderr)
+        raise SystemExit(interrupt.EXIT_CODE) from None

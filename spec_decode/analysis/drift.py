@@ -3,7 +3,7 @@
 The job (not a view) runs it before results.json is written, with or without MLflow: the earlier
 baselines come from the MLflow store when tracking is on (``tracking.Tracker.earlier_baselines``), else
 from the results.json files under ``tracking.results_dirs`` (``references_from_records``). Earlier
-FINISHED baselines with the same identity (hardware, model, engine, NCCL profile and
+FINISHED baselines with the same identity (hardware, tp size, model, engine, NCCL profile and
 protocol: tokens, prompt set, prompt) are the reference. Findings, each a visible warning naming what differs in provenance:
 
 - what differs from the newest earlier run: the live server environment for the same profile (the
@@ -65,7 +65,8 @@ def identity(config: dict) -> dict[str, object]:
     """What two baselines must share to be compared (throughput depends on the protocol too). The
     engine version and the weights are not part of it: a change there is a finding, not a new setup."""
     b = config["benchmark"]
-    return {"hardware": config["hardware"]["name"], "model": config["model"]["name"],
+    return {"hardware": config["hardware"]["name"], "hardware.tp_size": config["hardware"].get("tp_size", 1),
+            "model": config["model"]["name"],
             "engine": config["engine"]["name"], "nccl": config["nccl"]["name"],
             "benchmark.max_new_tokens": b["max_new_tokens"],
             "benchmark.prompts": b["prompts"], "benchmark.prompt_index": b["prompt_index"]}

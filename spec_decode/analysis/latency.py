@@ -61,3 +61,18 @@ def summarize(runs: Iterable) -> dict[str, dict[str, float]]:
 def metrics_of(latency: dict[str, dict[str, float]]) -> dict[str, float]:
     """Flat metrics: ``ttft_ms_p50`` ... ``e2e_ms_p99``."""
     return {f"{k}_p{q}": d[f"p{q}"] for k, d in latency.items() for q in PERCENTILES}
+
+
+TAIL_MIN_N = 100  # below this many samples P99 is about the largest value, not a tail estimate
+
+
+def describe(lat: dict[str, dict[str, float]]) -> list[str]:
+    """Console lines for a streamed job: TTFT, ITL, TPOT at P50/P90/P99 with the sample count."""
+    lines = []
+    for kind, name in (("ttft_ms", "TTFT"), ("itl_ms", "ITL"), ("tpot_ms", "TPOT")):
+        d = lat.get(kind)
+        if d:
+            lines.append(f"  {name:<4} P50 {d['p50']:.2f}  P90 {d['p90']:.2f}  P99 {d['p99']:.2f} ms  (n={int(d['n'])}"
+                         + (f"; P99 of {int(d['n'])} samples is near the maximum, not a tail)"
+                            if d["n"] < TAIL_MIN_N else ")"))
+    return lines

@@ -15,17 +15,17 @@ drafter is kept.
 from __future__ import annotations
 
 import json
-import os
 import time
 from pathlib import Path
 
+from spec_decode.core import store
+
 EXPERIMENT = "drafter-training"
-DEFAULT_URI = "sqlite:///mlflow.db"
+DEFAULT_URI = store.DEFAULT_URI
 
 
 def resolve_uri(uri: str | None) -> str | None:
-    uri = uri or os.environ.get("MLFLOW_TRACKING_URI") or DEFAULT_URI
-    return None if uri == "off" else uri
+    return None if uri == "off" else store.store_uri(uri)
 
 
 def training_params(rec: dict) -> dict[str, str]:
@@ -99,8 +99,8 @@ def _log(uri: str, model_dir: Path, rec: dict, history: list[dict], heldout: dic
 def training_run_id(weights_sha256: str, uri: str | None) -> str | None:
     """The newest FINISHED training run of these weights in the store, or None (not found, no store)."""
     uri = resolve_uri(uri)
-    if uri is None:
-        return None
+    if uri is None or ((f := store.sqlite_file(uri)) is not None and not f.is_file()):
+        return None  # no store: reading must not create one
     try:
         from mlflow.tracking import MlflowClient
 

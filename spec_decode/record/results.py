@@ -520,6 +520,7 @@ def job_summary(rec: JobRecord) -> str:
             f"[{m['speedup_vs_baseline_ci95_lo']:.3f}, {m['speedup_vs_baseline_ci95_hi']:.3f}] "
             f"(+-{m['speedup_ci95_halfwidth_pct']:.1f}%; {how})"
         )
+    lines += latency.describe(rec.latency or {})  # streamed runs only
     for c in rec.checks:
         if c.ok is False:
             lines.append(f"  CHECK FAILED {c.name}: {c.message}")

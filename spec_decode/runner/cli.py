@@ -10,7 +10,9 @@ from pathlib import Path
 from omegaconf import DictConfig
 
 from spec_decode.core.config import ConfigError, to_experiment
+from spec_decode.core.overrides import check_composed
 from spec_decode.record.results import JobContext
+from spec_decode.runner import interrupt
 from spec_decode.runner.job import JobFailed, run_job
 from spec_decode.runner.preflight import PreflightError
 from spec_decode.views.tracking import PARENT_ENV, Tracker
@@ -23,6 +25,7 @@ class Terminated(KeyboardInterrupt):
 
 
 def _on_sigterm(signum, frame) -> None:
+    interrupt.mark()
     raise Terminated("terminated by SIGTERM (scancel, time limit or kill)")
 
 
@@ -32,11 +35,18 @@ def run_from_hydra(cfg: DictConfig) -> float | None:
 
     hc = HydraConfig.get()
     try:
+        check_composed(cfg)  # a '+key' from a sweeper's params or an experiment file
         exp = to_experiment(cfg)
     except ConfigError as e:
         print(f"error: {e}", file=sys.stderr)
         raise SystemExit(2) from None
     multirun = hc.mode == RunMode.MULTIRUN
+    if not multirun and hc.sweeper.get("params"):  # Hydra would run one job at the defaults, silently
+        axes = " ".join(f"{k}={v}" for k, v in hc.sweeper.params.items())
+        print(f"error: experiment={exp.name} defines a sweep ({axes}); without -m only one job at the defaults "
+              f"would run. Run the sweep: python run.py -m experiment={exp.name}  (one point: add its value, "
+              f"e.g. -m experiment={exp.name} {next(iter(hc.sweeper.params))}=...)", file=sys.stderr)
+        raise SystemExit(2)
     root = Path(hc.runtime.cwd)
     ctx = JobContext(
         out_dir=Path(hc.runtime.output_dir),

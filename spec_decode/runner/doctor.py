@@ -42,6 +42,9 @@ SIGNATURES = {
 }
 
 
+NO_SGLANG = "sglang is not installed (pip install -e '.[sglang]')"
+
+
 @dataclass
 class Item:
     name: str
@@ -59,8 +62,7 @@ def check_version(engine: str) -> Item:
         return Item("engine version", True, f"embedded engine of spec-decode-bench {__version__}")
     v = installed_version()
     if v is None:
-        return Item("engine version", False, "sglang is not installed",
-                    "pip install -e '.[sglang]' on the GPU box")
+        return Item("engine version", False, NO_SGLANG, "pip install -e '.[sglang]' on the GPU box")
     return Item("engine version", v == TESTED_VERSION, f"sglang {v} (tested: {TESTED_VERSION})",
                 "" if v == TESTED_VERSION else
                 f"pip install sglang=={TESTED_VERSION}, or expect other hook targets and log lines")
@@ -121,6 +123,8 @@ def _params_from_import(target: str) -> list[str] | str:
 
 def check_hook_targets(engine: str, targets=None) -> Item:
     targets = TARGETS[engine] if targets is None else targets
+    if engine == "sglang" and importlib.util.find_spec("sglang") is None:  # absent, not moved
+        return Item("hook targets", False, NO_SGLANG, "pip install -e '.[sglang]' on the GPU box")
     problems = []
     for target, _ in targets:
         params = _params_from_source(target) if engine == "sglang" else _params_from_import(target)

@@ -30,7 +30,7 @@ from spec_decode.engines import rank_nccl_env, server_command, server_extra_env,
 from spec_decode.parsers.profile import rank_files
 from spec_decode.record import host, results
 from spec_decode.record.results import JobContext, JobRecord
-from spec_decode.runner import pairing, preflight, request_pass
+from spec_decode.runner import pairing, preflight, progress, request_pass
 from spec_decode.runner.client import Client, ClientError
 from spec_decode.runner.request_pass import OUTPUTS_FILE
 from spec_decode.runner.server import ServerError
@@ -313,13 +313,20 @@ def _one_launch(cfg: ExperimentConfig, ctx: JobContext, launch: int, prompt: str
     """One server launch: warmup, /flush_cache, the timed runs. With ``pair``, the baseline server runs
     beside ours and each timed run is paired with one of its own (benchmark.pairing: interleaved or
     concurrent, see spec_decode/runner/pairing.py)."""
-    from tqdm import tqdm
-
-    srv = start_server(cfg, extra_env, log_path)
+    b = cfg.benchmark
+    name = ctx.run_name or "job"
+    label = f"{name if len(name) <= 48 else name[:45] + '...'} [{launch + 1}/{b.launches}]"
+    arms = 2 if pair is not None else 1
+    bar = progress.job_bar(label, arms * (b.warmup + b.runs), ctx.quiet)
+    progress.phase(bar, label, "starting server (loading weights)")
+    try:
+        srv = start_server(cfg, extra_env, log_path)
+    except BaseException:
+        bar.close()
+        raise
     port = srv.port
     nice = cfg.benchmark.server_nice
     rec.argv = rec.argv or srv.argv
-    b = cfg.benchmark
     with contextlib.ExitStack() as stack:
         stack.enter_context(srv)
         client = Client(srv.base_url, cfg.engine.request_timeout_s)
@@ -342,14 +349,9 @@ def _one_launch(cfg: ExperimentConfig, ctx: JobContext, launch: int, prompt: str
             live_env.update(srv.environ())  # filtered + redacted in results.finish
             live_env_tree.update(srv.environ_tree())
         body = client.generate_body(prompt, b.max_new_tokens, b.temperature, b.ignore_eos)
-        name = ctx.run_name or "job"
-        label = f"{name if len(name) <= 48 else name[:45] + '...'} [{launch + 1}/{b.launches}]"
-        arms = 2 if bclient else 1
-        # disable=None: no bar when stderr is not a terminal (SLURM/CI logs stay readable)
-        bar = tqdm(total=arms * (b.warmup + b.runs), desc=label, unit="run", disable=True if ctx.quiet else None,
-                   file=sys.stderr, leave=False)
         try:
             log_start = log_path.stat().st_size
+            progress.phase(bar, label, "warmup")
             for _ in range(b.warmup):  # streamed like the timed runs: the same code path warmed
                 w = client.generate(body, launch, -1, stream=b.stream)
                 rec.launches[-1]["warmup_s"] = rec.launches[-1].get("warmup_s", 0.0) + w.wall_s
@@ -365,6 +367,7 @@ def _one_launch(cfg: ExperimentConfig, ctx: JobContext, launch: int, prompt: str
                 bclient.flush_cache()
             start, host_t0 = log_path.stat().st_size, host.sample()  # + load/steal over the timed runs
             for run in range(b.runs):
+                progress.phase(bar, label, f"run {run + 1}/{b.runs}", [r.throughput_tok_s for r in rec.runs])
                 if bclient is None:
                     rec.runs.append(client.generate(body, launch, run, stream=b.stream))
                     srv.check_alive()
@@ -378,8 +381,6 @@ def _one_launch(cfg: ExperimentConfig, ctx: JobContext, launch: int, prompt: str
                 rec.launches[-1].setdefault("pairs", []).append(info)
                 srv.check_alive()
                 bsrv.check_alive()
-                bar.set_postfix({"spec": f"{spec_run.throughput_tok_s:.1f}",
-                                 "base": f"{base_run.throughput_tok_s:.1f} tok/s"})
                 bar.update(2)
             time.sleep(0.05)  # let the last decode-log line reach the file
             rec.launches[-1]["host"] = host.window(host_t0, host.sample())

@@ -95,7 +95,19 @@ def has_weights(model_dir: Path) -> bool:
     return any(model_dir.glob("*.safetensors")) or any(model_dir.glob("*.bin"))
 
 
+def _git_tracked(root: Path, path: str) -> bool:
+    """Whether git tracks files under ``path`` (the index still lists what was deleted from the tree)."""
+    try:
+        out = subprocess.run(["git", "-C", str(root), "ls-files", "--", path], capture_output=True,
+                             text=True, timeout=30)
+    except (OSError, subprocess.SubprocessError):
+        return False
+    return out.returncode == 0 and bool(out.stdout.strip())
+
+
 def _missing_weights(root: Path, path: str, flag: str) -> str:
+    if _git_tracked(root, path):  # the tiny models live in git: DVC would answer "Everything is up to date"
+        return f"{flag}={path}: weights not found (config.json + *.safetensors); run `git checkout -- {path}`"
     hint = f"run `dvc pull {path}`"
     if not _dvc_tracked(root, path):
         hint += (" (this repo has no DVC pointer for it yet: where the weights live, "
@@ -180,9 +192,11 @@ def check(cfg: ExperimentConfig, root: Path) -> Preflight:
                         f"{tp} does not divide; use a tp size that divides {n}")
     if cfg.hardware.device == "cpu" and tp > 1:
         cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
-        if cores and tp > cores:
-            pf.warnings.append(f"hardware.tp_size={tp} ranks on {cores} CPU cores: the ranks share "
-                               "cores, so tok/s measures contention as much as the engine")
+        useful = max(1, (cores or 1) - 1)  # one core goes to the runner, the client and the HTTP front
+        if tp > useful:
+            pf.warnings.append(f"hardware.tp_size={tp} ranks on {cores} CPU cores ({useful} useful beside the "
+                               "runner): the ranks share cores, so tok/s measures gloo all-reduce and contention, "
+                               "not speculation; use hardware.tp_size=1 here")
     # Concurrent pairing pins the spec server and its baseline to disjoint halves of our cores.
     if cfg.paired and cfg.benchmark.pairing == pairing.CONCURRENT:
         cores = pairing.usable_cores()

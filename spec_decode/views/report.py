@@ -22,7 +22,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import statistics
 import sys
 import tempfile
@@ -32,6 +31,7 @@ from tabulate import tabulate
 
 from spec_decode.analysis import blocks, control, recommend
 from spec_decode.analysis.costmodel import describe, fit, points_from_records
+from spec_decode.core import store
 from spec_decode.record import host
 from spec_decode.record.results import JobRecord, collect, performance_only, section
 from spec_decode.views.charts import acceptance_figures, legend_outside, save
@@ -152,6 +152,11 @@ def sweep_summary(recs: list[JobRecord]) -> tuple[str, dict[str, list]]:
     for r in recs:
         if r.status != "FINISHED":
             lines.append(f"  {r.status} {r.label}: {(r.error or 'no error recorded').splitlines()[-1].strip(' -')}")
+    warned: dict[str, int] = {}  # each distinct warning once (tp over the useful cores, drift ...)
+    for r in recs:
+        for w in r.warnings:
+            warned[w] = warned.get(w, 0) + 1
+    lines += [f"  warning ({n} job(s)): {w}" for w, n in warned.items()]
     table = {c: [r[c] for r in rows] for c in columns}
     for part in (acceptance_table(recs), latency_table(recs), category_table(recs)):
         if part:
@@ -324,9 +329,7 @@ def from_mlflow(run_id: str, uri: str, dest: Path) -> Path:
     """Download the results.json of a sweep's child runs (parent run ``run_id``) under ``dest``."""
     from mlflow.tracking import MlflowClient
 
-    from spec_decode.views.tracking import resolve_uri
-
-    client = MlflowClient(tracking_uri=resolve_uri(uri, Path.cwd()))
+    client = MlflowClient(tracking_uri=store.readable(uri))
     parent = client.get_run(run_id)
     kids = client.search_runs([parent.info.experiment_id], f"tags.mlflow.parentRunId = '{run_id}'")
     for k in kids:
@@ -340,7 +343,10 @@ def records_of(src: str, uri: str | None) -> list[JobRecord]:
     if Path(src).is_dir():
         recs = collect(Path(src))
     else:
-        uri = uri or os.environ.get("MLFLOW_TRACKING_URI") or "sqlite:///mlflow.db"
+        try:
+            uri = store.readable(store.store_uri(uri))
+        except store.StoreMissing as e:
+            raise SystemExit(f"{src!r} is not a directory, and {e}") from e
         try:
             recs = collect(from_mlflow(src, uri, Path(tempfile.mkdtemp(prefix=f"spec_decode_{src[:8]}_"))))
         except Exception as e:  # noqa: BLE001 - whatever MLflow raises, the answer is the same
@@ -357,10 +363,15 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--plots", type=Path, default=None,
                     help="where to write PNGs (default: PATH, or the named download dir of --mlflow-run)")
     ap.add_argument("--mlflow-run", default=None, help="a sweep's parent run id (downloads its children)")
-    ap.add_argument("--uri", default="sqlite:///mlflow.db")
+    ap.add_argument("--uri", default=None, help="the MLflow store of --mlflow-run (default: $MLFLOW_TRACKING_URI, "
+                    "else sqlite:///mlflow.db in the current directory)")
     args = ap.parse_args(argv)
     if args.mlflow_run:
-        root = from_mlflow(args.mlflow_run, args.uri,
+        try:
+            uri = store.readable(store.store_uri(args.uri))
+        except store.StoreMissing as e:
+            ap.error(str(e))
+        root = from_mlflow(args.mlflow_run, uri,
                            Path(tempfile.mkdtemp(prefix=f"spec_decode_report_{args.mlflow_run[:8]}_")))
         print(f"downloaded the sweep's results.json files to {root}", file=sys.stderr)
     elif args.path is not None:

@@ -14,10 +14,16 @@ import os
 import sys
 from pathlib import Path
 
+from hydra._internal.core_plugins.basic_sweeper import (
+    BasicSweeper,  # its own split: the jobs it will launch
+)
+from hydra.core.override_parser.overrides_parser import OverridesParser
 from hydra.experimental.callback import Callback
+from omegaconf import OmegaConf
 
 from spec_decode.analysis import blocks, control, recommend
 from spec_decode.record import results
+from spec_decode.runner import interrupt, progress
 from spec_decode.views.report import sweep_summary, write_plots
 from spec_decode.views.tracking import PARENT_ENV, Tracker, experiment_tags
 
@@ -42,6 +48,58 @@ def where_to_look(sweep_dir: str, parent_run_id: str | None, tracker: Tracker | 
     return "\n".join(lines)
 
 
+def planned_jobs(config) -> list[str] | None:
+    """The jobs the basic sweeper launches (the experiment's sweeper params, then the command line),
+    each as its overrides minus the excluded keys; None for other sweepers (their jobs are decided live)."""
+    if "BasicSweeper" not in str(OmegaConf.select(config, "hydra.sweeper._target_") or ""):
+        return None
+    params = OmegaConf.select(config, "hydra.sweeper.params") or {}
+    args = [f"{k}={v}" for k, v in params.items()] + list(OmegaConf.select(config, "hydra.overrides.task") or [])
+    skip = set(OmegaConf.select(config, "hydra.job.config.override_dirname.exclude_keys") or [])
+    batches = BasicSweeper.split_arguments(OverridesParser.create().parse_overrides(args), None)[0]
+    return [",".join(o for o in job if o.lstrip("+~").partition("=")[0] not in skip) for job in batches]
+
+
+def unfinished_lines(sweep_dir: Path, jobs: list[str] | None) -> list[str]:
+    """The planned jobs without a record: never started (NOT RUN) or stopped before writing one."""
+    if jobs is None:
+        return []
+    lines = []
+    for i, job in enumerate(jobs):
+        dirs = list(sweep_dir.glob(f"{i}_*"))
+        if not dirs:
+            lines.append(f"  NOT RUN {job or 'defaults'}")
+        elif not any((d / results.FILENAME).exists() for d in dirs):
+            lines.append(f"  KILLED {job or 'defaults'}: interrupted before its record was written")
+    return lines
+
+
+def headline(recs: list, jobs: list[str] | None) -> tuple[dict[str, float], dict[str, str]]:
+    """The parent run's own metrics and params: the sweep's best numbers and what it varied."""
+    done = [r for r in recs if r.status == "FINISHED"]
+    spec = [r for r in done if r.speculative and "speedup_vs_baseline" in r.metrics]
+    metrics: dict[str, float] = {"jobs_finished": len(done), "jobs_not_finished": len(recs) - len(done)}
+    params: dict[str, str] = {}
+    if done:
+        metrics["best_throughput_tok_s"] = max(r.metrics.get("throughput_tok_s", 0.0) for r in done)
+        params.update({g: str(done[0].choice(g)) for g in ("hardware", "engine", "model")})
+    base = [r.metrics["throughput_tok_s"] for r in done if r.role == "baseline" and "throughput_tok_s" in r.metrics]
+    if base:
+        metrics["baseline_throughput_tok_s"] = base[0]
+    if spec:
+        best = max(spec, key=lambda r: r.metrics["speedup_vs_baseline"])
+        metrics["best_speedup_vs_baseline"] = best.metrics["speedup_vs_baseline"]
+        params["best_job"] = best.label[:500]
+    axes: dict[str, list[str]] = {}
+    for job in jobs or []:
+        for item in job.split(","):
+            k, _, v = item.partition("=")
+            if v not in axes.setdefault(k, []):
+                axes[k].append(v)
+    params.update({f"sweep.{k}": ",".join(v)[:500] for k, v in axes.items() if len(v) > 1})
+    return metrics, params
+
+
 class SweepCallback(Callback):
     """Parent MLflow run per multirun; summary at the end (also on failure or Ctrl-C, via atexit)."""
 
@@ -50,20 +108,23 @@ class SweepCallback(Callback):
         self.sweep_dir: str | None = None
         self._tracker: Tracker | None = None
         self._done = False
+        self.jobs: list[str] | None = None
+        self._bar = None  # job i/N, elapsed, ETA (terminal only)
 
     def __getstate__(self) -> dict:
         # Shipped to submitit/joblib workers: the parent run id travels, the client does not.
-        return {**self.__dict__, "_tracker": None}
+        return {**self.__dict__, "_tracker": None, "_bar": None}
 
     def on_multirun_start(self, config, **kwargs) -> None:
-        from omegaconf import OmegaConf
-
         self.sweep_dir = str(Path(config.hydra.sweep.dir).resolve())
         Path(self.sweep_dir).mkdir(parents=True, exist_ok=True)
         root = Path(config.hydra.runtime.cwd)
         tcfg = config.tracking
         if config.get("dry_run"):
             return
+        self.jobs = planned_jobs(config)
+        self._bar = progress.sweep_bar(len(self.jobs)) if self.jobs else None
+        atexit.register(self._finalize)  # before the parent exists: a Ctrl-C from here on still closes it
         tracker = Tracker.from_config(tcfg, root)
         if tracker is not None:
             tags = {"spec_decode.role": "sweep", "spec_decode.sweep_dir": self.sweep_dir,
@@ -78,7 +139,6 @@ class SweepCallback(Callback):
             except Exception as e:  # noqa: BLE001
                 print(f"warning: MLflow store {tracker.uri} unreachable ({e}); jobs keep results.json; "
                       "upload later: python -m spec_decode.views.tracking sync " + self.sweep_dir, file=sys.stderr)
-        atexit.register(self._finalize)
 
     def on_job_start(self, config, **kwargs) -> None:
         # Read by run.py in the job's process (also under joblib/submitit: the callback is pickled).
@@ -86,6 +146,12 @@ class SweepCallback(Callback):
             os.environ[PARENT_ENV] = self.parent_run_id
         if self.sweep_dir:
             os.environ["SPEC_DECODE_SWEEP_DIR"] = self.sweep_dir
+        if self._bar is not None:
+            self._bar.set_postfix_str(f"; running job {self._bar.n + 1}/{self._bar.total}")
+
+    def on_job_end(self, config, job_return, **kwargs) -> None:
+        if self._bar is not None:
+            self._bar.update(1)
 
     def on_multirun_end(self, config, **kwargs) -> None:
         self._finalize()
@@ -94,12 +160,20 @@ class SweepCallback(Callback):
         if self._done or self.sweep_dir is None:
             return
         self._done = True
+        if self._bar is not None:
+            self._bar.close()
         recs = results.collect(Path(self.sweep_dir))
         text, table = sweep_summary(recs)
+        missing = unfinished_lines(Path(self.sweep_dir), self.jobs)
+        if interrupt.interrupted() or missing:
+            head = f"{interrupt.MESSAGE}: " if interrupt.interrupted() else ""
+            n = len(self.jobs or [])
+            text += f"\n{head}{n - sum(x.startswith('  NOT RUN') for x in missing)} of {n} planned job(s) started"
+            text += "".join("\n" + x for x in missing)
         print(text, file=sys.stderr)
         Path(self.sweep_dir, "sweep_summary.txt").write_text(text + "\n")
         statuses = {r.status for r in recs}
-        status = "KILLED" if "KILLED" in statuses else ("FAILED" if statuses - {"FINISHED"} else "FINISHED")
+        status = "KILLED" if "KILLED" in statuses or interrupt.interrupted() else ("FAILED" if statuses - {"FINISHED"} else "FINISHED")
         if not recs:
             status = "FAILED"
         if self._tracker is not None and self.parent_run_id:
@@ -107,8 +181,16 @@ class SweepCallback(Callback):
             try:
                 c.log_text(self.parent_run_id, text, "sweep_summary.txt")
                 c.log_table(self.parent_run_id, table, "sweep_summary.json")
+                metrics, params = headline(recs, self.jobs)
+                for k, v in metrics.items():
+                    c.log_metric(self.parent_run_id, k, round(v, 4))
+                for k, v in params.items():
+                    c.log_param(self.parent_run_id, k, v)
                 # The run's description (shown on its page without a click) is the table.
-                c.set_tag(self.parent_run_id, "mlflow.note.content", markdown_summary(table, self.sweep_dir))
+                c.set_tag(self.parent_run_id, "mlflow.note.content", markdown_summary(table, self.sweep_dir)
+                          + "".join(f"\n\n**{x.strip()}**" for x in missing))
+                if interrupt.interrupted():
+                    c.set_tag(self.parent_run_id, "spec_decode.interrupted", interrupt.MESSAGE)
                 # The saved view opens with this sweep's children unfolded.
                 for key, value in experiment_tags(expanded=[self.parent_run_id]).items():
                     c.set_experiment_tag(self._tracker.experiment_id(), key, value)

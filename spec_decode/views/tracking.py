@@ -16,6 +16,7 @@ flattened config plus the group choices (``nccl``, ``drafter``...), tags hold pr
 from __future__ import annotations
 
 import argparse
+import json
 import math
 import os
 import re
@@ -23,15 +24,18 @@ import sys
 import tempfile
 import time
 import warnings
+from contextlib import nullcontext
 from pathlib import Path
 from typing import Any
 
 from filelock import FileLock
 
 from spec_decode.analysis import drift
+from spec_decode.core import store
 from spec_decode.core.config import flatten
 from spec_decode.record import results
 from spec_decode.record.results import JobContext, JobRecord
+from spec_decode.runner import interrupt
 from spec_decode.views import charts
 
 PARENT_ENV = "SPEC_DECODE_PARENT_RUN_ID"
@@ -42,8 +46,6 @@ GROUPS = ("hardware", "nccl", "drafter", "model", "engine")
 ARTIFACTS = ("results.json", "server.log")
 PROFILE_GLOB = "profile.rank*.jsonl"  # one per TP rank (spec_decode.parsers.profile)
 
-# MLflow 3.x opens an experiment in the view its kind names; without the tag it guesses the GenAI
-# "Overview" (traces) for an empty or new experiment. custom_model_development is the runs table.
 EXPERIMENT_KIND = "custom_model_development"
 DESCRIPTION = (
     "Speculative-decoding benchmarks from spec-decode-bench. One parent run per sweep (its description "
@@ -51,6 +53,11 @@ DESCRIPTION = (
     "(`steps=3 nccl=default`, `baseline nccl=default`). Each job's results.json (artifact) is the "
     "authoritative record. Views > \"speedup by steps\" shows the key metrics side by side."
 )
+# What the 3.17.2 UI obeys (its JS bundle): the URL's workflowType, else localStorage (default genai:
+# Overview + "Detect Issues"), not experimentKind; a shared view drops runsExpanded, and a first visit
+# unfolds every parent whose children carry mlflow.runType=evaluation. docs/mlflow.md has the details.
+WORKFLOW = "workflowType=machine_learning"
+CHILD_TAGS = {"mlflow.runType": "evaluation"}
 # A saved runs-table view (MLflow >= 3.15 keeps them as experiment tags mlflow.sharedViewState.<key>):
 # the columns a performance engineer compares, in order; opened by ?viewStateShareKey=<key>.
 VIEW_KEY = "spec-decode-speedup"
@@ -87,8 +94,6 @@ def _store_lock(uri: str):
     """Serialise the first use of a sqlite store across processes: two sweeps creating the schema at
     once race ("duplicate column name", "table already exists")."""
     if not uri.startswith("sqlite:///"):
-        from contextlib import nullcontext
-
         return nullcontext()
     path = Path(uri[len("sqlite:///"):] + ".lock")
     path.parent.mkdir(parents=True, exist_ok=True)
@@ -117,7 +122,8 @@ class Tracker:
             from mlflow.tracking import MlflowClient
 
             self.reachable()
-            with _store_lock(self.uri):  # schema creation/migration happens once, under the lock
+            # schema creation/migration happens once, under the lock, and whole (a Ctrl-C waits for it)
+            with interrupt.deferred(), _store_lock(self.uri):
                 client = MlflowClient(tracking_uri=self.uri)
                 client.search_experiments(max_results=1)
             self._client = client
@@ -148,8 +154,8 @@ class Tracker:
         """Where to look in ``mlflow ui``: the run, or the experiment's compare view."""
         exp = self.experiment_id()
         if run_id:
-            return f"{host}/#/experiments/{exp}/runs/{run_id}"
-        return f"{host}/#/experiments/{exp}/runs?viewStateShareKey={VIEW_KEY}"
+            return f"{host}/#/experiments/{exp}/runs/{run_id}?{WORKFLOW}"
+        return f"{host}/#/experiments/{exp}/runs?{WORKFLOW}&viewStateShareKey={VIEW_KEY}"
 
     def ui_command(self) -> str:
         if self.uri.startswith("sqlite:///"):
@@ -178,13 +184,14 @@ class Tracker:
         job then records a warning saying how to upload later)."""
         tags = {RECORD_TAG: rec.record_id, "spec_decode.role": rec.role, "spec_decode.out_dir": str(ctx.out_dir)}
         if ctx.parent_run_id:
-            tags["mlflow.parentRunId"] = ctx.parent_run_id
+            tags.update({"mlflow.parentRunId": ctx.parent_run_id, **CHILD_TAGS})  # the parent opens unfolded
         try:
             run = self.client.create_run(self.experiment_id(), run_name=display_name(rec), tags=tags)
         except Exception as e:  # noqa: BLE001 - any store failure: keep measuring
             rec.warnings.append(self._unreachable(e))
             return None
         rec.mlflow_run_id = run.info.run_id
+        interrupt.opened(run.info.run_id, self.client)  # a Ctrl-C from here on ends it KILLED
         return run.info.run_id
 
     def earlier_baselines(self, rec: JobRecord) -> list[drift.Reference] | None:
@@ -218,6 +225,7 @@ class Tracker:
         try:
             log_record(self.client, run_id, rec, out_dir)
             self.client.set_terminated(run_id, status=_status(rec.status))
+            interrupt.closed(run_id)
         except Exception as e:  # noqa: BLE001
             print(f"warning: {self._unreachable(e)}", file=sys.stderr)
 
@@ -233,17 +241,13 @@ def _status(status: str) -> str:
 
 
 def experiment_tags(expanded: list[str] | tuple = ()) -> dict[str, str]:
-    """The experiment's kind (runs view), description and saved view; ``expanded``: parent runs the view
-    opens unfolded (the latest sweep's)."""
-    import json
-
+    """The experiment's kind, description and saved view (``expanded``: kept, though 3.17.2 ignores it)."""
     cols = ([f"params.`{p}`" for p in VIEW_PARAMS] + [f"metrics.`{m}`" for m in VIEW_METRICS]
             + [f"tags.`{t}`" for t in VIEW_TAGS])
     widths = {c: 120 for c in cols}  # wide enough for a metric's name and value
     widths.update({f"metrics.`{m}`": 190 for m in VIEW_METRICS if m.startswith("speedup")})
     state = {"selectedColumns": cols, "columnOrder": cols, "columnWidths": widths,
-             "orderByKey": "attributes.start_time",
-             "orderByAsc": False, "runsHiddenMode": "SHOW_ALL", "searchFilter": "",
+             "orderByKey": "attributes.start_time", "orderByAsc": False, "runsHiddenMode": "SHOW_ALL", "searchFilter": "",
              "runsExpanded": {run_id: True for run_id in expanded}}
     now = int(time.time() * 1000)
     view = {"name": VIEW_NAME, "createdAt": now, "updatedAt": now, "state": json.dumps(state)}
@@ -382,13 +386,13 @@ def main(argv: list[str] | None = None) -> None:
     sub = ap.add_subparsers(dest="cmd", required=True)
     s = sub.add_parser("sync", help="log every results.json under DIR not yet in the store")
     s.add_argument("dir", type=Path)
-    s.add_argument("--uri", default="sqlite:///mlflow.db")
+    s.add_argument("--uri", default=None, help="default: $MLFLOW_TRACKING_URI, else sqlite:///mlflow.db")
     s.add_argument("--experiment", default="spec-decode-bench")
     s.add_argument("--artifact-location", default="mlartifacts")
     args = ap.parse_args(argv)
     if not args.dir.is_dir():
         ap.error(f"{args.dir}: not a directory")
-    tracker = Tracker(args.uri, args.experiment, args.artifact_location, Path.cwd())
+    tracker = Tracker(store.store_uri(args.uri), args.experiment, args.artifact_location, Path.cwd())
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         up, present = sync(args.dir, tracker)

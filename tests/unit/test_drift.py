@@ -73,7 +73,7 @@ def test_nothing_earlier_is_no_finding():
 def test_identity_leaves_engine_version_and_weights_to_the_findings():
     cfg = {"hardware": {"name": "cpu"}, "model": {"name": "tiny"}, "engine": {"name": "embedded"},
            "nccl": {"name": "default"}, "benchmark": {"max_new_tokens": 500, "prompts": "p", "prompt_index": 0}}
-    assert drift.identity(cfg) == {"hardware": "cpu", "model": "tiny", "engine": "embedded", "nccl": "default",
+    assert drift.identity(cfg) == {"hardware": "cpu", "hardware.tp_size": 1, "model": "tiny", "engine": "embedded", "nccl": "default",
                                    "benchmark.max_new_tokens": 500, "benchmark.prompts": "p",
                                    "benchmark.prompt_index": 0}
     assert drift.data_hashes_of({"data": {"target": {"dvc_md5": "m1"}, "prompts": {"sha256": "s1"},

@@ -1,0 +1,45 @@
+"""Issue 29 (e): drift compares a baseline only with earlier baselines of the same hardware, tp size and
+engine (a real MLflow sqlite store); a tp over the useful CPU cores is warned in the sweep summary."""
+
+import os
+
+import pytest
+
+from spec_decode.record.results import EngineInfo, JobRecord
+from spec_decode.runner import preflight
+from spec_decode.views import report
+from spec_decode.views.tracking import Tracker, log_record
+
+from ..conftest import ROOT, compose_experiment
+
+pytestmark = pytest.mark.integration
+
+
+def baseline(tp: int, tput: float, out_dir, warnings=()) -> JobRecord:
+    cfg = {"hardware": {"name": "cpu", "tp_size": tp}, "model": {"name": "tiny_llama"}, "engine": {"name": "embedded"},
+           "nccl": {"name": "default"}, "drafter": {"name": "none"}, "spec": {"steps": 2},
+           "benchmark": {"max_new_tokens": 48, "prompts": "data/prompts.jsonl", "prompt_index": 0}}
+    m = {"throughput_tok_s": tput, "throughput_tok_s_ci95_lo": tput - 5, "throughput_tok_s_ci95_hi": tput + 5,
+         "throughput_tok_s_cv": 0.01}
+    return JobRecord(role="baseline", name=f"baseline,tp={tp}", experiment="e", config=cfg, config_hash=f"h{tp}",
+                     engine=EngineInfo("embedded"), speculative=False, status="FINISHED", metrics=m,
+                     out_dir=str(out_dir), warnings=list(warnings))
+
+
+def test_earlier_baselines_are_those_of_the_same_tp(tmp_path):
+    tracker = Tracker(f"sqlite:///{tmp_path}/m.db", "drift", str(tmp_path / "art"), ROOT)
+    old = baseline(1, 300.0, tmp_path)
+    rid = tracker.client.create_run(tracker.experiment_id(), run_name="tp1").info.run_id
+    log_record(tracker.client, rid, old, tmp_path)
+    tracker.client.set_terminated(rid, "FINISHED")
+    assert [r.throughput_tok_s for r in tracker.earlier_baselines(baseline(1, 305.0, tmp_path))] == [300.0]
+    assert tracker.earlier_baselines(baseline(2, 150.0, tmp_path)) == []  # tp 2 is another setup, not drift
+
+
+def test_tp_over_the_useful_cores_is_in_the_sweep_summary(tmp_path):
+    cores = len(os.sched_getaffinity(0))
+    cfg = compose_experiment(f"hardware.tp_size={cores}", "drafter=none")
+    warned = [w for w in preflight.check(cfg, ROOT).warnings if w.startswith(f"hardware.tp_size={cores} ranks")]
+    assert warned and "not speculation" in warned[0]
+    text, _ = report.sweep_summary([baseline(cores, 100.0, tmp_path, warned)])
+    assert f"  warning (1 job(s)): hardware.tp_size={cores} ranks on {cores} CPU cores" in text

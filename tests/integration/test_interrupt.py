@@ -1,0 +1,67 @@
+"""Issue 29 (b): Ctrl-C (SIGINT) at any moment -- every started MLflow run ends KILLED, the parent says
+interrupted, the summary lists every planned job (unstarted ones NOT RUN), no traceback. Real run.py,
+real embedded servers, a real sqlite store; the signal is the one a terminal sends."""
+
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import pytest
+from mlflow.tracking import MlflowClient
+
+from ..conftest import ROOT, small
+
+pytestmark = pytest.mark.integration
+
+
+def start(tmp_path, tmp_store):
+    return subprocess.Popen(
+        [sys.executable, str(ROOT / "run.py"), "-m", "spec.steps=1,2", *small(), *tmp_store["overrides"],
+         f"hydra.sweep.dir={tmp_path / 'sw'}"], cwd=ROOT, env={**os.environ, "HF_HUB_OFFLINE": "1"},
+        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+
+
+def wait_for(cond, timeout=180):
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if cond():
+            return
+        time.sleep(0.1)
+    raise AssertionError("condition not reached")
+
+
+def test_ctrl_c_before_anything_started_exits_quietly(tmp_path, tmp_store):
+    proc = start(tmp_path, tmp_store)
+    time.sleep(0.3)  # still importing
+    proc.send_signal(signal.SIGINT)
+    out, _ = proc.communicate(timeout=60)
+    assert proc.returncode == 130, out
+    assert "Traceback" not in out and "interrupted (Ctrl-C / SIGINT)" in out, out
+
+
+def test_ctrl_c_while_a_run_is_open_ends_every_run_killed_and_lists_every_job(tmp_path, tmp_store):
+    proc = start(tmp_path, tmp_store)
+    sw = tmp_path / "sw"
+    # the first job's baseline server is up: its MLflow run is RUNNING, nothing of the sweep is recorded
+    wait_for(lambda: any(p.stat().st_size > 0 for p in sw.glob("baselines/*/server.log")))
+    proc.send_signal(signal.SIGINT)
+    out, _ = proc.communicate(timeout=120)
+    assert proc.returncode == 130, out[-3000:]
+    assert "Traceback" not in out, out[-3000:]
+    summary = (sw / "sweep_summary.txt").read_text()
+    assert "interrupted (Ctrl-C / SIGINT): 1 of 2 planned job(s) started" in summary, summary
+    assert "  NOT RUN spec.steps=2," in summary, summary
+    assert "KILLED" in summary.splitlines()[0] + summary  # the interrupted baseline, by status
+    c = MlflowClient(tmp_store["uri"])
+    exp = c.get_experiment_by_name("spec-decode-bench")
+    runs = c.search_runs([exp.experiment_id])
+    assert runs and not [r.info.run_name for r in runs if r.info.status == "RUNNING"], \
+        [(r.info.run_name, r.info.status) for r in runs]
+    parent = [r for r in runs if r.data.tags.get("spec_decode.role") == "sweep"][0]
+    assert parent.info.status == "KILLED"
+    assert parent.data.tags["spec_decode.interrupted"] == "interrupted (Ctrl-C / SIGINT)"
+    assert "NOT RUN spec.steps=2" in parent.data.tags["mlflow.note.content"]
+    children = [r for r in runs if r is not parent]
+    assert children and all(r.info.status == "KILLED" for r in children)

@@ -1,0 +1,62 @@
+"""Issue 29 (c): every command that reads MLflow honours MLFLOW_TRACKING_URI (its own flag first), and a
+command that only reads never creates a store. Real run.py sweep, real sqlite store, real report CLI
+run from another directory."""
+
+import os
+import subprocess
+import sys
+
+import pytest
+from mlflow.tracking import MlflowClient
+
+from spec_decode.core import lineage
+
+from ..conftest import run_py, small
+
+pytestmark = pytest.mark.integration
+
+
+def report(args, cwd, env_uri=None):
+    env = {k: v for k, v in os.environ.items() if k != "MLFLOW_TRACKING_URI"}
+    if env_uri:
+        env["MLFLOW_TRACKING_URI"] = env_uri
+    return subprocess.run([sys.executable, "-m", "spec_decode.views.report", *args], cwd=cwd, env=env,
+                          capture_output=True, text=True, timeout=300)
+
+
+def test_the_variable_is_honoured_and_readers_create_no_store(tmp_path):
+    db = tmp_path / "store" / "mlflow.db"
+    db.parent.mkdir()
+    uri = f"sqlite:///{db}"
+    # run.py: no tracking.uri on the command line, the variable decides
+    run_py(["-m", "spec.steps=1", "benchmark.baseline_arm=false", *small(),
+            f"tracking.artifact_location={tmp_path / 'art'}", f"hydra.sweep.dir={tmp_path / 'sw'}"],
+           env={"MLFLOW_TRACKING_URI": uri})
+    c = MlflowClient(uri)
+    runs = c.search_runs([c.get_experiment_by_name("spec-decode-bench").experiment_id])
+    parent = [r for r in runs if r.data.tags.get("spec_decode.role") == "sweep"][0]
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    p = report(["--mlflow-run", parent.info.run_id], elsewhere, env_uri=uri)
+    assert p.returncode == 0, p.stderr
+    assert "1 job(s): 1 FINISHED" in p.stdout
+    assert not (elsewhere / "mlflow.db").exists()
+    # the flag wins over the variable
+    p = report(["--mlflow-run", parent.info.run_id, "--uri", uri], elsewhere, env_uri=f"sqlite:///{tmp_path}/no.db")
+    assert p.returncode == 0, p.stderr
+    assert not (tmp_path / "no.db").exists()
+    # no variable, no flag, no store here: a clear error, and still no store created
+    p = report(["--mlflow-run", parent.info.run_id], elsewhere)
+    assert p.returncode == 2
+    assert f"no MLflow store at {elsewhere / 'mlflow.db'}" in p.stderr and "MLFLOW_TRACKING_URI" in p.stderr, p.stderr
+    assert not (elsewhere / "mlflow.db").exists()
+
+
+def test_lineage_lookup_creates_no_store(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.delenv("MLFLOW_TRACKING_URI", raising=False)
+    assert lineage.training_run_id("0" * 64, None) is None
+    assert not (tmp_path / "mlflow.db").exists()
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", f"sqlite:///{tmp_path}/env.db")
+    assert lineage.resolve_uri(None) == f"sqlite:///{tmp_path}/env.db"
+    assert lineage.training_run_id("0" * 64, None) is None and not (tmp_path / "env.db").exists()
