@@ -1,11 +1,13 @@
-"""Per-cycle phase profile lines (DESIGN 3.4), one file per rank, kept inside the timed runs' windows
-and aggregated.
+"""Per-cycle phase profile lines (DESIGN 3.4), one file per rank, kept inside the profiled runs'
+windows and aggregated.
 
-Each line: ``{"t", "rank", "draft_ms", "verify_ms", "extend_ms", "cycle_ms", "accepted"}``; other =
-cycle - (draft + verify + extend). Rank ``r`` writes ``<stem>.rank<r><suffix>`` beside the path given
-in ``SPEC_DECODE_PROFILE`` (``profile.jsonl`` -> ``profile.rank0.jsonl``): every TP rank runs every
-cycle, so the job's phases are the logging rank's (0, as SGLang logs from attention-TP rank 0) and the
-other ranks are compared with it, never pooled.
+Each line: ``{"t", "t0", "rank", "tp", "dp", "attn_dp", "draft_ms", "verify_ms", "extend_ms",
+"cycle_ms", "accepted"[, "rids"]}``; other = cycle - (draft + verify + extend). The rank at (dp d, tp
+t) writes ``<stem>.dp<d>.tp<t><suffix>`` beside the path given in ``SPEC_DECODE_PROFILE``
+(``profile.jsonl`` -> ``profile.dp0.tp0.jsonl``; older profiles ``profile.rank<t>.jsonl`` read as dp 0).
+Every TP rank of a replica runs every cycle of that replica, so the job's phases are the logging rank's
+(tp 0, as SGLang logs from attention-TP rank 0) -- of every replica, whose cycles are different
+requests' -- and the other TP ranks are compared with their replica's tp 0, never pooled.
 """
 
 from __future__ import annotations
@@ -21,20 +23,25 @@ PHASES = ("draft", "verify", "extend", "other")
 AGREEMENT_TOLERANCE_PCT = 10.0
 
 
-def rank_path(path: str | Path, rank: int) -> str:
+def rank_path(path: str | Path, rank: int, dp: int = 0) -> str:
+    """The file of TP rank ``rank`` of replica ``dp``."""
     p = Path(path)
-    return str(p.with_name(f"{p.stem}.rank{rank}{p.suffix}"))
+    return str(p.with_name(f"{p.stem}.dp{dp}.tp{rank}{p.suffix}"))
 
 
-def rank_files(path: str | Path) -> dict[int, Path]:
-    """{rank: file} for the per-rank files that exist beside ``path``."""
+def rank_files(path: str | Path) -> dict[tuple[int, int], Path]:
+    """{(dp, tp): file} for the per-rank files that exist beside ``path`` (old ``.rank<t>`` names as
+    dp 0; a new name wins over an old one for the same rank)."""
     p = Path(path)
-    pat = re.compile(re.escape(p.stem) + r"\.rank(\d+)" + re.escape(p.suffix) + "$")
-    out = {}
-    for f in p.parent.glob(f"{p.stem}.rank*{p.suffix}"):
-        m = pat.match(f.name)
-        if m:
-            out[int(m.group(1))] = f
+    stem, suffix = re.escape(p.stem), re.escape(p.suffix)
+    new = re.compile(stem + r"\.dp(\d+)\.tp(\d+)" + suffix + "$")
+    old = re.compile(stem + r"\.rank(\d+)" + suffix + "$")
+    out: dict[tuple[int, int], Path] = {}
+    for f in p.parent.glob(f"{p.stem}.*{p.suffix}"):
+        if m := new.match(f.name):
+            out[(int(m.group(1)), int(m.group(2)))] = f
+        elif (m := old.match(f.name)) and (0, int(m.group(1))) not in out:
+            out[(0, int(m.group(1)))] = f
     return dict(sorted(out.items()))
 
 
@@ -52,8 +59,14 @@ def read_profile(path: Path) -> list[dict]:
     return out
 
 
-def read_ranks(path: str | Path) -> dict[int, list[dict]]:
-    return {r: read_profile(f) for r, f in rank_files(path).items()}
+def read_replicas(path: str | Path) -> dict[tuple[int, int], list[dict]]:
+    """{(dp, tp): cycles} of every rank file beside ``path``."""
+    return {k: read_profile(f) for k, f in rank_files(path).items()}
+
+
+def read_ranks(path: str | Path, dp: int = 0) -> dict[int, list[dict]]:
+    """{tp: cycles} of one replica (dp 0 by default)."""
+    return {t: read_profile(f) for (d, t), f in rank_files(path).items() if d == dp}
 
 
 def in_windows(cycles: list[dict], windows: list[tuple[float, float]]) -> list[list[dict]]:
@@ -144,25 +157,34 @@ def rank_agreement(per_rank: dict[int, dict], ref: int = 0,
 
 def summarize_run_windows(path: str | Path, windows: list[tuple[float, float]],
                           ref: int = 0) -> tuple[dict | None, list[list[dict]]]:
-    """The job's profile: the reference rank's cycles in the timed windows (summary + per-window
-    cycles), and, with several ranks, the other ranks' agreement. (None, []) without that rank."""
-    ranks = read_ranks(path)
-    if ref not in ranks:
+    """The job's profile: the logging rank's (tp ``ref``) cycles in the windows -- of every replica,
+    whose cycles are different requests' -- (summary + per-window cycles), and, with several ranks,
+    each replica's other ranks' agreement with its own tp ``ref``. (None, []) without that rank."""
+    reps = read_replicas(path)
+    dps = sorted({d for d, t in reps if t == ref})
+    if not dps:
         return None, []
-    per_window = in_windows(ranks[ref], windows)
+    cycles = sorted((c for d in dps for c in reps[(d, ref)]), key=lambda c: c["t"])
+    per_window = in_windows(cycles, windows)
     summary = phase_summary([c for w in per_window for c in w])
     if summary is None:
         return None, per_window
-    summary["ranks"] = len(ranks)
+    summary["ranks"] = len(reps)
+    summary["replicas"] = len({d for d, _ in reps})
     summary["rank"] = ref
-    if len(ranks) > 1:
-        others = {}
-        for r, cycles in ranks.items():
-            s = phase_summary([c for w in in_windows(cycles, windows) for c in w])
-            if s is not None:
-                others[r] = s
-        missing = sorted(set(ranks) - set(others))
-        agreement = rank_agreement(others, ref)
+    if len(reps) > 1:
+        agreement = {"reference_rank": ref, "tolerance_pct": AGREEMENT_TOLERANCE_PCT, "ok": True, "ranks": {}}
+        missing = []
+        for d in sorted({d for d, _ in reps}):
+            mine = {t: s for (dd, t), cs in reps.items() if dd == d
+                    if (s := phase_summary([c for w in in_windows(cs, windows) for c in w])) is not None}
+            missing += [f"dp{d}.tp{t}" if len(dps) > 1 else t for (dd, t) in reps if dd == d and t not in mine]
+            if ref not in mine:
+                continue
+            a = rank_agreement(mine, ref)
+            agreement["ok"] = agreement["ok"] and a["ok"]
+            for t, v in a["ranks"].items():
+                agreement["ranks"][t if len(dps) == 1 else f"dp{d}.tp{t}"] = v
         if missing:
             agreement["ok"] = False
             agreement["missing_ranks"] = missing

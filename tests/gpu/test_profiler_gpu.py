@@ -70,7 +70,7 @@ def test_hooks_make_no_host_device_sync_and_counts_arrive(tmp_path):
             torch.cuda.set_sync_debug_mode(0)
         assert (ev_sync.calls, item.calls, dev_sync.calls) == (0, 0, 0)
     timer.close()
-    lines = [json.loads(s) for s in (tmp_path / "profile.rank0.jsonl").read_text().splitlines()]
+    lines = [json.loads(s) for s in (tmp_path / "profile.dp0.tp0.jsonl").read_text().splitlines()]
     assert len(lines) == 203
     assert all(v["accepted"] == 3 and v["verify_ms"] > 0 and v["rank"] == 0 for v in lines)
 

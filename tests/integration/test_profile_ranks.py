@@ -25,10 +25,10 @@ def job(tmp_path, *overrides, env=None) -> dict:
 
 def test_two_ranks_write_their_own_profiles_and_the_runner_uses_rank_0(tmp_path):
     rec = job(tmp_path, "spec.steps=3")
-    files = sorted(p.name for p in tmp_path.glob("profile.rank*.jsonl"))
-    assert files == ["profile.rank0.jsonl", "profile.rank1.jsonl"]
+    files = sorted(p.name for p in tmp_path.glob("profile.dp*.tp*.jsonl"))
+    assert files == ["profile.dp0.tp0.jsonl", "profile.dp0.tp1.jsonl"]
     for r in (0, 1):
-        lines = [json.loads(x) for x in (tmp_path / f"profile.rank{r}.jsonl").read_text().splitlines()]
+        lines = [json.loads(x) for x in (tmp_path / f"profile.dp0.tp{r}.jsonl").read_text().splitlines()]
         assert lines and {x["rank"] for x in lines} == {r}
     prof = rec["profile"]
     verify_ct = sum(r["spec_verify_ct"] for r in rec["runs"])
@@ -46,7 +46,7 @@ def test_sigterm_writes_the_tail_no_cycle_lost(tmp_path):
     rec = job(tmp_path, "spec.steps=2", env={"SPEC_DECODE_PROFILE_FLUSH_S": "0"})
     prof = rec["profile"]
     assert prof["cycles"] == sum(r["spec_verify_ct"] for r in rec["runs"]) and prof["complete"]
-    ranks = {r: len((tmp_path / f"profile.rank{r}.jsonl").read_text().splitlines()) for r in (0, 1)}
+    ranks = {r: len((tmp_path / f"profile.dp0.tp{r}.jsonl").read_text().splitlines()) for r in (0, 1)}
     assert ranks[0] == ranks[1]  # every rank drained its buffer on SIGTERM
 
 
