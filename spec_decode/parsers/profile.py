@@ -190,3 +190,38 @@ def summarize_run_windows(path: str | Path, windows: list[tuple[float, float]],
             agreement["missing_ranks"] = missing
         summary["rank_agreement"] = agreement
     return summary, per_window
+
+
+def attribute(cycles: list[dict], verify_ct: dict[str, int]) -> dict:
+    """Cycles attributed to requests by the ``rids`` each cycle recorded, under SGLang's overlap rule:
+    a request that result N finishes runs one more cycle that its ``spec_verify_ct`` does not count
+    (scheduler.py 2107-2120, batch_result_processor.py 819-832). Per request, its first
+    ``verify_ct[rid]`` cycles (in time order) are counted and the rest are in-flight extras, kept apart
+    and counted. ``counted``: the cycles at least one request counted (the histogram and the checks use
+    these); ``extra``: the cycles no request counted; cycles without ``rids`` (older profiles, an engine
+    that passes no batch) stay ``counted`` and are numbered in ``without_rids``."""
+    seen: dict[str, int] = {}
+    per_request: dict[str, dict] = {}
+    counted, extra, without = [], [], 0
+    for c in sorted(cycles, key=lambda c: c["t"]):
+        rids = c.get("rids")
+        if not rids:
+            without += 1
+            counted.append(c)
+            continue
+        any_counted = False
+        for rid in rids:
+            seen[rid] = n = seen.get(rid, 0) + 1
+            want = verify_ct.get(rid)
+            req = per_request.setdefault(rid, {"cycles": 0, "counted": 0, "extra": 0, "spec_verify_ct": want})
+            req["cycles"] += 1
+            if want is None or n <= want:
+                req["counted"] += 1
+                any_counted = True
+            else:
+                req["extra"] += 1
+        (counted if any_counted else extra).append(c)
+    return {"counted": counted, "extra": extra, "extra_cycles": len(extra), "without_rids": without,
+            "per_request": per_request,
+            "matches_verify_ct": all(r["counted"] == r["spec_verify_ct"] for r in per_request.values()
+                                     if r["spec_verify_ct"] is not None)}

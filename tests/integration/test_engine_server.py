@@ -74,7 +74,8 @@ class TestSpecServer:
                 break
             time.sleep(0.1)
         assert len(prof) == r["meta_info"]["spec_verify_ct"]
-        assert set(prof[0]) == {"t", "t0", "rank", "draft_ms", "verify_ms", "extend_ms", "cycle_ms", "accepted"}
+        assert set(prof[0]) == {"t", "t0", "rank", "tp", "dp", "attn_dp", "draft_ms", "verify_ms", "extend_ms",
+                                "cycle_ms", "accepted"}  # no rids: the embedded cycle gets no batch yet
         # entry and exit stamps of each cycle on the wall clock: in order, and the cycle's own duration fits
         assert all(p["t0"] < p["t"] and (p["t"] - p["t0"]) * 1e3 >= 0.9 * p["cycle_ms"] for p in prof)
         assert all(1 <= p["accepted"] <= 4 and p["rank"] == 0 for p in prof)

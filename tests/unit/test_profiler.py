@@ -323,3 +323,16 @@ def test_profiler_effect_from_pairs():
     assert e["on_vs_timed_pct"] == pytest.approx(100 * (93.0 / 102.0 - 1))
     assert metrics_of(e)["profiler_effect_pct"] == pytest.approx(-10.0)
     assert effect([], [1.0], []) is None
+
+
+def test_cycles_are_attributed_to_requests_and_the_in_flight_extra_kept_apart():
+    """Overlap: request a (2 verifies) runs one extra cycle after result 2 finished it, beside b's cycles
+    in the same batch; b's counts are whole. A wrong rule (every cycle counted) gives a 3 cycles."""
+    cyc = [{"t": t, "rids": r, "cycle_ms": 1.0} for t, r in
+           ((1, ["a"]), (2, ["a", "b"]), (3, ["a", "b"]), (4, ["b"]), (5, ["b"]))]
+    cyc.append({"t": 6, "cycle_ms": 1.0})  # an older line without rids: counted, numbered
+    out = profile.attribute(cyc, {"a": 2, "b": 3})
+    assert out["per_request"]["a"] == {"cycles": 3, "counted": 2, "extra": 1, "spec_verify_ct": 2}
+    assert out["per_request"]["b"] == {"cycles": 4, "counted": 3, "extra": 1, "spec_verify_ct": 3}
+    assert [c["t"] for c in out["extra"]] == [5] and out["extra_cycles"] == 1  # t=3: b counted it
+    assert len(out["counted"]) == 5 and out["without_rids"] == 1 and out["matches_verify_ct"]
