@@ -44,6 +44,39 @@ def hooked(dec: Decoder, path: str, switch: str) -> Decoder:
     return dec
 
 
+def host_cost_us(tmp: Path, cycles: int = 20000, repeats: int = 7) -> dict[str, float]:
+    """Host time per cycle of the hooks alone, on an empty cycle (three empty phases), min over repeats:
+    the decode noise of a shared machine does not reach it. µs per cycle above the bare cycle."""
+    def bare_cycle(draft, verify, extend):
+        draft(lambda: None)
+        verify(lambda: None)
+        extend(lambda: None)
+        return None
+
+    def run(prof) -> float:
+        if prof is None:
+            phases = [lambda f: f()] * 3
+            cycle = lambda: bare_cycle(*phases)  # noqa: E731
+        else:
+            phases = [(lambda h: lambda f: h(f))(prof.phase(n)) for n in ("draft", "verify", "extend")]
+            cycle = lambda: prof.around_cycle(bare_cycle, *phases)  # noqa: E731
+        best = float("inf")
+        for _ in range(repeats):
+            t0 = time.perf_counter()
+            for _ in range(cycles):
+                cycle()
+            best = min(best, time.perf_counter() - t0)
+        return best / cycles * 1e6
+
+    set_switch(tmp / "micro.off", False)
+    bare = run(None)
+    on = Profiler(str(tmp / "micro_on.jsonl"))  # no switch: always on (host clock here)
+    out = {"dormant": run(Profiler(str(tmp / "micro.jsonl"), str(tmp / "micro.off"))) - bare,
+           "on": run(on) - bare, "bare_us": bare}
+    on.flush()
+    return out
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--device", default="cpu")
@@ -89,6 +122,11 @@ def main() -> None:
         over = statistics.median(p / h - 1 for p, h in zip(res["plain"], v))
         print(f"| {k} | {statistics.median(v):.1f} | {100 * over:+.2f}% |")
     print(f"outputs identical: {outs['plain'] == outs['on'] == outs['dormant']}")
+    micro = host_cost_us(tmp)
+    for k in ("dormant", "on"):
+        print(f"{k} hooks' host cost: {micro[k]:.2f} us per cycle above an empty cycle ({micro['bare_us']:.2f} us; "
+              f"min of 7 x 20000) = {100 * micro[k] / 1e3 / summ['cycle_ms']:.3f}% of this workload's "
+              f"{summ['cycle_ms']:.3f} ms cycle")
     print(f"profile: {summ['cycles']} cycles, cycle {summ['cycle_ms']:.3f} ms = draft {summ['draft_ms']:.3f} + "
           f"verify {summ['verify_ms']:.3f} + re-extend {summ['extend_ms']:.3f} + other {summ['other_ms']:.3f}; "
           f"accept len {summ['accept_len']:.2f}")
