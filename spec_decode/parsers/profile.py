@@ -155,20 +155,48 @@ def rank_agreement(per_rank: dict[int, dict], ref: int = 0,
     return {"reference_rank": ref, "tolerance_pct": tolerance_pct, "ok": ok, "ranks": ranks}
 
 
-def summarize_run_windows(path: str | Path, windows: list[tuple[float, float]],
-                          ref: int = 0) -> tuple[dict | None, list[list[dict]]]:
+def counted_in_windows(per_window: list[list[dict]], requests: list[tuple[str | None, int | None]]
+                       ) -> tuple[list[list[dict]], int]:
+    """Each window's cycles that its request counted (``attribute``; ``requests[i]`` = (rid,
+    spec_verify_ct) of window i's request): the in-flight extras dropped and numbered. Cycles
+    without rids, or a request without a rid, are kept as they are."""
+    out, extra = [], 0
+    for w, (rid, verify) in zip(per_window, requests):
+        if rid is None or verify is None or not any(c.get("rids") for c in w):
+            out.append(w)
+            continue
+        mine = [c for c in w if not c.get("rids") or rid in c["rids"]]
+        a = attribute(mine, {rid: verify})
+        out.append(a["counted"])
+        extra += a["extra_cycles"]
+    return out, extra
+
+
+def _counted(per_window: list[list[dict]], requests) -> list[list[dict]]:
+    return per_window if requests is None else counted_in_windows(per_window, requests)[0]
+
+
+def summarize_run_windows(path: str | Path, windows: list[tuple[float, float]], ref: int = 0,
+                          requests: list[tuple[str | None, int | None]] | None = None
+                          ) -> tuple[dict | None, list[list[dict]]]:
     """The job's profile: the logging rank's (tp ``ref``) cycles in the windows -- of every replica,
     whose cycles are different requests' -- (summary + per-window cycles), and, with several ranks,
-    each replica's other ranks' agreement with its own tp ``ref``. (None, []) without that rank."""
+    each replica's other ranks' agreement with its own tp ``ref``. With ``requests`` ((rid,
+    spec_verify_ct) per window) only the cycles their requests counted (``counted_in_windows``;
+    ``extra_cycles`` says how many in-flight extras were set apart). (None, []) without that rank."""
     reps = read_replicas(path)
     dps = sorted({d for d, t in reps if t == ref})
     if not dps:
         return None, []
     cycles = sorted((c for d in dps for c in reps[(d, ref)]), key=lambda c: c["t"])
     per_window = in_windows(cycles, windows)
+    extra = 0
+    if requests is not None:
+        per_window, extra = counted_in_windows(per_window, requests)
     summary = phase_summary([c for w in per_window for c in w])
     if summary is None:
         return None, per_window
+    summary["extra_cycles"] = extra
     summary["ranks"] = len(reps)
     summary["replicas"] = len({d for d, _ in reps})
     summary["rank"] = ref
@@ -177,7 +205,8 @@ def summarize_run_windows(path: str | Path, windows: list[tuple[float, float]],
         missing = []
         for d in sorted({d for d, _ in reps}):
             mine = {t: s for (dd, t), cs in reps.items() if dd == d
-                    if (s := phase_summary([c for w in in_windows(cs, windows) for c in w])) is not None}
+                    if (s := phase_summary([c for w in _counted(in_windows(cs, windows), requests) for c in w]))
+                    is not None}
             missing += [f"dp{d}.tp{t}" if len(dps) > 1 else t for (dd, t) in reps if dd == d and t not in mine]
             if ref not in mine:
                 continue

@@ -274,7 +274,8 @@ def finish(rec: JobRecord, cfg: ExperimentConfig, status: str, error: str | None
         metrics.update(profiler_effect.metrics_of(rec.profile_pass["effect"]))
     if cfg.speculative:
         windows = [(r.start_wall, r.end_wall) for r in prof_runs]
-        summary, per_run = profile.summarize_run_windows(out_dir / "profile.jsonl", windows)
+        summary, per_run = profile.summarize_run_windows(out_dir / "profile.jsonl", windows,
+                                                         requests=[(r.rid, r.spec_verify_ct) for r in prof_runs])
         run_cycles = per_run
         if summary is None:
             why = "profiling off (benchmark.profile=false)" if not cfg.benchmark.profile else \

@@ -336,3 +336,19 @@ def test_cycles_are_attributed_to_requests_and_the_in_flight_extra_kept_apart():
     assert out["per_request"]["b"] == {"cycles": 4, "counted": 3, "extra": 1, "spec_verify_ct": 3}
     assert [c["t"] for c in out["extra"]] == [5] and out["extra_cycles"] == 1  # t=3: b counted it
     assert len(out["counted"]) == 5 and out["without_rids"] == 1 and out["matches_verify_ct"]
+
+
+def test_the_job_profile_counts_only_the_cycles_its_requests_counted(tmp_path):
+    """Two ranks, one request (rid r, 2 verifies) whose in-flight extra cycle ends inside its window:
+    the summary has 2 cycles, 1 extra set apart, and the ranks still agree."""
+    base = tmp_path / "profile.jsonl"
+    for tp in (0, 1):
+        with open(profile.rank_path(base, tp), "w") as f:
+            for t in (1.0, 2.0, 3.0):
+                f.write(json.dumps({"t": t, "rids": ["r"], "draft_ms": 2, "verify_ms": 6, "extend_ms": 1,
+                                    "cycle_ms": 10.0, "accepted": 3}) + "\n")
+    summary, per_window = profile.summarize_run_windows(base, [(0.5, 3.5)], requests=[("r", 2)])
+    assert summary["cycles"] == 2 and summary["extra_cycles"] == 1 and [len(w) for w in per_window] == [2]
+    assert summary["rank_agreement"]["ok"] and summary["rank_agreement"]["ranks"]["1"]["cycles"] == 2
+    plain, _ = profile.summarize_run_windows(base, [(0.5, 3.5)])  # without attribution: all three
+    assert plain["cycles"] == 3 and plain["extra_cycles"] == 0
