@@ -315,6 +315,9 @@ def finish(rec: JobRecord, cfg: ExperimentConfig, status: str, error: str | None
                     f"a rank's mean cycle is more than {agreement['tolerance_pct']:.0f}% from rank 0's): "
                     + ", ".join(f"rank {r}: {a['cycles']} cycles, {a['cycle_ms_diff_pct']:+.1f}%"
                                 for r, a in agreement["ranks"].items()))
+            if cfg.engine.name == "sglang" and "--disable-overlap-schedule" not in cfg.engine.extra_args:
+                summary["host_stamps_na"] = ("SGLang's overlap scheduler: a cycle's host stamps span its enqueue, "
+                                             "not its GPU work (scheduler.py 2107-2120); no GPU timeline yet")
             rec.profile = summary
             for k in ("cycle_ms", "draft_ms", "verify_ms", "extend_ms", "other_ms",
                       "draft_pct", "verify_pct", "extend_pct", "other_pct"):
