@@ -42,8 +42,7 @@ def tmp_store(tmp_path: Path) -> dict:
 
 def small(*extra: str) -> list[str]:
     """Overrides that keep an embedded job to a second or two."""
-    return ["benchmark.max_new_tokens=48", "benchmark.runs=2", "benchmark.warmup=1", "benchmark.profile_pairs=1",
-            *extra]
+    return ["benchmark.max_new_tokens=48", "benchmark.runs=2", "benchmark.warmup=1", *extra]
 
 
 def compose_experiment(*overrides: str):

@@ -70,8 +70,11 @@ def read_ranks(path: str | Path, dp: int = 0) -> dict[int, list[dict]]:
 
 
 def in_windows(cycles: list[dict], windows: list[tuple[float, float]]) -> list[list[dict]]:
-    """The cycles whose end time falls in each (start, end) wall-clock window."""
-    return [[c for c in cycles if lo <= c["t"] <= hi] for lo, hi in windows]
+    """The cycles that began in each (start, end) wall-clock window: entry stamp ``t0`` (older lines:
+    their end ``t``). By entry, not end: a TP rank other than the answering one may end the request's
+    last cycle after the client has its response (rank 0 answered while it was still in its re-extend,
+    which has no collective) -- selected by end, that cycle fell out and the ranks seemed to disagree."""
+    return [[c for c in cycles if lo <= c.get("t0", c["t"]) <= hi] for lo, hi in windows]
 
 
 def run_timing(cycles: list[dict], start_wall: float, end_wall: float, wall_s: float) -> dict | None:

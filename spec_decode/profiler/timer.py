@@ -162,7 +162,7 @@ class PhaseTimer:
         self.dp, self.attn_dp = dp, attn_dp
         self.in_flight = 0  # cycles entered and not yet recorded (SIGTERM waits for them)
         self._deferred: list = []
-        self._flight_lock = threading.Lock()
+        self._flight_lock = threading.RLock()  # RLock: the SIGTERM handler may land while it is held
         self.clock = clock or HostClock()
         self.summary_every = summary_every  # 0: no summary block (ranks other than the logging one)
         self.max_pending = max_pending  # a safety cap: the hook drains itself only past this

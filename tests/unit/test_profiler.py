@@ -352,3 +352,17 @@ def test_the_job_profile_counts_only_the_cycles_its_requests_counted(tmp_path):
     assert summary["rank_agreement"]["ok"] and summary["rank_agreement"]["ranks"]["1"]["cycles"] == 2
     plain, _ = profile.summarize_run_windows(base, [(0.5, 3.5)])  # without attribution: all three
     assert plain["cycles"] == 3 and plain["extra_cycles"] == 0
+
+
+def test_a_lagging_ranks_last_cycle_stays_in_its_requests_window(tmp_path):
+    """Rank 1 ends the request's last cycle 5 ms after the client got the response (it was still in its
+    re-extend when rank 0 answered): it entered the cycle inside the window, so it counts there."""
+    base = tmp_path / "profile.jsonl"
+    for tp, lag in ((0, 0.0), (1, 0.005)):
+        with open(profile.rank_path(base, tp), "w") as f:
+            for t in (1.0, 1.01, 1.02):
+                f.write(json.dumps({"t0": t, "t": t + 0.008 + lag, "draft_ms": 2, "verify_ms": 6, "extend_ms": 0,
+                                    "cycle_ms": 8.0 + 1e3 * lag, "accepted": 3}) + "\n")
+    summary, _ = profile.summarize_run_windows(base, [(0.99, 1.030)])  # the response at 1.030
+    agree = summary["rank_agreement"]
+    assert summary["cycles"] == 3 and agree["ranks"]["1"]["cycles"] == 3
