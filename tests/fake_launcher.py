@@ -5,7 +5,8 @@
 Starts one child (a "rank", in the launcher's process group, as SGLang's are), prints READY, then
 waits. ``drain_s``: on SIGTERM it drains for that many seconds (writing a line at each second), tells
 the child to finish (the child writes its tail), waits for it and exits 0 -- SGLang's graceful path in
-miniature. ``ignore``: SIGTERM is ignored, by the launcher and the child.
+miniature. ``ignore``: SIGTERM is ignored, by the launcher and the child. ``die``: the launcher dies at
+once on SIGTERM and leaves its child behind (our embedded front), the child drains on SIGTERM.
 """
 
 from __future__ import annotations
@@ -23,6 +24,7 @@ def done(*_):
         f.write("rank tail written\n")
     sys.exit(0)
 signal.signal(signal.SIGTERM, signal.SIG_IGN if sys.argv[2] == "ignore" else done)
+print("up", flush=True)
 while True:
     time.sleep(0.1)
 """
@@ -30,7 +32,8 @@ while True:
 
 def main() -> None:
     out, mode = sys.argv[1], sys.argv[2]
-    child = subprocess.Popen([sys.executable, "-c", CHILD, out, mode])
+    child = subprocess.Popen([sys.executable, "-c", CHILD, out, mode], stdout=subprocess.PIPE, text=True)
+    assert child.stdout.readline().strip() == "up"  # its handler is in place
 
     def drain(*_):
         for i in range(int(float(mode))):
@@ -43,7 +46,8 @@ def main() -> None:
             f.write("launcher done\n")
         sys.exit(0)
 
-    signal.signal(signal.SIGTERM, signal.SIG_IGN if mode == "ignore" else drain)
+    if mode != "die":
+        signal.signal(signal.SIGTERM, signal.SIG_IGN if mode == "ignore" else drain)
     print("READY", child.pid, flush=True)
     while True:
         time.sleep(0.1)

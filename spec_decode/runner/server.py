@@ -178,7 +178,17 @@ def shutdown(pid: int, grace_s: float = SHUTDOWN_GRACE_S, kill_wait_s: float = K
         return [p for p in procs if _alive(p)] or _group(pid)
 
     deadline = t0 + grace_s
+    orphans_told = False
     while (alive := left()) and time.monotonic() < deadline:
+        if not orphans_told and procs and not _alive(procs[0]):
+            # The launcher is gone and left processes behind (our embedded front dies at once on
+            # SIGTERM; SGLang's launcher stops its children itself first): tell them, as it would have.
+            orphans_told = True
+            for p in alive:
+                try:
+                    p.send_signal(signal.SIGTERM)
+                except psutil.NoSuchProcess:
+                    pass
         time.sleep(0.05)
     info: dict = {"drained": not alive, "drain_s": round(time.monotonic() - t0, 3), "killed": []}
     if alive:

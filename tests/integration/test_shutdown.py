@@ -64,3 +64,14 @@ def test_only_the_launcher_gets_sigterm(tmp_path):
     assert info["drained"], info
     # The rank's tail comes after the launcher's drain: it was told by the launcher, at the end.
     assert out.read_text().splitlines() == ["drained 1 s", "rank tail written", "launcher done"]
+
+
+def test_children_a_dead_launcher_left_behind_get_sigterm_and_drain(tmp_path):
+    """The embedded engine's front dies at once on SIGTERM: its ranks, left behind, are told (SIGTERM)
+    and drain within the grace -- never only SIGKILLed at its end (their profile tails were lost)."""
+    out = tmp_path / "orphan.txt"
+    p, child = launch(out, "die")
+    t0 = time.monotonic()
+    info = shutdown(p.pid, grace_s=10.0, reap=p.poll)
+    assert info["drained"] and info["killed"] == [] and time.monotonic() - t0 < 5.0, info
+    assert out.read_text().splitlines() == ["rank tail written"] and gone(p.pid, child)
