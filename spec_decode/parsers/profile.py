@@ -46,10 +46,17 @@ def rank_files(path: str | Path) -> dict[tuple[int, int], Path]:
 
 
 def read_profile(path: Path) -> list[dict]:
+    """The cycles of one rank's file. A line written twice is one cycle: a SIGTERM drain that interrupts
+    another drain of the same thread (the rank's atexit drain when its front died) rewrites the lines
+    the first had written but not yet dequeued -- never loses them; no two cycles share their stamps."""
     if not path.exists():
         return []
     out = []
+    seen: set[str] = set()
     for line in path.read_text().splitlines():
+        if line in seen:
+            continue
+        seen.add(line)
         try:
             rec = json.loads(line)
         except json.JSONDecodeError:

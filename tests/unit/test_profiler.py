@@ -366,3 +366,11 @@ def test_a_lagging_ranks_last_cycle_stays_in_its_requests_window(tmp_path):
     summary, _ = profile.summarize_run_windows(base, [(0.99, 1.030)])  # the response at 1.030
     agree = summary["rank_agreement"]
     assert summary["cycles"] == 3 and agree["ranks"]["1"]["cycles"] == 3
+
+
+def test_a_line_written_twice_by_an_interrupted_drain_is_one_cycle(tmp_path):
+    line = json.dumps({"t": 1.5, "t0": 1.4, "cycle_ms": 100.0, "draft_ms": 1, "verify_ms": 1, "extend_ms": 1,
+                       "accepted": 2})
+    other = line.replace('"t": 1.5', '"t": 1.6')
+    (tmp_path / "p.jsonl").write_text("\n".join([line, other, line, other]) + "\n")
+    assert [c["t"] for c in profile.read_profile(tmp_path / "p.jsonl")] == [1.5, 1.6]
