@@ -12,7 +12,8 @@
 - Exit, exceptions and Ctrl-C all stop the server the way SGLang stops itself (``shutdown``): SIGTERM
   to the launcher only (SGLang's graceful path: drain, ``ShutdownReq``, up to 15 s, then it kills and
   reaps its children for up to 60 s; tokenizer_manager.py 2455, 3508-3559), a wait of up to
-  ``engine.shutdown_grace_s`` for the launcher and every process of its tree and group to exit, then
+  ``engine.shutdown_grace_s`` for the launcher and every process of its tree and group to exit (what a
+  dead launcher left behind gets SIGTERM then, as SGLang's launcher would have sent it), then
   SIGKILL to the group and whatever of the tree is left, and a wait until none is left -- and, where
   ``nvidia-smi`` exists, until no GPU lists one of them -- before the next launch may start.
   SIGTERM to every process at once (the old way) made SGLang's watchdog read each child's exit as a
