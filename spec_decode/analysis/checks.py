@@ -42,11 +42,14 @@ def _check(name: str, ok: bool | None, value, expected, message: str) -> Check:
 
 
 def run_checks(metrics: dict[str, float], runs: list[dict], profile: dict | None,
-               speculative: bool, steps: int = 0) -> list[Check]:
+               speculative: bool, steps: int = 0, profile_runs: list[dict] | None = None) -> list[Check]:
     """``runs``: the timed runs as dicts (``wall_s``, ``e2e_latency_s``, ``completion_tokens``,
     ``spec_verify_ct``); ``profile``: the phase summary with ``per_run`` (``parsers.profile.run_timing``
     for each run) or None; ``steps``: draft steps per cycle (bounds the last cycle's overshoot).
-    Reads only. Each check compares two figures of the same thing, measured two ways."""
+    ``profile_runs``: the runs the profile was measured in (the profiled pass; default ``runs``): the
+    profile's counts are compared with theirs. Reads only. Each check compares two figures of the same
+    thing, measured two ways."""
+    prof_runs = runs if profile_runs is None else profile_runs
     m = metrics
     out: list[Check] = []
     timing = [t for t in (profile or {}).get("per_run") or [] if t is not None]
@@ -55,7 +58,10 @@ def run_checks(metrics: dict[str, float], runs: list[dict], profile: dict | None
     #    run, the median over runs. Occasional long gaps (a log line, a preemption) are not inside a
     #    cycle: they count in the time outside the cycles (check 2).
     rels = [1 / t["interval_over_cycle"] - 1 for t in timing if t.get("interval_over_cycle")]
-    if rels:
+    if rels and (profile or {}).get("host_stamps_na"):
+        out.append(_check("throughput_in_cycles_vs_accept_over_cycle", None, None, f"|median rel| <= {IN_CYCLE_TOL}",
+                          f"n/a: {profile['host_stamps_na']}"))
+    elif rels:
         rel = statistics.median(rels)
         have = [t for t in timing if t.get("interval_over_cycle")]
         wall = statistics.fmean(t["cycle_tok_s"] / t["interval_over_cycle"] for t in have if t["cycle_tok_s"])
@@ -86,11 +92,11 @@ def run_checks(metrics: dict[str, float], runs: list[dict], profile: dict | None
         ))
     # 3. Tokens: the profile's accepted counts vs the server's counters. Each run's completion holds
     #    the prefill's token; its last cycle may commit up to `steps` tokens beyond max_new_tokens.
-    if timing and len(timing) == len(runs) and all(r.get("spec_verify_ct") is not None for r in runs):
-        completion = sum(r["completion_tokens"] for r in runs)
-        lo, hi = completion - len(runs), completion - len(runs) + len(runs) * steps
+    if timing and len(timing) == len(prof_runs) and all(r.get("spec_verify_ct") is not None for r in prof_runs):
+        completion = sum(r["completion_tokens"] for r in prof_runs)
+        lo, hi = completion - len(prof_runs), completion - len(prof_runs) + len(prof_runs) * steps
         accepted = sum(t["accepted"] for t in timing)
-        cycles, verify = sum(t["cycles"] for t in timing), sum(r["spec_verify_ct"] for r in runs)
+        cycles, verify = sum(t["cycles"] for t in timing), sum(r["spec_verify_ct"] for r in prof_runs)
         out.append(_check(
             "profile_vs_counters", cycles == verify and lo <= accepted <= hi,
             {"cycles": cycles, "accepted": accepted},

@@ -130,6 +130,9 @@ class EngineConfig:
     decode_log_interval: int = 10
     startup_timeout_s: float = 600.0
     request_timeout_s: float = 600.0
+    # Stop: SIGTERM to the launcher, this long for its own drain (SGLang: ShutdownReq, 15 s, then it
+    # reaps its children), then SIGKILL to the group (spec_decode/runner/server.py shutdown).
+    shutdown_grace_s: float = 30.0
     extra_args: list[str] = field(default_factory=list)  # passed verbatim, logged
     env: dict[str, str] = field(default_factory=dict)  # extra server env (not NCCL: use nccl=)
 
@@ -149,8 +152,9 @@ class EngineConfig:
                               "instead (engine=sglang), so that the all-reduce choice is recorded and sweepable")
         if not 0 <= self.port <= 65535:
             raise ConfigError(f"engine.port={self.port}: must be in 0..65535")
-        if self.startup_timeout_s <= 0 or self.request_timeout_s <= 0:
-            raise ConfigError("engine.startup_timeout_s and engine.request_timeout_s must be > 0")
+        if self.startup_timeout_s <= 0 or self.request_timeout_s <= 0 or self.shutdown_grace_s <= 0:
+            raise ConfigError("engine.startup_timeout_s, engine.request_timeout_s and engine.shutdown_grace_s "
+                              "must be > 0")
         if self.decode_log_interval < 1:
             raise ConfigError(f"engine.decode_log_interval={self.decode_log_interval}: must be >= 1")
 
@@ -209,6 +213,9 @@ class BenchmarkConfig:
     prompts: str = "data/prompts.jsonl"
     prompt_index: int = 0
     profile: bool = True  # per-cycle phase profile (SPEC_DECODE_PROFILE in the server env)
+    # With profile: the hooks stay dormant in the timed runs; after them (last launch) this many pairs
+    # of the protocol request, profiler on / dormant (ABBA): the profile and the profiler's own effect.
+    profile_pairs: int = 3
     baseline_arm: bool = True  # measure the matching no-speculation baseline once per sweep key
     # Paired baseline: a baseline server up beside the spec server, timed runs alternating between
     # them, the speedup taken per pair (machine noise hits both arms of a pair alike). null = auto:
@@ -249,7 +256,7 @@ class BenchmarkConfig:
             raise ConfigError(f"benchmark.pairing={self.pairing}: must be one of {', '.join(PAIRINGS)}")
         if self.server_nice is not None and not -20 <= self.server_nice <= 19:
             raise ConfigError(f"benchmark.server_nice={self.server_nice}: must be in -20..19 (or null)")
-        for key in ("runs", "launches", "max_new_tokens", "request_max_new_tokens"):
+        for key in ("runs", "launches", "max_new_tokens", "request_max_new_tokens", "profile_pairs"):
             if getattr(self, key) < 1:
                 raise ConfigError(f"benchmark.{key}={getattr(self, key)}: must be >= 1")
         if self.warmup < 0:

@@ -72,6 +72,8 @@ def server_extra_env(cfg: ExperimentConfig, profile_path: str | None) -> dict[st
         env[sglang.PCIE_IPC_ALLREDUCE] = "1" if cfg.engine.pcie_ipc_allreduce else "0"
     if profile_path and cfg.speculative:
         env["SPEC_DECODE_PROFILE"] = profile_path
+        # The runner's on/off switch (spec_decode/profiler/switch.py): dormant in the timed runs.
+        env["SPEC_DECODE_PROFILE_SWITCH"] = f"{profile_path}.switch"
     return env
 
 
@@ -99,7 +101,8 @@ def start_server(cfg: ExperimentConfig, extra_env: dict[str, str], log_path: Pat
     for attempt in range(attempts):
         port = choose_port(cfg.engine.host, wanted if attempt == 0 else 0)
         srv = ServerProcess(server_command(cfg, port), env=extra_env, log_path=log_path,
-                            host=cfg.engine.host, port=port, startup_timeout_s=cfg.engine.startup_timeout_s)
+                            host=cfg.engine.host, port=port, startup_timeout_s=cfg.engine.startup_timeout_s,
+                            shutdown_grace_s=cfg.engine.shutdown_grace_s)
         try:
             return srv.start()
         except PortTaken:

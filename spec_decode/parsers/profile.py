@@ -1,11 +1,14 @@
-"""Per-cycle phase profile lines (DESIGN 3.4), one file per rank, kept inside the timed runs' windows
-and aggregated.
+"""Per-cycle phase profile lines (DESIGN 3.4), one file per rank, kept inside the profiled runs'
+windows and aggregated.
 
-Each line: ``{"t", "rank", "draft_ms", "verify_ms", "extend_ms", "cycle_ms", "accepted"}``; other =
-cycle - (draft + verify + extend). Rank ``r`` writes ``<stem>.rank<r><suffix>`` beside the path given
-in ``SPEC_DECODE_PROFILE`` (``profile.jsonl`` -> ``profile.rank0.jsonl``): every TP rank runs every
-cycle, so the job's phases are the logging rank's (0, as SGLang logs from attention-TP rank 0) and the
-other ranks are compared with it, never pooled.
+Each line: ``{"t", "t0", "rank", "tp", "dp", "attn_dp", "draft_ms", "verify_ms", "extend_ms",
+"cycle_ms", "accepted"[, "rids", "accept_lens"]}`` (accepted: the batch's committed tokens;
+accept_lens: per request, in the order of rids); other = cycle - (draft + verify + extend). The rank at (dp d, tp
+t) writes ``<stem>.dp<d>.tp<t><suffix>`` beside the path given in ``SPEC_DECODE_PROFILE``
+(``profile.jsonl`` -> ``profile.dp0.tp0.jsonl``; older profiles ``profile.rank<t>.jsonl`` read as dp 0).
+Every TP rank of a replica runs every cycle of that replica, so the job's phases are the logging rank's
+(tp 0, as SGLang logs from attention-TP rank 0) -- of every replica, whose cycles are different
+requests' -- and the other TP ranks are compared with their replica's tp 0, never pooled.
 """
 
 from __future__ import annotations
@@ -21,28 +24,40 @@ PHASES = ("draft", "verify", "extend", "other")
 AGREEMENT_TOLERANCE_PCT = 10.0
 
 
-def rank_path(path: str | Path, rank: int) -> str:
+def rank_path(path: str | Path, rank: int, dp: int = 0) -> str:
+    """The file of TP rank ``rank`` of replica ``dp``."""
     p = Path(path)
-    return str(p.with_name(f"{p.stem}.rank{rank}{p.suffix}"))
+    return str(p.with_name(f"{p.stem}.dp{dp}.tp{rank}{p.suffix}"))
 
 
-def rank_files(path: str | Path) -> dict[int, Path]:
-    """{rank: file} for the per-rank files that exist beside ``path``."""
+def rank_files(path: str | Path) -> dict[tuple[int, int], Path]:
+    """{(dp, tp): file} for the per-rank files that exist beside ``path`` (old ``.rank<t>`` names as
+    dp 0; a new name wins over an old one for the same rank)."""
     p = Path(path)
-    pat = re.compile(re.escape(p.stem) + r"\.rank(\d+)" + re.escape(p.suffix) + "$")
-    out = {}
-    for f in p.parent.glob(f"{p.stem}.rank*{p.suffix}"):
-        m = pat.match(f.name)
-        if m:
-            out[int(m.group(1))] = f
+    stem, suffix = re.escape(p.stem), re.escape(p.suffix)
+    new = re.compile(stem + r"\.dp(\d+)\.tp(\d+)" + suffix + "$")
+    old = re.compile(stem + r"\.rank(\d+)" + suffix + "$")
+    out: dict[tuple[int, int], Path] = {}
+    for f in p.parent.glob(f"{p.stem}.*{p.suffix}"):
+        if m := new.match(f.name):
+            out[(int(m.group(1)), int(m.group(2)))] = f
+        elif (m := old.match(f.name)) and (0, int(m.group(1))) not in out:
+            out[(0, int(m.group(1)))] = f
     return dict(sorted(out.items()))
 
 
 def read_profile(path: Path) -> list[dict]:
+    """The cycles of one rank's file. A line written twice is one cycle: a SIGTERM drain that interrupts
+    another drain of the same thread (the rank's atexit drain when its front died) rewrites the lines
+    the first had written but not yet dequeued -- never loses them; no two cycles share their stamps."""
     if not path.exists():
         return []
     out = []
+    seen: set[str] = set()
     for line in path.read_text().splitlines():
+        if line in seen:
+            continue
+        seen.add(line)
         try:
             rec = json.loads(line)
         except json.JSONDecodeError:
@@ -52,13 +67,22 @@ def read_profile(path: Path) -> list[dict]:
     return out
 
 
-def read_ranks(path: str | Path) -> dict[int, list[dict]]:
-    return {r: read_profile(f) for r, f in rank_files(path).items()}
+def read_replicas(path: str | Path) -> dict[tuple[int, int], list[dict]]:
+    """{(dp, tp): cycles} of every rank file beside ``path``."""
+    return {k: read_profile(f) for k, f in rank_files(path).items()}
+
+
+def read_ranks(path: str | Path, dp: int = 0) -> dict[int, list[dict]]:
+    """{tp: cycles} of one replica (dp 0 by default)."""
+    return {t: read_profile(f) for (d, t), f in rank_files(path).items() if d == dp}
 
 
 def in_windows(cycles: list[dict], windows: list[tuple[float, float]]) -> list[list[dict]]:
-    """The cycles whose end time falls in each (start, end) wall-clock window."""
-    return [[c for c in cycles if lo <= c["t"] <= hi] for lo, hi in windows]
+    """The cycles that began in each (start, end) wall-clock window: entry stamp ``t0`` (older lines:
+    their end ``t``). By entry, not end: a TP rank other than the answering one may end the request's
+    last cycle after the client has its response (rank 0 answered while it was still in its re-extend,
+    which has no collective) -- selected by end, that cycle fell out and the ranks seemed to disagree."""
+    return [[c for c in cycles if lo <= c.get("t0", c["t"]) <= hi] for lo, hi in windows]
 
 
 def run_timing(cycles: list[dict], start_wall: float, end_wall: float, wall_s: float) -> dict | None:
@@ -119,7 +143,10 @@ def phase_summary(cycles: list[dict]) -> dict | None:
         out[f"{p}_ms"] = mean[p]
         out[f"{p}_pct"] = 100.0 * mean[p] / cycle if cycle > 0 else 0.0
     accepted = sum(c.get("accepted") or 0 for c in cycles)
-    out["accept_len"] = accepted / n
+    # per request and cycle: a batch of k requests commits k accept lengths in one cycle
+    req_cycles = sum(len(c["accept_lens"]) if c.get("accept_lens") else 1 for c in cycles)
+    out["batch_size_mean"] = req_cycles / n
+    out["accept_len"] = accepted / req_cycles if req_cycles else 0.0
     out["tok_s_from_profile"] = accepted / (sum(c["cycle_ms"] for c in cycles) / 1e3)
     return out
 
@@ -142,29 +169,102 @@ def rank_agreement(per_rank: dict[int, dict], ref: int = 0,
     return {"reference_rank": ref, "tolerance_pct": tolerance_pct, "ok": ok, "ranks": ranks}
 
 
-def summarize_run_windows(path: str | Path, windows: list[tuple[float, float]],
-                          ref: int = 0) -> tuple[dict | None, list[list[dict]]]:
-    """The job's profile: the reference rank's cycles in the timed windows (summary + per-window
-    cycles), and, with several ranks, the other ranks' agreement. (None, []) without that rank."""
-    ranks = read_ranks(path)
-    if ref not in ranks:
+def counted_in_windows(per_window: list[list[dict]], requests: list[tuple[str | None, int | None]]
+                       ) -> tuple[list[list[dict]], int]:
+    """Each window's cycles that its request counted (``attribute``; ``requests[i]`` = (rid,
+    spec_verify_ct) of window i's request): the in-flight extras dropped and numbered. Cycles
+    without rids, or a request without a rid, are kept as they are."""
+    out, extra = [], 0
+    for w, (rid, verify) in zip(per_window, requests):
+        if rid is None or verify is None or not any(c.get("rids") for c in w):
+            out.append(w)
+            continue
+        mine = [c for c in w if not c.get("rids") or rid in c["rids"]]
+        a = attribute(mine, {rid: verify})
+        out.append(a["counted"])
+        extra += a["extra_cycles"]
+    return out, extra
+
+
+def _counted(per_window: list[list[dict]], requests) -> list[list[dict]]:
+    return per_window if requests is None else counted_in_windows(per_window, requests)[0]
+
+
+def summarize_run_windows(path: str | Path, windows: list[tuple[float, float]], ref: int = 0,
+                          requests: list[tuple[str | None, int | None]] | None = None
+                          ) -> tuple[dict | None, list[list[dict]]]:
+    """The job's profile: the logging rank's (tp ``ref``) cycles in the windows -- of every replica,
+    whose cycles are different requests' -- (summary + per-window cycles), and, with several ranks,
+    each replica's other ranks' agreement with its own tp ``ref``. With ``requests`` ((rid,
+    spec_verify_ct) per window) only the cycles their requests counted (``counted_in_windows``;
+    ``extra_cycles`` says how many in-flight extras were set apart). (None, []) without that rank."""
+    reps = read_replicas(path)
+    dps = sorted({d for d, t in reps if t == ref})
+    if not dps:
         return None, []
-    per_window = in_windows(ranks[ref], windows)
+    cycles = sorted((c for d in dps for c in reps[(d, ref)]), key=lambda c: c["t"])
+    per_window = in_windows(cycles, windows)
+    extra = 0
+    if requests is not None:
+        per_window, extra = counted_in_windows(per_window, requests)
     summary = phase_summary([c for w in per_window for c in w])
     if summary is None:
         return None, per_window
-    summary["ranks"] = len(ranks)
+    summary["extra_cycles"] = extra
+    summary["ranks"] = len(reps)
+    summary["replicas"] = len({d for d, _ in reps})
     summary["rank"] = ref
-    if len(ranks) > 1:
-        others = {}
-        for r, cycles in ranks.items():
-            s = phase_summary([c for w in in_windows(cycles, windows) for c in w])
-            if s is not None:
-                others[r] = s
-        missing = sorted(set(ranks) - set(others))
-        agreement = rank_agreement(others, ref)
+    if len(reps) > 1:
+        agreement = {"reference_rank": ref, "tolerance_pct": AGREEMENT_TOLERANCE_PCT, "ok": True, "ranks": {}}
+        missing = []
+        for d in sorted({d for d, _ in reps}):
+            mine = {t: s for (dd, t), cs in reps.items() if dd == d
+                    if (s := phase_summary([c for w in _counted(in_windows(cs, windows), requests) for c in w]))
+                    is not None}
+            missing += [f"dp{d}.tp{t}" if len(dps) > 1 else t for (dd, t) in reps if dd == d and t not in mine]
+            if ref not in mine:
+                continue
+            a = rank_agreement(mine, ref)
+            agreement["ok"] = agreement["ok"] and a["ok"]
+            for t, v in a["ranks"].items():
+                agreement["ranks"][t if len(dps) == 1 else f"dp{d}.tp{t}"] = v
         if missing:
             agreement["ok"] = False
             agreement["missing_ranks"] = missing
         summary["rank_agreement"] = agreement
     return summary, per_window
+
+
+def attribute(cycles: list[dict], verify_ct: dict[str, int]) -> dict:
+    """Cycles attributed to requests by the ``rids`` each cycle recorded, under SGLang's overlap rule:
+    a request that result N finishes runs one more cycle that its ``spec_verify_ct`` does not count
+    (scheduler.py 2107-2120, batch_result_processor.py 819-832). Per request, its first
+    ``verify_ct[rid]`` cycles (in time order) are counted and the rest are in-flight extras, kept apart
+    and counted. ``counted``: the cycles at least one request counted (the histogram and the checks use
+    these); ``extra``: the cycles no request counted; cycles without ``rids`` (older profiles, an engine
+    that passes no batch) stay ``counted`` and are numbered in ``without_rids``."""
+    seen: dict[str, int] = {}
+    per_request: dict[str, dict] = {}
+    counted, extra, without = [], [], 0
+    for c in sorted(cycles, key=lambda c: c["t"]):
+        rids = c.get("rids")
+        if not rids:
+            without += 1
+            counted.append(c)
+            continue
+        any_counted = False
+        for rid in rids:
+            seen[rid] = n = seen.get(rid, 0) + 1
+            want = verify_ct.get(rid)
+            req = per_request.setdefault(rid, {"cycles": 0, "counted": 0, "extra": 0, "spec_verify_ct": want})
+            req["cycles"] += 1
+            if want is None or n <= want:
+                req["counted"] += 1
+                any_counted = True
+            else:
+                req["extra"] += 1
+        (counted if any_counted else extra).append(c)
+    return {"counted": counted, "extra": extra, "extra_cycles": len(extra), "without_rids": without,
+            "per_request": per_request,
+            "matches_verify_ct": all(r["counted"] == r["spec_verify_ct"] for r in per_request.values()
+                                     if r["spec_verify_ct"] is not None)}

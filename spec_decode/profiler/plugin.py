@@ -3,12 +3,15 @@
 Both engines call ``register()`` in every process they start: SGLang in its launcher, detokenizer
 and each TP-rank scheduler (before the rank's device is set); our embedded engine in its front and
 each rank (``spec_decode.engines.plugins.load_plugins``). So ``register()`` only registers: no CUDA, no file,
-no thread. The timer is built on the first hooked call, inside the process that runs cycles, after the
-engine has set its device; it writes that rank's own file (``profile.rank<N>.jsonl`` beside
-``SPEC_DECODE_PROFILE``), and only the logging rank (0) prints summary blocks.
+no thread. The timer is built on the first recorded cycle, inside the process that runs cycles, after
+the engine has set its device; it writes that rank's own file (``profile.dp<d>.tp<t>.jsonl`` beside
+``SPEC_DECODE_PROFILE``; d, t from the engine's parallel state), and only the logging rank (dp 0, tp 0)
+prints summary blocks.
 
-Without ``SPEC_DECODE_PROFILE`` in the environment nothing is registered: installing the package
-changes nothing.
+With ``SPEC_DECODE_PROFILE_SWITCH`` (``spec_decode.profiler.switch``) the hooks stay dormant while the
+switch is off: the runner keeps them off in the timed runs and turns them on for a profiled pass
+after them. Without ``SPEC_DECODE_PROFILE`` in the environment nothing is registered: installing the
+package changes nothing.
 """
 
 from __future__ import annotations
@@ -19,6 +22,9 @@ import os
 import signal
 import sys
 import threading
+
+from spec_decode.profiler.switch import ENV as SWITCH_ENV
+from spec_decode.profiler.switch import Switch
 
 log = logging.getLogger("spec_decode.profiler")
 SGLANG_MODULE = "sglang.srt.speculative.eagle_worker_v2"
@@ -45,22 +51,58 @@ def current_engine() -> str:
     return "embedded" if "spec_decode.engines.embedded" in sys.modules else "sglang"
 
 
-def current_rank(worker=None) -> int:
-    """The TP rank of this process: SGLang's worker knows it; else torch.distributed; else 0."""
+def _sglang_parallel() -> dict | None:
+    """(tp, dp, attn_dp) from SGLang's own parallel state, read inside the rank on its first recorded
+    cycle (``sglang/srt/runtime_context.py`` 1285 ``get_parallel``; published per process by
+    ``publish``, 1573-1594: ``dp_rank`` is None without a DP controller). Imported here, not at module
+    top: this runs inside SGLang's scheduler, and ``register()`` must not import sglang (seconds) in
+    processes that never run a cycle. None outside SGLang or before the ranks are published."""
+    if "sglang.srt.runtime_context" not in sys.modules:
+        return None
+    from sglang.srt.runtime_context import get_parallel
+
+    par = get_parallel()
+    out = {}
+    for key, name in (("tp", "tp_rank"), ("dp", "dp_rank"), ("attn_dp", "attn_dp_rank")):
+        try:
+            value = getattr(par, name)
+        except (AttributeError, RuntimeError, ValueError):  # not published in this process
+            value = None
+        out[key] = value if isinstance(value, int) else 0
+    try:
+        published = isinstance(par.tp_rank, int)
+    except (AttributeError, RuntimeError, ValueError):
+        published = False
+    return out if published else None
+
+
+def current_ranks(worker=None) -> dict[str, int]:
+    """This process's place: ``{"tp", "dp", "attn_dp"}``. SGLang: its parallel state (never the world
+    rank, which has no DP term); the embedded engine: its rank is the TP rank, one replica (dp 0);
+    else torch.distributed's rank as TP rank; else 0."""
+    if current_engine() == "sglang" and (found := _sglang_parallel()) is not None:
+        return found
     rank = getattr(worker, "tp_rank", None)
-    if isinstance(rank, int):
-        return rank
-    torch = sys.modules.get("torch")
-    if torch is not None and torch.distributed.is_available() and torch.distributed.is_initialized():
-        return torch.distributed.get_rank()
-    return 0
+    if not isinstance(rank, int):
+        rank = 0
+        torch = sys.modules.get("torch")
+        if torch is not None and torch.distributed.is_available() and torch.distributed.is_initialized():
+            rank = torch.distributed.get_rank()
+    return {"tp": rank, "dp": 0, "attn_dp": 0}
 
 
-def make_timer(path: str, rank: int = 0):
-    """The timer for this process; CUDA events when this process already uses CUDA."""
+def current_rank(worker=None) -> int:
+    """The TP rank of this process (``current_ranks``)."""
+    return current_ranks(worker)["tp"]
+
+
+def make_timer(path: str, rank: int | dict = 0):
+    """The timer for this process; CUDA events when this process already uses CUDA. ``rank``: the TP
+    rank, or ``current_ranks()``'s dict."""
     from spec_decode.parsers.profile import rank_path
     from spec_decode.profiler.timer import CudaClock, HostClock, PhaseTimer
 
+    ranks = rank if isinstance(rank, dict) else {"tp": rank, "dp": 0, "attn_dp": 0}
     clock = HostClock()
     torch = sys.modules.get("torch")
     if torch is not None and torch.cuda.is_available() and torch.cuda.is_initialized():
@@ -69,16 +111,20 @@ def make_timer(path: str, rank: int = 0):
     merge = os.environ.get("SPEC_DECODE_PROFILE_MERGE_US")
     # Seconds between the flusher's passes; 0 turns it off (then only SIGTERM/exit write the tail).
     flush_s = float(os.environ.get("SPEC_DECODE_PROFILE_FLUSH_S", "0.05"))
-    return PhaseTimer(rank_path(path, rank), clock=clock, rank=rank,
-                      summary_every=every if rank == 0 else 0,
+    logging_rank = ranks["tp"] == 0 and ranks["dp"] == 0
+    return PhaseTimer(rank_path(path, ranks["tp"], ranks["dp"]), clock=clock, rank=ranks["tp"],
+                      dp=ranks["dp"], attn_dp=ranks["attn_dp"], summary_every=every if logging_rank else 0,
                       merge_us=float(merge) if merge else None, flush_s=flush_s or None)
 
 
 class Profiler:
-    """The hooks, with the timer made on first use in the process that runs cycles."""
+    """The hooks, with the timer made on the first recorded cycle in the process that runs cycles.
+    While the switch is off every hook calls straight through (one byte read per cycle)."""
 
-    def __init__(self, path: str):
+    def __init__(self, path: str, switch_path: str | None = None):
         self.path = path
+        self.switch_path = switch_path
+        self.switch = None  # mapped on the first hooked call, inside the rank
         self.timer = None
         self._lock = threading.Lock()
 
@@ -86,18 +132,23 @@ class Profiler:
         if self.timer is None:
             with self._lock:
                 if self.timer is None:
-                    self.timer = make_timer(self.path, current_rank(args[0] if args else None))
-                    log.info("spec_decode profiler: rank %d timing phases -> %s", self.timer.rank,
-                             self.timer.path)
+                    self.timer = make_timer(self.path, current_ranks(args[0] if args else None))
+                    log.info("spec_decode profiler: dp %d tp %d timing phases -> %s", self.timer.dp,
+                             self.timer.rank, self.timer.path)
         return self.timer
 
     def around_cycle(self, original, *args, **kwargs):
+        switch = self.switch
+        if switch is None:
+            switch = self.switch = Switch(self.switch_path)
+        if not switch.on():
+            return original(*args, **kwargs)
         return self._timer_for(args).around_cycle(original, *args, **kwargs)
 
     def phase(self, name: str):
         def around(original, *args, **kwargs):
             timer = self.timer
-            if timer is None:  # no cycle has started in this process
+            if timer is None:  # no cycle has been recorded in this process
                 return original(*args, **kwargs)
             return timer.phase(name)(original, *args, **kwargs)
 
@@ -108,31 +159,63 @@ class Profiler:
         if self.timer is not None:
             self.timer.close()
 
+    def in_cycle(self) -> bool:
+        return self.timer is not None and self.timer.in_flight > 0
 
-def _chain_sigterm(flush) -> None:
+    def after_cycle(self, fn) -> None:
+        """Run ``fn`` once the cycle in flight has been recorded (at once when none is)."""
+        if self.timer is None or not self.timer.defer(fn):
+            fn()
+
+
+def _chain_sigterm(prof: Profiler, wait_cycle_s: float = 2.0) -> None:
     """On SIGTERM: write what is pending, then do what the process would have done (its previous
     handler, or the default action: die by SIGTERM). SGLang's schedulers install no handler, so
-    without this the buffered tail of the last run would be lost (atexit does not run)."""
+    without this the buffered tail of the last run would be lost (atexit does not run).
+
+    A SIGTERM that lands inside a cycle (a rank still in its last cycle's re-extend, which has no
+    collective, while rank 0 has already answered and the runner stops the server) waits for that
+    cycle to be recorded, at most ``wait_cycle_s``: draining at once lost it (the CI flake
+    "rank 1: 48 cycles, 49 verifies")."""
     if threading.current_thread() is not threading.main_thread():
         return  # signal handlers can only be set from the main thread
     previous = signal.getsignal(signal.SIGTERM)
     flushing = threading.Event()
+    done = threading.Lock()
+
+    def finish(signum):
+        if not done.acquire(blocking=False):
+            return  # the cycle's end and the wait's timer both got here: once
+        try:
+            prof.flush()
+        except Exception:  # noqa: BLE001 - dying anyway; never block the default action
+            log.exception("spec_decode profiler: flush on SIGTERM failed")
+        if previous == signal.SIG_IGN:
+            return
+        if threading.current_thread() is not threading.main_thread():
+            # Only the main thread may touch signal handlers, and it may be stuck in a collective:
+            # end the process as SIGTERM's default action would, with its status.
+            os._exit(128 + signal.SIGTERM)
+        if callable(previous):
+            previous(signum, None)
+        else:
+            signal.signal(signal.SIGTERM, signal.SIG_DFL)
+            os.kill(os.getpid(), signal.SIGTERM)
 
     def on_sigterm(signum, frame):
-        # A second SIGTERM (the runner's kill of the tree, then PDEATHSIG when the front goes) may
-        # arrive while this one drains: it must not start a nested drain and exit from inside it.
+        # A second SIGTERM (e.g. the embedded engine's PDEATHSIG when its front goes; SGLang's
+        # schedulers get SIGKILL as their parent-death signal instead, utils/common.py 3432-3437)
+        # may arrive while this one drains: it must not start a nested drain and exit from inside it.
         if flushing.is_set():
             return
         flushing.set()
-        try:
-            flush()
-        except Exception:  # noqa: BLE001 - dying anyway; never block the default action
-            log.exception("spec_decode profiler: flush on SIGTERM failed")
-        if callable(previous):
-            previous(signum, frame)
-        elif previous != signal.SIG_IGN:
-            signal.signal(signal.SIGTERM, signal.SIG_DFL)
-            os.kill(os.getpid(), signal.SIGTERM)
+        if prof.in_cycle():
+            timer = threading.Timer(wait_cycle_s, finish, (signum,))
+            timer.daemon = True
+            timer.start()
+            prof.after_cycle(lambda: finish(signum))
+            return
+        finish(signum)
 
     signal.signal(signal.SIGTERM, on_sigterm)
 
@@ -144,9 +227,9 @@ def register() -> None:
     from spec_decode.engines.plugins import registry
 
     hook_registry, hook_type, _ = registry()
-    prof = Profiler(path)
+    prof = Profiler(path, os.environ.get(SWITCH_ENV) or None)
     for target, phase in TARGETS[current_engine()]:
         hook = prof.around_cycle if phase is None else prof.phase(phase)
         hook_registry.register(target, hook, hook_type.AROUND)
     atexit.register(prof.flush)
-    _chain_sigterm(prof.flush)
+    _chain_sigterm(prof, float(os.environ.get("SPEC_DECODE_PROFILE_TERM_WAIT_S", "2")))

@@ -113,6 +113,39 @@ class _Cycle:
     last_host: float = 0.0
     shared: int = 0
     released: bool = False  # its events went back to the pool
+    rids: list | None = None  # the request ids in its batch, when the batch says
+
+
+def batch_of(args: tuple, kwargs: dict):
+    """The batch a hooked whole-cycle call got: SGLang's ``forward_batch_generation(self, batch, ...)``
+    (eagle_worker_v2.py 1416), or the embedded engine's equivalent; None when no argument looks like
+    one (read defensively: attribute presence only)."""
+    batch = kwargs.get("batch")
+    if batch is not None:
+        return batch
+    for a in args[:2]:
+        if hasattr(a, "forward_mode") or hasattr(a, "reqs"):
+            return a
+    return None
+
+
+def is_idle(batch) -> bool:
+    """SGLang's IDLE batch (DP attention: a rank with no request of its own runs the decode path on
+    an empty batch, eagle_worker_v2.py 1447-1463): no cycle of any request."""
+    mode = getattr(batch, "forward_mode", None)
+    idle = getattr(mode, "is_idle", None)
+    return bool(idle()) if callable(idle) else False
+
+
+def rids_of(batch) -> list | None:
+    """``batch.reqs[i].rid`` for every request of the batch; None when the batch has no ``reqs``."""
+    reqs = getattr(batch, "reqs", None)
+    if reqs is None:
+        return None
+    try:
+        return [getattr(r, "rid", None) for r in reqs]
+    except TypeError:
+        return None
 
 
 class PhaseTimer:
@@ -122,9 +155,14 @@ class PhaseTimer:
     and on SIGTERM/exit (the plugin's handler calls ``drain(wait=True)``)."""
 
     def __init__(self, path: str, clock=None, summary_every: int = 200, rank: int = 0,
-                 merge_us: float | None = None, flush_s: float | None = 0.05, max_pending: int = 1024):
+                 merge_us: float | None = None, flush_s: float | None = 0.05, max_pending: int = 1024,
+                 dp: int = 0, attn_dp: int = 0):
         self.path = path
-        self.rank = rank
+        self.rank = rank  # the TP rank
+        self.dp, self.attn_dp = dp, attn_dp
+        self.in_flight = 0  # cycles entered and not yet recorded (SIGTERM waits for them)
+        self._deferred: list = []
+        self._flight_lock = threading.RLock()  # RLock: the SIGTERM handler may land while it is held
         self.clock = clock or HostClock()
         self.summary_every = summary_every  # 0: no summary block (ranks other than the logging one)
         self.max_pending = max_pending  # a safety cap: the hook drains itself only past this
@@ -150,27 +188,51 @@ class PhaseTimer:
 
     # ---- hooks (HookRegistry AROUND signature: fn(original_fn, *args, **kwargs)) -------------------
     def around_cycle(self, original, *args, **kwargs):
-        t0 = time.time()
-        cycle = _Cycle(start=self.clock.mark(), t0=t0)
-        cycle.last, cycle.last_host = cycle.start, time.perf_counter()
-        self._local.cycle = cycle
+        batch = batch_of(args, kwargs)
+        if batch is not None and is_idle(batch):
+            return original(*args, **kwargs)
+        with self._flight_lock:
+            self.in_flight += 1
         try:
-            result = original(*args, **kwargs)
+            t0 = time.time()
+            cycle = _Cycle(start=self.clock.mark(), t0=t0)
+            cycle.last, cycle.last_host = cycle.start, time.perf_counter()
+            if batch is not None:
+                cycle.rids = rids_of(batch)
+            self._local.cycle = cycle
+            try:
+                result = original(*args, **kwargs)
+            finally:
+                self._local.cycle = None
+            if "verify" in cycle.phases:  # a decode cycle (prefill batches have no verify)
+                # The accepted counts travel to pinned host memory on the forward stream, before the
+                # end event: they are read only once that event has completed.
+                acc = getattr(result, "accept_lens", None)
+                cycle.accepted = self.clock.to_host(acc)
+                cycle.end = self._mark(cycle, force=cycle.accepted is not acc)
+                cycle.t = time.time()
+                with self._lock:
+                    self._pending.append(cycle)
+                    overflow = len(self._pending) > self.max_pending
+                if overflow:
+                    self.drain()
+            return result
         finally:
-            self._local.cycle = None
-        if "verify" in cycle.phases:  # a decode cycle (prefill batches have no verify)
-            # The accepted counts travel to pinned host memory on the forward stream, before the
-            # end event: they are read only once that event has completed.
-            acc = getattr(result, "accept_lens", None)
-            cycle.accepted = self.clock.to_host(acc)
-            cycle.end = self._mark(cycle, force=cycle.accepted is not acc)
-            cycle.t = time.time()
-            with self._lock:
-                self._pending.append(cycle)
-                overflow = len(self._pending) > self.max_pending
-            if overflow:
-                self.drain()
-        return result
+            with self._flight_lock:
+                self.in_flight -= 1
+                run = self._deferred if self.in_flight == 0 else []
+                if run:
+                    self._deferred = []
+            for fn in run:
+                fn()
+
+    def defer(self, fn) -> bool:
+        """Run ``fn`` when no cycle is in flight any more; False (not queued) when none is now."""
+        with self._flight_lock:
+            if self.in_flight == 0:
+                return False
+            self._deferred.append(fn)
+            return True
 
     def _mark(self, cycle: _Cycle, force: bool = False):
         """A boundary event; reuses the cycle's last one when the host spent under merge_us since
@@ -227,7 +289,10 @@ class PhaseTimer:
         self.drain(wait=True)
 
     def _resolve(self, c: _Cycle) -> dict:
-        rec = {"t": round(c.t, 6), "t0": round(c.t0, 6), "rank": self.rank}
+        rec = {"t": round(c.t, 6), "t0": round(c.t0, 6), "rank": self.rank, "tp": self.rank, "dp": self.dp,
+               "attn_dp": self.attn_dp}
+        if c.rids is not None:
+            rec["rids"] = c.rids
         for p in PHASES:
             a, b = c.phases.get(p, (None, None))
             rec[f"{p}_ms"] = round(self.clock.ms(a, b), 4) if a is not None else 0.0
@@ -237,11 +302,13 @@ class PhaseTimer:
             marks = {id(m): m for m in (c.start, c.end, *(m for pair in c.phases.values() for m in pair))}
             self.clock.release(*marks.values())
         acc = c.accepted
-        if acc is not None and hasattr(acc, "sum"):
-            acc = int(acc.sum())  # a host tensor: its copy finished before the end event
-        elif isinstance(acc, (list, tuple)):
-            acc = int(sum(acc))
-        rec["accepted"] = acc
+        lens = acc.tolist() if acc is not None and hasattr(acc, "tolist") else acc  # a host tensor: copied
+        if isinstance(lens, (list, tuple)):  # one count per request of the batch, in batch order
+            rec["accept_lens"] = [int(x) for x in lens]
+            acc = sum(rec["accept_lens"])
+        elif lens is not None:
+            acc = int(lens)
+        rec["accepted"] = acc  # the batch's committed tokens in this cycle
         return rec
 
 

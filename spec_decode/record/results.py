@@ -20,7 +20,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol
 
-from spec_decode.analysis import acceptance, drift, latency, lossless, stats
+from spec_decode.analysis import acceptance, drift, latency, lossless, profiler_effect, stats
 from spec_decode.analysis.checks import Check, cost_model_metrics, run_checks
 from spec_decode.analysis.drift import Drift, Reference
 from spec_decode.core.config import ExperimentConfig, config_hash, resolved_dict
@@ -105,6 +105,11 @@ class JobRecord:
     # Paired baseline (benchmark.paired): the baseline server's timed runs, interleaved with ``runs``
     # (pair i = runs[i], baseline_runs[i]).
     baseline_runs: list[RunRecord] = field(default_factory=list)
+    # The profiled pass (benchmark.profile; spec_decode/runner/profile_pass.py): after the timed runs,
+    # which ran with the hooks dormant, the profiler-on runs of its (on, dormant) pairs -- the profile's
+    # windows -- and the pass's account with the profiler's measured effect on tok/s.
+    profiled_runs: list[RunRecord] = field(default_factory=list)
+    profile_pass: dict | None = None
     warnings: list[str] = field(default_factory=list)
     started_at: float = field(default_factory=time.time)
     ended_at: float | None = None
@@ -155,7 +160,7 @@ class JobRecord:
             if f.name == "extra":
                 continue
             v = getattr(self, f.name)
-            if f.name in ("runs", "baseline_runs"):
+            if f.name in ("runs", "baseline_runs", "profiled_runs"):
                 v = [r.as_dict() for r in v]
             elif dataclasses.is_dataclass(v):
                 v = dataclasses.asdict(v)
@@ -172,7 +177,7 @@ class JobRecord:
         names = {f.name for f in dataclasses.fields(cls)}
         known = {k: d.pop(k) for k in list(d) if k in names and k != "extra"}
         run_fields = {f.name for f in dataclasses.fields(RunRecord)}
-        for key in ("runs", "baseline_runs"):
+        for key in ("runs", "baseline_runs", "profiled_runs"):
             known[key] = [RunRecord(**{k: v for k, v in r.items() if k in run_fields})
                           for r in known.get(key) or []]
         known["engine"] = EngineInfo(**(known.get("engine") or {"name": "unknown"}))
@@ -265,22 +270,31 @@ def finish(rec: JobRecord, cfg: ExperimentConfig, status: str, error: str | None
                           "per_run_accept_len": [r.completion_tokens / r.spec_verify_ct
                                                  for r in runs if r.spec_verify_ct]}
         metrics.update({k: v for k, v in acc.items() if v is not None})
-    # Phase profile inside the timed windows: the logging rank's, the others compared with it.
+    # Phase profile inside the profiled pass's windows (older records: the timed runs'): the logging
+    # rank's, the others compared with it; with the profiler's measured effect on tok/s beside it.
     run_cycles: list[list[dict]] | None = None
+    prof_runs = rec.profiled_runs or runs
+    where = "profiled pass" if rec.profiled_runs else "timed runs"
+    if rec.profile_pass is not None:
+        rec.profile_pass["effect"] = profiler_effect.effect(
+            [r.throughput_tok_s for r in rec.profiled_runs], rec.profile_pass.get("dormant_tok_s") or [],
+            [r.throughput_tok_s for r in runs])
+        metrics.update(profiler_effect.metrics_of(rec.profile_pass["effect"]))
     if cfg.speculative:
-        windows = [(r.start_wall, r.end_wall) for r in runs]
-        summary, per_run = profile.summarize_run_windows(out_dir / "profile.jsonl", windows)
+        windows = [(r.start_wall, r.end_wall) for r in prof_runs]
+        summary, per_run = profile.summarize_run_windows(out_dir / "profile.jsonl", windows,
+                                                         requests=[(r.rid, r.spec_verify_ct) for r in prof_runs])
         run_cycles = per_run
         if summary is None:
             why = "profiling off (benchmark.profile=false)" if not cfg.benchmark.profile else \
-                "no profile lines from rank 0 in the timed runs (plugin not loaded?)"
+                f"no profile lines from rank 0 in the {where} (plugin not loaded?)"
             rec.profile = {"missing": why}
             if cfg.benchmark.profile and runs:
                 rec.warnings.append(f"phase profile missing: {why}")
         else:
             # Per request: tok/s inside the decode on the wall clock vs from the cycle durations, and
             # the time outside the cycles (prefill, HTTP, gaps between cycles) as its own figure.
-            timing = [profile.run_timing(w, r.start_wall, r.end_wall, r.wall_s) for r, w in zip(runs, per_run)]
+            timing = [profile.run_timing(w, r.start_wall, r.end_wall, r.wall_s) for r, w in zip(prof_runs, per_run)]
             summary["per_run"] = timing
             have = [t for t in timing if t is not None]
             summary["non_cycle_ms_per_request"] = (sum(t["non_cycle_ms"] for t in have) / len(have)
@@ -292,13 +306,16 @@ def finish(rec: JobRecord, cfg: ExperimentConfig, status: str, error: str | None
                 for part in ("head", "gap", "tail"):
                     metrics[f"non_cycle_{part}_ms"] = sum(t[f"{part}_ms"] for t in have) / len(have)
             # Every verify is one cycle: a complete profile has exactly the runs' verify count.
-            verify_ct = sum(r.spec_verify_ct or 0 for r in runs)
+            verify_ct = sum(r.spec_verify_ct or 0 for r in prof_runs)
             summary["spec_verify_ct"] = verify_ct
+            summary["measured_in"] = ("the profiled pass (profiler on; the timed runs ran it dormant)"
+                                      if rec.profiled_runs else "the timed runs (profiler on)")
+            summary["measured_in_tok_s"] = stats.summarize([r.throughput_tok_s for r in prof_runs]).mean
             summary["complete"] = summary["cycles"] == verify_ct
             if not summary["complete"]:
                 rec.warnings.append(
-                    f"phase profile incomplete: {summary['cycles']} cycles from rank 0 in the timed "
-                    f"runs, but the runs' meta_info says {verify_ct} verifies")
+                    f"phase profile incomplete: {summary['cycles']} cycles from rank 0 in the {where}, "
+                    f"but the runs' meta_info says {verify_ct} verifies")
             agreement = summary.get("rank_agreement")
             if agreement and not agreement["ok"]:
                 rec.warnings.append(
@@ -306,6 +323,9 @@ def finish(rec: JobRecord, cfg: ExperimentConfig, status: str, error: str | None
                     f"a rank's mean cycle is more than {agreement['tolerance_pct']:.0f}% from rank 0's): "
                     + ", ".join(f"rank {r}: {a['cycles']} cycles, {a['cycle_ms_diff_pct']:+.1f}%"
                                 for r, a in agreement["ranks"].items()))
+            if cfg.engine.name == "sglang" and "--disable-overlap-schedule" not in cfg.engine.extra_args:
+                summary["host_stamps_na"] = ("SGLang's overlap scheduler: a cycle's host stamps span its enqueue, "
+                                             "not its GPU work (scheduler.py 2107-2120); no GPU timeline yet")
             rec.profile = summary
             for k in ("cycle_ms", "draft_ms", "verify_ms", "extend_ms", "other_ms",
                       "draft_pct", "verify_pct", "extend_pct", "other_pct"):
@@ -313,7 +333,8 @@ def finish(rec: JobRecord, cfg: ExperimentConfig, status: str, error: str | None
     # Per-request and per-position acceptance: from the profile's cycles where it has them, else from
     # the requests' meta_info histograms (spec_decode.analysis.acceptance).
     if cfg.speculative and runs:
-        per_request = acceptance.summarize(cfg.spec.steps, runs, run_cycles, getattr(rec, "requests", None) or None)
+        per_request = acceptance.summarize(cfg.spec.steps, prof_runs if run_cycles else runs, run_cycles,
+                                           getattr(rec, "requests", None) or None)
         if per_request is not None:
             rec.acceptance = {**(rec.acceptance or {}), **per_request}
             metrics.update(acceptance.metrics_of(per_request))
@@ -379,7 +400,7 @@ def finish(rec: JobRecord, cfg: ExperimentConfig, status: str, error: str | None
         metrics["lossless_match_rate"] = rec.lossless["match_rate"]
     rec.metrics = {k: float(v) for k, v in metrics.items() if v is not None}
     rec.checks = run_checks(rec.metrics, [r.as_dict() for r in runs], rec.profile, rec.speculative,
-                            cfg.spec.steps if cfg.speculative else 0)
+                            cfg.spec.steps if cfg.speculative else 0, [r.as_dict() for r in prof_runs])
     if (check := lossless.check_of(rec.lossless)) is not None:
         rec.checks.append(check)
     elif rec.lossless["verdict"] == "warn":

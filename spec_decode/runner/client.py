@@ -50,6 +50,7 @@ class RunRecord:
     ttft_s: Optional[float] = None  # streamed: send -> first chunk with >= 1 token
     token_gaps_s: Optional[list[float]] = None  # streamed: one gap per token after the first (spreading rule)
     stream: bool = False
+    rid: Optional[str] = None  # meta_info "id" (SGLang's rid): the profile's cycles are attributed by it
 
     @property
     def throughput_tok_s(self) -> float:
@@ -162,7 +163,7 @@ class Client:
             spec_num_correct_drafts=meta.get("spec_num_correct_drafts"),
             spec_num_proposed_drafts=meta.get("spec_num_proposed_drafts"),
             output_ids=list(ids) if isinstance(ids, list) else None,
-            spec_correct_drafts_histogram=meta.get("spec_correct_drafts_histogram"),
+            spec_correct_drafts_histogram=meta.get("spec_correct_drafts_histogram"), rid=meta.get("id"),
         )
 
     def _generate_stream(self, body: dict, launch: int, run: int) -> RunRecord:
@@ -220,7 +221,7 @@ class Client:
             spec_num_proposed_drafts=meta.get("spec_num_proposed_drafts"),
             output_ids=ids if ids_ok and len(ids) == tokens else None,
             spec_correct_drafts_histogram=meta.get("spec_correct_drafts_histogram"),
-            ttft_s=ttft, token_gaps_s=gaps if ttft is not None else None, stream=True,
+            ttft_s=ttft, token_gaps_s=gaps if ttft is not None else None, stream=True, rid=meta.get("id"),
         )
 
     def flush_cache(self, wait_s: float = 30.0) -> None:

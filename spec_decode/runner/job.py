@@ -30,7 +30,7 @@ from spec_decode.engines import rank_nccl_env, server_command, server_extra_env,
 from spec_decode.parsers.profile import rank_files
 from spec_decode.record import host, results
 from spec_decode.record.results import JobContext, JobRecord
-from spec_decode.runner import pairing, preflight, progress, request_pass
+from spec_decode.runner import pairing, preflight, profile_pass, progress, request_pass
 from spec_decode.runner.client import Client, ClientError
 from spec_decode.runner.request_pass import OUTPUTS_FILE
 from spec_decode.runner.server import ServerError
@@ -292,20 +292,6 @@ class Pair:
     log_path: Path
 
 
-def _self_check(rec: JobRecord, cfg: ExperimentConfig, warmup, log_path: Path, log_start: int) -> None:
-    """The doctor's live items on the warmup request: profile lines from rank 0 with every phase,
-    meta_info counters, decode-log lines. A failure is a warning (the job still measures)."""
-    from spec_decode.runner import doctor
-
-    items = doctor.warmup_checks(warmup, log_path.parent / "profile.jsonl", log_path, log_start,
-                                 cfg.speculative)
-    rec.doctor = doctor.as_records(items)
-    for it in items:
-        if not it.ok:
-            rec.warnings.append(f"self-check failed: {it.name}: {it.detail}"
-                                   + (f" -- what to do: {it.fix}" if it.fix else ""))
-
-
 def _one_launch(cfg: ExperimentConfig, ctx: JobContext, launch: int, prompt: str,
                 extra_env: dict[str, str], rec: JobRecord, log_path: Path,
                 log_windows: list[tuple[int, int]], live_env: dict[str, str], live_env_tree: dict,
@@ -319,6 +305,7 @@ def _one_launch(cfg: ExperimentConfig, ctx: JobContext, launch: int, prompt: str
     arms = 2 if pair is not None else 1
     bar = progress.job_bar(label, arms * (b.warmup + b.runs), ctx.quiet)
     progress.phase(bar, label, "starting server (loading weights)")
+    profile_pass.arm(extra_env)
     try:
         srv = start_server(cfg, extra_env, log_path)
     except BaseException:
@@ -360,8 +347,7 @@ def _one_launch(cfg: ExperimentConfig, ctx: JobContext, launch: int, prompt: str
                     bw = bclient.generate(body, launch, -1, stream=b.stream)
                     pairer.expected_s = {"spec": w.wall_s, "base": bw.wall_s}  # pair 0's start delays
                     bar.update()
-            if launch == 0 and b.warmup and b.profile:
-                _self_check(rec, cfg, w, log_path, log_start)
+            profile_pass.after_warmup(rec, cfg, w if b.warmup else None, log_path, log_start, launch, extra_env)
             client.flush_cache()
             if bclient is not None:
                 bclient.flush_cache()
@@ -385,6 +371,7 @@ def _one_launch(cfg: ExperimentConfig, ctx: JobContext, launch: int, prompt: str
             time.sleep(0.05)  # let the last decode-log line reach the file
             rec.launches[-1]["host"] = host.window(host_t0, host.sample())
             log_windows.append((start, log_path.stat().st_size))
+            profile_pass.run(cfg, client, body, rec, launch, extra_env, srv.check_alive)
             rec.server_info = client.server_info()
             if b.request_pass and launch == b.launches - 1:
                 run_request_pass(cfg, ctx, client, rec, log_path.parent)

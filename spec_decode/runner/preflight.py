@@ -255,6 +255,13 @@ def check(cfg: ExperimentConfig, root: Path) -> Preflight:
                 pf.need(item.ok, f"self-check: {item.name}: {item.detail}; what to do: {item.fix} "
                         "(or benchmark.profile=false to run without the phase profile)",
                         local=True, dry_run=dry)
+    # The profiler under DP attention (issue 27): a request is served by one attention-DP rank while
+    # the others run IDLE batches (skipped); the serving rank is not found per request yet, so the
+    # job's profile (tp 0 of each replica) could be a rank that served nothing.
+    pf.need(not (cfg.benchmark.profile and cfg.speculative and "--enable-dp-attention" in cfg.engine.extra_args),
+            "engine.extra_args has --enable-dp-attention with benchmark.profile=true: the phase profile does "
+            "not yet find the attention-DP rank that served each request, so its phases could be an idle "
+            "rank's; use benchmark.profile=false for this job (or drop --enable-dp-attention)")
     return pf
 
 

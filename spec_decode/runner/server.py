@@ -10,13 +10,21 @@
   SGLANG_ENABLE_PCIE_IPC_ALLREDUCE (engine.pcie_ipc_allreduce only).
 - The health loop polls the process every iteration: a server that exits during start fails the job
   at once (not at the timeout), with the last lines of its log in the error.
-- Exit, exceptions and Ctrl-C all kill the tree: SIGTERM to the group and every descendant found by
-  psutil, then SIGKILL after a grace period.
+- Exit, exceptions and Ctrl-C all stop the server the way SGLang stops itself (``shutdown``): SIGTERM
+  to the launcher only (SGLang's graceful path: drain, ``ShutdownReq``, up to 15 s, then it kills and
+  reaps its children for up to 60 s; tokenizer_manager.py 2455, 3508-3559), a wait of up to
+  ``engine.shutdown_grace_s`` for the launcher and every process of its tree and group to exit (what a
+  dead launcher left behind gets SIGTERM then, as SGLang's launcher would have sent it), then
+  SIGKILL to the group and whatever of the tree is left, and a wait until none is left -- and, where
+  ``nvidia-smi`` exists, until no GPU lists one of them -- before the next launch may start.
+  SIGTERM to every process at once (the old way) made SGLang's watchdog read each child's exit as a
+  crash and SIGKILL the rest (utils/watchdog.py 181, 203-222).
 """
 
 from __future__ import annotations
 
 import os
+import shutil
 import signal
 import socket
 import subprocess
@@ -34,6 +42,9 @@ DROPPED_PREFIXES = ("NCCL_", "SGLANG_SIMULATE_ACC_", "SGLANG_ENABLE_PCIE_IPC_ALL
 # Inherited NCCL variables that survive the drop: machine-safety settings an operator sets for every
 # NCCL process on the host (NVLink multicast can take shared GPUs out of service), never tuning.
 KEPT_NCCL = ("NCCL_NVLS_ENABLE",)
+SHUTDOWN_GRACE_S = 30.0  # SGLang's own drain: 15 s for ShutdownReq, then its reaping (>= 25 s)
+KILL_WAIT_S = 10.0  # after SIGKILL: until the processes are gone (the kernel frees their memory)
+GPU_WAIT_S = 60.0  # after that: until no GPU lists one of them (the driver frees its contexts)
 
 
 class ServerError(RuntimeError):
@@ -83,13 +94,130 @@ def server_env(extra: dict[str, str]) -> dict[str, str]:
     return env
 
 
-def kill_tree(pid: int, grace_s: float = 5.0) -> None:
-    """SIGTERM the process, its group and all descendants; SIGKILL whatever outlives the grace."""
+def _tree(pid: int) -> list[psutil.Process]:
     try:
         root = psutil.Process(pid)
-        procs = [root, *root.children(recursive=True)]
+        return [root, *root.children(recursive=True)]
     except psutil.NoSuchProcess:
-        procs = []
+        return []
+
+
+def _alive(p: psutil.Process) -> bool:
+    try:
+        return p.is_running() and p.status() != psutil.STATUS_ZOMBIE
+    except psutil.NoSuchProcess:
+        return False
+
+
+def _group(pgid: int) -> list[psutil.Process]:
+    """Live processes of the process group (orphans a dead launcher left behind keep it)."""
+    out = []
+    for p in psutil.process_iter(["pid"]):
+        try:
+            if os.getpgid(p.pid) == pgid and _alive(p):
+                out.append(p)
+        except (ProcessLookupError, psutil.Error, OSError):
+            continue
+    return out
+
+
+def gpu_pids() -> set[int] | None:
+    """PIDs holding a GPU context (``nvidia-smi --query-compute-apps``); None without nvidia-smi (no
+    GPU check possible: said so where it matters)."""
+    smi = shutil.which("nvidia-smi")
+    if smi is None:
+        return None
+    try:
+        out = subprocess.run([smi, "--query-compute-apps=pid", "--format=csv,noheader"], capture_output=True,
+                             text=True, timeout=30).stdout
+    except (OSError, subprocess.TimeoutExpired):
+        return None
+    return {int(x) for x in out.split() if x.strip().isdigit()}
+
+
+def _sigkill(pid: int, procs: list[psutil.Process]) -> list[int]:
+    """SIGKILL the group and each of ``procs``; returns the pids that were alive to be killed."""
+    alive = {p.pid: p for p in procs if _alive(p)}
+    try:
+        os.killpg(pid, signal.SIGKILL)
+    except (ProcessLookupError, PermissionError):
+        pass
+    for p in alive.values():
+        try:
+            p.kill()
+        except psutil.NoSuchProcess:
+            pass
+    return sorted(alive)
+
+
+def shutdown(pid: int, grace_s: float = SHUTDOWN_GRACE_S, kill_wait_s: float = KILL_WAIT_S,
+             gpu_wait_s: float = GPU_WAIT_S, reap=None) -> dict:
+    """Stop a server started in its own session (pgid = ``pid``) as SGLang stops itself: SIGCONT to the
+    group (a stopped process cannot act on SIGTERM), SIGTERM to the launcher only, wait up to
+    ``grace_s`` until the launcher and every process of its tree and group have exited (its drain),
+    SIGKILL the group and what is left of the tree, wait up to ``kill_wait_s`` until they are gone and
+    then up to ``gpu_wait_s`` until no GPU lists one of them. ``reap``: called while waiting (the
+    Popen's ``poll``, so our own child does not stay a zombie). Returns what happened."""
+    t0 = time.monotonic()
+    procs = _tree(pid)
+    seen = {p.pid for p in procs}
+    try:
+        os.killpg(pid, signal.SIGCONT)
+    except (ProcessLookupError, PermissionError):
+        pass
+    try:
+        os.kill(pid, signal.SIGTERM)
+    except ProcessLookupError:
+        pass
+
+    def left() -> list[psutil.Process]:
+        if reap is not None:
+            reap()
+        for p in list(procs):  # children started during the drain belong to it too
+            if _alive(p):
+                for c in _tree(p.pid)[1:]:
+                    if c.pid not in seen:
+                        seen.add(c.pid)
+                        procs.append(c)
+        return [p for p in procs if _alive(p)] or _group(pid)
+
+    deadline = t0 + grace_s
+    orphans_told = False
+    while (alive := left()) and time.monotonic() < deadline:
+        if not orphans_told and procs and not _alive(procs[0]):
+            # The launcher is gone and left processes behind (our embedded front dies at once on
+            # SIGTERM; SGLang's launcher stops its children itself first): tell them, as it would have.
+            orphans_told = True
+            for p in alive:
+                try:
+                    p.send_signal(signal.SIGTERM)
+                except psutil.NoSuchProcess:
+                    pass
+        time.sleep(0.05)
+    info: dict = {"drained": not alive, "drain_s": round(time.monotonic() - t0, 3), "killed": []}
+    if alive:
+        info["killed"] = _sigkill(pid, alive + _group(pid))
+        deadline = time.monotonic() + kill_wait_s
+        while (alive := left()) and time.monotonic() < deadline:
+            time.sleep(0.05)
+    info["gone"] = not alive
+    gpus = gpu_pids()
+    if gpus is None:
+        info["gpus"] = "n/a (no nvidia-smi)"
+    else:
+        deadline = time.monotonic() + gpu_wait_s
+        while (held := gpus & seen) and time.monotonic() < deadline:
+            time.sleep(0.5)
+            gpus = gpu_pids() or set()
+        info["gpus"] = f"still held by {sorted(held)}" if held else "free of the server's processes"
+    info["stop_s"] = round(time.monotonic() - t0, 3)
+    return info
+
+
+def kill_tree(pid: int, grace_s: float = 5.0) -> None:
+    """Force: SIGTERM the process, its group and all descendants; SIGKILL whatever outlives the grace.
+    (Not the runner's stop, which is ``shutdown``: for a server already failing, and for tests.)"""
+    procs = _tree(pid)
     try:
         os.killpg(pid, signal.SIGTERM)
     except (ProcessLookupError, PermissionError):
@@ -101,15 +229,7 @@ def kill_tree(pid: int, grace_s: float = 5.0) -> None:
         except psutil.NoSuchProcess:
             pass
     _, alive = psutil.wait_procs(procs, timeout=grace_s)
-    for p in alive:
-        try:
-            p.kill()
-        except psutil.NoSuchProcess:
-            pass
-    try:
-        os.killpg(pid, signal.SIGKILL)
-    except (ProcessLookupError, PermissionError):
-        pass
+    _sigkill(pid, alive)
     psutil.wait_procs(alive, timeout=grace_s)
 
 
@@ -124,6 +244,7 @@ class ServerProcess:
         port: int,
         startup_timeout_s: float = 600.0,
         health_path: str = "/health",
+        shutdown_grace_s: float = SHUTDOWN_GRACE_S,
     ):
         self.argv = argv
         self.extra_env = env
@@ -131,8 +252,10 @@ class ServerProcess:
         self.host, self.port = host, port
         self.startup_timeout_s = startup_timeout_s
         self.health_path = health_path
+        self.shutdown_grace_s = shutdown_grace_s
         self.proc: subprocess.Popen | None = None
         self.start_s: float | None = None
+        self.stopped: dict | None = None  # shutdown()'s account of the last stop
 
     @property
     def base_url(self) -> str:
@@ -151,6 +274,7 @@ class ServerProcess:
     def start(self) -> ServerProcess:
         self.log_path.parent.mkdir(parents=True, exist_ok=True)
         log = open(self.log_path, "ab", buffering=0)
+        self.stopped = None
         t0 = time.monotonic()
         try:
             self.proc = subprocess.Popen(
@@ -252,9 +376,11 @@ class ServerProcess:
         return out
 
     def stop(self) -> None:
-        if self.proc is None:
+        """Stop the server (``shutdown``): once; a second call (``__exit__`` after a failed start)
+        finds nothing left to do."""
+        if self.proc is None or self.stopped is not None:
             return
-        kill_tree(self.proc.pid)
+        self.stopped = shutdown(self.proc.pid, self.shutdown_grace_s, reap=self.proc.poll)
         try:
             self.proc.wait(timeout=5)
         except subprocess.TimeoutExpired:

@@ -44,7 +44,7 @@ LOGGED_TAG = "spec_decode.logged"  # set with the record's data: a run without i
 ENV_PARAM = "server_env."  # params holding the live server environment
 GROUPS = ("hardware", "nccl", "drafter", "model", "engine")
 ARTIFACTS = ("results.json", "server.log")
-PROFILE_GLOB = "profile.rank*.jsonl"  # one per TP rank (spec_decode.parsers.profile)
+PROFILE_GLOB = "profile.*.jsonl"  # one per rank: .dp<d>.tp<t> (older: .rank<t>) (spec_decode.parsers.profile)
 
 EXPERIMENT_KIND = "custom_model_development"
 DESCRIPTION = (

@@ -123,7 +123,7 @@ def test_plugin_registers_through_sglangs_hook_registry_and_records(sglang_args,
     p = subprocess.run([sys.executable, "-c", HOOK_SCRIPT, str(ROOT)], env=env, capture_output=True,
                        text=True, timeout=120)
     assert p.returncode == 0, p.stderr[-3000:]
-    lines = [json.loads(x) for x in (tmp_path / "profile.rank0.jsonl").read_text().splitlines()]
+    lines = [json.loads(x) for x in (tmp_path / "profile.dp0.tp0.jsonl").read_text().splitlines()]
     assert len(lines) == 3 and {x["rank"] for x in lines} == {0}
     for rec in lines:
         assert rec["verify_ms"] >= 2.5 and rec["draft_ms"] >= 1.5 and rec["extend_ms"] >= 0.5

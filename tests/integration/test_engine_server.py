@@ -81,7 +81,10 @@ class TestSpecServer:
         v = r["meta_info"]["spec_verify_ct"]
         before_last = 1 + sum(p["accepted"] for p in prof[: v - 1])
         assert len(prof) == v + (before_last + 1 < 64), (len(prof), v)
-        assert set(prof[0]) == {"t", "t0", "rank", "draft_ms", "verify_ms", "extend_ms", "cycle_ms", "accepted"}
+        assert set(prof[0]) == {"t", "t0", "rank", "tp", "dp", "attn_dp", "rids", "draft_ms", "verify_ms", "extend_ms",
+                                "cycle_ms", "accepted", "accept_lens"}
+        assert all(len(p["rids"]) == len(p["accept_lens"]) == 1 and p["accepted"] == p["accept_lens"][0]
+                   for p in prof)
         # entry and exit stamps of each cycle on the wall clock: in order, and the cycle's own duration fits
         assert all(p["t0"] < p["t"] and (p["t"] - p["t0"]) * 1e3 >= 0.9 * p["cycle_ms"] for p in prof)
         assert all(1 <= p["accepted"] <= 4 and p["rank"] == 0 for p in prof)

@@ -35,6 +35,11 @@ def refused(tmp_path, *overrides) -> str:
     return p.stderr
 
 
+def test_dp_attention_with_the_profiler_is_refused_with_the_reason(tmp_path):
+    err = refused(tmp_path, "spec.steps=2", "engine.extra_args=[--cpu-threads,'1',--enable-dp-attention]")
+    assert "--enable-dp-attention with benchmark.profile=true" in err and "benchmark.profile=false" in err
+
+
 def test_drafter_trained_on_other_layers_is_refused_with_both_lists(tmp_path):
     d = drafter_copy(tmp_path, edit_record=lambda r: r.update(trained_aux_layer_ids=[0, 2, 3]))
     err = refused(tmp_path, f"drafter.path={d}")

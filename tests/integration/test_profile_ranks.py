@@ -10,6 +10,8 @@ import sys
 
 import pytest
 
+from spec_decode.parsers.profile import read_profile
+
 from ..conftest import ROOT, run_py, small
 
 pytestmark = pytest.mark.integration
@@ -25,13 +27,13 @@ def job(tmp_path, *overrides, env=None) -> dict:
 
 def test_two_ranks_write_their_own_profiles_and_the_runner_uses_rank_0(tmp_path):
     rec = job(tmp_path, "spec.steps=3")
-    files = sorted(p.name for p in tmp_path.glob("profile.rank*.jsonl"))
-    assert files == ["profile.rank0.jsonl", "profile.rank1.jsonl"]
+    files = sorted(p.name for p in tmp_path.glob("profile.dp*.tp*.jsonl"))
+    assert files == ["profile.dp0.tp0.jsonl", "profile.dp0.tp1.jsonl"]
     for r in (0, 1):
-        lines = [json.loads(x) for x in (tmp_path / f"profile.rank{r}.jsonl").read_text().splitlines()]
+        lines = [json.loads(x) for x in (tmp_path / f"profile.dp0.tp{r}.jsonl").read_text().splitlines()]
         assert lines and {x["rank"] for x in lines} == {r}
     prof = rec["profile"]
-    verify_ct = sum(r["spec_verify_ct"] for r in rec["runs"])
+    verify_ct = sum(r["spec_verify_ct"] for r in rec["profiled_runs"])  # the pass the profile is of
     assert prof["rank"] == 0 and prof["ranks"] == 2
     assert prof["cycles"] == verify_ct and prof["complete"]  # one rank's cycles, not both ranks'
     assert prof["non_cycle_ms_per_request"] > 0  # not minus a second rank's cycle time
@@ -45,9 +47,71 @@ def test_sigterm_writes_the_tail_no_cycle_lost(tmp_path):
     # Flusher off: only the plugin's SIGTERM handler (the runner's stop) can write the cycles.
     rec = job(tmp_path, "spec.steps=2", env={"SPEC_DECODE_PROFILE_FLUSH_S": "0"})
     prof = rec["profile"]
-    assert prof["cycles"] == sum(r["spec_verify_ct"] for r in rec["runs"]) and prof["complete"]
-    ranks = {r: len((tmp_path / f"profile.rank{r}.jsonl").read_text().splitlines()) for r in (0, 1)}
-    assert ranks[0] == ranks[1]  # every rank drained its buffer on SIGTERM
+    assert prof["cycles"] == sum(r["spec_verify_ct"] for r in rec["profiled_runs"]) and prof["complete"]
+    # every rank drained its buffer on SIGTERM (read as the job reads them: a line that an interrupted
+    # drain wrote twice is one cycle)
+    ranks = {r: len(read_profile(tmp_path / f"profile.dp0.tp{r}.jsonl")) for r in (0, 1)}
+    assert ranks[0] == ranks[1]
+
+
+def test_timed_runs_run_with_dormant_hooks_and_the_profiled_pass_reports_its_effect(tmp_path):
+    rec = job(tmp_path, "spec.steps=2", "benchmark.runs=3", "benchmark.profile_pairs=2")
+    cycles = [c for f in tmp_path.glob("profile.dp*.tp*.jsonl") for c in map(json.loads, f.read_text().splitlines())]
+    timed = [(r["start_wall"], r["end_wall"]) for r in rec["runs"]]
+    assert cycles and not [c for c in cycles for lo, hi in timed if lo <= c["t"] <= hi]  # none timed
+    on = rec["profiled_runs"]
+    assert len(on) == 2 and all(r["start_wall"] > timed[-1][1] for r in on)  # after the timed runs
+    prof = rec["profile"]
+    assert prof["cycles"] == sum(r["spec_verify_ct"] for r in on) and prof["complete"]
+    assert prof["measured_in_tok_s"] == pytest.approx(sum(r["throughput_tok_s"] for r in on) / 2)
+    eff = rec["profile_pass"]["effect"]
+    assert eff["pairs"] == 2 and eff["ci95_lo_pct"] <= eff["effect_pct"] <= eff["ci95_hi_pct"]
+    assert rec["metrics"]["profiler_effect_pct"] == pytest.approx(eff["effect_pct"])
+    assert len(rec["profile_pass"]["dormant_tok_s"]) == 2
+    checks = {c["name"]: c["ok"] for c in rec["checks"]}  # the profile against the pass's own counters
+    assert checks["profile_vs_counters"] is True and checks["phases_within_cycle"] is True
+
+
+def test_profile_false_means_no_profile_at_all(tmp_path):
+    rec = job(tmp_path, "spec.steps=2", "benchmark.runs=1", "benchmark.profile=false")
+    assert not list(tmp_path.glob("profile*")) and rec["profiled_runs"] == [] and rec["profile_pass"] is None
+    assert "SPEC_DECODE_PROFILE" not in json.dumps(rec["server_env"])
+
+
+FAKE_SGLANG_RANK = r"""
+import sys, types
+from types import SimpleNamespace
+# SGLang's parallel state as sglang/srt/runtime_context.py 1285 publishes it in a scheduler process
+# (sglang is not installed here): a --dp-size 2 layout, both replicas' schedulers at tp_rank 0.
+mod = types.ModuleType("sglang.srt.runtime_context")
+par = SimpleNamespace(tp_rank=0, dp_rank=int(sys.argv[2]), attn_dp_rank=0)
+mod.get_parallel = lambda: par
+sys.modules["sglang.srt.runtime_context"] = mod
+from spec_decode.profiler import plugin
+prof = plugin.Profiler(sys.argv[1])
+class Mode:
+    def __init__(self, idle): self.idle = idle
+    def is_idle(self): return self.idle
+def forward_batch_generation(worker, batch):
+    prof.phase("verify")(lambda: None)
+    return SimpleNamespace(accept_lens=[2])
+for i in range(4):
+    batch = SimpleNamespace(reqs=[SimpleNamespace(rid=f"r{sys.argv[2]}")], forward_mode=Mode(i == 1))
+    prof.around_cycle(forward_batch_generation, SimpleNamespace(), batch)
+prof.flush()
+"""
+
+
+def test_two_dp_replicas_at_tp_rank_0_write_two_files_never_one(tmp_path):
+    path = tmp_path / "profile.jsonl"
+    procs = [subprocess.Popen([sys.executable, "-c", FAKE_SGLANG_RANK, str(path), str(dp)]) for dp in (0, 1)]
+    assert [p.wait(timeout=120) for p in procs] == [0, 0]
+    assert sorted(f.name for f in tmp_path.glob("profile.*.jsonl")) == ["profile.dp0.tp0.jsonl",
+                                                                        "profile.dp1.tp0.jsonl"]
+    for dp in (0, 1):
+        lines = [json.loads(x) for x in (tmp_path / f"profile.dp{dp}.tp0.jsonl").read_text().splitlines()]
+        assert len(lines) == 3  # the idle batch is no cycle
+        assert {(x["dp"], x["tp"]) for x in lines} == {(dp, 0)} and {x["rids"][0] for x in lines} == {f"r{dp}"}
 
 
 @pytest.mark.parametrize("nccl", ["tuned", "default"])

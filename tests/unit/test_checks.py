@@ -247,3 +247,28 @@ def test_entry_stamps_keep_loop_time_between_cycles_out_of_the_in_cycle_check():
     for scale in (1.03, 0.97):
         planted = checks_of(healthy(entry_stamps=True, stamp_scale=scale, **gpu))
         assert planted["throughput_in_cycles_vs_accept_over_cycle"].ok is False
+
+
+def test_in_cycle_check_is_na_with_the_reason_where_host_stamps_are_not_cycle_wall_time():
+    """Under SGLang's overlap scheduler a cycle's host stamps span its enqueue (here: a tenth of the GPU
+    cycle): compared with the GPU durations the check would fail on a healthy job; it says n/a."""
+    pairs = healthy(stamp_scale=10.0)
+    runs = [r for r, _ in pairs]
+    m = {"accept_len": 3.6, "cycle_ms": 70.0, "draft_ms": 15, "verify_ms": 45, "extend_ms": 9, "other_pct": 1.4}
+    prof = {"per_run": [t for _, t in pairs], "host_stamps_na": "SGLang's overlap scheduler: enqueue stamps"}
+    c = {c.name: c for c in run_checks(m, runs, prof, True, STEPS)}["throughput_in_cycles_vs_accept_over_cycle"]
+    assert c.ok is None and c.message == "n/a: SGLang's overlap scheduler: enqueue stamps"
+    del prof["host_stamps_na"]
+    assert {c.name: c for c in run_checks(m, runs, prof, True, STEPS)}[c.name].ok is False
+
+
+def test_profile_counts_are_compared_with_the_runs_they_were_measured_in():
+    """The profile comes from the profiled pass: its cycles against the pass's verifies, not the timed
+    runs' (which ran with the profiler dormant and may have other counts)."""
+    pairs = healthy(n=2)
+    timed = [dict(r, spec_verify_ct=r["spec_verify_ct"] + 7) for r, _ in healthy(n=3)]
+    m = {"accept_len": 3.6}
+    prof = {"per_run": [t for _, t in pairs]}
+    by = {c.name: c for c in run_checks(m, timed, prof, True, STEPS, [r for r, _ in pairs])}
+    assert by["profile_vs_counters"].ok is True
+    assert "profile_vs_counters" not in {c.name: c for c in run_checks(m, timed, prof, True, STEPS)}  # 2 vs 3 runs

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import subprocess
 import sys
 
@@ -126,7 +127,7 @@ def test_timer_never_waits_or_reads_counts_before_events_complete(tmp_path):
 
 def test_rank_files_and_agreement(tmp_path):
     base = tmp_path / "profile.jsonl"
-    assert profile.rank_path(base, 3).endswith("profile.rank3.jsonl")
+    assert profile.rank_path(base, 3).endswith("profile.dp0.tp3.jsonl")
     for rank, cycle_ms in ((0, 10.0), (1, 10.4)):
         with open(profile.rank_path(base, rank), "w") as f:
             for t in (1.0, 2.0, 3.0, 9.0):  # 9.0 is outside the timed window
@@ -163,7 +164,7 @@ def cycle():
     return R()
 for _ in range(60):
     prof.around_cycle(cycle)
-plugin._chain_sigterm(prof.flush)
+plugin._chain_sigterm(prof)
 threading.Timer(0.3, os.kill, (os.getpid(), signal.SIGTERM)).start()  # as PDEATHSIG would
 os.kill(os.getpid(), signal.SIGTERM)  # as the runner's kill of the tree
 time.sleep(30)
@@ -179,3 +180,197 @@ def test_two_sigterms_lose_no_cycle(tmp_path):
     assert p.returncode == -15, p.stderr  # the default action ran after the drain
     lines = path.read_text().splitlines()
     assert len(lines) == 60 and len(set(lines)) == 60
+
+
+SIGTERM_MID_CYCLE = r"""
+import os, sys, time
+from spec_decode.profiler import plugin
+from spec_decode.profiler.timer import PhaseTimer
+
+prof = plugin.Profiler(sys.argv[1])
+prof.timer = PhaseTimer(sys.argv[1], flush_s=None)
+plugin._chain_sigterm(prof)
+class R:
+    accept_lens = [2]
+def extend():
+    print("IN_EXTEND", flush=True)  # the runner's SIGTERM lands here: a rank still in its last cycle
+    time.sleep(1.0)
+def cycle(last):
+    prof.timer.phase("verify")(lambda: None)
+    if last:
+        prof.timer.phase("extend")(extend)
+    return R()
+for i in range(5):
+    prof.around_cycle(cycle, i == 4)
+time.sleep(30)
+"""
+
+
+def test_sigterm_inside_a_cycle_waits_for_it_to_be_recorded(tmp_path):
+    """The CI flake "rank 1: 48 cycles, 49 verifies": rank 0 answered and the runner stopped the server
+    while rank 1 was still in its last cycle's re-extend; the handler drained at once and died, and
+    that cycle was never recorded. Now the handler waits for the cycle in flight."""
+    path = tmp_path / "p.jsonl"
+    p = subprocess.Popen([sys.executable, "-c", SIGTERM_MID_CYCLE, str(path)], stdout=subprocess.PIPE, text=True)
+    assert p.stdout.readline().strip() == "IN_EXTEND"
+    p.send_signal(signal.SIGTERM)
+    assert p.wait(timeout=30) == -15  # the default action ran, after the cycle and the drain
+    lines = [json.loads(x) for x in path.read_text().splitlines()]
+    assert len(lines) == 5 and lines[-1]["extend_ms"] >= 900  # the last cycle, whole
+
+
+class _Mode:
+    def __init__(self, idle):
+        self.idle = idle
+
+    def is_idle(self):
+        return self.idle
+
+
+class _Req:
+    def __init__(self, rid):
+        self.rid = rid
+
+
+class _Batch:
+    """The fields of SGLang's ScheduleBatch the timer reads (schedule_batch.py): reqs[i].rid, forward_mode."""
+
+    def __init__(self, rids, idle=False):
+        self.reqs = [_Req(r) for r in rids]
+        self.forward_mode = _Mode(idle)
+
+
+def _worker_cycle(timer, batch):
+    class R:
+        accept_lens = [2] * len(batch.reqs)
+
+    def forward_batch_generation(worker, batch):
+        timer.phase("verify")(lambda: None)
+        return R()
+
+    return timer.around_cycle(forward_batch_generation, object(), batch)
+
+
+def test_idle_batches_are_not_cycles_and_cycles_carry_their_rids(tmp_path):
+    timer = PhaseTimer(str(tmp_path / "p.jsonl"), flush_s=None, dp=1, attn_dp=1)
+    _worker_cycle(timer, _Batch(["a", "b"]))
+    _worker_cycle(timer, _Batch([], idle=True))  # a DP-attention rank with no request of its own
+    _worker_cycle(timer, _Batch(["b"]))
+    timer.close()
+    lines = [json.loads(x) for x in (tmp_path / "p.jsonl").read_text().splitlines()]
+    assert [x["rids"] for x in lines] == [["a", "b"], ["b"]]
+    assert [x["accepted"] for x in lines] == [4, 2]
+    assert {(x["tp"], x["dp"], x["attn_dp"]) for x in lines} == {(0, 1, 1)}
+
+
+def test_the_switch_keeps_the_hooks_dormant_until_the_runner_turns_it_on(tmp_path):
+    from spec_decode.profiler import plugin
+    from spec_decode.profiler.switch import set_switch
+
+    sw = tmp_path / "profile.jsonl.switch"
+    set_switch(sw, False)
+    prof = plugin.Profiler(str(tmp_path / "profile.jsonl"), str(sw))
+
+    def cycle(worker, batch):
+        prof.phase("verify")(lambda: None)
+        return type("R", (), {"accept_lens": [3]})()
+
+    for _ in range(3):
+        prof.around_cycle(cycle, object(), _Batch(["x"]))
+    assert prof.timer is None and prof.switch.driven  # dormant: no timer, no file, no thread
+    set_switch(sw, True)  # another write to the file: the mapping sees it at the next cycle
+    for _ in range(2):
+        prof.around_cycle(cycle, object(), _Batch(["x"]))
+    set_switch(sw, False)
+    prof.around_cycle(cycle, object(), _Batch(["x"]))
+    prof.flush()
+    lines = (tmp_path / "profile.dp0.tp0.jsonl").read_text().splitlines()
+    assert len(lines) == 2
+    assert plugin.Switch(str(tmp_path / "missing")).on()  # no file: not driven, always on
+
+
+def test_replicas_and_old_names(tmp_path):
+    """Two DP replicas: their logging ranks' cycles (different requests) are the job's, each replica's
+    other ranks are compared with its own tp 0; an old ``.rank<t>`` file reads as dp 0."""
+    base = tmp_path / "profile.jsonl"
+
+    def write(path, ts, cycle_ms):
+        with open(path, "w") as f:
+            for t in ts:
+                f.write(json.dumps({"t": t, "draft_ms": 2, "verify_ms": 6, "extend_ms": 1, "cycle_ms": cycle_ms,
+                                    "accepted": 3}) + "\n")
+
+    write(tmp_path / "profile.rank0.jsonl", (1.0, 2.0), 10.0)  # old name: dp 0, tp 0
+    write(profile.rank_path(base, 1, dp=0), (1.0, 2.0), 10.2)
+    write(profile.rank_path(base, 0, dp=1), (1.5, 2.5, 2.6), 20.0)
+    write(profile.rank_path(base, 1, dp=1), (1.5, 2.5), 20.0)  # lost one cycle
+    assert sorted(profile.rank_files(base)) == [(0, 0), (0, 1), (1, 0), (1, 1)]
+    summary, per_window = profile.summarize_run_windows(base, [(0.0, 3.0)])
+    assert summary["cycles"] == 5 and summary["replicas"] == 2 and summary["ranks"] == 4
+    assert [c["t"] for c in per_window[0]] == [1.0, 1.5, 2.0, 2.5, 2.6]
+    agree = summary["rank_agreement"]
+    assert set(agree["ranks"]) == {"dp0.tp1", "dp1.tp1"} and not agree["ok"]
+    assert agree["ranks"]["dp1.tp1"]["cycles"] == 2
+
+
+def test_profiler_effect_from_pairs():
+    from spec_decode.analysis.profiler_effect import effect, metrics_of
+
+    on, off = [90.0, 99.0, 90.0], [100.0, 110.0, 100.0]  # 10% slower in every pair
+    e = effect(on, off, [100.0, 104.0])
+    assert e["effect_pct"] == pytest.approx(-10.0) and e["pairs"] == 3
+    assert e["ci95_lo_pct"] == pytest.approx(-10.0) and e["ci95_hi_pct"] == pytest.approx(-10.0)
+    assert e["on_vs_timed_pct"] == pytest.approx(100 * (93.0 / 102.0 - 1))
+    assert metrics_of(e)["profiler_effect_pct"] == pytest.approx(-10.0)
+    assert effect([], [1.0], []) is None
+
+
+def test_cycles_are_attributed_to_requests_and_the_in_flight_extra_kept_apart():
+    """Overlap: request a (2 verifies) runs one extra cycle after result 2 finished it, beside b's cycles
+    in the same batch; b's counts are whole. A wrong rule (every cycle counted) gives a 3 cycles."""
+    cyc = [{"t": t, "rids": r, "cycle_ms": 1.0} for t, r in
+           ((1, ["a"]), (2, ["a", "b"]), (3, ["a", "b"]), (4, ["b"]), (5, ["b"]))]
+    cyc.append({"t": 6, "cycle_ms": 1.0})  # an older line without rids: counted, numbered
+    out = profile.attribute(cyc, {"a": 2, "b": 3})
+    assert out["per_request"]["a"] == {"cycles": 3, "counted": 2, "extra": 1, "spec_verify_ct": 2}
+    assert out["per_request"]["b"] == {"cycles": 4, "counted": 3, "extra": 1, "spec_verify_ct": 3}
+    assert [c["t"] for c in out["extra"]] == [5] and out["extra_cycles"] == 1  # t=3: b counted it
+    assert len(out["counted"]) == 5 and out["without_rids"] == 1 and out["matches_verify_ct"]
+
+
+def test_the_job_profile_counts_only_the_cycles_its_requests_counted(tmp_path):
+    """Two ranks, one request (rid r, 2 verifies) whose in-flight extra cycle ends inside its window:
+    the summary has 2 cycles, 1 extra set apart, and the ranks still agree."""
+    base = tmp_path / "profile.jsonl"
+    for tp in (0, 1):
+        with open(profile.rank_path(base, tp), "w") as f:
+            for t in (1.0, 2.0, 3.0):
+                f.write(json.dumps({"t": t, "rids": ["r"], "draft_ms": 2, "verify_ms": 6, "extend_ms": 1,
+                                    "cycle_ms": 10.0, "accepted": 3}) + "\n")
+    summary, per_window = profile.summarize_run_windows(base, [(0.5, 3.5)], requests=[("r", 2)])
+    assert summary["cycles"] == 2 and summary["extra_cycles"] == 1 and [len(w) for w in per_window] == [2]
+    assert summary["rank_agreement"]["ok"] and summary["rank_agreement"]["ranks"]["1"]["cycles"] == 2
+    plain, _ = profile.summarize_run_windows(base, [(0.5, 3.5)])  # without attribution: all three
+    assert plain["cycles"] == 3 and plain["extra_cycles"] == 0
+
+
+def test_a_lagging_ranks_last_cycle_stays_in_its_requests_window(tmp_path):
+    """Rank 1 ends the request's last cycle 5 ms after the client got the response (it was still in its
+    re-extend when rank 0 answered): it entered the cycle inside the window, so it counts there."""
+    base = tmp_path / "profile.jsonl"
+    for tp, lag in ((0, 0.0), (1, 0.005)):
+        with open(profile.rank_path(base, tp), "w") as f:
+            for t in (1.0, 1.01, 1.02):
+                f.write(json.dumps({"t0": t, "t": t + 0.008 + lag, "draft_ms": 2, "verify_ms": 6, "extend_ms": 0,
+                                    "cycle_ms": 8.0 + 1e3 * lag, "accepted": 3}) + "\n")
+    summary, _ = profile.summarize_run_windows(base, [(0.99, 1.030)])  # the response at 1.030
+    agree = summary["rank_agreement"]
+    assert summary["cycles"] == 3 and agree["ranks"]["1"]["cycles"] == 3
+
+
+def test_a_line_written_twice_by_an_interrupted_drain_is_one_cycle(tmp_path):
+    line = json.dumps({"t": 1.5, "t0": 1.4, "cycle_ms": 100.0, "draft_ms": 1, "verify_ms": 1, "extend_ms": 1,
+                       "accepted": 2})
+    other = line.replace('"t": 1.5', '"t": 1.6')
+    (tmp_path / "p.jsonl").write_text("\n".join([line, other, line, other]) + "\n")
+    assert [c["t"] for c in profile.read_profile(tmp_path / "p.jsonl")] == [1.5, 1.6]
