@@ -21,7 +21,7 @@ FLOOR = {"core": 0, "analysis": 1, "record": 2, "runner": 3, "views": 4}
 # side packages: what each may import (besides itself)
 SIDE = {
     "parsers": set(),
-    "probe": set(),
+    "probe": {"engines.sglang"},  # the ablation launches ranks with the env SGLang's launcher sets
     "engines": {"core", "analysis"},  # the model builds report stats (analysis.stats)
     "profiler": {"parsers", "engines.plugins"},
 }
@@ -58,10 +58,19 @@ def _allowed(src: str, dst: str) -> bool:
     return FLOOR.get(a, 99) >= FLOOR[b]
 
 
+def _is_type_checking(test: ast.expr) -> bool:
+    return (isinstance(test, ast.Name) and test.id == "TYPE_CHECKING") or (
+        isinstance(test, ast.Attribute) and test.attr == "TYPE_CHECKING")
+
+
 def _imports(path: Path, mod: str):
     tree = ast.parse(path.read_text())
     pkg = mod.split(".") if path.name == "__init__.py" else mod.split(".")[:-1]
+    typing_only = {id(n) for block in ast.walk(tree) if isinstance(block, ast.If) and _is_type_checking(block.test)
+                   for stmt in block.body for n in ast.walk(stmt)}  # annotations only: no runtime arrow
     for node in ast.walk(tree):
+        if id(node) in typing_only:
+            continue
         if isinstance(node, ast.ImportFrom):
             if node.level:
                 base = ["spec_decode", *pkg][: len(pkg) + 2 - node.level]
