@@ -302,12 +302,13 @@ class PhaseTimer:
             marks = {id(m): m for m in (c.start, c.end, *(m for pair in c.phases.values() for m in pair))}
             self.clock.release(*marks.values())
         acc = c.accepted
-        lens = acc.tolist() if acc is not None and hasattr(acc, "tolist") else acc  # a host tensor: copied
-        if isinstance(lens, (list, tuple)):  # one count per request of the batch, in batch order
-            rec["accept_lens"] = [int(x) for x in lens]
+        if acc is not None and hasattr(acc, "tolist"):  # a host tensor: its copy finished before the end event
+            acc = acc.tolist()
+        if isinstance(acc, (list, tuple)):  # one count per request of the batch, in batch order
+            rec["accept_lens"] = [int(x) for x in acc]
             acc = sum(rec["accept_lens"])
-        elif lens is not None:
-            acc = int(lens)
+        elif acc is not None and hasattr(acc, "sum"):
+            acc = int(acc.sum())
         rec["accepted"] = acc  # the batch's committed tokens in this cycle
         return rec
 

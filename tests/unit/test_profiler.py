@@ -374,3 +374,16 @@ def test_a_line_written_twice_by_an_interrupted_drain_is_one_cycle(tmp_path):
     other = line.replace('"t": 1.5', '"t": 1.6')
     (tmp_path / "p.jsonl").write_text("\n".join([line, other, line, other]) + "\n")
     assert [c["t"] for c in profile.read_profile(tmp_path / "p.jsonl")] == [1.5, 1.6]
+
+
+def test_accept_len_is_per_request_cycle_when_a_cycle_carries_a_batch():
+    from spec_decode.parsers.profile import phase_summary
+
+    line = {"draft_ms": 1.0, "verify_ms": 2.0, "extend_ms": 1.0, "cycle_ms": 5.0}
+    batched = [{**line, "rids": ["a", "b"], "accept_lens": [3, 2], "accepted": 5},
+               {**line, "rids": ["a", "b"], "accept_lens": [1, 4], "accepted": 5}]
+    s = phase_summary(batched)
+    assert s["accept_len"] == 2.5 and s["batch_size_mean"] == 2.0  # 10 tokens over 4 request-cycles
+    assert s["tok_s_from_profile"] == 1000.0  # the batch's tokens over its cycles' time
+    single = [{**line, "accepted": 3}, {**line, "accepted": 2}]  # older lines: no accept_lens
+    assert phase_summary(single)["accept_len"] == 2.5
