@@ -108,6 +108,7 @@ class Tracker:
         self.experiment = experiment
         self._client = None
         self._exp_id: str | None = None
+        self._children: set[str] = set()  # runs opened as a sweep's child
 
     @classmethod
     def from_config(cls, tcfg: Any, root: Path) -> Tracker | None:
@@ -191,6 +192,8 @@ class Tracker:
             rec.warnings.append(self._unreachable(e))
             return None
         rec.mlflow_run_id = run.info.run_id
+        if ctx.parent_run_id:
+            self._children.add(run.info.run_id)
         interrupt.opened(run.info.run_id, self.client)  # a Ctrl-C from here on ends it KILLED
         return run.info.run_id
 
@@ -223,7 +226,9 @@ class Tracker:
         if run_id is None:
             return
         try:
-            log_record(self.client, run_id, rec, out_dir)
+            # a sweep's child gets no charts of its own: the parent's (one chart set over all jobs,
+            # drawn once per sweep) hold them; rendering per child was most of a job's harness time
+            log_record(self.client, run_id, rec, out_dir, plots=run_id not in self._children)
             self.client.set_terminated(run_id, status=_status(rec.status))
             interrupt.closed(run_id)
         except Exception as e:  # noqa: BLE001
@@ -318,7 +323,7 @@ def tags_of(rec: JobRecord) -> dict[str, str]:
     return tags
 
 
-def log_record(client, run_id: str, rec: JobRecord, out_dir: Path) -> None:
+def log_record(client, run_id: str, rec: JobRecord, out_dir: Path, plots: bool = True) -> None:
     from mlflow.entities import Metric, Param, RunTag
 
     now = int(time.time() * 1000)
@@ -342,7 +347,8 @@ def log_record(client, run_id: str, rec: JobRecord, out_dir: Path) -> None:
     lock = Path(rec.provenance.get("root", ".")) / "dvc.lock"
     if lock.exists():
         client.log_artifact(run_id, str(lock), artifact_path="dvc")
-    log_acceptance_plots(client, run_id, rec)
+    if plots:
+        log_acceptance_plots(client, run_id, rec)
 
 
 def log_acceptance_plots(client, run_id: str, rec: JobRecord) -> None:

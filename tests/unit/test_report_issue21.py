@@ -112,3 +112,24 @@ def test_metrics_json_keeps_the_issue21_fields_and_renders_the_same_report():
     back = experiment.records_from_metrics(metrics)
     assert report.sweep_summary(back)[0] == report.sweep_summary(recs)[0]
     assert sorted(report.figures(back)) == sorted(report.figures(recs))
+
+
+def test_a_single_job_run_gets_its_charts_and_a_sweep_child_does_not(tmp_path):
+    """Charts are drawn once per sweep (the parent's); a job run alone still gets its own (real sqlite store)."""
+    from mlflow.tracking import MlflowClient
+
+    from spec_decode.record.results import JobContext
+    from spec_decode.views.tracking import Tracker
+
+    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    tracker = Tracker(uri, "charts", str(tmp_path / "art"), tmp_path)
+    parent = tracker.client.create_run(tracker.experiment_id(), run_name="sweep").info.run_id
+    alone, child = sweep()[0], sweep()[0]
+    alone_id = tracker.start(alone, JobContext(out_dir=tmp_path / "a", run_name="a"))
+    child_id = tracker.start(child, JobContext(out_dir=tmp_path / "c", run_name="c", parent_run_id=parent))
+    for run_id, rec in ((alone_id, alone), (child_id, child)):
+        tracker.finish(run_id, rec, tmp_path)
+    c = MlflowClient(uri)
+    assert {a.path for a in c.list_artifacts(alone_id, "plots")} == {
+        "plots/acceptance_histogram.png", "plots/accept_rate_by_position.png"}
+    assert not c.list_artifacts(child_id, "plots")
