@@ -12,7 +12,8 @@
 #       engine  benchmarks/embedded_engine.py --device cuda (graph and eager, interleaved) on one GPU
 #               [ENGINE_ARGS, e.g. "--rounds 5"; ENGINE_GPUS (default 0), e.g. 0,1 for --tp-size 2;
 #               ENGINE_EAGER_RERUN=0 skips the eager-only rerun]
-#       sweep   python run.py -m experiment=embedded_h200x2_steps_nccl tracking=off [overrides]
+#       sweep   python run.py -m experiment=$SESSION_EXPERIMENT tracking=off [overrides]
+#               (default embedded_h200x2_steps_nccl; on one GPU add hardware=h200x1)
 #   e.g.  bash benchmarks/gpu/session.sh tests,probe,engine     # call 1
 #         PROBE_BACKEND=gloo bash benchmarks/gpu/session.sh probe   # a CPU check of the kit
 #         bash benchmarks/gpu/session.sh sweep                  # call 2
@@ -167,9 +168,10 @@ step_engine() {
 
 step_sweep() {
   local dir rc
-  dir="multirun/$(date -u +%Y-%m-%d)/$(date -u +%H-%M-%S)_embedded_h200x2_steps_nccl"
+  local exp=${SESSION_EXPERIMENT:-embedded_h200x2_steps_nccl}
+  dir="multirun/$(date -u +%Y-%m-%d)/$(date -u +%H-%M-%S)_$exp"
   echo "[session] sweep into $dir; overrides: $*"
-  bounded 9999 "$PY" run.py -m experiment=embedded_h200x2_steps_nccl tracking=off "hydra.sweep.dir=$dir" "$@"
+  bounded 9999 "$PY" run.py -m "experiment=$exp" tracking=off "hydra.sweep.dir=$dir" "$@"
   rc=$?
   reap
   [ -d "$dir" ] && tar -czf "$OUT/sweep.tgz" "$dir"
