@@ -85,11 +85,27 @@ class TestSpecServer:
                                 "cycle_ms", "accepted", "accept_lens"}
         assert all(len(p["rids"]) == len(p["accept_lens"]) == 1 and p["accepted"] == p["accept_lens"][0]
                    for p in prof)
+        # the engine's request id is the request's own (meta_info.id, SGLang's Req.rid): what the
+        # profile's attribution matches the client's records by
+        assert {p["rids"][0] for p in prof} == {r["meta_info"]["id"]}
         # entry and exit stamps of each cycle on the wall clock: in order, and the cycle's own duration fits
         assert all(p["t0"] < p["t"] and (p["t"] - p["t0"]) * 1e3 >= 0.9 * p["cycle_ms"] for p in prof)
         assert all(1 <= p["accepted"] <= 4 and p["rank"] == 0 for p in prof)
         # The prefill made the first token; the last counted cycle may commit up to steps (3) past the 64.
         assert 64 - 1 <= sum(p["accepted"] for p in prof[:v]) <= 64 - 1 + 3
+
+    def test_a_request_rid_is_the_engines_id(self, spec_server):
+        srv, d = spec_server
+        t0 = time.time()
+        r = requests.post(srv.base_url + "/generate", json={**BODY, "rid": "my-rid-1"}, timeout=30).json()
+        assert r["meta_info"]["id"] == "my-rid-1"
+        deadline = time.monotonic() + 10
+        while time.monotonic() < deadline:
+            prof = [c for c in read_ranks(d / "profile.jsonl").get(0, []) if c["t"] >= t0]
+            if len(prof) >= r["meta_info"]["spec_verify_ct"]:
+                break
+            time.sleep(0.1)
+        assert prof and {c["rids"][0] for c in prof} == {"my-rid-1"}
 
     @pytest.mark.parametrize("body,named", [
         ({"text": "hi", "sampling_params": {"max_tokens": 5}}, "max_tokens"),

@@ -132,16 +132,21 @@ class RankGroup:
         threading.Thread(target=self._monitor, args=(on_death,), name="rank-monitor", daemon=True).start()
 
     # ---- commands ------------------------------------------------------------------------------------
-    def call(self, cmd: str, *args, on_chunk=None):
+    def call(self, cmd: str, *args, on_chunk=None, rid: str | None = None):
         """Send ``cmd`` to rank 0 (which broadcasts it to the others between two cycles) and wait for
         its answer; any number of calls may wait at once (the ranks batch the requests). Rank 0's
-        ``("chunk", rid, ids)`` messages before the answer (a streamed generate) go to ``on_chunk``."""
+        ``("chunk", rid, ids)`` messages before the answer (a streamed generate) go to ``on_chunk``.
+        ``rid``: the request's id in the ranks (the request's own, as SGLang's Req.rid); ValueError
+        when a call with that id is still waiting."""
         waiter = _Waiter(on_chunk)
         with self.lock:
             if self.dead is not None:
                 raise self.dead
-            self.next_rid += 1
-            rid = f"{self.next_rid:x}"
+            if rid is None:
+                self.next_rid += 1
+                rid = f"{self.next_rid:x}"
+            elif rid in self.waiters:
+                raise ValueError(f"rid {rid!r} is already in flight")
             self.waiters[rid] = waiter
             try:
                 self.conns[0].send((cmd, rid, *args))

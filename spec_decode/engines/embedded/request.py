@@ -32,6 +32,9 @@ class GenerateRequest:
     # SGLang's sampling_params.stream_interval (server default 1): a chunk when at least this many
     # tokens are unsent; the first token and the finish are always sent.
     stream_interval: int = 1
+    # SGLang's GenerateReqInput.rid: the request's id inside the engine (Req.rid, the profiler's
+    # ``rids``) and in meta_info.id; a fresh uuid4 hex when the body gives none.
+    rid: str | None = None
 
 
 def _kind(v: object) -> str:
@@ -183,4 +186,5 @@ def parse_generate(body: object, context: int, steps: int) -> GenerateRequest:
     if n > room:
         raise RequestError(f"{field} ({len(ids)} tokens) + sampling_params.max_new_tokens ({n}) exceeds the "
                            f"context of {context} tokens (at most {room} new tokens fit)")
-    return GenerateRequest(ids, n, bool(stream), sp.get("stream_interval") or 1)
+    return GenerateRequest(ids, n, bool(stream), sp.get("stream_interval") or 1,
+                           rid if isinstance(rid, str) else None)

@@ -80,23 +80,25 @@ class EngineState:
         return parse_generate(body, self.context, self.steps)
 
     def generate(self, req: GenerateRequest) -> dict:
+        rid = self._new_rid(req)
         t0 = time.perf_counter()
-        out = self.group.call("generate", req.input_ids, req.max_new_tokens, False)
+        out = self.group.call("generate", req.input_ids, req.max_new_tokens, False, rid=rid)
         latency = time.perf_counter() - t0
         self.internal_state = out["internal_state"]
-        return self._response(out["generation"], latency)
+        return self._response(out["generation"], latency, rid)
 
     def stream(self, req: GenerateRequest) -> Iterator[dict]:
         """The events of a streamed request: cumulative states, the last one finished. The ranks run
         in a thread of their own that only appends to a feed; this generator sends the newest state
         whenever its consumer (the HTTP writer) comes back for more."""
-        rid = uuid.uuid4().hex
+        rid = self._new_rid(req)
         feed = _Feed()
         t0 = time.perf_counter()
 
         def drive() -> None:
             try:
-                feed.finish(self.group.call("generate", req.input_ids, req.max_new_tokens, True, on_chunk=feed.add))
+                feed.finish(self.group.call("generate", req.input_ids, req.max_new_tokens, True, on_chunk=feed.add,
+                                            rid=rid))
             except BaseException as e:  # noqa: BLE001 - handed to the consumer, which raises it
                 feed.fail(e)
 
@@ -115,6 +117,11 @@ class EngineState:
         latency = feed.done_at - t0  # when the generation ended, not when this writer got to it (SGLang's)
         self.internal_state = feed.result["internal_state"]
         yield self._response(feed.result["generation"], latency, rid)
+
+    def _new_rid(self, req: GenerateRequest) -> str:
+        if req.rid is not None and req.rid in self.group.waiters:
+            raise RequestError(f"rid {req.rid!r}: a request with this id is still running; send a new rid")
+        return req.rid or uuid.uuid4().hex
 
     def _response(self, gen: dict, latency: float, rid: str | None = None) -> dict:
         ids = gen["output_ids"]
