@@ -160,6 +160,7 @@ def test_a_capture_that_fails_falls_back_to_eager_and_says_so(models, monkeypatc
     runner = StaticRunner(target, drafter, 3, use_graphs=True)
     assert not runner.use_graphs and not runner.graphs and "Error" in runner.capture_error
     assert "CUDA graph capture failed" in caplog.text
+    torch.randn(4, device="cuda")  # the process's RNG is usable again after the failed capture
     monkeypatch.undo()
     ids = prompts(1)[0]
     eager = Decoder(target, drafter, 3, StaticRunner(target, drafter, 3, use_graphs=False)).generate(ids, 100)

@@ -166,6 +166,7 @@ class StaticRunner:
             self.use_graphs = False
             self.capture_error = f"{type(e).__name__}: {str(e).splitlines()[0][:300]}"
             torch.cuda.synchronize(self.device)
+            _end_generator_capture(self.device)
             log.error("CUDA graph capture failed (%s); running the static shapes eagerly "
                       "(--disable-cuda-graph behaviour; same output, slower)", self.capture_error)
 
@@ -244,3 +245,15 @@ class StaticRunner:
         out = self.run(f"extend{n}", base)
         self.dcache.length = base + n
         return out["first"].clone(), out["h_out"].clone()
+
+
+def _end_generator_capture(device) -> None:
+    """A capture that raised in ``capture_end`` never ran the CUDA generators' capture epilogue: they
+    still think they are capturing, and the process's next eager random op fails ("Offset increment
+    outside graph capture encountered unexpectedly"). One empty capture runs prologue and epilogue."""
+    try:
+        with torch.cuda.device(device):
+            with torch.cuda.graph(torch.cuda.CUDAGraph()):
+                pass
+    except RuntimeError as e:  # the eager fallback stands either way; only random ops are affected
+        log.warning("could not reset the CUDA generators after the failed capture: %s", e)
