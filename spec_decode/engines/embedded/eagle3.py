@@ -8,7 +8,7 @@ import torch
 from torch import nn
 
 from spec_decode.engines.embedded.kvcache import KVCache, StaticKVCache, causal_mask
-from spec_decode.engines.embedded.layers import MLP, Attention, RMSNorm, rope_tables
+from spec_decode.engines.embedded.layers import MLP, Attention, RMSNorm, register_rope
 from spec_decode.engines.embedded.shapes import DrafterShape
 
 
@@ -38,9 +38,7 @@ class Eagle3Drafter(nn.Module):
         self.register_buffer("t2d", torch.ones(shape.vocab_size, dtype=torch.bool))
         # Shared with the target, never saved with the drafter (SGLang: set_embed).
         self._embed = [embed_tokens]
-        cos, sin = rope_tables(shape.head_dim, shape.max_position_embeddings, shape.rope_theta)
-        self.register_buffer("cos", cos, persistent=False)
-        self.register_buffer("sin", sin, persistent=False)
+        register_rope(self, shape)
 
     @property
     def embed_tokens(self) -> nn.Embedding:
@@ -56,12 +54,13 @@ class Eagle3Drafter(nn.Module):
         s = self.shape
         return KVCache(
             1, s.num_key_value_heads, max_len or s.max_position_embeddings, s.head_dim,
-            device=self.lm_head.weight.device,
+            device=self.lm_head.weight.device, dtype=self.lm_head.weight.dtype,
         )
 
     def _inputs(self, tokens: torch.Tensor, hidden: torch.Tensor, graph_ops: bool = False):
         """Step inputs: the fc is applied only to target features (3h wide), as in SGLang, and not
         to the drafter's own hidden state that later chain steps feed back (h wide)."""
+        hidden = hidden.to(self.fc.weight.dtype)  # a no-op but for a bf16 drafter fed fp32 buffers (graphs.py)
         g = self.fc(hidden) if hidden.shape[-1] != self.shape.hidden_size else hidden
         layer = self.midlayer
         x = torch.cat([layer.input_layernorm.static(self.embed_tokens(tokens), graph_ops),
@@ -90,7 +89,7 @@ class Eagle3Drafter(nn.Module):
     def new_static_cache(self) -> StaticKVCache:
         s = self.shape
         return StaticKVCache(1, s.num_key_value_heads, s.max_position_embeddings, s.head_dim,
-                             device=self.lm_head.weight.device)
+                             device=self.lm_head.weight.device, dtype=self.lm_head.weight.dtype)
 
     graph_ops = False  # forward_static in fewer kernels (prepare_graph_ops)
 

@@ -10,8 +10,9 @@ class KVCache:
     """Preallocated per-layer K/V for batch 1. Rolling back only lowers ``length``: attention reads
     ``[:length]``, so stale slots beyond it are never seen and are overwritten by the next write."""
 
-    def __init__(self, layers: int, kv_heads: int, max_len: int, head_dim: int, device=None):
-        self.k = torch.zeros(layers, 1, kv_heads, max_len, head_dim, device=device)
+    def __init__(self, layers: int, kv_heads: int, max_len: int, head_dim: int, device=None,
+                 dtype: torch.dtype = torch.float32):
+        self.k = torch.zeros(layers, 1, kv_heads, max_len, head_dim, device=device, dtype=dtype)
         self.v = torch.zeros_like(self.k)
         self.max_len = max_len
         self.length = 0
@@ -38,8 +39,9 @@ class StaticKVCache:
     under a mask ``key <= pos`` (a slot beyond a query's position, stale or empty, is never seen).
     ``length`` is host bookkeeping only, as in KVCache: rolling back lowers it."""
 
-    def __init__(self, layers: int, kv_heads: int, max_len: int, head_dim: int, device=None):
-        self.k = torch.zeros(layers, 1, kv_heads, max_len, head_dim, device=device)
+    def __init__(self, layers: int, kv_heads: int, max_len: int, head_dim: int, device=None,
+                 dtype: torch.dtype = torch.float32):
+        self.k = torch.zeros(layers, 1, kv_heads, max_len, head_dim, device=device, dtype=dtype)
         self.v = torch.zeros_like(self.k)
         self.keys = torch.arange(max_len, device=device)
         self.max_len = max_len
@@ -57,7 +59,8 @@ class StaticKVCache:
         if attention not in ("sdpa", "bmm"):
             raise ValueError(f"attention must be 'sdpa' or 'bmm', not {attention!r}")
         keys = self.keys.to(torch.float32)
-        self.mask_table = torch.zeros(self.max_len, self.max_len, device=self.k.device).masked_fill(
+        self.mask_table = torch.zeros(self.max_len, self.max_len, device=self.k.device,
+                                      dtype=self.k.dtype).masked_fill(
             keys[None, :] > keys[:, None], float("-inf"))
         self.attention = attention
 

@@ -38,6 +38,14 @@ def rope_tables(head_dim: int, max_pos: int, theta: float) -> tuple[torch.Tensor
     return emb.cos(), emb.sin()
 
 
+def register_rope(module: nn.Module, shape: LlamaShape, device=None, dtype: torch.dtype = torch.float32) -> None:
+    """The module's (non-persistent) ``cos``/``sin`` buffers, computed in fp32 and stored in the
+    weights' dtype (a bf16 model's RoPE runs in bf16). Called again after a meta-device load."""
+    cos, sin = rope_tables(shape.head_dim, shape.max_position_embeddings, shape.rope_theta)
+    module.register_buffer("cos", cos.to(device=device, dtype=dtype), persistent=False)
+    module.register_buffer("sin", sin.to(device=device, dtype=dtype), persistent=False)
+
+
 def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
     half = x.shape[-1] // 2
     rotated = torch.cat([-x[..., half:], x[..., :half]], dim=-1)

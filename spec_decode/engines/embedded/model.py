@@ -30,6 +30,7 @@ from spec_decode.engines.embedded.layers import (
     Attention,
     RMSNorm,
     apply_rope,
+    register_rope,
     rope_graph,
     rope_tables,
     rotate_half_rows,
@@ -49,7 +50,7 @@ from spec_decode.engines.embedded.shapes import (
 __all__ = [
     "DRAFTER_ARCH", "MLP", "PV_SPLIT", "TARGET_ARCH", "Attention", "DecoderLayer", "DrafterShape",
     "Eagle3Drafter", "Eagle3Layer", "KVCache", "LlamaBody", "LlamaShape", "LlamaTarget", "RMSNorm",
-    "StaticKVCache", "apply_rope", "causal_mask", "drafter_config_json", "drafter_shape_from_config",
+    "StaticKVCache", "apply_rope", "register_rope", "causal_mask", "drafter_config_json", "drafter_shape_from_config",
     "load_drafter", "load_target", "read_config", "rope_graph", "rope_tables", "rotate_half_rows",
     "target_config_json",
 ]
@@ -81,9 +82,7 @@ class LlamaTarget(nn.Module):
         self.shape = shape
         self.model = LlamaBody(shape)
         self.lm_head = nn.Linear(shape.hidden_size, shape.vocab_size, bias=False)
-        cos, sin = rope_tables(shape.head_dim, shape.max_position_embeddings, shape.rope_theta)
-        self.register_buffer("cos", cos, persistent=False)
-        self.register_buffer("sin", sin, persistent=False)
+        register_rope(self, shape)
         self.tp: TensorParallel | None = None  # set by prepare_inference
 
     @property
@@ -108,13 +107,14 @@ class LlamaTarget(nn.Module):
         kv_heads = s.num_key_value_heads // (self.tp.size if self.tp else 1)
         return KVCache(
             s.num_hidden_layers, kv_heads, max_len or s.max_position_embeddings,
-            s.head_dim, device=self.lm_head.weight.device,
+            s.head_dim, device=self.lm_head.weight.device, dtype=self.lm_head.weight.dtype,
         )
 
     def new_static_cache(self) -> StaticKVCache:
         s = self.shape
         return StaticKVCache(s.num_hidden_layers, s.num_key_value_heads // self.tp.size,
-                             s.max_position_embeddings, s.head_dim, device=self.lm_head.weight.device)
+                             s.max_position_embeddings, s.head_dim, device=self.lm_head.weight.device,
+                             dtype=self.lm_head.weight.dtype)
 
     graph_ops = False  # forward_static in fewer kernels (prepare_graph_ops)
 
@@ -201,23 +201,31 @@ class LlamaTarget(nn.Module):
 # --------------------------------------------------------------------------- loading
 
 
-def load_target(model_dir: str | Path, device: str = "cpu", tp: TensorParallel | None = None) -> LlamaTarget:
-    """The target ready for inference; with ``tp``, only this rank's shard of each layer is kept."""
+def _load(model: nn.Module, model_dir: str | Path, device) -> None:
+    """The checkpoint's tensors become the module's (``assign``): built on the meta device, nothing is
+    initialised or copied twice (an 8B target loads in seconds), and the checkpoint's dtype is the
+    model's (a bf16 synthetic target stays bf16; the tiny models are fp32)."""
     from safetensors.torch import load_file
 
+    model.load_state_dict(load_file(str(Path(model_dir) / "model.safetensors"), device=str(device)), assign=True)
+    register_rope(model, model.shape, device, model.lm_head.weight.dtype)
+
+
+def load_target(model_dir: str | Path, device: str = "cpu", tp: TensorParallel | None = None) -> LlamaTarget:
+    """The target ready for inference; with ``tp``, only this rank's shard of each layer is kept."""
     cfg = read_config(model_dir)
-    model = LlamaTarget(LlamaShape.from_config(cfg))
-    model.load_state_dict(load_file(str(Path(model_dir) / "model.safetensors")))
-    return model.to(device).prepare_inference(tp)
+    with torch.device("meta"):
+        model = LlamaTarget(LlamaShape.from_config(cfg))
+    _load(model, model_dir, device)
+    return model.prepare_inference(tp)
 
 
 def load_drafter(model_dir: str | Path, target: LlamaTarget, device: str = "cpu") -> Eagle3Drafter:
-    from safetensors.torch import load_file
-
     cfg = read_config(model_dir)
     shape = drafter_shape_from_config(cfg)
     if configured_layer_ids(cfg) is None:
         shape.aux_layer_ids = default_layer_ids(target.shape.num_hidden_layers)  # SGLang's default capture
-    model = Eagle3Drafter(shape, target.model.embed_tokens)
-    model.load_state_dict(load_file(str(Path(model_dir) / "model.safetensors")))
-    return model.to(device).prepare_inference()
+    with torch.device("meta"):
+        model = Eagle3Drafter(shape, target.model.embed_tokens)
+    _load(model, model_dir, device)
+    return model.prepare_inference()
