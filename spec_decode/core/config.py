@@ -17,10 +17,15 @@ from typing import Any, Optional
 from hydra.core.config_store import ConfigStore
 from omegaconf import MISSING, DictConfig, OmegaConf
 
+from spec_decode.core.synthetic import SyntheticConfig, SyntheticError, load_table
+
 # benchmark.pairing: the two ways a paired baseline runs beside the spec server (runner/pairing.py)
 INTERLEAVED = "interleaved"
 CONCURRENT = "concurrent"
 PAIRINGS = (INTERLEAVED, CONCURRENT)
+# spec.simulate_token_mode: SGLang 0.5.23's SGLANG_SIMULATE_ACC_TOKEN_MODE values (srt/environ.py 529,
+# default fixed; checked in srt/speculative/spec_utils.py check_simulate_acc_token_mode)
+SIMULATE_TOKEN_MODES = ("fixed", "real-draft-token")
 
 
 
@@ -69,6 +74,8 @@ class DrafterConfig:
     # The target layers the drafter reads (SGLang's eagle_aux_hidden_state_layer_ids). Preflight
     # checks the checkpoint's config.json and its training record against these.
     layer_ids: Optional[list[int]] = None
+    # A drafter of a real shape with seeded random weights (core/synthetic.py): generated, never trained.
+    synthetic: Optional[SyntheticConfig] = None
 
 
 @dataclass
@@ -82,10 +89,19 @@ class SpecConfig:
     # target says -- so the system's cost at a chosen accept length is measured without a drafter that
     # reaches it. Outputs are NOT lossless: the record is labelled performance-only. null = off.
     simulate_accept_len: Optional[float] = None
+    # What a forced verify commits (SGLANG_SIMULATE_ACC_TOKEN_MODE): fixed = token id 100 everywhere
+    # (SGLang 0.5.23's default); real-draft-token = the draft tokens, then the target's bonus (what the
+    # cross-engine benchmarks run, so that the drafter's next inputs are its own tokens).
+    simulate_token_mode: str = "fixed"
+    # Take simulate_accept_len from a committed table (conf/accept_len/<name>.yaml) at spec.steps.
+    simulate_accept_table: Optional[str] = None
 
     def __post_init__(self) -> None:
         if self.steps < 1:
             raise ConfigError(f"spec.steps={self.steps}: must be >= 1 (use drafter=none for the baseline)")
+        if self.simulate_token_mode not in SIMULATE_TOKEN_MODES:
+            raise ConfigError(f"spec.simulate_token_mode={self.simulate_token_mode!r}: use one of "
+                              f"{', '.join(SIMULATE_TOKEN_MODES)} (SGLANG_SIMULATE_ACC_TOKEN_MODE)")
         x = self.simulate_accept_len
         if x is not None and not (math.isfinite(x) and 1.0 <= x <= self.steps + 1):
             raise ConfigError(
@@ -116,6 +132,8 @@ class ModelConfig:
     name: str = MISSING
     path: str = MISSING
     num_layers: Optional[int] = None  # for checks when config.json is not on this machine
+    # A target of a real shape with seeded random weights (core/synthetic.py): performance work only.
+    synthetic: Optional[SyntheticConfig] = None
 
 
 @dataclass
@@ -147,6 +165,9 @@ class EngineConfig:
         if "SGLANG_SIMULATE_ACC_LEN" in self.env:
             raise ConfigError("engine.env.SGLANG_SIMULATE_ACC_LEN: set spec.simulate_accept_len instead, so that "
                               "the job passes it and labels its results performance-only")
+        if "SGLANG_SIMULATE_ACC_TOKEN_MODE" in self.env:
+            raise ConfigError("engine.env.SGLANG_SIMULATE_ACC_TOKEN_MODE: set spec.simulate_token_mode="
+                              "fixed|real-draft-token instead, so that the record says which mode ran")
         if "SGLANG_ENABLE_PCIE_IPC_ALLREDUCE" in self.env:
             raise ConfigError("engine.env.SGLANG_ENABLE_PCIE_IPC_ALLREDUCE: set engine.pcie_ipc_allreduce=true|false "
                               "instead (engine=sglang), so that the all-reduce choice is recorded and sweepable")
@@ -369,10 +390,28 @@ def to_experiment(cfg: DictConfig) -> ExperimentConfig:
         cause = e.__cause__ or e.__context__
         if isinstance(cause, ConfigError):
             raise cause from None
+        if isinstance(cause, SyntheticError):
+            raise ConfigError(str(cause)) from None
         raise ConfigError(str(e)) from None
     assert isinstance(obj, ExperimentConfig)
+    resolve_accept_table(obj)
     check_forced_acceptance(obj)
     return obj
+
+
+def resolve_accept_table(cfg: ExperimentConfig) -> None:
+    """spec.simulate_accept_table=<name> sets spec.simulate_accept_len from the table at spec.steps
+    (both stay in the record: the number that ran and where it came from)."""
+    s = cfg.spec
+    if s.simulate_accept_table is None:
+        return
+    if s.simulate_accept_len is not None:
+        raise ConfigError(f"spec.simulate_accept_table={s.simulate_accept_table} and spec.simulate_accept_len="
+                          f"{s.simulate_accept_len}: set one of them")
+    try:
+        s.simulate_accept_len = load_table(s.simulate_accept_table).at(s.steps).accept_len
+    except SyntheticError as e:
+        raise ConfigError(str(e)) from None
 
 
 def check_forced_acceptance(cfg: ExperimentConfig) -> None:
@@ -385,6 +424,10 @@ def check_forced_acceptance(cfg: ExperimentConfig) -> None:
             f"spec.simulate_accept_len={x} with drafter={cfg.drafter.name}: forced acceptance needs "
             "speculative decoding (a drafter); drop spec.simulate_accept_len for the baseline"
         )
+    if cfg.spec.simulate_token_mode != "fixed" and x is None:
+        raise ConfigError(f"spec.simulate_token_mode={cfg.spec.simulate_token_mode} without "
+                          "spec.simulate_accept_len: the token mode only applies to forced acceptance; "
+                          "set spec.simulate_accept_len (or spec.simulate_accept_table), or drop the mode")
 
 
 def resolved_dict(cfg: ExperimentConfig) -> dict[str, Any]:

@@ -50,11 +50,6 @@ def server_command(cfg: ExperimentConfig, port: int) -> list[str]:
     return launcher(cfg) + common_flags(cfg, port) + engine_flags(cfg) + list(cfg.engine.extra_args)
 
 
-# SGLang 0.5.23's forced-acceptance knobs (srt/environ.py; srt/speculative/spec_utils.py). We pass the
-# method and token mode explicitly (SGLang's defaults) so the record says which semantics ran; a
-# user may pick the others through engine.env.
-SIMULATE_ACC_DEFAULTS = {"SGLANG_SIMULATE_ACC_METHOD": "match-expected", "SGLANG_SIMULATE_ACC_TOKEN_MODE": "fixed"}
-
 
 def server_extra_env(cfg: ExperimentConfig, profile_path: str | None) -> dict[str, str]:
     """What the server's environment gets on top of ours: NCCL profile, engine env, profiler, forced
@@ -62,11 +57,12 @@ def server_extra_env(cfg: ExperimentConfig, profile_path: str | None) -> dict[st
     may download a model)."""
     env = {"HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1"}
     forced = cfg.spec.simulate_accept_len if cfg.speculative else None
-    if forced is not None:
-        env.update(SIMULATE_ACC_DEFAULTS)
+    simulated = sglang.simulate_acc_env(forced, cfg.spec.simulate_token_mode) if forced is not None else {}
+    method = sglang.SIMULATE_ACC_METHOD
+    if method in cfg.engine.env and simulated:  # the method may be picked through engine.env
+        simulated[method] = str(cfg.engine.env[method])
     env.update({k: str(v) for k, v in cfg.engine.env.items()})
-    if forced is not None:
-        env["SGLANG_SIMULATE_ACC_LEN"] = repr(float(forced))
+    env.update(simulated)
     env.update({k: str(v) for k, v in cfg.nccl.env.items()})
     if cfg.engine.name == "sglang":  # which all-reduce runs: the config's, never inherited
         env[sglang.PCIE_IPC_ALLREDUCE] = "1" if cfg.engine.pcie_ipc_allreduce else "0"

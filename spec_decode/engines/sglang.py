@@ -31,6 +31,20 @@ DETERMINISTIC_WRITES = {"NCCL_ALGO": "allreduce:tree", "NCCL_MIN_NCHANNELS": "8"
 # for decode-sized reductions: srt/distributed/parallel_state.py 481-501, 966-975). Our config decides
 # it (engine.pcie_ipc_allreduce), always passed explicitly; an inherited copy is dropped.
 PCIE_IPC_ALLREDUCE = "SGLANG_ENABLE_PCIE_IPC_ALLREDUCE"
+# Forced acceptance (srt/environ.py 527-529; srt/speculative/spec_utils.py 276-290, 530-580): the mean
+# accept length (bonus included; off when < 0), how each verify's count is drawn, and what the accepted
+# positions emit (fixed: token id 100; real-draft-token: the draft chain, then a target bonus). Both
+# engines read these names (the embedded engine: engines/embedded/decoding.py ForcedAcceptance).
+SIMULATE_ACC_LEN = "SGLANG_SIMULATE_ACC_LEN"
+SIMULATE_ACC_METHOD = "SGLANG_SIMULATE_ACC_METHOD"
+SIMULATE_ACC_TOKEN_MODE = "SGLANG_SIMULATE_ACC_TOKEN_MODE"
+
+
+def simulate_acc_env(accept_len: float, token_mode: str, method: str = "match-expected") -> dict[str, str]:
+    """The server env of a forced run; every knob explicit (SGLang's defaults are match-expected and
+    fixed), so the record's server env says which semantics ran."""
+    return {SIMULATE_ACC_LEN: repr(float(accept_len)), SIMULATE_ACC_METHOD: method,
+            SIMULATE_ACC_TOKEN_MODE: token_mode}
 # Flags 0.5.23 parses but nothing reads (in the wheel only srt/arg_groups/fields/schedule.py 200 and
 # field_order.py 68 name it; the contract tier re-greps the installed package).
 DEAD_FLAGS = {"--num-continuous-decode-steps": "parsed by 0.5.23 but read by nothing (a no-op): drop it"}

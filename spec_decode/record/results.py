@@ -498,9 +498,12 @@ PERFORMANCE_ONLY = "performance-only: forced acceptance, outputs are not lossles
 def performance_only(rec: JobRecord) -> bool:
     """A speculative job run with forced acceptance (spec.simulate_accept_len): its speed numbers are
     real, its outputs and acceptance are not the drafter's. A baseline record that shares such a
-    config (the job's baseline arm keeps spec.*) decodes plainly and is not performance-only."""
+    config (the job's baseline arm keeps spec.*) decodes plainly and is not performance-only -- unless
+    its model is synthetic."""
     forced = (rec.config.get("spec") or {}).get("simulate_accept_len")
-    return forced is not None and bool(rec.speculative)
+    synthetic = any((rec.config.get(group) or {}).get("synthetic") for group in ("model", "drafter"))
+    # A synthetic (random-weight) target: its outputs mean nothing, whatever the arm (issue 31).
+    return (forced is not None and bool(rec.speculative)) or synthetic
 
 
 def job_summary(rec: JobRecord) -> str:

@@ -16,6 +16,7 @@ from pathlib import Path
 from spec_decode.core import drafter
 from spec_decode.core.config import ExperimentConfig
 from spec_decode.core.prompts import load_prompt_set, load_prompts
+from spec_decode.core.synthetic import generated_matches, load_table
 from spec_decode.engines import sglang
 from spec_decode.record import provenance
 from spec_decode.runner import pairing
@@ -150,8 +151,9 @@ def check(cfg: ExperimentConfig, root: Path) -> Preflight:
             and not cfg.model.path.startswith((".", "/")):
         pf.warnings.append(f"model.path={cfg.model.path} is not a local directory: SGLang must find it in "
                            "the Hugging Face cache (HF_HUB_OFFLINE=1, nothing is downloaded)")
-    else:
+    elif cfg.model.synthetic is None:
         pf.need(False, _missing_weights(root, cfg.model.path, "model.path"), local=True, dry_run=dry)
+    _check_synthetic(cfg, root, pf)
     lm = drafter.language_model(tcfg)  # Kimi-K2.5 nests its language model under text_config
     n_layers = drafter.num_layers(tcfg) or cfg.model.num_layers
 
@@ -265,11 +267,42 @@ def check(cfg: ExperimentConfig, root: Path) -> Preflight:
     return pf
 
 
+def _check_synthetic(cfg: ExperimentConfig, root: Path, pf: Preflight) -> None:
+    """Synthetic (random-weight) models: a speculative job forces acceptance, and the weights on disk
+    are the ones the conf's seed and shape make (else: the command that generates them)."""
+    parts = [("model", cfg.model)] + ([("drafter", cfg.drafter)] if cfg.speculative else [])
+    parts = [(group, c) for group, c in parts if c.synthetic is not None]
+    table = cfg.spec.simulate_accept_table
+    if table is not None and cfg.speculative:
+        entry = load_table(table).at(cfg.spec.steps)  # to_experiment has resolved it: it exists
+        if not entry.published:
+            pf.warnings.append(f"spec.simulate_accept_table={table} at spec.steps={cfg.spec.steps}: accept length "
+                               f"{entry.accept_len} is not a published number ({entry.source})")
+    if not parts:
+        return
+    names = " and ".join(f"{group}={c.name}" for group, c in parts)
+    if cfg.speculative:
+        pf.need(cfg.spec.simulate_accept_len is not None,
+                f"{names} has random (synthetic) weights, so its acceptance means nothing: set "
+                "spec.simulate_accept_len=<x> or spec.simulate_accept_table=<name> (forced acceptance, "
+                "performance-only)")
+    command = f"python -m spec_decode build synthetic --model {cfg.model.name}"
+    if cfg.speculative and cfg.drafter.synthetic is not None:
+        command += f" --drafter {cfg.drafter.name}"
+    for group, c in parts:
+        path = Path(str(c.path))
+        why = generated_matches(path if path.is_absolute() else root / path, c.synthetic)
+        pf.need(why is None, f"{group}.path={c.path}: {why}; run `{command} --device {cfg.hardware.device}`",
+                local=True, dry_run=cfg.dry_run)
+
+
 def _check_drafter(cfg: ExperimentConfig, root: Path, pf: Preflight, tcfg: dict | None,
                    n_layers: int | None) -> None:
     d = cfg.drafter
     path = Path(str(d.path))
     full = path if path.is_absolute() else root / path
+    if not has_weights(full) and d.synthetic is not None:
+        return  # _check_synthetic names the command that generates it
     if not has_weights(full):
         pf.need(False, _missing_weights(root, str(d.path), "drafter.path"), local=True, dry_run=cfg.dry_run)
         if not (full / "config.json").is_file():  # a config.json alone still gets every check below

@@ -107,8 +107,8 @@ class Rope:
     def __init__(self, model, margin: int):
         s = model.shape
         cos, sin = rope_tables(s.head_dim, s.max_position_embeddings + margin, s.rope_theta)
-        dev = model.lm_head.weight.device
-        self.cos, self.sin = cos.to(dev), sin.to(dev)
+        w = model.lm_head.weight
+        self.cos, self.sin = cos.to(w.device, w.dtype), sin.to(w.device, w.dtype)
 
     def at(self, starts: list[int], lengths: list[int]) -> tuple[torch.Tensor, torch.Tensor]:
         if len(starts) == 1:

@@ -1,8 +1,11 @@
-"""Deterministic builds of the tiny target and its EAGLE-3 drafter (DVC stages `target`, `drafter`).
+"""Deterministic builds of the tiny target and its EAGLE-3 drafter (DVC stages `target`, `drafter`), and
+synthetic real-shape pairs (``synthetic``: seeded random weights, engines/embedded/synthetic.py).
 
     python -m spec_decode.engines.embedded.build target  --corpus data/corpus.txt --out models/tiny/target
     python -m spec_decode.engines.embedded.build drafter --data data/drafter_train \
         --target models/tiny/target --out models/tiny/drafter --layer-ids 1,3,4 [--samples N]
+    python -m spec_decode.engines.embedded.build synthetic --model llama31_8b_shape \
+        --drafter llama31_8b_shape_eagle3 --device cuda
 
 The drafter learns from the target's own regenerated text (``drafter_data``), with EAGLE-3's
 training-time test, and is scored on the data set's held-out split (training.json ``heldout``). Each
@@ -31,7 +34,7 @@ import torch.nn.functional as F
 from spec_decode.analysis.stats import summarize
 from spec_decode.core.lineage import EXPERIMENT as MLFLOW_EXPERIMENT
 from spec_decode.core.lineage import log_training
-from spec_decode.engines.embedded import kernels
+from spec_decode.engines.embedded import kernels, synthetic
 from spec_decode.engines.embedded.drafter_data import sha256_rows
 from spec_decode.engines.embedded.model import (
     DrafterShape,
@@ -297,8 +300,9 @@ def main(argv: list[str] | None = None) -> None:
     d.add_argument("--mlflow-uri", default=None,
                    help="where the training run is logged: $MLFLOW_TRACKING_URI, else sqlite:///mlflow.db "
                         "(the project's default store); 'off' logs nothing")
+    synthetic.add_parser(sub)
     args = ap.parse_args(argv)
-    (build_target if args.what == "target" else build_drafter)(args)
+    {"target": build_target, "drafter": build_drafter, "synthetic": synthetic.main}[args.what](args)
 
 
 if __name__ == "__main__":
