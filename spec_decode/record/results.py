@@ -326,6 +326,10 @@ def finish(rec: JobRecord, cfg: ExperimentConfig, status: str, error: str | None
             if cfg.engine.name == "sglang" and "--disable-overlap-schedule" not in cfg.engine.extra_args:
                 summary["host_stamps_na"] = ("SGLang's overlap scheduler: a cycle's host stamps span its enqueue, "
                                              "not its GPU work (scheduler.py 2107-2120); no GPU timeline yet")
+            elif (cfg.engine.name == "embedded" and cfg.hardware.device == "cuda"
+                  and not getattr(cfg.engine, "disable_overlap_schedule", True)):
+                summary["host_stamps_na"] = ("the embedded engine's overlap loop on CUDA: a cycle's host stamps "
+                                             "span its launch, not its GPU work (cycle_ms: CUDA events)")
             rec.profile = summary
             for k in ("cycle_ms", "draft_ms", "verify_ms", "extend_ms", "other_ms",
                       "draft_pct", "verify_pct", "extend_pct", "other_pct"):

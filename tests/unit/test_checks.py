@@ -258,8 +258,17 @@ def test_in_cycle_check_is_na_with_the_reason_where_host_stamps_are_not_cycle_wa
     prof = {"per_run": [t for _, t in pairs], "host_stamps_na": "SGLang's overlap scheduler: enqueue stamps"}
     c = {c.name: c for c in run_checks(m, runs, prof, True, STEPS)}["throughput_in_cycles_vs_accept_over_cycle"]
     assert c.ok is None and c.message == "n/a: SGLang's overlap scheduler: enqueue stamps"
+    # the gaps between such stamps are the host's, not idle device time: only the total is judged
+    plain = healthy()
+    gappy = [dict(t, gap_ms=0.2 * t["span_ms"]) for _, t in plain]  # 20% "between cycles"
+    plain_runs = [r for r, _ in plain]
+    outside = {c.name: c for c in run_checks(m, plain_runs, {**prof, "per_run": gappy}, True, STEPS)}[
+        "time_outside_cycles"]
+    assert outside.ok is True and "between cycles <=" not in outside.expected
     del prof["host_stamps_na"]
     assert {c.name: c for c in run_checks(m, runs, prof, True, STEPS)}[c.name].ok is False
+    outside = {c.name: c for c in run_checks(m, plain_runs, {"per_run": gappy}, True, STEPS)}["time_outside_cycles"]
+    assert outside.ok is False
 
 
 def test_profile_counts_are_compared_with_the_runs_they_were_measured_in():
