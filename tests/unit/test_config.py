@@ -58,6 +58,11 @@ def test_every_option_of_every_group_composes_to_its_files_values(group):
             extra = ["hardware=h200x1"]  # SGLang's EAGLE-3 path needs GPUs
         if group == "drafter" and option.startswith("kimi_k25"):
             extra = ["model=kimi_k25"]  # its layer ids are those of a 61-layer target
+        # a synthetic pair: each side's layer ids / shapes are the other's
+        if group == "drafter" and (CONF / "model" / f"{option.removesuffix('_eagle3')}.yaml").exists():
+            extra = [f"model={option.removesuffix('_eagle3')}"]
+        if group == "model" and (CONF / "drafter" / f"{option}_eagle3.yaml").exists():
+            extra = [f"drafter={option}_eagle3"]
         cfg = experiment(f"{group}={option}", *extra)
         want = yaml_values(CONF / group / f"{option}.yaml")
         assert want, f"{group}/{option}.yaml sets nothing"
