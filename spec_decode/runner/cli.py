@@ -11,8 +11,8 @@ from omegaconf import DictConfig
 
 from spec_decode.core.config import ConfigError, to_experiment
 from spec_decode.core.overrides import check_composed
-from spec_decode.record.results import JobContext
 from spec_decode.runner import interrupt
+from spec_decode.runner.context import JobContext
 from spec_decode.runner.job import JobFailed, run_job
 from spec_decode.runner.preflight import PreflightError
 from spec_decode.views.tracking import PARENT_ENV, Tracker

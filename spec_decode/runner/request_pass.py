@@ -15,6 +15,7 @@ import statistics
 from pathlib import Path
 from typing import Optional
 
+from spec_decode.analysis.sections import Section
 from spec_decode.core.prompts import Prompt
 from spec_decode.runner.client import RunRecord
 
@@ -58,6 +59,12 @@ def metrics_of(cats: dict[str, dict]) -> dict[str, float]:
             out[f"category_{name}_accept_len"] = c["accept_len"]
         out[f"category_{name}_throughput_tok_s"] = c["throughput_tok_s"]
     return out
+
+
+def categories_section(entries: list[dict]) -> Section:
+    """The record's ``categories`` section and its metrics."""
+    cats = categories(entries)
+    return Section({"categories": cats}, metrics_of(cats))
 
 
 def write_outputs(out_dir: Path, prompts: list[Prompt], runs: list[RunRecord]) -> Path:
