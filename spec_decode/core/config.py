@@ -339,6 +339,14 @@ class ExperimentConfig:
             return self.benchmark.paired
         return self.hardware.device == "cpu" or self.hardware.num_gpus >= 2 * self.hardware.tp_size
 
+    @property
+    def baseline_strategy(self) -> str:
+        """A spec job's one baseline (docs/paired-baseline.md): ``paired`` (a baseline server beside its
+        own, benchmark.paired), ``job`` (a separate baseline job, shared in a sweep), or ``none``."""
+        if not (self.speculative and self.benchmark.baseline_arm):
+            return "none"
+        return "paired" if self.paired else "job"
+
 
 def dir_name(overrides: str) -> str:
     """A safe directory name from a job's overrides: no '/', at most ~100 characters (long ones keep a

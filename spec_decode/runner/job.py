@@ -33,7 +33,7 @@ from spec_decode.record.results import JobRecord
 from spec_decode.runner import pairing, preflight, profile_pass, progress, recording, request_pass
 from spec_decode.runner.client import Client, ClientError
 from spec_decode.runner.context import JobContext
-from spec_decode.runner.request_pass import OUTPUTS_FILE
+from spec_decode.runner.request_pass import OUTPUTS_FILE, PAIRED_OUTPUTS_FILE
 from spec_decode.runner.server import ServerError
 from spec_decode.runner.slots import SlotTimeout, allocate, pool_for
 
@@ -69,8 +69,9 @@ def dry_run(cfg: ExperimentConfig, ctx: JobContext) -> None:
         print(f"{k}={v}")
     print("# server command:")
     print(shlex.join(argv))
-    if cfg.speculative and cfg.benchmark.baseline_arm:
-        print("# + baseline arm: the same command without the --speculative-* flags")
+    if cfg.baseline_strategy != "none":
+        print(f"# + baseline ({cfg.baseline_strategy}): the same command without the --speculative-* flags, "
+              + ("a server beside this one" if cfg.baseline_strategy == "paired" else "a separate job"))
 
 
 def baseline_config(cfg: ExperimentConfig) -> ExperimentConfig:
@@ -131,9 +132,9 @@ def run_job(cfg: ExperimentConfig, ctx: JobContext) -> JobRecord | None:
         record_refusal(cfg, ctx, str(e))
         raise
     probe = run_nccl_probe(cfg, ctx) if cfg.preflight.nccl_probe else None
-    baseline = None
-    if cfg.speculative and cfg.benchmark.baseline_arm:
-        baseline = ensure_baseline(cfg, ctx)
+    # One baseline strategy per job (cfg.baseline_strategy): a paired server beside the spec server
+    # (measure), or a separate baseline job measured here -- never both.
+    baseline = ensure_baseline(cfg, ctx) if cfg.baseline_strategy == "job" else None
     return measure(cfg, ctx, role="spec" if cfg.speculative else "baseline", baseline=baseline,
                    warnings=warnings, probe=probe)
 
@@ -195,7 +196,8 @@ def measure(cfg: ExperimentConfig, ctx: JobContext, role: str, baseline: JobReco
     out.mkdir(parents=True, exist_ok=True)
     profile_path = out / "profile.jsonl"
     log_path = out / "server.log"
-    for stale in (profile_path, log_path, out / OUTPUTS_FILE, *rank_files(profile_path).values()):
+    for stale in (profile_path, log_path, out / OUTPUTS_FILE, out / PAIRED_OUTPUTS_FILE,
+                  *rank_files(profile_path).values()):
         stale.unlink(missing_ok=True)
     prompt = load_prompts(_abs(ctx.root, cfg.benchmark.prompts))[cfg.benchmark.prompt_index]
     extra_env = server_extra_env(cfg, str(profile_path) if cfg.benchmark.profile else None)
@@ -370,21 +372,23 @@ def _one_launch(cfg: ExperimentConfig, ctx: JobContext, launch: int, prompt: str
             profile_pass.run(cfg, client, body, rec, launch, extra_env, srv.check_alive)
             rec.server_info = client.server_info()
             if b.request_pass and launch == b.launches - 1:
-                run_request_pass(cfg, ctx, client, rec, log_path.parent)
+                rec.requests += run_request_pass(cfg, ctx, client, launch, log_path.parent, OUTPUTS_FILE)
+                if bclient is not None:  # the paired server's outputs: the lossless guard's reference
+                    run_request_pass(cfg, ctx, bclient, launch, log_path.parent, PAIRED_OUTPUTS_FILE)
         finally:
             bar.close()
 
 
-def run_request_pass(cfg: ExperimentConfig, ctx: JobContext, client: Client, rec: JobRecord, out: Path) -> None:
+def run_request_pass(cfg: ExperimentConfig, ctx: JobContext, client: Client, launch: int, out: Path,
+                     name: str) -> list[dict]:
     """After the timed runs (outside their windows, so their numbers cannot change): one greedy request
-    per prompt of benchmark.request_prompts -> rec.requests, and the output ids -> outputs.jsonl."""
+    per prompt of benchmark.request_prompts -> its entries (returned), the output ids -> ``out/name``."""
     b = cfg.benchmark
     prompts = load_prompt_set(_abs(ctx.root, b.request_prompts))
-    _say(ctx, f"[request pass] {len(prompts)} prompts of {b.request_prompts}, {b.request_max_new_tokens} tokens each")
+    _say(ctx, f"[request pass] {len(prompts)} prompts of {b.request_prompts}, {b.request_max_new_tokens} tokens each -> {name}")
     runs = []
     for p in prompts:
         body = client.generate_body(p.text, b.request_max_new_tokens, b.temperature, b.ignore_eos)
-        r = client.generate(body, rec.launches[-1]["launch"], p.index, stream=b.stream)
-        runs.append(r)
-        rec.requests.append(request_pass.entry(p, r))
-    request_pass.write_outputs(out, prompts, runs)
+        runs.append(client.generate(body, launch, p.index, stream=b.stream))
+    request_pass.write_outputs(out, prompts, runs, name)
+    return [request_pass.entry(p, r) for p, r in zip(prompts, runs)]

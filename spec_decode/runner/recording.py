@@ -121,7 +121,7 @@ def _pairings(launches: list[dict]) -> list[str]:
 def lossless_section(rec: JobRecord, cfg: ExperimentConfig, out_dir: Path, baseline: JobRecord | None) -> Section:
     """The spec job's outputs against the baseline's for the same prompts (``spec_decode.analysis.lossless``):
     the timed runs against the paired baseline's runs (else the baseline job's), the request pass
-    against the baseline job's request pass (its ``outputs.jsonl``)."""
+    against the baseline's request pass (the baseline job's ``outputs.jsonl``, else the paired server's)."""
     if rec.role != "spec":
         return Section({"lossless": lossless.skipped("a baseline job (no speculation to check)")})
     b = cfg.benchmark
@@ -131,7 +131,8 @@ def lossless_section(rec: JobRecord, cfg: ExperimentConfig, out_dir: Path, basel
                    for r in rec.runs]
     if rec.requests:
         mine = request_pass.read_outputs(out_dir)
-        theirs = request_pass.read_outputs(baseline.out_dir if baseline is not None else None)
+        theirs = request_pass.read_outputs(baseline.out_dir) if baseline is not None else \
+            request_pass.read_outputs(out_dir, request_pass.PAIRED_OUTPUTS_FILE)  # the paired server's
         comparisons += [lossless.Comparison(str(e["prompt_index"]), mine.get(e["prompt_index"]),
                                             theirs.get(e["prompt_index"]), b.request_max_new_tokens)
                         for e in rec.requests]

@@ -83,7 +83,8 @@ def headline(recs: list, jobs: list[str] | None) -> tuple[dict[str, float], dict
     if done:
         metrics["best_throughput_tok_s"] = max(r.metrics.get("throughput_tok_s", 0.0) for r in done)
         params.update({g: str(done[0].choice(g)) for g in ("hardware", "engine", "model")})
-    base = [r.metrics["throughput_tok_s"] for r in done if r.role == "baseline" and "throughput_tok_s" in r.metrics]
+    base = [r.metrics["throughput_tok_s"] for r in done if r.role == "baseline" and "throughput_tok_s" in r.metrics] \
+        or [r.metrics["baseline_throughput_tok_s"] for r in spec if "baseline_throughput_tok_s" in r.metrics]  # paired
     if base:
         metrics["baseline_throughput_tok_s"] = base[0]
     if spec:

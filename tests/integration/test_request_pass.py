@@ -1,5 +1,5 @@
 """The request pass, prompt categories and the lossless guard through run.py against the real embedded
-engine (paired baseline server, real MLflow store); a non-lossless engine (fault at the process
+engine (a baseline job, real MLflow store); a non-lossless engine (fault at the process
 boundary) fails the check with the position."""
 
 from __future__ import annotations
@@ -21,7 +21,7 @@ def test_request_pass_categories_and_lossless_pass(tmp_path, tmp_store):
     out = tmp_path / "job"
     run_py([*small(), "spec.steps=3", "benchmark.stream=false", "benchmark.request_pass=true",
             "benchmark.request_max_new_tokens=24", "benchmark.ignore_eos=false", *tmp_store["overrides"],
-            f"hydra.run.dir={out}"])
+            "benchmark.paired=false", f"hydra.run.dir={out}"])  # a baseline job with its own record
     spec = json.loads((out / "results.json").read_text())
     base = json.loads((out / "baseline" / "results.json").read_text())
     for rec, d in ((spec, out), (base, out / "baseline")):

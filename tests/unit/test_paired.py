@@ -31,6 +31,16 @@ def test_paired_by_default_where_two_servers_fit():
     assert experiment("hardware=h200x8", "hardware.tp_size=2", "engine=sglang").paired is True
 
 
+def test_one_baseline_strategy_per_job():
+    """paired where two servers fit (the default), a separate baseline job where they do not or when asked,
+    none for a baseline job or with the arm off -- never both (runner.job.run_job follows it)."""
+    assert experiment().baseline_strategy == "paired"
+    assert experiment("benchmark.paired=false").baseline_strategy == "job"
+    assert experiment("hardware=h200x8", "engine=sglang").baseline_strategy == "job"
+    assert experiment("drafter=none").baseline_strategy == "none"
+    assert experiment("benchmark.baseline_arm=false").baseline_strategy == "none"
+
+
 def test_forcing_pairs_where_they_cannot_fit_names_the_key():
     with pytest.raises(ConfigError, match=r"benchmark.paired=true needs 2 x hardware.tp_size = 16 GPUs"):
         experiment("hardware=h200x8", "engine=sglang", "benchmark.paired=true")
