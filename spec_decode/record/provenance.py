@@ -15,6 +15,8 @@ from functools import lru_cache
 from importlib.metadata import PackageNotFoundError, version
 from pathlib import Path
 
+import yaml
+
 from spec_decode.analysis.sections import Section
 from spec_decode.probe import nccl as nccl_probe
 from spec_decode.record import host
@@ -123,8 +125,6 @@ def sha256_file(path: Path) -> str:
 def dvc_hashes(root: Path, paths: list[str] | None = None) -> dict[str, str]:
     """path -> md5 of every stage output and dependency in dvc.lock, and of the ``<path>.dvc`` files
     of the given paths (looked up directly: walking the tree costs seconds in a big checkout)."""
-    import yaml
-
     out: dict[str, str] = {}
     lock = root / "dvc.lock"
     if lock.exists():

@@ -7,6 +7,8 @@ import signal
 import sys
 from pathlib import Path
 
+from hydra.core.hydra_config import HydraConfig
+from hydra.types import RunMode
 from omegaconf import DictConfig
 
 from spec_decode.core.config import ConfigError, to_experiment
@@ -30,9 +32,6 @@ def _on_sigterm(signum, frame) -> None:
 
 
 def run_from_hydra(cfg: DictConfig) -> float | None:
-    from hydra.core.hydra_config import HydraConfig
-    from hydra.types import RunMode
-
     hc = HydraConfig.get()
     try:
         check_composed(cfg)  # a '+key' from a sweeper's params or an experiment file

@@ -25,9 +25,11 @@ from filelock import FileLock
 
 from spec_decode.analysis import drift
 from spec_decode.core.config import DrafterConfig, ExperimentConfig, config_hash, resolved_dict
+from spec_decode.core.lineage import lineage_tags
 from spec_decode.core.prompts import load_prompt_set, load_prompts
 from spec_decode.engines import rank_nccl_env, server_command, server_extra_env, start_server
 from spec_decode.parsers.profile import rank_files
+from spec_decode.probe.nccl import DEFAULT_SIZES, decode_bytes, probe
 from spec_decode.record import host, results
 from spec_decode.record.results import JobRecord
 from spec_decode.runner import pairing, preflight, profile_pass, progress, recording, request_pass
@@ -176,8 +178,6 @@ def earlier_baselines(cfg: ExperimentConfig, ctx: JobContext, rec: JobRecord) ->
 def run_nccl_probe(cfg: ExperimentConfig, ctx: JobContext) -> dict:
     """All-reduce latency under the job's NCCL profile, at the standard sizes and the model's decode
     size (hidden x batch 1 x dtype bytes); gloo with 2 processes on CPU profiles."""
-    from spec_decode.probe.nccl import DEFAULT_SIZES, decode_bytes, probe
-
     cuda = cfg.hardware.device == "cuda"
     sizes = list(DEFAULT_SIZES)
     if (n := decode_bytes(_abs(ctx.root, cfg.model.path))) is not None:
@@ -265,8 +265,6 @@ def where_to_look(rec: JobRecord, ctx: JobContext) -> str:
 def _drafter_lineage(cfg: ExperimentConfig, ctx: JobContext) -> dict[str, str]:
     """The drafter's lineage tags; its training run is looked up in the job's own store, and only
     when that store answers (MLflow's client retries a dead server for minutes)."""
-    from spec_decode.core.lineage import lineage_tags
-
     uri = "off"
     if ctx.tracker is not None:
         try:

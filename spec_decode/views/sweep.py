@@ -20,6 +20,7 @@ from hydra._internal.core_plugins.basic_sweeper import (
 from hydra.core.override_parser.overrides_parser import OverridesParser
 from hydra.experimental.callback import Callback
 from omegaconf import OmegaConf
+from tabulate import tabulate
 
 from spec_decode.analysis import blocks, control, recommend
 from spec_decode.record import results
@@ -29,8 +30,6 @@ from spec_decode.views.tracking import PARENT_ENV, Tracker, experiment_tags
 
 
 def markdown_summary(table: dict[str, list], sweep_dir: str) -> str:
-    from tabulate import tabulate
-
     cols = list(table)
     rows = [[table[c][i] for c in cols] for i in range(len(table[cols[0]]) if cols else 0)]
     return (f"Sweep `{sweep_dir}`\n\n" + tabulate(rows, headers=cols, tablefmt="github", disable_numparse=True)
