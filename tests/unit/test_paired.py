@@ -91,3 +91,22 @@ def test_preflight_refuses_concurrent_pairing_without_a_core_per_server():
         f"CPU cores: that needs 2 cores (2 x hardware.tp_size=1 ranks on CPU), but this job may use 1 "
         f"([{min(mine)}]); use benchmark.pairing=interleaved (or benchmark.paired=false)"]
     assert not [e for e in interleaved.errors + unpaired.errors if "pairing" in e]
+
+
+def test_each_pair_returns_its_spec_run_first_and_expects_the_median_duration():
+    """Known-wrong inputs through the real Pairer: the arms return distinguishable runs (a swapped pair
+    would turn the speedup upside down), and one 10x slow request does not move the expected time."""
+    import os
+
+    from spec_decode.runner.pairing import INTERLEAVED, Pairer
+
+    class Run:
+        def __init__(self, arm: str, wall_s: float):
+            self.arm, self.wall_s = arm, wall_s
+
+    p = Pairer(INTERLEAVED, os.getpid(), os.getpid(), expected_s={"spec": 1.0, "base": 2.0})
+    walls = [(1.0, 2.0), (1.0, 2.0), (10.0, 2.0)]  # the third spec request is 10x slow
+    for i, (ws, wb) in enumerate(walls):
+        spec, base, info = p.run(i, lambda ws=ws: Run("spec", ws), lambda wb=wb: Run("base", wb))
+        assert (spec.arm, base.arm) == ("spec", "base"), info
+    assert p.expected_s == {"spec": 1.0, "base": 2.0}  # the median of 1, 1, 1, 10 -- not the last request
