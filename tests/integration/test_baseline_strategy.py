@@ -29,6 +29,8 @@ def test_default_run_starts_two_servers_and_the_job_strategy_the_same_record_fie
     sp = paired["speedup_vs_baseline"]
     assert sp["method"] == "paired" and sp["pairs"] == 2 and "vs_baseline_job" not in sp
     assert len(paired["baseline_runs"]) == 2 and paired["baseline"]["out_dir"] is None
+    # the profiled pass's cycles carry the requests' meta_info id (one rid from the front to the ranks)
+    assert paired["profile"].get("complete") is True, paired["profile"]
     # the request pass ran on the paired server too: the guard compared all 12 requests with its outputs
     g = paired["lossless"]
     assert g["verdict"] == "pass" and g["requests"] == 2 + 12, g
