@@ -40,8 +40,8 @@ def test_request_pass_categories_and_lossless_pass(tmp_path, tmp_store):
         assert c["accept_len"] == pytest.approx(sum(e["completion_tokens"] for e in es) / sum(e["verify_ct"] for e in es))
         assert c["accept_len"] > 1
         assert sum(es[0]["histogram"]) == es[0]["verify_ct"]  # the engine's per-request histogram
-    # the request pass runs after the timed runs' windows: the profile holds exactly their cycles
-    assert spec["profile"]["complete"] and spec["profile"]["cycles"] == sum(r["spec_verify_ct"] for r in spec["runs"])
+    # the request pass runs after the profiled pass's windows: the profile holds exactly their cycles
+    assert spec["profile"]["complete"] and spec["profile"]["cycles"] == sum(r["spec_verify_ct"] for r in spec["profiled_runs"])
     g = spec["lossless"]
     assert g["verdict"] == "pass" and g["requests"] == 2 + 12 and g["first_divergence"] == {}
     assert {c["name"]: c["ok"] for c in spec["checks"]}["lossless_vs_baseline"] is True
