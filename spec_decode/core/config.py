@@ -17,7 +17,11 @@ from typing import Any, Optional
 from hydra.core.config_store import ConfigStore
 from omegaconf import MISSING, DictConfig, OmegaConf
 
+from spec_decode.core.engine_config import ENGINES, EngineConfig
+from spec_decode.core.errors import ConfigError
 from spec_decode.core.synthetic import SyntheticConfig, SyntheticError, load_table
+
+__all__ = ["ConfigError", "ENGINES", "EngineConfig", "ExperimentConfig", "register_configs", "to_experiment"]
 
 # benchmark.pairing: the two ways a paired baseline runs beside the spec server (runner/pairing.py)
 INTERLEAVED = "interleaved"
@@ -26,11 +30,6 @@ PAIRINGS = (INTERLEAVED, CONCURRENT)
 # spec.simulate_token_mode: SGLang 0.5.23's SGLANG_SIMULATE_ACC_TOKEN_MODE values (srt/environ.py 529,
 # default fixed; checked in srt/speculative/spec_utils.py check_simulate_acc_token_mode)
 SIMULATE_TOKEN_MODES = ("fixed", "real-draft-token")
-
-
-
-class ConfigError(ValueError):
-    """A configuration that cannot run. The message names the key and says what to do."""
 
 
 @dataclass
@@ -134,93 +133,6 @@ class ModelConfig:
     num_layers: Optional[int] = None  # for checks when config.json is not on this machine
     # A target of a real shape with seeded random weights (core/synthetic.py): performance work only.
     synthetic: Optional[SyntheticConfig] = None
-
-
-@dataclass
-class EngineConfig:
-    """What every engine takes (DESIGN 3.1); each engine's own schema adds its fields and limits."""
-
-    name: str = MISSING  # embedded | sglang
-    launcher: list[str] = field(default_factory=list)  # a leading "python" means this interpreter
-    host: str = "127.0.0.1"
-    port: int = 30000  # replaced by a free port when taken
-    random_seed: int = 0
-    decode_log_interval: int = 10
-    startup_timeout_s: float = 600.0
-    request_timeout_s: float = 600.0
-    # Stop: SIGTERM to the launcher, this long for its own drain (SGLang: ShutdownReq, 15 s, then it
-    # reaps its children), then SIGKILL to the group (spec_decode/runner/server.py shutdown).
-    shutdown_grace_s: float = 30.0
-    extra_args: list[str] = field(default_factory=list)  # passed verbatim, logged
-    env: dict[str, str] = field(default_factory=dict)  # extra server env (not NCCL: use nccl=)
-
-    def __post_init__(self) -> None:
-        if self.name not in ENGINES:
-            raise ConfigError(f"engine.name={self.name!r}: use engine=embedded or engine=sglang")
-        if not isinstance(self, ENGINES[self.name]):
-            raise ConfigError(f"engine.name={self.name!r} but conf/engine/<option>.yaml does not select the "
-                              f"schema base_{self.name} in its defaults list")
-        if not self.launcher:
-            raise ConfigError("engine.launcher is empty: it is the command that starts the server")
-        if "SGLANG_SIMULATE_ACC_LEN" in self.env:
-            raise ConfigError("engine.env.SGLANG_SIMULATE_ACC_LEN: set spec.simulate_accept_len instead, so that "
-                              "the job passes it and labels its results performance-only")
-        if "SGLANG_SIMULATE_ACC_TOKEN_MODE" in self.env:
-            raise ConfigError("engine.env.SGLANG_SIMULATE_ACC_TOKEN_MODE: set spec.simulate_token_mode="
-                              "fixed|real-draft-token instead, so that the record says which mode ran")
-        if "SGLANG_ENABLE_PCIE_IPC_ALLREDUCE" in self.env:
-            raise ConfigError("engine.env.SGLANG_ENABLE_PCIE_IPC_ALLREDUCE: set engine.pcie_ipc_allreduce=true|false "
-                              "instead (engine=sglang), so that the all-reduce choice is recorded and sweepable")
-        if not 0 <= self.port <= 65535:
-            raise ConfigError(f"engine.port={self.port}: must be in 0..65535")
-        if self.startup_timeout_s <= 0 or self.request_timeout_s <= 0 or self.shutdown_grace_s <= 0:
-            raise ConfigError("engine.startup_timeout_s, engine.request_timeout_s and engine.shutdown_grace_s "
-                              "must be > 0")
-        if self.decode_log_interval < 1:
-            raise ConfigError(f"engine.decode_log_interval={self.decode_log_interval}: must be >= 1")
-
-    def check(self, spec: SpecConfig, hardware: HardwareConfig) -> None:
-        """This engine's limits on the other groups (ConfigError naming the key)."""
-
-
-@dataclass
-class EmbeddedEngineConfig(EngineConfig):
-    """Our CPU/CUDA engine (python -m spec_decode.engines.embedded)."""
-
-    name: str = "embedded"
-    max_running_requests: int = 16  # --max-running-requests: the running batch's cap (SGLang's flag)
-    disable_overlap_schedule: bool = False  # --disable-overlap-schedule (SGLang's flag; overlap is the default)
-
-    def check(self, spec: SpecConfig, hardware: HardwareConfig) -> None:
-        if self.max_running_requests < 1:
-            raise ConfigError(f"engine.max_running_requests={self.max_running_requests}: must be >= 1 "
-                              "(requests decoded together; the rest queue)")
-        if spec.topk != 1:
-            raise ConfigError(f"spec.topk={spec.topk}: engine=embedded drafts chains only (topk 1); "
-                              "use engine=sglang for tree drafting")
-
-
-@dataclass
-class SglangEngineConfig(EngineConfig):
-    """SGLang 0.5.23 (python -m sglang.launch_server): its own flags."""
-
-    name: str = "sglang"
-    cuda_graph_max_bs_decode: Optional[int] = None  # --cuda-graph-max-bs-decode (0.5.20 removed -max-bs)
-    enable_metrics: bool = False  # --enable-metrics (Prometheus /metrics)
-    # Which all-reduce serves decode on tp > 1: false = NCCL; true = SGLang's PCIe-IPC all-reduce
-    # (SGLANG_ENABLE_PCIE_IPC_ALLREDUCE, chosen before NCCL for decode-sized reductions), always passed
-    # explicitly to the server (an inherited copy is dropped); sweep it: engine.pcie_ipc_allreduce=false,true
-    pcie_ipc_allreduce: bool = False
-
-    def check(self, spec: SpecConfig, hardware: HardwareConfig) -> None:
-        if hardware.device == "cpu":
-            raise ConfigError(
-                f"engine=sglang with hardware={hardware.name} (a CPU profile): SGLang's EAGLE-3 "
-                "path needs GPUs; use a GPU hardware profile, or engine=embedded on CPU"
-            )
-
-
-ENGINES: dict[str, type[EngineConfig]] = {"embedded": EmbeddedEngineConfig, "sglang": SglangEngineConfig}
 
 
 @dataclass
@@ -359,6 +271,14 @@ class ExperimentConfig:
         if self.benchmark.paired is not None:
             return self.benchmark.paired
         return self.hardware.device == "cpu" or self.hardware.num_gpus >= 2 * self.hardware.tp_size
+
+    @property
+    def baseline_strategy(self) -> str:
+        """A spec job's one baseline (docs/paired-baseline.md): ``paired`` (a baseline server beside its
+        own, benchmark.paired), ``job`` (a separate baseline job, shared in a sweep), or ``none``."""
+        if not (self.speculative and self.benchmark.baseline_arm):
+            return "none"
+        return "paired" if self.paired else "job"
 
 
 def dir_name(overrides: str) -> str:

@@ -15,6 +15,7 @@ drafter is kept.
 from __future__ import annotations
 
 import json
+import logging
 import time
 from pathlib import Path
 
@@ -54,10 +55,9 @@ def log_training(model_dir: Path, history: list[dict], heldout: dict, uri: str |
 
 
 def _log(uri: str, model_dir: Path, rec: dict, history: list[dict], heldout: dict, wall_s: float) -> str:
-    import logging
-
     logging.getLogger("mlflow").setLevel(logging.WARNING)
     logging.getLogger("alembic").setLevel(logging.WARNING)
+    # lazy: mlflow costs seconds of start-up; the embedded engine's build imports this module
     from mlflow.entities import Metric, Param, RunTag
     from mlflow.tracking import MlflowClient
 
@@ -102,7 +102,7 @@ def training_run_id(weights_sha256: str, uri: str | None) -> str | None:
     if uri is None or ((f := store.sqlite_file(uri)) is not None and not f.is_file()):
         return None  # no store: reading must not create one
     try:
-        from mlflow.tracking import MlflowClient
+        from mlflow.tracking import MlflowClient  # lazy: as in log_training
 
         client = MlflowClient(tracking_uri=uri)
         exp = client.get_experiment_by_name(EXPERIMENT)

@@ -11,6 +11,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from spec_decode.engines import sglang
+from spec_decode.engines.embedded import launch as embedded_launch
 
 if TYPE_CHECKING:  # the embedded engine imports this package on GPU boxes without Hydra
     from spec_decode.core.config import ExperimentConfig
@@ -43,11 +44,8 @@ def common_flags(cfg: ExperimentConfig, port: int) -> list[str]:
 
 
 def server_command(cfg: ExperimentConfig, port: int) -> list[str]:
-    if cfg.engine.name == "sglang":
-        from spec_decode.engines.sglang import engine_flags
-    else:
-        from spec_decode.engines.embedded.launch import engine_flags
-    return launcher(cfg) + common_flags(cfg, port) + engine_flags(cfg) + list(cfg.engine.extra_args)
+    flags = sglang.engine_flags if cfg.engine.name == "sglang" else embedded_launch.engine_flags
+    return launcher(cfg) + common_flags(cfg, port) + flags(cfg) + list(cfg.engine.extra_args)
 
 
 
@@ -91,6 +89,7 @@ def start_server(cfg: ExperimentConfig, extra_env: dict[str, str], log_path: Pat
     """Start the engine's server on the configured port (any free one with ``any_port``: a paired
     baseline beside the spec server), or a free one when it is taken (also when another sweep takes it
     between our check and the server's bind). Returns the started ``server.ServerProcess``."""
+    # lazy, as in rank_nccl_env: the embedded engine imports this package where the runner's deps are absent
     from spec_decode.runner.server import PortTaken, ServerError, ServerProcess, choose_port
 
     wanted = 0 if any_port else cfg.engine.port

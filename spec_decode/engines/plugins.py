@@ -98,7 +98,10 @@ def _wrap(original, hook, hook_type):
 
 def _sglang_registry():
     try:
-        from sglang.srt.plugins.hook_registry import HookRegistry, HookType
+        from sglang.srt.plugins.hook_registry import (  # lazy: only inside SGLang (optional)
+            HookRegistry,
+            HookType,
+        )
     except Exception:  # noqa: BLE001 - absent, or present without its runtime deps
         return None
     return HookRegistry, HookType

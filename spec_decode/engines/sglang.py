@@ -7,6 +7,7 @@ random one is drawn). Spec numbers travel together (``engines.common_flags``).
 
 from __future__ import annotations
 
+from importlib.metadata import PackageNotFoundError, version
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
@@ -77,8 +78,6 @@ def engine_flags(cfg: ExperimentConfig) -> list[str]:
 
 def installed_version() -> str | None:
     """The installed sglang's version, without importing it (the core never imports sglang)."""
-    from importlib.metadata import PackageNotFoundError, version
-
     try:
         return version("sglang")
     except PackageNotFoundError:

@@ -104,3 +104,14 @@ def read_log(path: Path, start_offset: int = 0) -> list[LogLine]:
         f.seek(start_offset)
         text = f.read().decode(errors="replace")
     return parse_lines(text.splitlines())
+
+
+def read_windows(path: Path, windows: list[tuple[int, int]]) -> list[str]:
+    """The log's lines inside byte windows ``(start, end)`` (the timed runs'); none when there is no log."""
+    lines: list[str] = []
+    if path.exists():
+        with open(path, "rb") as f:
+            for lo, hi in windows:
+                f.seek(lo)
+                lines += f.read(hi - lo).decode(errors="replace").splitlines()
+    return lines

@@ -29,14 +29,16 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import re
 import socket
 import statistics
 import tempfile
 import time
-from collections import Counter
 from datetime import timedelta
 from pathlib import Path
+
+import yaml
+
+from spec_decode.probe.nccl_debug import parse_nccl_debug
 
 DEFAULT_SIZES = (4096, 16384, 65536, 262144, 1048576)
 # INIT: version, topology and the channel/transport lines; ENV: "NCCL_X set by environment to Y";
@@ -130,7 +132,7 @@ def _rank_main(rank: int, world: int, backend: str, sizes: list[int], iters: int
                rounds: int, env: dict[str, str], port: int, out_dir: str, mode: str) -> None:
     os.environ.update(env)  # the profile's variables: in the probe's processes only
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
-    import torch
+    import torch  # lazy: a rank process only; importing torch costs seconds where the probe is not run
     import torch.distributed as dist
 
     cuda = backend == "nccl"
@@ -179,7 +181,7 @@ def _rank_main(rank: int, world: int, backend: str, sizes: list[int], iters: int
 def _spawn(args: tuple, world: int, timeout_s: float, what: str) -> None:
     """Start one process per rank; kill them all and raise if they outlive timeout_s (an NCCL hang
     must not eat a GPU lease)."""
-    import torch.multiprocessing as mp
+    import torch.multiprocessing as mp  # lazy: only when the probe runs (torch costs seconds)
 
     ctx = mp.start_processes(_rank_main, args=args, nprocs=world, join=False, start_method="spawn")
     deadline = time.monotonic() + timeout_s
@@ -192,75 +194,6 @@ def _spawn(args: tuple, world: int, timeout_s: float, what: str) -> None:
                 p.join(5)
             raise TimeoutError(f"nccl probe ({what}): ranks still running after {timeout_s:.0f} s, killed "
                                "(a hang in NCCL? rerun with --debug-log to see how far it got)")
-
-
-# ---------------------------------------------------------------------------------------------
-# NCCL_DEBUG=INFO output
-
-# NCCL's ids (enqueue.cc: ncclAlgoToString / ncclProtoToString) -> the spelling of NCCL_ALGO/NCCL_PROTO
-ALGO_NAMES = {"TREE": "Tree", "RING": "Ring", "COLLNET_DIRECT": "CollNetDirect", "COLLNETDIRECT": "CollNetDirect",
-              "COLLNET_CHAIN": "CollNetChain", "COLLNETCHAIN": "CollNetChain", "NVLS": "NVLS",
-              "NVLS_TREE": "NVLSTree", "NVLSTREE": "NVLSTree", "PAT": "PAT"}
-PROTO_NAMES = {"LL": "LL", "LL128": "LL128", "SIMPLE": "Simple"}
-# NCCL <= 2.18 printed numbers ("4096 Bytes -> Algo 1 proto 0 time 10.5"): these orders.
-ALGOS = ("Tree", "Ring", "CollNetDirect", "CollNetChain", "NVLS", "NVLSTree", "PAT")
-PROTOS = ("LL", "LL128", "Simple")
-
-_VERSION = re.compile(r"NCCL version ([\w.+\-]+)")
-# NCCL >= 2.19, rank 0 only: "AllReduce: 4096 Bytes -> Algo RING proto LL channel{Lo..Hi}={0..1}"
-_TUNING = re.compile(r"\bAllReduce: (\d+) Bytes -> Algo (\w+) proto (\w+)"
-                     r"(?: channel\{Lo\.\.Hi\}=\{(\d+)\.\.(\d+)\})?")
-_TUNING_OLD = re.compile(r"\b(\d+) Bytes -> Algo (\d+) proto (\d+)")
-# Symmetric-memory kernels (registered windows; torch does not use them by default)
-_TUNING_SYM = re.compile(r"\bAllReduce \[Symmetric\]: (\d+) Bytes -> Kernel (\S+) nchannels (\d+)")
-_CHANNEL = re.compile(r"Channel \d+(?:/\d+)? : \d+\[\d+\] -> \d+\[\d+\] via (\S+)")
-_ENV = re.compile(r"\b(NCCL_\w+) set by environment to (\S+?)\.?$")
-
-
-def parse_nccl_debug(text: str) -> dict:
-    """What NCCL_DEBUG=INFO output (any number of ranks' files, concatenated) says: NCCL version,
-    the algorithms and protocols NCCL chose for all-reduce (overall and per size), the transports
-    between ranks (P2P/..., SHM/..., NET/...), and the NCCL_* variables NCCL read."""
-    version = _VERSION.search(text)
-    seen: dict[int, Counter] = {}
-    transports: set[str] = set()
-    env_seen: dict[str, str] = {}
-    evidence: list[str] = []
-
-    def choose(size: int, algo: str, proto: str, channels: int | None, line: str) -> None:
-        seen.setdefault(size, Counter())[(algo, proto, channels)] += 1
-        if len(evidence) < 20:
-            evidence.append(line.strip())
-
-    for line in text.splitlines():
-        if m := _TUNING.search(line):
-            a, p = m.group(2).upper(), m.group(3).upper()
-            ch = int(m.group(5)) - int(m.group(4)) + 1 if m.group(4) is not None else None
-            choose(int(m.group(1)), ALGO_NAMES.get(a, m.group(2)), PROTO_NAMES.get(p, m.group(3)), ch, line)
-        elif m := _TUNING_SYM.search(line):
-            choose(int(m.group(1)), "Symmetric", m.group(2), int(m.group(3)), line)
-        elif m := _TUNING_OLD.search(line):
-            a, p = int(m.group(2)), int(m.group(3))
-            choose(int(m.group(1)), ALGOS[a] if a < len(ALGOS) else f"algo{a}",
-                   PROTOS[p] if p < len(PROTOS) else f"proto{p}", None, line)
-        elif m := _CHANNEL.search(line):
-            transports.add(m.group(1))
-        elif m := _ENV.search(line):
-            env_seen[m.group(1)] = m.group(2)
-    choices = {}
-    for size in sorted(seen):
-        (algo, proto, ch), _ = seen[size].most_common(1)[0]
-        choices[str(size)] = {"algorithm": algo, "protocol": proto, "channels": ch}
-    sym = {c["protocol"] for c in choices.values() if c["algorithm"] == "Symmetric"}
-    return {
-        "nccl_version": version.group(1) if version else None,
-        "algorithms": sorted({c["algorithm"] for c in choices.values()}),
-        "protocols": sorted({c["protocol"] for c in choices.values()} - sym),
-        "choices": choices,
-        "transports": sorted(transports),
-        "nccl_env_read": env_seen,
-        "nccl_debug_evidence": evidence,
-    }
 
 
 # ---------------------------------------------------------------------------------------------
@@ -359,8 +292,6 @@ def table(result: dict) -> str:
 
 def profile_env(name: str, conf_dir: Path = Path("conf")) -> dict[str, str]:
     """The variables of an NCCL profile (conf/nccl/<name>.yaml: ``env``), as strings."""
-    import yaml
-
     path = Path(conf_dir) / "nccl" / f"{name}.yaml"
     if not path.exists():
         opts = sorted(p.stem for p in (Path(conf_dir) / "nccl").glob("*.yaml"))

@@ -59,7 +59,7 @@ def _sglang_parallel() -> dict | None:
     processes that never run a cycle. None outside SGLang or before the ranks are published."""
     if "sglang.srt.runtime_context" not in sys.modules:
         return None
-    from sglang.srt.runtime_context import get_parallel
+    from sglang.srt.runtime_context import get_parallel  # lazy: inside SGLang only (see above)
 
     par = get_parallel()
     out = {}
@@ -99,6 +99,7 @@ def current_rank(worker=None) -> int:
 def make_timer(path: str, rank: int | dict = 0):
     """The timer for this process; CUDA events when this process already uses CUDA. ``rank``: the TP
     rank, or ``current_ranks()``'s dict."""
+    # lazy: inside SGLang's processes; only one that runs cycles builds a timer
     from spec_decode.parsers.profile import rank_path
     from spec_decode.profiler.timer import CudaClock, HostClock, PhaseTimer
 
@@ -224,7 +225,9 @@ def register() -> None:
     path = os.environ.get("SPEC_DECODE_PROFILE")
     if not path:
         return
-    from spec_decode.engines.plugins import registry
+    from spec_decode.engines.plugins import (
+        registry,  # lazy: inside SGLang, only with SPEC_DECODE_PROFILE set
+    )
 
     hook_registry, hook_type, _ = registry()
     prof = Profiler(path, os.environ.get(SWITCH_ENV) or None)

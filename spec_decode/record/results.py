@@ -1,9 +1,11 @@
 """results.json: the one authoritative record of a job (DESIGN §3.5), typed.
 
-``JobRecord`` is built when a job starts (``new_record``), filled while it runs, completed by
-``finish`` (aggregates, acceptance, phase profile, decode log, speedup, consistency checks) and by the
-job's drift guard, then written once (``write``). MLflow (``tracking``), reports (``report``) and
-DVC metrics (``experiment``) only read it: ``collect`` finds the records under a directory.
+``JobRecord`` is the record's type; this module holds its JSON form, the one write (``write``) and the
+reading (``read``, ``collect``). The job builds it when it starts (``runner.recording.new_record``),
+fills it while it runs and completes it (``runner.recording.finish``: the derived sections, each a pure
+function of ``analysis.sections`` or ``record.provenance``) before the one write. MLflow (``tracking``),
+reports (``report``) and DVC metrics (``experiment``) only read it: ``collect`` finds the records under
+a directory.
 
 The JSON shape is that of schema 1 plus typed nesting; ``JobRecord.from_dict`` reads both (keys it
 does not know are kept in ``extra`` and written back).
@@ -18,16 +20,13 @@ import os
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Protocol
+from typing import Any
 
-from spec_decode.analysis import acceptance, drift, latency, lossless, profiler_effect, stats
-from spec_decode.analysis.checks import Check, cost_model_metrics, run_checks
-from spec_decode.analysis.drift import Drift, Reference
-from spec_decode.core.config import ExperimentConfig, config_hash, resolved_dict
-from spec_decode.parsers import decode_log, profile
+from spec_decode.analysis import latency
+from spec_decode.analysis.checks import Check
+from spec_decode.analysis.drift import Drift
 from spec_decode.record import provenance
-from spec_decode.runner import request_pass
-from spec_decode.runner.client import RunRecord
+from spec_decode.record.runs import RunRecord
 
 # 2: typed record, drift and checks computed by the job, preflight failures recorded
 # 3: streamed runs (latency), request pass (requests, categories), lossless guard, pairing, acceptance by
@@ -35,34 +34,6 @@ from spec_decode.runner.client import RunRecord
 SCHEMA_VERSION = 3
 FILENAME = "results.json"
 STATUSES = ("RUNNING", "FINISHED", "FAILED", "KILLED")
-
-
-class RunLog(Protocol):
-    """Where a job's record is also logged (``tracking.Tracker``); the job calls it, never the reverse."""
-
-    def start(self, rec: JobRecord, ctx: JobContext) -> str | None: ...
-
-    def earlier_baselines(self, rec: JobRecord) -> list[Reference] | None: ...
-
-    def finish(self, run_id: str | None, rec: JobRecord, out_dir: Path) -> None: ...
-
-    def ui_command(self) -> str: ...
-
-    def ui_url(self, run_id: str | None = None) -> str: ...
-
-
-@dataclass
-class JobContext:
-    """Where a job writes and how it is named; built from Hydra's runtime by cli.py (or by tests)."""
-
-    out_dir: Path
-    run_name: str
-    root: Path = field(default_factory=Path.cwd)  # project root: relative paths resolve here
-    sweep_dir: Path | None = None  # set in a multirun: baselines are shared across its jobs
-    parent_run_id: str | None = None
-    overrides: list[str] = field(default_factory=list)
-    tracker: RunLog | None = None  # MLflow, or None for no MLflow
-    quiet: bool = False
 
 
 @dataclass
@@ -196,250 +167,6 @@ class JobRecord:
         for key in ("role", "name", "experiment", "config", "config_hash", "speculative"):
             known.setdefault(key, {"config": {}, "speculative": False}.get(key, ""))
         return cls(**known, extra=d)
-
-
-def new_record(cfg: ExperimentConfig, ctx: JobContext, role: str, extra_env: dict[str, str],
-               warnings: list[str]) -> JobRecord:
-    conf = resolved_dict(cfg)
-    return JobRecord(
-        role=role, name=ctx.run_name, experiment=cfg.name, overrides=list(ctx.overrides), config=conf,
-        config_hash=config_hash(conf), engine=EngineInfo(cfg.engine.name), speculative=cfg.speculative,
-        server_env_extra=provenance.redact_env(extra_env), warnings=list(warnings), out_dir=str(ctx.out_dir),
-        provenance=provenance.collect(ctx.root, {
-            "target": cfg.model.path, "drafter": cfg.drafter.path, "prompts": cfg.benchmark.prompts,
-            "request_prompts": cfg.benchmark.request_prompts if cfg.benchmark.request_pass else None,
-        }),
-    )
-
-
-def finish(rec: JobRecord, cfg: ExperimentConfig, status: str, error: str | None, out_dir: Path,
-           log_path: Path, log_windows: list[tuple[int, int]], baseline: JobRecord | None,
-           live_env: dict[str, str] | None = None, live_env_tree: dict | None = None) -> None:
-    """Everything computed from what was measured: aggregates, acceptance, profile, decode log,
-    speedup, cost-model figures, consistency checks. Writes nothing.
-
-    ``live_env``: the server's environment read back from its process; ``live_env_tree``: that of
-    every process of the server (pid -> env)."""
-    rec.status, rec.error = status, error
-    rec.ended_at = time.time()
-    rec.server_env = provenance.filter_env(live_env) if live_env else None
-    if live_env_tree:
-        # Every process of the server read back. The ranks (the launcher's children) are what ran:
-        # the launcher's own /proc environ misses what it wrote into os.environ before spawning them.
-        rec.server_env_processes = {str(pid): provenance.filter_env(env) for pid, env in live_env_tree.items()}
-        ranks = provenance.rank_environment(live_env_tree, rec.launches[0]["pid"] if rec.launches else None)
-        rec.server_env, rec.server_env_set_by_engine = ranks["env"], ranks["set_by_engine"]
-        nccl = {k: v for k, v in ranks["differing"].items() if k.startswith("NCCL_")}
-        if nccl:
-            rec.warnings.append(f"the server's rank processes do not share one NCCL environment: {nccl}")
-        for k, v in cfg.nccl.env.items():
-            if ranks["env"].get(k) != str(v):
-                rec.warnings.append(f"nccl={cfg.nccl.name} sets {k}={v} but the server's ranks ran with "
-                                    f"{k}={ranks['env'].get(k)} (the engine's launcher rewrote it: "
-                                    "server_env_set_by_engine)")
-    rec.engine.version = (rec.server_info or {}).get("version")
-    runs = rec.runs
-    metrics: dict[str, float] = {}
-    if runs:
-        s = stats.summarize([r.throughput_tok_s for r in runs])
-        rec.throughput_tok_s = s.as_dict()
-        metrics["throughput_tok_s"] = s.mean
-        for k in ("median", "std", "cv", "robust_cv", "ci95_lo", "ci95_hi"):
-            metrics[f"throughput_tok_s_{k}"] = getattr(s, k)
-        metrics["mde_pct"] = 100 * stats.min_detectable_effect(s.cv, s.n)
-        if s.cv > stats.CV_WARN:
-            rec.warnings.append(
-                f"run-to-run CV {100 * s.cv:.1f}% > {100 * stats.CV_WARN:.0f}%: differences below "
-                f"~{metrics['mde_pct']:.1f}% are not detectable with {s.n} runs"
-            )
-        if cfg.benchmark.launches > 1:
-            groups = [[r.throughput_tok_s for r in runs if r.launch == i] for i in range(cfg.benchmark.launches)]
-            rec.variance_components = stats.variance_components(groups)
-    starts = [x["server_start_s"] for x in rec.launches if x.get("server_start_s") is not None]
-    if starts:
-        metrics["server_start_s"] = sum(starts) / len(starts)
-    if cfg.speculative and runs:
-        def total(key: str) -> int | None:
-            vals = [getattr(r, key) for r in runs]
-            return None if vals[0] is None else sum(v or 0 for v in vals)
-
-        acc = stats.acceptance(sum(r.completion_tokens for r in runs), total("spec_verify_ct") or 0,
-                               total("spec_num_correct_drafts"), total("spec_num_proposed_drafts"),
-                               cfg.spec.num_draft_tokens or 0)
-        rec.acceptance = {**acc, "accept_len_source": "meta_info counters (run-scoped)",
-                          "per_run_accept_len": [r.completion_tokens / r.spec_verify_ct
-                                                 for r in runs if r.spec_verify_ct]}
-        metrics.update({k: v for k, v in acc.items() if v is not None})
-    # Phase profile inside the profiled pass's windows (older records: the timed runs'): the logging
-    # rank's, the others compared with it; with the profiler's measured effect on tok/s beside it.
-    run_cycles: list[list[dict]] | None = None
-    prof_runs = rec.profiled_runs or runs
-    where = "profiled pass" if rec.profiled_runs else "timed runs"
-    if rec.profile_pass is not None:
-        rec.profile_pass["effect"] = profiler_effect.effect(
-            [r.throughput_tok_s for r in rec.profiled_runs], rec.profile_pass.get("dormant_tok_s") or [],
-            [r.throughput_tok_s for r in runs])
-        metrics.update(profiler_effect.metrics_of(rec.profile_pass["effect"]))
-    if cfg.speculative:
-        windows = [(r.start_wall, r.end_wall) for r in prof_runs]
-        summary, per_run = profile.summarize_run_windows(out_dir / "profile.jsonl", windows,
-                                                         requests=[(r.rid, r.spec_verify_ct) for r in prof_runs])
-        run_cycles = per_run
-        if summary is None:
-            why = "profiling off (benchmark.profile=false)" if not cfg.benchmark.profile else \
-                f"no profile lines from rank 0 in the {where} (plugin not loaded?)"
-            rec.profile = {"missing": why}
-            if cfg.benchmark.profile and runs:
-                rec.warnings.append(f"phase profile missing: {why}")
-        else:
-            # Per request: tok/s inside the decode on the wall clock vs from the cycle durations, and
-            # the time outside the cycles (prefill, HTTP, gaps between cycles) as its own figure.
-            timing = [profile.run_timing(w, r.start_wall, r.end_wall, r.wall_s) for r, w in zip(prof_runs, per_run)]
-            summary["per_run"] = timing
-            have = [t for t in timing if t is not None]
-            summary["non_cycle_ms_per_request"] = (sum(t["non_cycle_ms"] for t in have) / len(have)
-                                                   if have else None)
-            if have:
-                wall_ms = sum(t["wall_ms"] for t in have)
-                metrics["non_cycle_ms"] = summary["non_cycle_ms_per_request"]
-                metrics["non_cycle_pct"] = 100 * sum(t["non_cycle_ms"] for t in have) / wall_ms
-                for part in ("head", "gap", "tail"):
-                    metrics[f"non_cycle_{part}_ms"] = sum(t[f"{part}_ms"] for t in have) / len(have)
-            # Every verify is one cycle: a complete profile has exactly the runs' verify count.
-            verify_ct = sum(r.spec_verify_ct or 0 for r in prof_runs)
-            summary["spec_verify_ct"] = verify_ct
-            summary["measured_in"] = ("the profiled pass (profiler on; the timed runs ran it dormant)"
-                                      if rec.profiled_runs else "the timed runs (profiler on)")
-            summary["measured_in_tok_s"] = stats.summarize([r.throughput_tok_s for r in prof_runs]).mean
-            summary["complete"] = summary["cycles"] == verify_ct
-            if not summary["complete"]:
-                rec.warnings.append(
-                    f"phase profile incomplete: {summary['cycles']} cycles from rank 0 in the {where}, "
-                    f"but the runs' meta_info says {verify_ct} verifies")
-            agreement = summary.get("rank_agreement")
-            if agreement and not agreement["ok"]:
-                rec.warnings.append(
-                    f"phase profiles of the {summary['ranks']} ranks disagree (cycle counts differ or "
-                    f"a rank's mean cycle is more than {agreement['tolerance_pct']:.0f}% from rank 0's): "
-                    + ", ".join(f"rank {r}: {a['cycles']} cycles, {a['cycle_ms_diff_pct']:+.1f}%"
-                                for r, a in agreement["ranks"].items()))
-            if cfg.engine.name == "sglang" and "--disable-overlap-schedule" not in cfg.engine.extra_args:
-                summary["host_stamps_na"] = ("SGLang's overlap scheduler: a cycle's host stamps span its enqueue, "
-                                             "not its GPU work (scheduler.py 2107-2120); no GPU timeline yet")
-            elif (cfg.engine.name == "embedded" and cfg.hardware.device == "cuda"
-                  and not getattr(cfg.engine, "disable_overlap_schedule", True)):
-                summary["host_stamps_na"] = ("the embedded engine's overlap loop on CUDA: a cycle's host stamps "
-                                             "span its launch, not its GPU work (cycle_ms: CUDA events)")
-            rec.profile = summary
-            for k in ("cycle_ms", "draft_ms", "verify_ms", "extend_ms", "other_ms",
-                      "draft_pct", "verify_pct", "extend_pct", "other_pct"):
-                metrics[k] = summary[k]
-    # Per-request and per-position acceptance: from the profile's cycles where it has them, else from
-    # the requests' meta_info histograms (spec_decode.analysis.acceptance).
-    if cfg.speculative and runs:
-        per_request = acceptance.summarize(cfg.spec.steps, prof_runs if run_cycles else runs, run_cycles,
-                                           getattr(rec, "requests", None) or None)
-        if per_request is not None:
-            rec.acceptance = {**(rec.acceptance or {}), **per_request}
-            metrics.update(acceptance.metrics_of(per_request))
-            if per_request.get("profile_matches_meta_info") is False:
-                rec.warnings.append("acceptance histogram: the profile's cycles and the runs' meta_info "
-                                    "spec_correct_drafts_histogram disagree (the profile's is used)")
-    # Decode-log summary inside the timed windows.
-    lines: list[str] = []
-    if log_path.exists():
-        with open(log_path, "rb") as f:
-            for lo, hi in log_windows:
-                f.seek(lo)
-                lines += f.read(hi - lo).decode(errors="replace").splitlines()
-    dl = decode_log.summarize(decode_log.parse_lines(lines))
-    rec.decode_log = dl.__dict__
-    if dl.gen_throughput_tok_s_median is not None:
-        metrics["decode_log_gen_throughput_tok_s"] = dl.gen_throughput_tok_s_median
-    # Speedup against the matching baseline: per pair when its runs were interleaved with ours
-    # (benchmark.paired), else the ratio of two independent means (Welch CI).
-    if rec.baseline_runs and runs:
-        n = min(len(runs), len(rec.baseline_runs))
-        spec_tput = [r.throughput_tok_s for r in runs[:n]]
-        base_tput = [r.throughput_tok_s for r in rec.baseline_runs[:n]]
-        ratio = stats.paired_ratio(spec_tput, base_tput)
-        base_summary = stats.summarize(base_tput).as_dict()
-        rec.baseline = BaselineRef(baseline.out_dir if baseline else None,
-                                   baseline.mlflow_run_id if baseline else None, base_summary)
-        # which pairing produced the CI: as the launches ran it (spec_decode/runner/pairing.py)
-        pairing = sorted({x.get("pairing", "interleaved") for x in rec.launches if "baseline_pid" in x})
-        rec.speedup_vs_baseline = {**ratio.as_dict(), "method": "paired", "pairs": n,
-                                   "pairing": ",".join(pairing) or "interleaved",
-                                   "per_pair": [x / y for x, y in zip(spec_tput, base_tput)]}
-        if baseline is not None and baseline.runs:
-            # The unpaired figure against the sweep's separate baseline job, for comparison.
-            rec.speedup_vs_baseline["vs_baseline_job"] = stats.ratio_of_means(
-                [r.throughput_tok_s for r in runs], [r.throughput_tok_s for r in baseline.runs]).as_dict()
-        metrics["baseline_throughput_tok_s"] = base_summary["mean"]
-    elif baseline is not None and runs and baseline.runs:
-        ratio = stats.ratio_of_means([r.throughput_tok_s for r in runs], [r.throughput_tok_s for r in baseline.runs])
-        rec.baseline = BaselineRef(baseline.out_dir, baseline.mlflow_run_id, baseline.throughput_tok_s)
-        rec.speedup_vs_baseline = {**ratio.as_dict(), "method": "welch"}
-        metrics["baseline_throughput_tok_s"] = (baseline.throughput_tok_s or {})["mean"]
-    else:
-        ratio = None
-    if ratio is not None:
-        metrics["speedup_vs_baseline"] = ratio.ratio
-        metrics["speedup_vs_baseline_ci95_lo"] = ratio.ci95_lo
-        metrics["speedup_vs_baseline_ci95_hi"] = ratio.ci95_hi
-        metrics["speedup_ci95_halfwidth_pct"] = 100 * (ratio.ci95_hi - ratio.ci95_lo) / 2 / ratio.ratio
-    if rec.nccl_probe:
-        from spec_decode.probe.nccl import metrics_of
-
-        metrics.update(metrics_of(rec.nccl_probe))
-        rec.provenance["nccl"] = {k: rec.nccl_probe.get(k) for k in
-                                  ("backend", "nccl_version", "algorithms", "protocols")}
-    metrics.update(cost_model_metrics(metrics))
-    rec.latency = latency.summarize(runs)
-    metrics.update(latency.metrics_of(rec.latency))
-    rec.categories = request_pass.categories(rec.requests)
-    metrics.update(request_pass.metrics_of(rec.categories))
-    rec.lossless = guard_lossless(rec, cfg, out_dir, baseline)
-    if rec.lossless["checked"]:
-        metrics["lossless_match_rate"] = rec.lossless["match_rate"]
-    rec.metrics = {k: float(v) for k, v in metrics.items() if v is not None}
-    rec.checks = run_checks(rec.metrics, [r.as_dict() for r in runs], rec.profile, rec.speculative,
-                            cfg.spec.steps if cfg.speculative else 0, [r.as_dict() for r in prof_runs])
-    if (check := lossless.check_of(rec.lossless)) is not None:
-        rec.checks.append(check)
-    elif rec.lossless["verdict"] == "warn":
-        rec.warnings.append(f"lossless guard: {rec.lossless['reason']}")
-
-
-def guard_lossless(rec: JobRecord, cfg: ExperimentConfig, out_dir: Path, baseline: JobRecord | None) -> dict:
-    """The spec job's outputs against the baseline's for the same prompts (``spec_decode.analysis.lossless``):
-    the timed runs against the paired baseline's runs (else the baseline job's), the request pass
-    against the baseline job's request pass (its ``outputs.jsonl``)."""
-    if rec.role != "spec":
-        return lossless.skipped("a baseline job (no speculation to check)")
-    b = cfg.benchmark
-    base_runs = rec.baseline_runs or (baseline.runs if baseline is not None else [])
-    base_ids = next((r.output_ids for r in base_runs if r.output_ids is not None), None)
-    comparisons = [lossless.Comparison(f"timed:{b.prompt_index}", r.output_ids, base_ids, b.max_new_tokens)
-                   for r in rec.runs]
-    if rec.requests:
-        mine = request_pass.read_outputs(out_dir)
-        theirs = request_pass.read_outputs(baseline.out_dir if baseline is not None else None)
-        comparisons += [lossless.Comparison(str(e["prompt_index"]), mine.get(e["prompt_index"]),
-                                            theirs.get(e["prompt_index"]), b.request_max_new_tokens)
-                        for e in rec.requests]
-    return lossless.guard(comparisons, rec.engine.name, b.temperature, performance_only(rec),
-                          has_baseline=bool(base_runs) or baseline is not None)
-
-
-def add_drift(rec: JobRecord, earlier: list[Reference]) -> None:
-    """The drift guard's finding for a finished baseline (a warning when it found something)."""
-    if rec.role != "baseline" or rec.status != "FINISHED" or "throughput_tok_s" not in rec.metrics:
-        return
-    rec.drift = drift.check(rec.metrics["throughput_tok_s"], rec.server_env or {}, earlier,
-                            drift.data_hashes_of(rec.provenance), rec.engine.version)
-    if rec.drift is not None and rec.drift.message:
-        rec.warnings.append(rec.drift.message)
 
 
 class WrittenTwice(RuntimeError):

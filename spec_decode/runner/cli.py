@@ -7,12 +7,14 @@ import signal
 import sys
 from pathlib import Path
 
+from hydra.core.hydra_config import HydraConfig
+from hydra.types import RunMode
 from omegaconf import DictConfig
 
 from spec_decode.core.config import ConfigError, to_experiment
 from spec_decode.core.overrides import check_composed
-from spec_decode.record.results import JobContext
 from spec_decode.runner import interrupt
+from spec_decode.runner.context import JobContext
 from spec_decode.runner.job import JobFailed, run_job
 from spec_decode.runner.preflight import PreflightError
 from spec_decode.views.tracking import PARENT_ENV, Tracker
@@ -30,9 +32,6 @@ def _on_sigterm(signum, frame) -> None:
 
 
 def run_from_hydra(cfg: DictConfig) -> float | None:
-    from hydra.core.hydra_config import HydraConfig
-    from hydra.types import RunMode
-
     hc = HydraConfig.get()
     try:
         check_composed(cfg)  # a '+key' from a sweeper's params or an experiment file

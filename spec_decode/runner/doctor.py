@@ -23,12 +23,22 @@ import inspect
 import os
 import pkgutil
 import sys
+import tempfile
 import time
 from dataclasses import asdict, dataclass
+from importlib.metadata import entry_points
 from pathlib import Path
 
+from hydra import compose, initialize_config_dir
+
+from spec_decode import __version__
+from spec_decode.core.config import register_configs, to_experiment
+from spec_decode.core.prompts import load_prompts
+from spec_decode.engines import server_extra_env, start_server
+from spec_decode.engines.sglang import TESTED_VERSION, installed_version
 from spec_decode.parsers import decode_log, profile
 from spec_decode.profiler.plugin import TARGETS
+from spec_decode.runner.client import Client
 
 ENTRY_POINT = "spec_decode_profiler"
 # The leading parameters each hooked method must take (our hooks pass *args through, but the phase
@@ -54,11 +64,7 @@ class Item:
 
 
 def check_version(engine: str) -> Item:
-    from spec_decode.engines.sglang import TESTED_VERSION, installed_version
-
     if engine != "sglang":
-        from spec_decode import __version__
-
         return Item("engine version", True, f"embedded engine of spec-decode-bench {__version__}")
     v = installed_version()
     if v is None:
@@ -142,8 +148,6 @@ def check_hook_targets(engine: str, targets=None) -> Item:
 
 
 def static_checks(engine: str) -> list[Item]:
-    from importlib.metadata import entry_points
-
     return [check_version(engine),
             check_entry_point(list(entry_points(group="sglang.srt.plugins")), os.environ.get("SGLANG_PLUGINS")),
             check_hook_targets(engine)]
@@ -230,15 +234,6 @@ def warmup_checks(warmup, profile_path: Path, log_path: Path, log_start: int,
 def run(overrides: list[str], root: Path, static_only: bool = False, max_new_tokens: int = 96) -> list[Item]:
     """Compose the job's config, run the static items, then (unless static_only) launch the server,
     send one request, stop the server with SIGTERM and run the live items."""
-    import tempfile
-
-    from hydra import compose, initialize_config_dir
-
-    from spec_decode.core.config import register_configs, to_experiment
-    from spec_decode.core.prompts import load_prompts
-    from spec_decode.engines import server_extra_env, start_server
-    from spec_decode.runner.client import Client
-
     register_configs()
     with initialize_config_dir(config_dir=str(root / "conf"), version_base="1.3"):
         cfg = to_experiment(compose("config", overrides=overrides))

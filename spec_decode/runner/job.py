@@ -25,14 +25,17 @@ from filelock import FileLock
 
 from spec_decode.analysis import drift
 from spec_decode.core.config import DrafterConfig, ExperimentConfig, config_hash, resolved_dict
+from spec_decode.core.lineage import lineage_tags
 from spec_decode.core.prompts import load_prompt_set, load_prompts
 from spec_decode.engines import rank_nccl_env, server_command, server_extra_env, start_server
 from spec_decode.parsers.profile import rank_files
+from spec_decode.probe.nccl import DEFAULT_SIZES, decode_bytes, probe
 from spec_decode.record import host, results
-from spec_decode.record.results import JobContext, JobRecord
-from spec_decode.runner import pairing, preflight, profile_pass, progress, request_pass
+from spec_decode.record.results import JobRecord
+from spec_decode.runner import pairing, preflight, profile_pass, progress, recording, request_pass
 from spec_decode.runner.client import Client, ClientError
-from spec_decode.runner.request_pass import OUTPUTS_FILE
+from spec_decode.runner.context import JobContext
+from spec_decode.runner.request_pass import OUTPUTS_FILE, PAIRED_OUTPUTS_FILE
 from spec_decode.runner.server import ServerError
 from spec_decode.runner.slots import SlotTimeout, allocate, pool_for
 
@@ -68,8 +71,9 @@ def dry_run(cfg: ExperimentConfig, ctx: JobContext) -> None:
         print(f"{k}={v}")
     print("# server command:")
     print(shlex.join(argv))
-    if cfg.speculative and cfg.benchmark.baseline_arm:
-        print("# + baseline arm: the same command without the --speculative-* flags")
+    if cfg.baseline_strategy != "none":
+        print(f"# + baseline ({cfg.baseline_strategy}): the same command without the --speculative-* flags, "
+              + ("a server beside this one" if cfg.baseline_strategy == "paired" else "a separate job"))
 
 
 def baseline_config(cfg: ExperimentConfig) -> ExperimentConfig:
@@ -130,9 +134,9 @@ def run_job(cfg: ExperimentConfig, ctx: JobContext) -> JobRecord | None:
         record_refusal(cfg, ctx, str(e))
         raise
     probe = run_nccl_probe(cfg, ctx) if cfg.preflight.nccl_probe else None
-    baseline = None
-    if cfg.speculative and cfg.benchmark.baseline_arm:
-        baseline = ensure_baseline(cfg, ctx)
+    # One baseline strategy per job (cfg.baseline_strategy): a paired server beside the spec server
+    # (measure), or a separate baseline job measured here -- never both.
+    baseline = ensure_baseline(cfg, ctx) if cfg.baseline_strategy == "job" else None
     return measure(cfg, ctx, role="spec" if cfg.speculative else "baseline", baseline=baseline,
                    warnings=warnings, probe=probe)
 
@@ -140,7 +144,7 @@ def run_job(cfg: ExperimentConfig, ctx: JobContext) -> JobRecord | None:
 def record_refusal(cfg: ExperimentConfig, ctx: JobContext, error: str) -> JobRecord:
     """A job that preflight refused still leaves its FAILED record (and MLflow run), so sweep
     summaries and the parent run count it."""
-    rec = results.new_record(cfg, ctx, "spec" if cfg.speculative else "baseline", {}, [])
+    rec = recording.new_record(cfg, ctx, "spec" if cfg.speculative else "baseline", {}, [])
     rec.status, rec.error, rec.ended_at = "FAILED", error, time.time()
     tracked = ctx.tracker.start(rec, ctx) if ctx.tracker is not None else None
     results.write(ctx.out_dir, rec)
@@ -174,8 +178,6 @@ def earlier_baselines(cfg: ExperimentConfig, ctx: JobContext, rec: JobRecord) ->
 def run_nccl_probe(cfg: ExperimentConfig, ctx: JobContext) -> dict:
     """All-reduce latency under the job's NCCL profile, at the standard sizes and the model's decode
     size (hidden x batch 1 x dtype bytes); gloo with 2 processes on CPU profiles."""
-    from spec_decode.probe.nccl import DEFAULT_SIZES, decode_bytes, probe
-
     cuda = cfg.hardware.device == "cuda"
     sizes = list(DEFAULT_SIZES)
     if (n := decode_bytes(_abs(ctx.root, cfg.model.path))) is not None:
@@ -194,18 +196,17 @@ def measure(cfg: ExperimentConfig, ctx: JobContext, role: str, baseline: JobReco
     out.mkdir(parents=True, exist_ok=True)
     profile_path = out / "profile.jsonl"
     log_path = out / "server.log"
-    for stale in (profile_path, log_path, out / OUTPUTS_FILE, *rank_files(profile_path).values()):
+    for stale in (profile_path, log_path, out / OUTPUTS_FILE, out / PAIRED_OUTPUTS_FILE,
+                  *rank_files(profile_path).values()):
         stale.unlink(missing_ok=True)
     prompt = load_prompts(_abs(ctx.root, cfg.benchmark.prompts))[cfg.benchmark.prompt_index]
     extra_env = server_extra_env(cfg, str(profile_path) if cfg.benchmark.profile else None)
-    rec = results.new_record(cfg, ctx, role, extra_env, warnings)
+    rec = recording.new_record(cfg, ctx, role, extra_env, warnings)
     rec.nccl_probe = probe
     if cfg.speculative:  # one click from a throughput number to the data its drafter learned from
         rec.provenance["drafter_lineage"] = _drafter_lineage(cfg, ctx)
     tracked = ctx.tracker.start(rec, ctx) if ctx.tracker is not None else None
-    log_windows: list[tuple[int, int]] = []
-    live_env: dict[str, str] = {}  # the first launch's server environment, read back from the process
-    live_env_tree: dict = {}  # ... and that of every server process (pid -> env)
+    measured = recording.Measured(out, log_path)  # log windows, the first launch's live server env
     status, error = "FINISHED", None
     pool, slots, need = pool_for(cfg.hardware)
     pair = None
@@ -223,8 +224,7 @@ def measure(cfg: ExperimentConfig, ctx: JobContext, role: str, baseline: JobReco
                 if pair is not None:
                     pair.env["CUDA_VISIBLE_DEVICES"] = ",".join(mine[cfg.hardware.tp_size:])
             for launch in range(cfg.benchmark.launches):
-                _one_launch(cfg, ctx, launch, prompt, extra_env, rec, log_path, log_windows, live_env,
-                            live_env_tree, pair)
+                _one_launch(cfg, ctx, launch, prompt, extra_env, rec, measured, pair)
     except KeyboardInterrupt as e:  # Ctrl-C, or SIGTERM (cli.Terminated: scancel, time limit, kill)
         status, error = "KILLED", str(e) or "interrupted (Ctrl-C / SIGINT)"
         raise
@@ -234,11 +234,10 @@ def measure(cfg: ExperimentConfig, ctx: JobContext, role: str, baseline: JobReco
         status, error = "FAILED", f"{type(e).__name__}: {e}"
         raise
     finally:
-        results.finish(rec, cfg, status, error, out, log_path, log_windows, baseline, live_env,
-                       live_env_tree)
+        recording.finish(rec, cfg, status, error, measured, baseline)
         rec.metrics.update(host.metrics_of([x["host"] for x in rec.launches if "host" in x]))
         if rec.role == "baseline" and rec.status == "FINISHED":
-            results.add_drift(rec, earlier_baselines(cfg, ctx, rec))
+            recording.add_drift(rec, earlier_baselines(cfg, ctx, rec))
         results.write(out, rec)  # the one write
         if ctx.tracker is not None:
             ctx.tracker.finish(tracked, rec, out)  # a view: logs the record as written
@@ -266,8 +265,6 @@ def where_to_look(rec: JobRecord, ctx: JobContext) -> str:
 def _drafter_lineage(cfg: ExperimentConfig, ctx: JobContext) -> dict[str, str]:
     """The drafter's lineage tags; its training run is looked up in the job's own store, and only
     when that store answers (MLflow's client retries a dead server for minutes)."""
-    from spec_decode.core.lineage import lineage_tags
-
     uri = "off"
     if ctx.tracker is not None:
         try:
@@ -293,13 +290,12 @@ class Pair:
 
 
 def _one_launch(cfg: ExperimentConfig, ctx: JobContext, launch: int, prompt: str,
-                extra_env: dict[str, str], rec: JobRecord, log_path: Path,
-                log_windows: list[tuple[int, int]], live_env: dict[str, str], live_env_tree: dict,
+                extra_env: dict[str, str], rec: JobRecord, measured: recording.Measured,
                 pair: Pair | None = None) -> None:
     """One server launch: warmup, /flush_cache, the timed runs. With ``pair``, the baseline server runs
     beside ours and each timed run is paired with one of its own (benchmark.pairing: interleaved or
     concurrent, see spec_decode/runner/pairing.py)."""
-    b = cfg.benchmark
+    b, log_path = cfg.benchmark, measured.log_path
     name = ctx.run_name or "job"
     label = f"{name if len(name) <= 48 else name[:45] + '...'} [{launch + 1}/{b.launches}]"
     arms = 2 if pair is not None else 1
@@ -333,8 +329,8 @@ def _one_launch(cfg: ExperimentConfig, ctx: JobContext, launch: int, prompt: str
                 rec.launches[-1]["baseline_server_nice"] = pairing.group_nice(bsrv.pid)
             pairer = pairing.Pairer(b.pairing, srv.pid, bsrv.pid)  # concurrent: pins both trees now
         if launch == 0:
-            live_env.update(srv.environ())  # filtered + redacted in results.finish
-            live_env_tree.update(srv.environ_tree())
+            measured.live_env.update(srv.environ())  # filtered + redacted in recording.finish
+            measured.live_env_tree.update(srv.environ_tree())
         body = client.generate_body(prompt, b.max_new_tokens, b.temperature, b.ignore_eos)
         try:
             log_start = log_path.stat().st_size
@@ -370,25 +366,27 @@ def _one_launch(cfg: ExperimentConfig, ctx: JobContext, launch: int, prompt: str
                 bar.update(2)
             time.sleep(0.05)  # let the last decode-log line reach the file
             rec.launches[-1]["host"] = host.window(host_t0, host.sample())
-            log_windows.append((start, log_path.stat().st_size))
+            measured.log_windows.append((start, log_path.stat().st_size))
             profile_pass.run(cfg, client, body, rec, launch, extra_env, srv.check_alive)
             rec.server_info = client.server_info()
             if b.request_pass and launch == b.launches - 1:
-                run_request_pass(cfg, ctx, client, rec, log_path.parent)
+                rec.requests += run_request_pass(cfg, ctx, client, launch, log_path.parent, OUTPUTS_FILE)
+                if bclient is not None:  # the paired server's outputs: the lossless guard's reference
+                    run_request_pass(cfg, ctx, bclient, launch, log_path.parent, PAIRED_OUTPUTS_FILE)
         finally:
             bar.close()
 
 
-def run_request_pass(cfg: ExperimentConfig, ctx: JobContext, client: Client, rec: JobRecord, out: Path) -> None:
+def run_request_pass(cfg: ExperimentConfig, ctx: JobContext, client: Client, launch: int, out: Path,
+                     name: str) -> list[dict]:
     """After the timed runs (outside their windows, so their numbers cannot change): one greedy request
-    per prompt of benchmark.request_prompts -> rec.requests, and the output ids -> outputs.jsonl."""
+    per prompt of benchmark.request_prompts -> its entries (returned), the output ids -> ``out/name``."""
     b = cfg.benchmark
     prompts = load_prompt_set(_abs(ctx.root, b.request_prompts))
-    _say(ctx, f"[request pass] {len(prompts)} prompts of {b.request_prompts}, {b.request_max_new_tokens} tokens each")
+    _say(ctx, f"[request pass] {len(prompts)} prompts of {b.request_prompts}, {b.request_max_new_tokens} tokens each -> {name}")
     runs = []
     for p in prompts:
         body = client.generate_body(p.text, b.request_max_new_tokens, b.temperature, b.ignore_eos)
-        r = client.generate(body, rec.launches[-1]["launch"], p.index, stream=b.stream)
-        runs.append(r)
-        rec.requests.append(request_pass.entry(p, r))
-    request_pass.write_outputs(out, prompts, runs)
+        runs.append(client.generate(body, launch, p.index, stream=b.stream))
+    request_pass.write_outputs(out, prompts, runs, name)
+    return [request_pass.entry(p, r) for p, r in zip(prompts, runs)]

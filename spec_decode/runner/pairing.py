@@ -35,7 +35,7 @@ import psutil
 from spec_decode.core.config import CONCURRENT, INTERLEAVED, PAIRINGS
 
 if TYPE_CHECKING:
-    from spec_decode.runner.client import RunRecord
+    from spec_decode.record.runs import RunRecord
 
 
 SPEC, BASE = "spec", "base"

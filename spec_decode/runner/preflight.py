@@ -18,8 +18,11 @@ from spec_decode.core.config import ExperimentConfig
 from spec_decode.core.prompts import load_prompt_set, load_prompts
 from spec_decode.core.synthetic import generated_matches, load_table
 from spec_decode.engines import sglang
+from spec_decode.engines.sglang import installed_version, version_warning
 from spec_decode.record import provenance
-from spec_decode.runner import pairing
+from spec_decode.record.provenance import git_state
+from spec_decode.record.results import PERFORMANCE_ONLY
+from spec_decode.runner import doctor, pairing
 
 # NCCL environment variables (NCCL user guide, "Environment Variables"): a typo such as NCCL_PROTOCOL
 # is silently ignored by NCCL, so we refuse names outside this list.
@@ -79,6 +82,7 @@ def _dvc_tracked(root: Path, path: str) -> bool:
         return True
     if not (root / "dvc.yaml").exists():
         return False
+    # lazy: importing dvc costs ~1 s, paid only for a missing weights path
     from dvc.exceptions import DvcException
     from dvc.repo import Repo
 
@@ -227,22 +231,16 @@ def check(cfg: ExperimentConfig, root: Path) -> Preflight:
                                                               cfg.hardware.tp_size, provenance.gpu_facts()))
     # Forced acceptance: real speed, outputs not lossless -- the record says so (results.PERFORMANCE_ONLY).
     if cfg.speculative and cfg.spec.simulate_accept_len is not None:
-        from spec_decode.record.results import PERFORMANCE_ONLY
-
         pf.warnings.append(f"{PERFORMANCE_ONLY} (spec.simulate_accept_len={cfg.spec.simulate_accept_len}: "
                            "every verify commits the forced count, SGLANG_SIMULATE_ACC_LEN)")
     # A reported experiment from a dirty tree cannot be rebuilt from its commit.
     if cfg.name != "adhoc":
-        from spec_decode.record.provenance import git_state
-
         if git_state(root).get("code_dirty"):
             pf.warnings.append(f"experiment={cfg.name} runs from a dirty git tree: commit first, or the "
                                "result's git.commit does not rebuild it")
     if cfg.engine.name == "sglang":
         pf.warnings.extend(sglang.config_warnings(cfg, dict(os.environ)))  # dead flags, inherited switches
     if cfg.engine.name == "sglang":
-        from spec_decode.engines.sglang import installed_version, version_warning
-
         pf.need(installed_version() is not None,
                 "engine=sglang: sglang is not installed; pip install -e '.[sglang]' on the GPU box",
                 local=True, dry_run=dry)
@@ -251,8 +249,6 @@ def check(cfg: ExperimentConfig, root: Path) -> Preflight:
         if cfg.benchmark.profile and cfg.speculative and installed_version() is not None:
             # First contact: our profiler must be installed and its hook targets must exist in this
             # sglang, or every phase number of the sweep would be missing.
-            from spec_decode.runner import doctor
-
             for item in doctor.static_checks("sglang")[1:]:
                 pf.need(item.ok, f"self-check: {item.name}: {item.detail}; what to do: {item.fix} "
                         "(or benchmark.profile=false to run without the phase profile)",

@@ -8,7 +8,7 @@
 The switch is the one-byte file of ``spec_decode.profiler.switch`` (``SPEC_DECODE_PROFILE_SWITCH`` in
 the server's environment, set by ``engines.server_extra_env`` with ``benchmark.profile``). The pass
 sends the timed protocol's request; its profiled runs' windows select the profile's cycles
-(``record.results.finish``), and each pair (one profiled run beside one dormant run) gives the
+(``runner.recording.finish``), and each pair (one profiled run beside one dormant run) gives the
 profiler's own effect on tok/s (``analysis.profiler_effect``). Without the switch variable nothing
 here does anything (``benchmark.profile=false``, the baseline).
 """

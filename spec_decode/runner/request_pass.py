@@ -15,10 +15,13 @@ import statistics
 from pathlib import Path
 from typing import Optional
 
+from spec_decode.analysis.sections import Section
 from spec_decode.core.prompts import Prompt
 from spec_decode.runner.client import RunRecord
 
 OUTPUTS_FILE = "outputs.jsonl"
+# The paired baseline server's request pass (benchmark.paired): the lossless guard's reference for the requests.
+PAIRED_OUTPUTS_FILE = "baseline.outputs.jsonl"
 
 
 def entry(prompt: Prompt, r: RunRecord) -> dict:
@@ -60,9 +63,15 @@ def metrics_of(cats: dict[str, dict]) -> dict[str, float]:
     return out
 
 
-def write_outputs(out_dir: Path, prompts: list[Prompt], runs: list[RunRecord]) -> Path:
+def categories_section(entries: list[dict]) -> Section:
+    """The record's ``categories`` section and its metrics."""
+    cats = categories(entries)
+    return Section({"categories": cats}, metrics_of(cats))
+
+
+def write_outputs(out_dir: Path, prompts: list[Prompt], runs: list[RunRecord], name: str = OUTPUTS_FILE) -> Path:
     """``outputs.jsonl``: one line per request, ``{prompt_index, category, output_sha256, output_ids}``."""
-    path = Path(out_dir) / OUTPUTS_FILE
+    path = Path(out_dir) / name
     with open(path, "w") as f:
         for p, r in zip(prompts, runs):
             f.write(json.dumps({"prompt_index": p.index, "category": p.category,
@@ -70,11 +79,11 @@ def write_outputs(out_dir: Path, prompts: list[Prompt], runs: list[RunRecord]) -
     return path
 
 
-def read_outputs(out_dir: Optional[str | Path]) -> dict[int, list[int]]:
+def read_outputs(out_dir: Optional[str | Path], name: str = OUTPUTS_FILE) -> dict[int, list[int]]:
     """prompt index -> output ids from a job dir's ``outputs.jsonl`` (empty if it has none)."""
     if not out_dir:
         return {}
-    path = Path(out_dir) / OUTPUTS_FILE
+    path = Path(out_dir) / name
     if not path.is_file():
         return {}
     out = {}

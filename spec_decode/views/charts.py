@@ -16,7 +16,7 @@ def acceptance_figures(recs: list[JobRecord], fits: dict | None = None) -> dict:
     accept_rate_by_position.png (measured rate per draft position per job; dotted: the cost model's
     fitted alpha x decay^(i-1) per NCCL profile) for the records that carry a histogram. Given one
     record: that job's two charts (its MLflow child run's artifacts)."""
-    import matplotlib
+    import matplotlib  # lazy: plotting costs ~1 s of start-up; a sweep without plots never pays it
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt

@@ -91,7 +91,7 @@ def training_record(path: Path, root: Path) -> dict:
 
 def offline_acceptance(root: Path, ids: list[int]) -> dict:
     """Held-out acceptance of the quick start's drafter read with `ids` (no server)."""
-    import torch
+    import torch  # lazy: the evaluation only (torch + the engine's model cost seconds)
 
     from spec_decode.engines.embedded.build import evaluate
     from spec_decode.engines.embedded.drafter_data import load, load_frozen_target
@@ -206,7 +206,7 @@ def table(name: str, metrics: dict) -> str:
 
 
 def plot(name: str, metrics: dict, path: Path) -> None:
-    import matplotlib
+    import matplotlib  # lazy: the plot only (~1 s of start-up)
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt

@@ -20,6 +20,7 @@ import argparse
 import json
 import os
 import re
+import shutil
 import statistics
 import subprocess
 import sys
@@ -60,8 +61,6 @@ def bench(name: str, root: Path, extra: list[str]) -> Path:
     d = exp_dir(name, root)
     sweep = d / "sweep"
     if sweep.exists():
-        import shutil
-
         shutil.rmtree(sweep)
     cmd = [sys.executable, str(root / "run.py"), "-m", f"experiment={name}", f"hydra.sweep.dir={sweep}", *extra]
     print("+ " + " ".join(cmd), flush=True)

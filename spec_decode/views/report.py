@@ -203,7 +203,7 @@ def write_plots(recs: list[JobRecord], out_dir: Path) -> list[Path]:
 
 def figures(recs: list[JobRecord]) -> dict:
     """The report's matplotlib figures by file name (those that have data)."""
-    import matplotlib
+    import matplotlib  # lazy: plotting costs ~1 s of start-up; most report calls print tables only
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
@@ -327,6 +327,7 @@ def _short(label: str, n: int = 32) -> str:
 
 def from_mlflow(run_id: str, uri: str, dest: Path) -> Path:
     """Download the results.json of a sweep's child runs (parent run ``run_id``) under ``dest``."""
+    # lazy: mlflow costs seconds of start-up; only --mlflow reads a store
     from mlflow.tracking import MlflowClient
 
     client = MlflowClient(tracking_uri=store.readable(uri))

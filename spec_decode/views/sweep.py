@@ -20,6 +20,7 @@ from hydra._internal.core_plugins.basic_sweeper import (
 from hydra.core.override_parser.overrides_parser import OverridesParser
 from hydra.experimental.callback import Callback
 from omegaconf import OmegaConf
+from tabulate import tabulate
 
 from spec_decode.analysis import blocks, control, recommend
 from spec_decode.record import results
@@ -29,8 +30,6 @@ from spec_decode.views.tracking import PARENT_ENV, Tracker, experiment_tags
 
 
 def markdown_summary(table: dict[str, list], sweep_dir: str) -> str:
-    from tabulate import tabulate
-
     cols = list(table)
     rows = [[table[c][i] for c in cols] for i in range(len(table[cols[0]]) if cols else 0)]
     return (f"Sweep `{sweep_dir}`\n\n" + tabulate(rows, headers=cols, tablefmt="github", disable_numparse=True)
@@ -83,7 +82,8 @@ def headline(recs: list, jobs: list[str] | None) -> tuple[dict[str, float], dict
     if done:
         metrics["best_throughput_tok_s"] = max(r.metrics.get("throughput_tok_s", 0.0) for r in done)
         params.update({g: str(done[0].choice(g)) for g in ("hardware", "engine", "model")})
-    base = [r.metrics["throughput_tok_s"] for r in done if r.role == "baseline" and "throughput_tok_s" in r.metrics]
+    base = [r.metrics["throughput_tok_s"] for r in done if r.role == "baseline" and "throughput_tok_s" in r.metrics] \
+        or [r.metrics["baseline_throughput_tok_s"] for r in spec if "baseline_throughput_tok_s" in r.metrics]  # paired
     if base:
         metrics["baseline_throughput_tok_s"] = base[0]
     if spec:

@@ -34,8 +34,9 @@ from spec_decode.analysis import drift
 from spec_decode.core import store
 from spec_decode.core.config import flatten
 from spec_decode.record import results
-from spec_decode.record.results import JobContext, JobRecord
+from spec_decode.record.results import JobRecord
 from spec_decode.runner import interrupt
+from spec_decode.runner.context import JobContext
 from spec_decode.views import charts
 
 PARENT_ENV = "SPEC_DECODE_PARENT_RUN_ID"

@@ -19,6 +19,7 @@ pytestmark = pytest.mark.integration
 def start(tmp_path, tmp_store):
     return subprocess.Popen(
         [sys.executable, str(ROOT / "run.py"), "-m", "spec.steps=1,2", *small(), *tmp_store["overrides"],
+         "benchmark.paired=false",  # a baseline job to interrupt, shared by the sweep's two jobs
          f"hydra.sweep.dir={tmp_path / 'sw'}"], cwd=ROOT, env={**os.environ, "HF_HUB_OFFLINE": "1"},
         stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
 

@@ -8,16 +8,8 @@ import sys
 
 import pytest
 
-from spec_decode.probe.nccl import (
-    ALGO_NAMES,
-    DEFAULT_SIZES,
-    PROTO_NAMES,
-    combine,
-    metrics_of,
-    parse_nccl_debug,
-    probe,
-    profile_env,
-)
+from spec_decode.probe.nccl import DEFAULT_SIZES, combine, metrics_of, probe, profile_env
+from spec_decode.probe.nccl_debug import ALGO_NAMES, PROTO_NAMES, parse_nccl_debug
 
 from ..conftest import ROOT, run_py, small
 

@@ -24,7 +24,7 @@ pytestmark = pytest.mark.integration
 def test_preflight_refusal_in_a_sweep_counts_and_a_prompt_sweep_keeps_every_entry(tmp_path, tmp_store):
     sweep = tmp_path / "sweep"
     p = run_py(["-m", "benchmark.prompt_index=0,1,99", "spec.steps=1", *small(), *tmp_store["overrides"],
-                f"hydra.sweep.dir={sweep}"])
+                "benchmark.paired=false", f"hydra.sweep.dir={sweep}"])  # baseline jobs: keyed entries too
     assert "benchmark.prompt_index=99: prompts.jsonl has 8 prompts (0..7)" in p.stderr
     refused = results.read(next(sweep.glob("2_*")))
     assert refused.status == "FAILED" and "benchmark.prompt_index=99" in refused.error and not refused.runs
@@ -53,7 +53,7 @@ def test_preflight_refusal_in_a_sweep_counts_and_a_prompt_sweep_keeps_every_entr
 def test_tracking_off_jobs_carry_checks_and_drift(tmp_path):
     off = ["tracking=off", f"tracking.results_dirs=[{tmp_path}]", *small()]
     run_py(["drafter=none", *off, f"hydra.run.dir={tmp_path / 'a'}"])
-    run_py(["spec.steps=1", *off, f"hydra.run.dir={tmp_path / 'b'}"])  # measures its own baseline too
+    run_py(["spec.steps=1", "benchmark.paired=false", *off, f"hydra.run.dir={tmp_path / 'b'}"])  # + a baseline job
     first = results.read(tmp_path / "a")
     assert first.drift is None and first.mlflow_run_id is None  # nothing earlier to compare with
     second = results.read(tmp_path / "b" / "baseline")

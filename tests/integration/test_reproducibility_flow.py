@@ -112,14 +112,13 @@ def test_block_design_spreads_each_cell_over_the_sweep_and_folds_its_blocks(tmp_
     recs = collect(d)
     spec = sorted((r for r in recs if r.speculative), key=lambda r: r.started_at)
     assert [r.config["benchmark"]["block"] for r in spec] == [0, 1, 2]  # one launch of the cell per block
-    base = sorted((r for r in recs if not r.speculative), key=lambda r: r.started_at)
-    assert [r.config["benchmark"]["block"] for r in base] == [0, 1, 2]  # each block has its own baseline
+    # each block's baseline is the paired server beside its spec server (the default): no baseline jobs
+    assert [r for r in recs if not r.speculative] == [] and all(r.baseline_runs for r in spec)
     metrics = to_metrics(recs)
     assert metrics["host"] == recs[0].provenance["host"] and metrics["host"]["cpu_model"]  # metrics.json names the host
     assert all("host_load1" in e for e in metrics["jobs"].values())
     assert metrics["interval"].startswith("3 blocks spread over the sweep") and set(metrics["cells"]) == {
-        "benchmark.max_new_tokens=48,benchmark.runs=3,benchmark.warmup=1,spec.steps=3",
-        "baseline,benchmark.max_new_tokens=48,benchmark.runs=3,benchmark.warmup=1"}
+        "benchmark.max_new_tokens=48,benchmark.runs=3,benchmark.warmup=1,spec.steps=3"}
     cell = metrics["cells"]["benchmark.max_new_tokens=48,benchmark.runs=3,benchmark.warmup=1,spec.steps=3"]
     assert cell["speedup_method"] == "blocks" and cell["throughput_tok_s_n"] == 3
     per_block = [r.metrics["speedup_vs_baseline"] for r in spec]

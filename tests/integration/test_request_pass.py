@@ -1,5 +1,5 @@
 """The request pass, prompt categories and the lossless guard through run.py against the real embedded
-engine (paired baseline server, real MLflow store); a non-lossless engine (fault at the process
+engine (a baseline job, real MLflow store); a non-lossless engine (fault at the process
 boundary) fails the check with the position."""
 
 from __future__ import annotations
@@ -21,7 +21,7 @@ def test_request_pass_categories_and_lossless_pass(tmp_path, tmp_store):
     out = tmp_path / "job"
     run_py([*small(), "spec.steps=3", "benchmark.stream=false", "benchmark.request_pass=true",
             "benchmark.request_max_new_tokens=24", "benchmark.ignore_eos=false", *tmp_store["overrides"],
-            f"hydra.run.dir={out}"])
+            "benchmark.paired=false", f"hydra.run.dir={out}"])  # a baseline job with its own record
     spec = json.loads((out / "results.json").read_text())
     base = json.loads((out / "baseline" / "results.json").read_text())
     for rec, d in ((spec, out), (base, out / "baseline")):
@@ -40,8 +40,8 @@ def test_request_pass_categories_and_lossless_pass(tmp_path, tmp_store):
         assert c["accept_len"] == pytest.approx(sum(e["completion_tokens"] for e in es) / sum(e["verify_ct"] for e in es))
         assert c["accept_len"] > 1
         assert sum(es[0]["histogram"]) == es[0]["verify_ct"]  # the engine's per-request histogram
-    # the request pass runs after the timed runs' windows: the profile holds exactly their cycles
-    assert spec["profile"]["complete"] and spec["profile"]["cycles"] == sum(r["spec_verify_ct"] for r in spec["runs"])
+    # the request pass runs after the profiled pass's windows: the profile holds exactly their cycles
+    assert spec["profile"]["complete"] and spec["profile"]["cycles"] == sum(r["spec_verify_ct"] for r in spec["profiled_runs"])
     g = spec["lossless"]
     assert g["verdict"] == "pass" and g["requests"] == 2 + 12 and g["first_divergence"] == {}
     assert {c["name"]: c["ok"] for c in spec["checks"]}["lossless_vs_baseline"] is True

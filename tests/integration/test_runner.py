@@ -24,7 +24,7 @@ def runs_of(uri: str):
     return c, c.search_runs([exp.experiment_id], order_by=["start_time ASC"])
 
 
-def test_sweep_steps_by_nccl_gives_parent_children_and_baseline_arm(tmp_path, tmp_store):
+def test_sweep_steps_by_nccl_gives_parent_children_and_paired_baselines(tmp_path, tmp_store):
     sweep = tmp_path / "sweep"
     proc = run_py(["-m", "spec.steps=1,3", "nccl=tuned,default", *small(), *tmp_store["overrides"],
                    f"hydra.sweep.dir={sweep}"], env={"NCCL_PROTO": "Simple"})  # a stray shell variable
@@ -34,7 +34,8 @@ def test_sweep_steps_by_nccl_gives_parent_children_and_baseline_arm(tmp_path, tm
     kids = [r for r in runs if r.data.tags.get("mlflow.parentRunId") == parents[0].info.run_id]
     spec = [r for r in kids if r.data.params["role"] == "spec"]
     base = [r for r in kids if r.data.params["role"] == "baseline"]
-    assert len(spec) == 4 and len(base) == 2  # one baseline per NCCL profile
+    # one baseline strategy per job: paired (the default where two servers fit), so no baseline jobs
+    assert len(spec) == 4 and base == [] and not (sweep / "baselines").exists()
     assert all(r.info.status == "FINISHED" for r in kids)
     for r in spec:
         m = r.data.metrics
@@ -58,8 +59,7 @@ def test_sweep_steps_by_nccl_gives_parent_children_and_baseline_arm(tmp_path, tm
         assert len(rec["baseline_runs"]) == len(rec["runs"]) == 2
         ratios = [a["throughput_tok_s"] / b["throughput_tok_s"] for a, b in zip(rec["runs"], rec["baseline_runs"])]
         assert rec["speedup_vs_baseline"]["per_pair"] == pytest.approx(ratios)
-    assert sorted(r.info.run_name for r in base) == ["baseline nccl=default max_new_tokens=48 runs=2 warmup=1",
-                                                     "baseline nccl=tuned max_new_tokens=48 runs=2 warmup=1"]
+        assert "vs_baseline_job" not in rec["speedup_vs_baseline"] and rec["baseline"]["out_dir"] is None
     # the experiment opens in the runs view, with a description and a saved view of the key metrics
     exp = c.get_experiment(parents[0].info.experiment_id)
     assert exp.tags["mlflow.experimentKind"] == "custom_model_development"
@@ -68,7 +68,7 @@ def test_sweep_steps_by_nccl_gives_parent_children_and_baseline_arm(tmp_path, tm
     state = json.loads(view["state"])
     assert "metrics.`speedup_vs_baseline`" in state["selectedColumns"]
     assert state["runsExpanded"] == {parents[0].info.run_id: True}
-    assert parents[0].data.tags["mlflow.note.content"].count("| FINISHED") == 6
+    assert parents[0].data.tags["mlflow.note.content"].count("| FINISHED") == 4
     # where to look: the sweep ends with its dir, the parent run, the UI command and the report command
     tail = proc.stderr[proc.stderr.rindex("sweep dir:"):]
     assert str(sweep) in tail and parents[0].info.run_id in tail and "mlflow ui --backend-store-uri" in tail
@@ -77,15 +77,15 @@ def test_sweep_steps_by_nccl_gives_parent_children_and_baseline_arm(tmp_path, tm
     job_logs = sorted(sweep.glob("*/run.log"))
     assert len(job_logs) == 4 and all("[FINISHED]" in p.read_text() for p in job_logs)
     summary = (sweep / "sweep_summary.txt").read_text()
-    assert "6 job(s): 6 FINISHED" in summary
+    assert "4 job(s): 4 FINISHED" in summary  # paired: no baseline jobs
     assert "cost model" in summary and "predicted best: steps=" in summary
     # the report CLI renders the same sweep from its results.json files
     plots = tmp_path / "plots"
     rep = subprocess.run([sys.executable, "-m", "spec_decode.views.report", str(sweep), "--plots", str(plots)],
                          capture_output=True, text=True, timeout=120)
     assert rep.returncode == 0, rep.stderr
-    assert "speedup 95% CI" in rep.stdout and rep.stdout.count(" FINISHED ") == 6  # one row per job
-    assert "6 job(s): 6 FINISHED" in rep.stdout
+    assert "speedup 95% CI" in rep.stdout and rep.stdout.count(" FINISHED ") == 4  # one row per job
+    assert "4 job(s): 4 FINISHED" in rep.stdout
     for png in ("throughput_vs_steps.png", "phases.png", "accept_len_vs_steps.png"):
         assert (plots / png).stat().st_size > 10_000
     assert {p.path for p in c.list_artifacts(parents[0].info.run_id)} >= {"sweep_summary.txt",

@@ -32,6 +32,7 @@ def structure(uri: str):
 def test_submitit_local_sweep_logs_like_the_basic_launcher(tmp_path, tmp_store):
     run_py(["-m", "hydra/launcher=local_parallel", "hardware.parallel_jobs=2",
             f"hardware.slots_dir={tmp_path / 'slots'}", "spec.steps=1,2", *small(), *tmp_store["overrides"],
+            "benchmark.paired=false",  # the baseline job, shared by the two parallel jobs (file lock)
             f"hydra.sweep.dir={tmp_path / 'sweep'}"], timeout=600)
     parents, kids = structure(tmp_store["uri"])
     assert len(parents) == 1 and parents[0].info.status == "FINISHED"

@@ -70,7 +70,7 @@ def test_every_option_of_every_group_composes_to_its_files_values(group):
 
 
 def test_each_engine_composes_to_its_own_schema():
-    from spec_decode.core.config import EmbeddedEngineConfig, SglangEngineConfig
+    from spec_decode.core.engine_config import EmbeddedEngineConfig, SglangEngineConfig
 
     embedded, sglang = experiment(), experiment("engine=sglang", "hardware=h200x1")
     assert type(embedded.engine) is EmbeddedEngineConfig and type(sglang.engine) is SglangEngineConfig

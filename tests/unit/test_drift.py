@@ -39,6 +39,21 @@ def test_three_earlier_baselines_give_an_interval_and_an_alarm():
     assert inside.message is None and not inside.outside_interval
 
 
+def test_a_baseline_15pct_fast_is_outside_the_interval_too():
+    """The interval has two sides: 690 tok/s against 600 +- 49.7 is drift as much as 400 is."""
+    f = drift.check(690.0, ENV, EARLIER, HASHES, "0.1.0")
+    assert f.outside_interval and f.message.startswith("DRIFT: baseline 690.0 tok/s is outside")
+    assert not drift.check(645.0, ENV, EARLIER, HASHES, "0.1.0").outside_interval  # inside, just
+
+
+def test_a_hash_only_one_side_knows_is_no_difference():
+    """An older record without the prompts' hash is no evidence that the prompts changed."""
+    older = [ref(600.0, 1, hashes={"target": "aaaa1111"}), ref(610.0, 2, hashes={"target": "aaaa1111"}),
+             ref(590.0, 3, hashes={"target": "aaaa1111"})]
+    f = drift.check(605.0, ENV, older, HASHES, "0.1.0")
+    assert f.provenance_differences == [] and f.message is None
+
+
 def test_changed_weight_hash_is_listed_even_when_throughput_looks_normal():
     rebuilt = {**HASHES, "target": "cccc3333"}
     f = drift.check(605.0, ENV, EARLIER, rebuilt, "0.1.0")

@@ -29,9 +29,6 @@ SIDE_USERS = {  # which floors may import each side package
     "parsers": 1, "probe": 2, "engines": 3, "profiler": 3,
 }
 KNOWN = {
-    # record types living with the code that fills them: RunRecord belongs in record/
-    ("record.results", "runner.client"),
-    ("record.results", "runner.request_pass"),
     # the analysis reads record types and the performance-only rule, which the record owns
     ("analysis.costmodel", "record.results"),
     ("analysis.recommend", "record.results"),

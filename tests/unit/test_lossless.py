@@ -1,5 +1,5 @@
 """The lossless guard, the request pass's categories and the latency percentiles, through
-results.finish on a composed config with real files (outputs.jsonl) in tmp dirs."""
+recording.finish on a composed config with real files (outputs.jsonl) in tmp dirs."""
 
 from __future__ import annotations
 
@@ -12,7 +12,7 @@ from spec_decode.analysis import latency, lossless
 from spec_decode.core.prompts import Prompt, load_prompt_set
 from spec_decode.record import results
 from spec_decode.record.results import JobRecord
-from spec_decode.runner import request_pass
+from spec_decode.runner import recording, request_pass
 from spec_decode.runner.client import RunRecord
 
 from .test_record import ROOT, new
@@ -48,7 +48,7 @@ def baseline(tmp_path: Path, ids: list[int] | None = GOOD, outputs: dict[int, li
 def finish(tmp_path: Path, rec, cfg, base) -> None:
     out = tmp_path / "spec"
     out.mkdir(exist_ok=True)
-    results.finish(rec, cfg, "FINISHED", None, out, out / "server.log", [], base)
+    recording.finish(rec, cfg, "FINISHED", None, recording.Measured(out, out / "server.log"), base)
 
 
 def test_planted_divergence_at_17_fails_the_embedded_job(tmp_path):

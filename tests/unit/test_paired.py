@@ -31,6 +31,16 @@ def test_paired_by_default_where_two_servers_fit():
     assert experiment("hardware=h200x8", "hardware.tp_size=2", "engine=sglang").paired is True
 
 
+def test_one_baseline_strategy_per_job():
+    """paired where two servers fit (the default), a separate baseline job where they do not or when asked,
+    none for a baseline job or with the arm off -- never both (runner.job.run_job follows it)."""
+    assert experiment().baseline_strategy == "paired"
+    assert experiment("benchmark.paired=false").baseline_strategy == "job"
+    assert experiment("hardware=h200x8", "engine=sglang").baseline_strategy == "job"
+    assert experiment("drafter=none").baseline_strategy == "none"
+    assert experiment("benchmark.baseline_arm=false").baseline_strategy == "none"
+
+
 def test_forcing_pairs_where_they_cannot_fit_names_the_key():
     with pytest.raises(ConfigError, match=r"benchmark.paired=true needs 2 x hardware.tp_size = 16 GPUs"):
         experiment("hardware=h200x8", "engine=sglang", "benchmark.paired=true")
@@ -81,3 +91,22 @@ def test_preflight_refuses_concurrent_pairing_without_a_core_per_server():
         f"CPU cores: that needs 2 cores (2 x hardware.tp_size=1 ranks on CPU), but this job may use 1 "
         f"([{min(mine)}]); use benchmark.pairing=interleaved (or benchmark.paired=false)"]
     assert not [e for e in interleaved.errors + unpaired.errors if "pairing" in e]
+
+
+def test_each_pair_returns_its_spec_run_first_and_expects_the_median_duration():
+    """Known-wrong inputs through the real Pairer: the arms return distinguishable runs (a swapped pair
+    would turn the speedup upside down), and one 10x slow request does not move the expected time."""
+    import os
+
+    from spec_decode.runner.pairing import INTERLEAVED, Pairer
+
+    class Run:
+        def __init__(self, arm: str, wall_s: float):
+            self.arm, self.wall_s = arm, wall_s
+
+    p = Pairer(INTERLEAVED, os.getpid(), os.getpid(), expected_s={"spec": 1.0, "base": 2.0})
+    walls = [(1.0, 2.0), (1.0, 2.0), (10.0, 2.0)]  # the third spec request is 10x slow
+    for i, (ws, wb) in enumerate(walls):
+        spec, base, info = p.run(i, lambda ws=ws: Run("spec", ws), lambda wb=wb: Run("base", wb))
+        assert (spec.arm, base.arm) == ("spec", "base"), info
+    assert p.expected_s == {"spec": 1.0, "base": 2.0}  # the median of 1, 1, 1, 10 -- not the last request

@@ -145,6 +145,24 @@ def test_rank_files_and_agreement(tmp_path):
     assert not summary["rank_agreement"]["ok"]
 
 
+def test_a_rank_15pct_slow_with_equal_cycle_counts_disagrees(tmp_path):
+    """Equal counts are not enough: a rank whose mean cycle is 15% above rank 0's (tolerance 10%) disagrees,
+    one 9% above agrees."""
+    base = tmp_path / "profile.jsonl"
+    for rank, cycle_ms in ((0, 10.0), (1, 11.5), (2, 10.9)):
+        with open(profile.rank_path(base, rank), "w") as f:
+            for t in (1.0, 2.0, 3.0):
+                f.write(json.dumps({"t": t, "rank": rank, "draft_ms": 2, "verify_ms": 6, "extend_ms": 1,
+                                    "cycle_ms": cycle_ms, "accepted": 3}) + "\n")
+    agree = profile.summarize_run_windows(base, [(0.5, 3.5)])[0]["rank_agreement"]
+    assert agree["ok"] is False
+    assert agree["ranks"]["1"]["cycle_ms_diff_pct"] == pytest.approx(15.0)
+    assert agree["ranks"]["2"]["cycle_ms_diff_pct"] == pytest.approx(9.0)
+    two = profile.rank_agreement({0: {"cycles": 3, "cycle_ms": 10.0, **{f"{p}_ms": 1.0 for p in profile.PHASES}},
+                                  2: {"cycles": 3, "cycle_ms": 10.9, **{f"{p}_ms": 1.0 for p in profile.PHASES}}})
+    assert two["ok"] is True
+
+
 DOUBLE_SIGTERM = r"""
 import os, signal, sys, threading, time
 from spec_decode.profiler import plugin
@@ -178,6 +196,25 @@ def test_two_sigterms_lose_no_cycle(tmp_path):
     p = subprocess.run([sys.executable, "-c", DOUBLE_SIGTERM, str(path)], capture_output=True, text=True,
                        timeout=60)
     assert p.returncode == -15, p.stderr  # the default action ran after the drain
+    lines = path.read_text().splitlines()
+    assert len(lines) == 60 and len(set(lines)) == 60
+
+
+DOUBLE_SIGTERM_PREVIOUS = DOUBLE_SIGTERM.replace(
+    "plugin._chain_sigterm(prof)",
+    "signal.signal(signal.SIGTERM, lambda signum, frame: print('PREVIOUS', flush=True))\n"
+    "plugin._chain_sigterm(prof)").replace("time.sleep(30)", "time.sleep(2.0)\nprint('END', flush=True)")
+
+
+def test_a_second_sigterm_mid_drain_starts_no_nested_drain(tmp_path):
+    """A second SIGTERM while the first one drains (slow clock), with a previous handler that returns:
+    the second is ignored -- the drain and the previous handler run once, every cycle written once.
+    A nested drain would write the outer drain's lines again and run the previous handler twice."""
+    path = tmp_path / "p.jsonl"
+    p = subprocess.run([sys.executable, "-c", DOUBLE_SIGTERM_PREVIOUS, str(path)], capture_output=True, text=True,
+                       timeout=60)
+    assert p.returncode == 0, p.stderr
+    assert p.stdout.split() == ["PREVIOUS", "END"]
     lines = path.read_text().splitlines()
     assert len(lines) == 60 and len(set(lines)) == 60
 
@@ -217,6 +254,41 @@ def test_sigterm_inside_a_cycle_waits_for_it_to_be_recorded(tmp_path):
     assert p.wait(timeout=30) == -15  # the default action ran, after the cycle and the drain
     lines = [json.loads(x) for x in path.read_text().splitlines()]
     assert len(lines) == 5 and lines[-1]["extend_ms"] >= 900  # the last cycle, whole
+
+
+PREVIOUS_HANDLER_ONCE = r"""
+import os, signal, sys, time
+from spec_decode.profiler import plugin
+from spec_decode.profiler.timer import PhaseTimer
+
+prof = plugin.Profiler(sys.argv[1])
+prof.timer = PhaseTimer(sys.argv[1], flush_s=None)
+signal.signal(signal.SIGTERM, lambda signum, frame: print("PREVIOUS", flush=True))  # e.g. the engine's own
+plugin._chain_sigterm(prof, wait_cycle_s=4.0)  # margin: the cycle ends at ~0.5 s
+class R:
+    accept_lens = [2]
+def extend():
+    os.kill(os.getpid(), signal.SIGTERM)  # lands inside the cycle: the handler waits for its end
+    time.sleep(0.5)
+def cycle():
+    prof.timer.phase("verify")(lambda: None)
+    prof.timer.phase("extend")(extend)
+    return R()
+prof.around_cycle(cycle)
+time.sleep(5.0)  # past the wait's timer (4 s): it must not run the previous handler again
+print("END", flush=True)
+"""
+
+
+def test_the_previous_handler_runs_once_when_the_cycle_ends_before_the_wait(tmp_path):
+    """The cycle's end and the wait's timer both reach the handler's finish: the drain and the previous
+    handler run once (a second run from the timer's thread would end the process with status 143)."""
+    path = tmp_path / "p.jsonl"
+    p = subprocess.run([sys.executable, "-c", PREVIOUS_HANDLER_ONCE, str(path)], capture_output=True, text=True,
+                       timeout=60)
+    assert p.returncode == 0, p.stderr
+    assert p.stdout.split() == ["PREVIOUS", "END"]
+    assert len(path.read_text().splitlines()) == 1  # the cycle in flight, recorded
 
 
 class _Mode:

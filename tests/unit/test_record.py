@@ -1,4 +1,4 @@
-"""The typed job record: finish computes from real files, one write, schema-1 records still read,
+"""The typed job record: recording.finish computes from real files, one write, schema-1 records still read,
 the profile windows, and the drift guard's findings."""
 
 import json
@@ -9,8 +9,10 @@ import pytest
 from spec_decode.analysis import drift
 from spec_decode.parsers import profile
 from spec_decode.record import results
-from spec_decode.record.results import JobContext, JobRecord
+from spec_decode.record.results import JobRecord
+from spec_decode.runner import recording
 from spec_decode.runner.client import RunRecord
+from spec_decode.runner.context import JobContext
 
 from ..conftest import compose_experiment
 
@@ -23,7 +25,7 @@ experiment = compose_experiment
 
 def new(tmp_path: Path, *overrides: str, role: str = "spec") -> tuple:
     cfg = experiment(*overrides)
-    rec = results.new_record(cfg, JobContext(out_dir=tmp_path, run_name="spec.steps=2", root=ROOT), role, {}, [])
+    rec = recording.new_record(cfg, JobContext(out_dir=tmp_path, run_name="spec.steps=2", root=ROOT), role, {}, [])
     return cfg, rec
 
 
@@ -54,7 +56,7 @@ def test_finish_computes_every_figure_from_the_runs_profile_and_log(tmp_path):
                      runs=[run(0, 100, 0.5, None, 0.0), run(1, 100, 0.5, None, 1.0)],
                      throughput_tok_s={"mean": 200.0}, out_dir="/b")
 
-    results.finish(rec, cfg, "FINISHED", None, tmp_path, log, [(len(before), len(before) + len(inside))], base)
+    recording.finish(rec, cfg, "FINISHED", None, recording.Measured(tmp_path, log, [(len(before), len(before) + len(inside))]), base)
 
     m = rec.metrics
     assert m["throughput_tok_s"] == pytest.approx((400 + 500) / 2)
@@ -85,7 +87,7 @@ def test_finish_computes_every_figure_from_the_runs_profile_and_log(tmp_path):
 
 def test_failed_job_without_runs_has_no_numbers_and_no_checks(tmp_path):
     cfg, rec = new(tmp_path)
-    results.finish(rec, cfg, "FAILED", "ServerError: boom", tmp_path, tmp_path / "server.log", [], None)
+    recording.finish(rec, cfg, "FAILED", "ServerError: boom", recording.Measured(tmp_path, tmp_path / "server.log", []), None)
     assert (rec.status, rec.error, rec.metrics, rec.checks) == ("FAILED", "ServerError: boom", {}, [])
     assert rec.profile == {"missing": "no profile lines from rank 0 in the timed runs (plugin not loaded?)"}
     assert not [w for w in rec.warnings if "profile" in w]  # no runs: nothing to warn about
@@ -94,7 +96,7 @@ def test_failed_job_without_runs_has_no_numbers_and_no_checks(tmp_path):
 def test_the_record_is_written_once_and_reads_back_equal(tmp_path):
     cfg, rec = new(tmp_path)
     rec.runs = [run(0, 100, 0.25, 40, 1000.0)]
-    results.finish(rec, cfg, "FINISHED", None, tmp_path, tmp_path / "server.log", [], None)
+    recording.finish(rec, cfg, "FINISHED", None, recording.Measured(tmp_path, tmp_path / "server.log", []), None)
     results.write(tmp_path, rec)
     back = results.read(tmp_path)
     assert back.to_dict() == json.loads(json.dumps(rec.to_dict()))
@@ -181,9 +183,9 @@ def test_drift_interval_and_environment_findings():
 def test_add_drift_only_for_finished_baselines(tmp_path):
     _, spec = new(tmp_path)
     spec.status, spec.metrics = "FINISHED", {"throughput_tok_s": 1.0}
-    results.add_drift(spec, [ref(300.0)])
+    recording.add_drift(spec, [ref(300.0)])
     assert spec.drift is None
     _, base = new(tmp_path, "drafter=none", role="baseline")
     base.status, base.metrics, base.server_env = "FINISHED", {"throughput_tok_s": 100.0}, {"NCCL_PROTO": "LL"}
-    results.add_drift(base, [ref(300.0, started=1), ref(310.0, started=2), ref(290.0, started=3)])
+    recording.add_drift(base, [ref(300.0, started=1), ref(310.0, started=2), ref(290.0, started=3)])
     assert base.drift.outside_interval and base.warnings == [base.drift.message]

@@ -94,7 +94,9 @@ def resolve_seed_and_forcing(args: argparse.Namespace, parser: argparse.Argument
     it); SGLANG_SIMULATE_ACC_LEN > 0 forces acceptance with speculation (exit 2 on a bad value)."""
     if args.random_seed is None:
         args.random_seed = random.randint(0, 1 << 30)
-    from spec_decode.engines.embedded.decoding import ForcedAcceptance
+    from spec_decode.engines.embedded.decoding import (
+        ForcedAcceptance,  # lazy: torch; a bad flag exits first
+    )
 
     try:
         forced = ForcedAcceptance.from_env(args.speculative_num_steps or 0, args.random_seed)
@@ -113,7 +115,7 @@ def check_models(args: argparse.Namespace) -> list[int] | None:
     """Start-up checks that SGLang would also fail on, with a message that says what to do: the drafter
     rules are spec_decode.core.drafter's (the ones preflight applies), plus what only this engine needs.
     Returns the drafter's layer ids as it will be served (None for the baseline)."""
-    from spec_decode.core import drafter as rules
+    from spec_decode.core import drafter as rules  # lazy: start-up, only with a drafter to check
 
     target = Path(args.model_path)
     if not (target / "config.json").is_file() or not (target / "model.safetensors").is_file():
@@ -150,7 +152,9 @@ def check_models(args: argparse.Namespace) -> list[int] | None:
 
 def check_tp_size(args: argparse.Namespace, parser: argparse.ArgumentParser) -> None:
     """--tp-size must shard the target evenly (exit 2 naming the flag and the head counts)."""
-    from spec_decode.engines.embedded.parallel import tp_size_error
+    from spec_decode.engines.embedded.parallel import (
+        tp_size_error,  # lazy: torch; a bad flag exits first
+    )
 
     cfg = json.loads((Path(args.model_path) / "config.json").read_text())
     heads, kv_heads = cfg["num_attention_heads"], cfg.get("num_key_value_heads", cfg["num_attention_heads"])

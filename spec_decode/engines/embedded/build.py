@@ -30,12 +30,14 @@ from pathlib import Path
 
 import torch
 import torch.nn.functional as F
+from safetensors.torch import save_file
 
 from spec_decode.analysis.stats import summarize
 from spec_decode.core.lineage import EXPERIMENT as MLFLOW_EXPERIMENT
 from spec_decode.core.lineage import log_training
 from spec_decode.engines.embedded import kernels, synthetic
-from spec_decode.engines.embedded.drafter_data import sha256_rows
+from spec_decode.engines.embedded.drafter_data import load as load_data
+from spec_decode.engines.embedded.drafter_data import load_frozen_target, sha256_rows
 from spec_decode.engines.embedded.model import (
     DrafterShape,
     Eagle3Drafter,
@@ -82,8 +84,6 @@ def _lr(step: int, steps: int, peak: float, warmup: int) -> float:
 
 
 def _save(model_dir: Path, config: dict, state: dict[str, torch.Tensor], record: dict) -> str:
-    from safetensors.torch import save_file
-
     model_dir.mkdir(parents=True, exist_ok=True)
     (model_dir / "config.json").write_text(json.dumps(config, indent=2, sort_keys=True) + "\n")
     weights = model_dir / "model.safetensors"
@@ -180,9 +180,6 @@ def evaluate(drafter: Eagle3Drafter, target: LlamaTarget, rows: torch.Tensor, id
 
 
 def build_drafter(args: argparse.Namespace) -> None:
-    from spec_decode.engines.embedded.drafter_data import load as load_data
-    from spec_decode.engines.embedded.drafter_data import load_frozen_target
-
     gen = _setup(args.seed, args.threads, args.kernels)
     target = load_frozen_target(args.target)  # training arithmetic, independent of the serving path
     tcfg = read_config(args.target)

@@ -34,6 +34,7 @@ import time
 from pathlib import Path
 
 import torch
+from safetensors.torch import load_file, save_file
 
 from spec_decode.engines.embedded import kernels
 from spec_decode.engines.embedded.model import LlamaShape, LlamaTarget, causal_mask, read_config
@@ -67,8 +68,6 @@ def load_frozen_target(model_dir: str | Path) -> LlamaTarget:
     """The target as training sees it: full (unfused, unsharded) weights, no grad. Data generation and
     drafter training use this path only, so they do not move when the serving path (fusion, tensor-
     parallel sharding) changes its float arithmetic."""
-    from safetensors.torch import load_file
-
     model = LlamaTarget(LlamaShape.from_config(read_config(model_dir)))
     model.load_state_dict(load_file(str(Path(model_dir) / "model.safetensors")))
     for p in model.parameters():
@@ -153,8 +152,6 @@ def make(corpus: str, target_dir: str, samples: int, heldout: int, seq: int, pro
 
 
 def save(out: Path, splits: dict[str, torch.Tensor], record: dict) -> dict:
-    from safetensors.torch import save_file
-
     out.mkdir(parents=True, exist_ok=True)
     path = out / SAMPLES_FILE
     save_file(splits, str(path), metadata={"seq": str(record["seq"])})
@@ -166,8 +163,6 @@ def save(out: Path, splits: dict[str, torch.Tensor], record: dict) -> dict:
 
 def load(data_dir: str | Path) -> tuple[dict[str, torch.Tensor], dict]:
     """The splits as long tensors and data.json; a clear error when the directory is not a data set."""
-    from safetensors.torch import load_file
-
     d = Path(data_dir)
     for f in (SAMPLES_FILE, RECORD_FILE):
         if not (d / f).is_file():

@@ -66,7 +66,7 @@ def pin_process() -> None:
 
 def _mkl_branch() -> str | None:
     """MKL's active CNR branch as torch's own MKL reports it, or None when it cannot be read."""
-    import torch
+    import torch  # lazy: this module sets the kernel env before torch loads (pin_process)
 
     try:
         lib = ctypes.CDLL(str(Path(torch.__file__).parent / "lib" / "libtorch_cpu.so"))
@@ -78,7 +78,7 @@ def _mkl_branch() -> str | None:
 
 def state() -> dict:
     """What this process's kernels are: a pinned build's record says which paths made it."""
-    import torch
+    import torch  # lazy: see _mkl_branch
 
     return {"aten_cpu_capability": torch.backends.cpu.get_cpu_capability(), "mkl_cbwr": _mkl_branch()}
 
@@ -94,7 +94,7 @@ def check(mode: str) -> None:
     not go through ``pin_process``): its weights would silently depend on the CPU."""
     if mode != "pinned":
         return
-    import torch
+    import torch  # lazy: see _mkl_branch
 
     cap = torch.backends.cpu.get_cpu_capability()
     mkl = _mkl_branch()

@@ -38,6 +38,7 @@ from collections.abc import Iterator
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from urllib.parse import parse_qs
 
+from spec_decode import __version__
 from spec_decode.engines.embedded.ranks import RankDied, RankGroup
 from spec_decode.engines.embedded.request import (  # noqa: F401 (SAMPLING_KEYS: re-exported)
     SAMPLING_KEYS,
@@ -157,8 +158,6 @@ class EngineState:
         return "Cache flushed.\nPlease check backend logs for more details. (When there are running or waiting requests, the operation will not be performed.)\n"
 
     def server_info(self) -> dict:
-        from spec_decode import __version__
-
         return {
             **self.args,
             "version": __version__,

@@ -1,0 +1,102 @@
+"""The engines' schemas (DESIGN 3.1): what every engine takes (``EngineConfig``) and each engine's own
+fields and limits, registered as ``base_<name>`` in Hydra's ConfigStore (``core.config.register_configs``).
+A new engine adds its schema here and its argv builder in ``spec_decode/engines/``."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Optional
+
+from omegaconf import MISSING
+
+from spec_decode.core.errors import ConfigError
+
+if TYPE_CHECKING:
+    from spec_decode.core.config import HardwareConfig, SpecConfig
+
+
+@dataclass
+class EngineConfig:
+    """What every engine takes (DESIGN 3.1); each engine's own schema adds its fields and limits."""
+
+    name: str = MISSING  # embedded | sglang
+    launcher: list[str] = field(default_factory=list)  # a leading "python" means this interpreter
+    host: str = "127.0.0.1"
+    port: int = 30000  # replaced by a free port when taken
+    random_seed: int = 0
+    decode_log_interval: int = 10
+    startup_timeout_s: float = 600.0
+    request_timeout_s: float = 600.0
+    # Stop: SIGTERM to the launcher, this long for its own drain (SGLang: ShutdownReq, 15 s, then it
+    # reaps its children), then SIGKILL to the group (spec_decode/runner/server.py shutdown).
+    shutdown_grace_s: float = 30.0
+    extra_args: list[str] = field(default_factory=list)  # passed verbatim, logged
+    env: dict[str, str] = field(default_factory=dict)  # extra server env (not NCCL: use nccl=)
+
+    def __post_init__(self) -> None:
+        if self.name not in ENGINES:
+            raise ConfigError(f"engine.name={self.name!r}: use engine=embedded or engine=sglang")
+        if not isinstance(self, ENGINES[self.name]):
+            raise ConfigError(f"engine.name={self.name!r} but conf/engine/<option>.yaml does not select the "
+                              f"schema base_{self.name} in its defaults list")
+        if not self.launcher:
+            raise ConfigError("engine.launcher is empty: it is the command that starts the server")
+        if "SGLANG_SIMULATE_ACC_LEN" in self.env:
+            raise ConfigError("engine.env.SGLANG_SIMULATE_ACC_LEN: set spec.simulate_accept_len instead, so that "
+                              "the job passes it and labels its results performance-only")
+        if "SGLANG_SIMULATE_ACC_TOKEN_MODE" in self.env:
+            raise ConfigError("engine.env.SGLANG_SIMULATE_ACC_TOKEN_MODE: set spec.simulate_token_mode="
+                              "fixed|real-draft-token instead, so that the record says which mode ran")
+        if "SGLANG_ENABLE_PCIE_IPC_ALLREDUCE" in self.env:
+            raise ConfigError("engine.env.SGLANG_ENABLE_PCIE_IPC_ALLREDUCE: set engine.pcie_ipc_allreduce=true|false "
+                              "instead (engine=sglang), so that the all-reduce choice is recorded and sweepable")
+        if not 0 <= self.port <= 65535:
+            raise ConfigError(f"engine.port={self.port}: must be in 0..65535")
+        if self.startup_timeout_s <= 0 or self.request_timeout_s <= 0 or self.shutdown_grace_s <= 0:
+            raise ConfigError("engine.startup_timeout_s, engine.request_timeout_s and engine.shutdown_grace_s "
+                              "must be > 0")
+        if self.decode_log_interval < 1:
+            raise ConfigError(f"engine.decode_log_interval={self.decode_log_interval}: must be >= 1")
+
+    def check(self, spec: SpecConfig, hardware: HardwareConfig) -> None:
+        """This engine's limits on the other groups (ConfigError naming the key)."""
+
+
+@dataclass
+class EmbeddedEngineConfig(EngineConfig):
+    """Our CPU/CUDA engine (python -m spec_decode.engines.embedded)."""
+
+    name: str = "embedded"
+    max_running_requests: int = 16  # --max-running-requests: the running batch's cap (SGLang's flag)
+    disable_overlap_schedule: bool = False  # --disable-overlap-schedule (SGLang's flag; overlap is the default)
+
+    def check(self, spec: SpecConfig, hardware: HardwareConfig) -> None:
+        if self.max_running_requests < 1:
+            raise ConfigError(f"engine.max_running_requests={self.max_running_requests}: must be >= 1 "
+                              "(requests decoded together; the rest queue)")
+        if spec.topk != 1:
+            raise ConfigError(f"spec.topk={spec.topk}: engine=embedded drafts chains only (topk 1); "
+                              "use engine=sglang for tree drafting")
+
+
+@dataclass
+class SglangEngineConfig(EngineConfig):
+    """SGLang 0.5.23 (python -m sglang.launch_server): its own flags."""
+
+    name: str = "sglang"
+    cuda_graph_max_bs_decode: Optional[int] = None  # --cuda-graph-max-bs-decode (0.5.20 removed -max-bs)
+    enable_metrics: bool = False  # --enable-metrics (Prometheus /metrics)
+    # Which all-reduce serves decode on tp > 1: false = NCCL; true = SGLang's PCIe-IPC all-reduce
+    # (SGLANG_ENABLE_PCIE_IPC_ALLREDUCE, chosen before NCCL for decode-sized reductions), always passed
+    # explicitly to the server (an inherited copy is dropped); sweep it: engine.pcie_ipc_allreduce=false,true
+    pcie_ipc_allreduce: bool = False
+
+    def check(self, spec: SpecConfig, hardware: HardwareConfig) -> None:
+        if hardware.device == "cpu":
+            raise ConfigError(
+                f"engine=sglang with hardware={hardware.name} (a CPU profile): SGLang's EAGLE-3 "
+                "path needs GPUs; use a GPU hardware profile, or engine=embedded on CPU"
+            )
+
+
+ENGINES: dict[str, type[EngineConfig]] = {"embedded": EmbeddedEngineConfig, "sglang": SglangEngineConfig}

@@ -1,0 +1,39 @@
+"""The job's context: where a job writes, how it is named, where else it is logged. Built from Hydra's
+runtime by ``runner.cli`` (or by tests) and handed to ``runner.job.run_job``."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Protocol
+
+from spec_decode.analysis.drift import Reference
+from spec_decode.record.results import JobRecord
+
+
+class RunLog(Protocol):
+    """Where a job's record is also logged (``views.tracking.Tracker``); the job calls it, never the reverse."""
+
+    def start(self, rec: JobRecord, ctx: JobContext) -> str | None: ...
+
+    def earlier_baselines(self, rec: JobRecord) -> list[Reference] | None: ...
+
+    def finish(self, run_id: str | None, rec: JobRecord, out_dir: Path) -> None: ...
+
+    def ui_command(self) -> str: ...
+
+    def ui_url(self, run_id: str | None = None) -> str: ...
+
+
+@dataclass
+class JobContext:
+    """Where a job writes and how it is named; built from Hydra's runtime by cli.py (or by tests)."""
+
+    out_dir: Path
+    run_name: str
+    root: Path = field(default_factory=Path.cwd)  # project root: relative paths resolve here
+    sweep_dir: Path | None = None  # set in a multirun: baselines are shared across its jobs
+    parent_run_id: str | None = None
+    overrides: list[str] = field(default_factory=list)
+    tracker: RunLog | None = None  # MLflow, or None for no MLflow
+    quiet: bool = False
