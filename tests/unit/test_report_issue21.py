@@ -118,7 +118,7 @@ def test_a_single_job_run_gets_its_charts_and_a_sweep_child_does_not(tmp_path):
     """Charts are drawn once per sweep (the parent's); a job run alone still gets its own (real sqlite store)."""
     from mlflow.tracking import MlflowClient
 
-    from spec_decode.record.results import JobContext
+    from spec_decode.runner.context import JobContext
     from spec_decode.views.tracking import Tracker
 
     uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
