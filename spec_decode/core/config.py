@@ -169,11 +169,16 @@ class EmbeddedEngineConfig(EngineConfig):
     name: str = "embedded"
     max_running_requests: int = 16  # --max-running-requests: the running batch's cap (SGLang's flag)
     disable_overlap_schedule: bool = False  # --disable-overlap-schedule (SGLang's flag; overlap is the default)
+    # --cuda-graph-max-bs-decode (CUDA only): one graph set per batch-size bucket up to this (1, 2, 4, 8, 16,
+    # 24, ...; engines/embedded/buckets.py); a batch is padded to its bucket, a larger one runs eagerly.
+    cuda_graph_max_bs_decode: int = 16
 
     def check(self, spec: SpecConfig, hardware: HardwareConfig) -> None:
         if self.max_running_requests < 1:
             raise ConfigError(f"engine.max_running_requests={self.max_running_requests}: must be >= 1 "
                               "(requests decoded together; the rest queue)")
+        if self.cuda_graph_max_bs_decode < 1:
+            raise ConfigError(f"engine.cuda_graph_max_bs_decode={self.cuda_graph_max_bs_decode}: must be >= 1")
         if spec.topk != 1:
             raise ConfigError(f"spec.topk={spec.topk}: engine=embedded drafts chains only (topk 1); "
                               "use engine=sglang for tree drafting")
@@ -185,6 +190,9 @@ class SglangEngineConfig(EngineConfig):
 
     name: str = "sglang"
     cuda_graph_max_bs_decode: Optional[int] = None  # --cuda-graph-max-bs-decode (0.5.20 removed -max-bs)
+    # --max-running-requests; null = SGLang's own (48 with speculative decoding, server_args.py 1088-1093;
+    # from memory without). Preflight refuses a benchmark.concurrency above it.
+    max_running_requests: Optional[int] = None
     enable_metrics: bool = False  # --enable-metrics (Prometheus /metrics)
     # Which all-reduce serves decode on tp > 1: false = NCCL; true = SGLang's PCIe-IPC all-reduce
     # (SGLANG_ENABLE_PCIE_IPC_ALLREDUCE, chosen before NCCL for decode-sized reductions), always passed
