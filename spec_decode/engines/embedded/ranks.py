@@ -132,16 +132,17 @@ class RankGroup:
         threading.Thread(target=self._monitor, args=(on_death,), name="rank-monitor", daemon=True).start()
 
     # ---- commands ------------------------------------------------------------------------------------
-    def call(self, cmd: str, *args, on_chunk=None):
+    def call(self, cmd: str, *args, on_chunk=None, rid: str | None = None):
         """Send ``cmd`` to rank 0 (which broadcasts it to the others between two cycles) and wait for
         its answer; any number of calls may wait at once (the ranks batch the requests). Rank 0's
-        ``("chunk", rid, ids)`` messages before the answer (a streamed generate) go to ``on_chunk``."""
+        ``("chunk", rid, ids)`` messages before the answer (a streamed generate) go to ``on_chunk``.
+        ``rid``: the request's id (the HTTP front's meta_info ``id``, which the profile's cycles carry)."""
         waiter = _Waiter(on_chunk)
         with self.lock:
             if self.dead is not None:
                 raise self.dead
             self.next_rid += 1
-            rid = f"{self.next_rid:x}"
+            rid = rid or f"{self.next_rid:x}"
             self.waiters[rid] = waiter
             try:
                 self.conns[0].send((cmd, rid, *args))

@@ -81,10 +81,11 @@ class EngineState:
 
     def generate(self, req: GenerateRequest) -> dict:
         t0 = time.perf_counter()
-        out = self.group.call("generate", req.input_ids, req.max_new_tokens, False)
+        rid = uuid.uuid4().hex  # the ranks' request id too: the profile's cycles carry it (meta_info id)
+        out = self.group.call("generate", req.input_ids, req.max_new_tokens, False, rid=rid)
         latency = time.perf_counter() - t0
         self.internal_state = out["internal_state"]
-        return self._response(out["generation"], latency)
+        return self._response(out["generation"], latency, rid)
 
     def stream(self, req: GenerateRequest) -> Iterator[dict]:
         """The events of a streamed request: cumulative states, the last one finished. The ranks run
@@ -96,7 +97,8 @@ class EngineState:
 
         def drive() -> None:
             try:
-                feed.finish(self.group.call("generate", req.input_ids, req.max_new_tokens, True, on_chunk=feed.add))
+                feed.finish(self.group.call("generate", req.input_ids, req.max_new_tokens, True, on_chunk=feed.add,
+                                            rid=rid))
             except BaseException as e:  # noqa: BLE001 - handed to the consumer, which raises it
                 feed.fail(e)
 
