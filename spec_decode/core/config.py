@@ -169,16 +169,15 @@ class EmbeddedEngineConfig(EngineConfig):
     name: str = "embedded"
     max_running_requests: int = 16  # --max-running-requests: the running batch's cap (SGLang's flag)
     disable_overlap_schedule: bool = False  # --disable-overlap-schedule (SGLang's flag; overlap is the default)
-    # --cuda-graph-max-bs-decode (CUDA only): one graph set per batch-size bucket up to this (1, 2, 4, 8, 16,
-    # 24, ...; engines/embedded/buckets.py); a batch is padded to its bucket, a larger one runs eagerly.
-    cuda_graph_max_bs_decode: int = 16
+    # --cuda-eager-batching (CUDA only): decode on the packed eager path (continuous batching, no static
+    # buffers, no graphs). Off: the static / CUDA-graph path, which holds one request (graph buckets per
+    # batch size are not built: docs/concurrency.md), so benchmark.concurrency > 1 needs this on CUDA.
+    cuda_eager_batching: bool = False
 
     def check(self, spec: SpecConfig, hardware: HardwareConfig) -> None:
         if self.max_running_requests < 1:
             raise ConfigError(f"engine.max_running_requests={self.max_running_requests}: must be >= 1 "
                               "(requests decoded together; the rest queue)")
-        if self.cuda_graph_max_bs_decode < 1:
-            raise ConfigError(f"engine.cuda_graph_max_bs_decode={self.cuda_graph_max_bs_decode}: must be >= 1")
         if spec.topk != 1:
             raise ConfigError(f"spec.topk={spec.topk}: engine=embedded drafts chains only (topk 1); "
                               "use engine=sglang for tree drafting")

@@ -17,7 +17,7 @@ from spec_decode.core import drafter
 from spec_decode.core.config import ExperimentConfig
 from spec_decode.core.prompts import load_prompt_set, load_prompts
 from spec_decode.engines import sglang
-from spec_decode.engines.embedded.buckets import capture_bs
+from spec_decode.engines.embedded.buckets import STATIC_PATH_MAX_BATCH
 from spec_decode.record import provenance
 from spec_decode.runner import pairing
 
@@ -181,6 +181,8 @@ def check(cfg: ExperimentConfig, root: Path) -> Preflight:
 
     if cfg.benchmark.request_pass:
         _check_request_prompts(cfg, root, pf, tcfg)
+    if cfg.benchmark.under_load:
+        _check_load(cfg, root, pf, tcfg)
 
     # Tensor parallel: the target's heads and MLP columns split evenly over the ranks (SGLang
     # asserts the same at load time).
@@ -341,12 +343,16 @@ def _check_load(cfg: ExperimentConfig, root: Path, pf: Preflight, tcfg: dict | N
         pf.need(n <= cap, f"benchmark.concurrency={n} is above {key}={cap}: the server runs at most {cap} requests "
                 f"at once and queues the rest, so the running batch never reaches {n}; raise "
                 f"engine.max_running_requests to >= {n} or lower benchmark.concurrency")
-    graphs = cfg.hardware.device == "cuda" and "--disable-cuda-graph" not in e.extra_args
+    cuda = cfg.hardware.device == "cuda"
+    if cuda and e.name == "embedded" and not e.cuda_eager_batching:
+        pf.need(n <= STATIC_PATH_MAX_BATCH, f"benchmark.concurrency={n}: engine=embedded on CUDA decodes on its "
+                f"static (CUDA-graph) path, which holds {STATIC_PATH_MAX_BATCH} request (graph buckets per batch "
+                "size are not built, docs/concurrency.md): the rest would queue; set engine.cuda_eager_batching=true "
+                "(continuous batching on the eager path, no graphs) or use engine=sglang")
     max_bs = getattr(e, "cuda_graph_max_bs_decode", None)
-    if graphs and max_bs is not None:
-        top = capture_bs(max_bs)[-1] if e.name == "embedded" else max_bs
-        pf.need(n <= top, f"benchmark.concurrency={n} is above engine.cuda_graph_max_bs_decode={max_bs}: batches "
-                f"of more than {top} requests decode without CUDA graphs, so the figure would measure eager "
+    if cuda and e.name == "sglang" and max_bs is not None and "--disable-cuda-graph" not in e.extra_args:
+        pf.need(n <= max_bs, f"benchmark.concurrency={n} is above engine.cuda_graph_max_bs_decode={max_bs}: batches "
+                f"of more than {max_bs} requests decode without CUDA graphs, so the figure would measure eager "
                 f"decoding; raise engine.cuda_graph_max_bs_decode to >= {n} (or add --disable-cuda-graph to "
                 "engine.extra_args to measure eager on purpose)")
     path = Path(b.load_prompts) if Path(b.load_prompts).is_absolute() else root / b.load_prompts

@@ -25,16 +25,20 @@ def test_embedded_concurrency_above_max_running_requests_is_refused_before_a_ser
     assert errors("benchmark.concurrency=4", "engine.max_running_requests=4") == []  # what fits passes
 
 
-def test_embedded_cuda_graph_buckets_bound_the_concurrency():
-    over = errors("hardware=h200x1", "benchmark.concurrency=32", "engine.max_running_requests=32")
-    assert any("engine.cuda_graph_max_bs_decode=16" in e and "raise engine.cuda_graph_max_bs_decode to >= 32" in e
-               for e in over), over
-    ok = errors("hardware=h200x1", "benchmark.concurrency=32", "engine.max_running_requests=32",
-                "engine.cuda_graph_max_bs_decode=32")
-    assert not any("concurrency" in e for e in ok), ok
-    eager = errors("hardware=h200x1", "benchmark.concurrency=32", "engine.max_running_requests=32",
-                   "engine.extra_args=[--disable-cuda-graph]")  # eager on purpose: no graph bound
+def test_embedded_on_cuda_holds_one_request_unless_eager_batching():
+    """The embedded engine's static (CUDA-graph) path holds one request (graph buckets per batch size are
+    not built): concurrency 4 is refused there, naming the switch that batches (the eager path)."""
+    over = errors("hardware=h200x1", "benchmark.concurrency=4")
+    assert any(e.startswith("benchmark.concurrency=4: engine=embedded on CUDA decodes on its static (CUDA-graph) "
+                            "path, which holds 1 request") and "engine.cuda_eager_batching=true" in e for e in over), over
+    assert not any("concurrency" in e for e in errors("hardware=h200x1", "benchmark.concurrency=1", "benchmark.load=true"))
+    eager = errors("hardware=h200x1", "benchmark.concurrency=16", "engine.cuda_eager_batching=true")
     assert not any("concurrency" in e for e in eager), eager
+    from spec_decode.engines import server_command
+
+    argv = server_command(compose_experiment("hardware=h200x1", "engine.cuda_eager_batching=true"), 1)
+    assert "--cuda-eager-batching" in argv
+    assert "--cuda-eager-batching" not in server_command(compose_experiment("engine.cuda_eager_batching=true"), 1)
 
 
 @pytest.mark.parametrize("overrides,named", [

@@ -11,6 +11,11 @@ from __future__ import annotations
 
 import bisect
 
+# What the static (CUDA-graph) path holds today: one request's static caches and buffers (graphs.py). The
+# buckets below are the rule a batched static path will follow; until it exists preflight refuses a
+# benchmark.concurrency above this on CUDA unless engine.cuda_eager_batching=true.
+STATIC_PATH_MAX_BATCH = 1
+
 
 def capture_bs(max_bs: int) -> list[int]:
     """The batch sizes to capture for ``--cuda-graph-max-bs`` = ``max_bs`` (>= 1), ascending."""
