@@ -183,8 +183,33 @@ class BenchmarkConfig:
     blocks: int = 1
     block: int = 0
     replicate: int = 0
+    # Issue 28, the load axis (spec_decode/runner/load.py). concurrency = N closed-loop clients, each
+    # sending its next request as soon as its last returned, over the prompts of load_prompts (varied
+    # lengths); 1 with request_rate null and load null = today's protocol (one prompt, bs 1), unchanged.
+    concurrency: int = 1
+    # null = closed loop; a rate (requests/s) = open loop: seeded Poisson arrivals (load_seed), at most
+    # `concurrency` in flight (SGLang bench_serving's --request-rate with --max-concurrency).
+    request_rate: Optional[float] = None
+    # null: the load protocol runs when concurrency > 1 or request_rate is set; true: also at
+    # concurrency 1 (so that a concurrency sweep's 1 is measured like its 4 and 16: same prompts).
+    load: Optional[bool] = None
+    load_prompts: str = "data/prompts_load.jsonl"
+    # Requests per timed run under load; null = 4 x concurrency (each client sends 4 on average).
+    load_requests: Optional[int] = None
+    load_seed: int = 0  # the open loop's arrival times and the prompt order
 
     def __post_init__(self) -> None:
+        if self.concurrency < 1:
+            raise ConfigError(f"benchmark.concurrency={self.concurrency}: must be >= 1 (1 = one request at a "
+                              "time, the default protocol)")
+        rate = self.request_rate
+        if rate is not None and not (math.isfinite(rate) and rate > 0):
+            raise ConfigError(f"benchmark.request_rate={rate}: must be > 0 requests/s (Poisson arrivals), or "
+                              "null for closed-loop clients")
+        if self.load_requests is not None and self.load_requests < self.concurrency:
+            raise ConfigError(f"benchmark.load_requests={self.load_requests} is below benchmark.concurrency="
+                              f"{self.concurrency}: the clients could never hold {self.concurrency} requests "
+                              "in flight; raise it or leave it null (4 x concurrency)")
         if self.pairing not in PAIRINGS:
             raise ConfigError(f"benchmark.pairing={self.pairing}: must be one of {', '.join(PAIRINGS)}")
         if self.server_nice is not None and not -20 <= self.server_nice <= 19:
@@ -201,6 +226,17 @@ class BenchmarkConfig:
             )
         if self.prompt_index < 0:
             raise ConfigError(f"benchmark.prompt_index={self.prompt_index}: must be >= 0")
+
+    @property
+    def under_load(self) -> bool:
+        """Whether the timed runs use the load protocol (runner/load.py) instead of one request at a time."""
+        if self.load is not None:
+            return self.load
+        return self.concurrency > 1 or self.request_rate is not None
+
+    @property
+    def requests_per_run(self) -> int:
+        return self.load_requests if self.load_requests is not None else 4 * self.concurrency
 
 
 @dataclass

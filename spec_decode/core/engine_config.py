@@ -69,6 +69,10 @@ class EmbeddedEngineConfig(EngineConfig):
     name: str = "embedded"
     max_running_requests: int = 16  # --max-running-requests: the running batch's cap (SGLang's flag)
     disable_overlap_schedule: bool = False  # --disable-overlap-schedule (SGLang's flag; overlap is the default)
+    # --cuda-eager-batching (CUDA only): decode on the packed eager path (continuous batching, no static
+    # buffers, no graphs). Off: the static / CUDA-graph path, which holds one request (graph buckets per
+    # batch size are not built: docs/concurrency.md), so benchmark.concurrency > 1 needs this on CUDA.
+    cuda_eager_batching: bool = False
 
     def check(self, spec: SpecConfig, hardware: HardwareConfig) -> None:
         if self.max_running_requests < 1:
@@ -85,6 +89,9 @@ class SglangEngineConfig(EngineConfig):
 
     name: str = "sglang"
     cuda_graph_max_bs_decode: Optional[int] = None  # --cuda-graph-max-bs-decode (0.5.20 removed -max-bs)
+    # --max-running-requests; null = SGLang's own (48 with speculative decoding, server_args.py 1088-1093;
+    # from memory without). Preflight refuses a benchmark.concurrency above it.
+    max_running_requests: Optional[int] = None
     enable_metrics: bool = False  # --enable-metrics (Prometheus /metrics)
     # Which all-reduce serves decode on tp > 1: false = NCCL; true = SGLang's PCIe-IPC all-reduce
     # (SGLANG_ENABLE_PCIE_IPC_ALLREDUCE, chosen before NCCL for decode-sized reductions), always passed

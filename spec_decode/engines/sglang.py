@@ -48,6 +48,8 @@ def simulate_acc_env(accept_len: float, token_mode: str, method: str = "match-ex
             SIMULATE_ACC_TOKEN_MODE: token_mode}
 # Flags 0.5.23 parses but nothing reads (in the wheel only srt/arg_groups/fields/schedule.py 200 and
 # field_order.py 68 name it; the contract tier re-greps the installed package).
+# --max-running-requests when not given and speculative decoding is on (server_args.py 1088-1093)
+SPEC_MAX_RUNNING_DEFAULT = 48
 DEAD_FLAGS = {"--num-continuous-decode-steps": "parsed by 0.5.23 but read by nothing (a no-op): drop it"}
 
 
@@ -71,6 +73,8 @@ def engine_flags(cfg: ExperimentConfig) -> list[str]:
     flags: list[str] = []
     if e.cuda_graph_max_bs_decode is not None:
         flags += ["--cuda-graph-max-bs-decode", str(e.cuda_graph_max_bs_decode)]
+    if e.max_running_requests is not None:
+        flags += ["--max-running-requests", str(e.max_running_requests)]
     if e.enable_metrics:
         flags.append("--enable-metrics")
     return flags

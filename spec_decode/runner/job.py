@@ -32,7 +32,15 @@ from spec_decode.parsers.profile import rank_files
 from spec_decode.probe.nccl import DEFAULT_SIZES, decode_bytes, probe
 from spec_decode.record import host, results
 from spec_decode.record.results import JobRecord
-from spec_decode.runner import pairing, preflight, profile_pass, progress, recording, request_pass
+from spec_decode.runner import (
+    load,
+    pairing,
+    preflight,
+    profile_pass,
+    progress,
+    recording,
+    request_pass,
+)
 from spec_decode.runner.client import Client, ClientError
 from spec_decode.runner.context import JobContext
 from spec_decode.runner.request_pass import OUTPUTS_FILE, PAIRED_OUTPUTS_FILE
@@ -235,13 +243,15 @@ def measure(cfg: ExperimentConfig, ctx: JobContext, role: str, baseline: JobReco
         raise
     finally:
         recording.finish(rec, cfg, status, error, measured, baseline)
+        load_lines = load.finish(rec, cfg, baseline, log_path, pair.log_path if pair else None) \
+            if cfg.benchmark.under_load else []  # benchmark.concurrency / request_rate (issue 28)
         rec.metrics.update(host.metrics_of([x["host"] for x in rec.launches if "host" in x]))
         if rec.role == "baseline" and rec.status == "FINISHED":
             recording.add_drift(rec, earlier_baselines(cfg, ctx, rec))
         results.write(out, rec)  # the one write
         if ctx.tracker is not None:
             ctx.tracker.finish(tracked, rec, out)  # a view: logs the record as written
-        _say(ctx, results.job_summary(rec))
+        _say(ctx, "\n".join([results.job_summary(rec), *load_lines]))
         _say(ctx, where_to_look(rec, ctx))
     if status != "FINISHED":
         raise JobFailed(f"job {ctx.run_name or out.name} {status}: {error}")
@@ -332,6 +342,11 @@ def _one_launch(cfg: ExperimentConfig, ctx: JobContext, launch: int, prompt: str
             measured.live_env.update(srv.environ())  # filtered + redacted in recording.finish
             measured.live_env_tree.update(srv.environ_tree())
         body = client.generate_body(prompt, b.max_new_tokens, b.temperature, b.ignore_eos)
+        gen = functools.partial(client.generate, body)  # one timed run: one request, or a load (issue 28)
+        bgen = functools.partial(bclient.generate, body) if bclient is not None else None
+        if b.under_load:
+            gen = load.LoadRunner(cfg, ctx.root, client, rec, load.SELF, log_path)
+            bgen = load.LoadRunner(cfg, ctx.root, bclient, rec, load.PAIRED, pair.log_path) if bclient else None
         try:
             log_start = log_path.stat().st_size
             progress.phase(bar, label, "warmup")
@@ -344,6 +359,10 @@ def _one_launch(cfg: ExperimentConfig, ctx: JobContext, launch: int, prompt: str
                     pairer.expected_s = {"spec": w.wall_s, "base": bw.wall_s}  # pair 0's start delays
                     bar.update()
             profile_pass.after_warmup(rec, cfg, w if b.warmup else None, log_path, log_start, launch, extra_env)
+            if b.under_load:  # each load prompt alone (bs 1): warms, and every request must equal it
+                gen.reference(launch)
+                if bclient is not None:
+                    bgen.reference(launch)
             client.flush_cache()
             if bclient is not None:
                 bclient.flush_cache()
@@ -351,13 +370,13 @@ def _one_launch(cfg: ExperimentConfig, ctx: JobContext, launch: int, prompt: str
             for run in range(b.runs):
                 progress.phase(bar, label, f"run {run + 1}/{b.runs}", [r.throughput_tok_s for r in rec.runs])
                 if bclient is None:
-                    rec.runs.append(client.generate(body, launch, run, stream=b.stream))
+                    rec.runs.append(gen(launch, run, stream=b.stream))
                     srv.check_alive()
                     bar.update()
                     continue
                 spec_run, base_run, info = pairer.run(
-                    run, functools.partial(client.generate, body, launch, run, stream=b.stream),
-                    functools.partial(bclient.generate, body, launch, run, stream=b.stream))
+                    run, functools.partial(gen, launch, run, stream=b.stream),
+                    functools.partial(bgen, launch, run, stream=b.stream))
                 rec.runs.append(spec_run)
                 rec.baseline_runs.append(base_run)
                 rec.launches[-1].setdefault("pairs", []).append(info)

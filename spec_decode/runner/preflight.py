@@ -18,6 +18,7 @@ from spec_decode.core.config import ExperimentConfig
 from spec_decode.core.prompts import load_prompt_set, load_prompts
 from spec_decode.core.synthetic import generated_matches, load_table
 from spec_decode.engines import sglang
+from spec_decode.engines.embedded.buckets import STATIC_PATH_MAX_BATCH
 from spec_decode.engines.sglang import installed_version, version_warning
 from spec_decode.record import provenance
 from spec_decode.record.provenance import git_state
@@ -186,6 +187,8 @@ def check(cfg: ExperimentConfig, root: Path) -> Preflight:
 
     if cfg.benchmark.request_pass:
         _check_request_prompts(cfg, root, pf, tcfg)
+    if cfg.benchmark.under_load:
+        _check_load(cfg, root, pf, tcfg)
 
     # Tensor parallel: the target's heads and MLP columns split evenly over the ranks (SGLang
     # asserts the same at load time).
@@ -354,3 +357,45 @@ def _check_request_prompts(cfg: ExperimentConfig, root: Path, pf: Preflight, tcf
         too_long = [p.index for p in items if len(p.text.encode()) + extra > ctx]
         pf.need(not too_long, f"benchmark.request_max_new_tokens={b.request_max_new_tokens}: prompts "
                 f"{too_long[:5]} of {path.name} + new tokens + draft exceed the model's context of {ctx}")
+
+
+def _check_load(cfg: ExperimentConfig, root: Path, pf: Preflight, tcfg: dict | None) -> None:
+    """benchmark.concurrency fits what the server holds (its running batch and its CUDA graphs; a batch
+    above them queues or decodes eagerly, so the figure would not be that concurrency's), and the
+    load prompts load and fit the context."""
+    b, e = cfg.benchmark, cfg.engine
+    n = b.concurrency
+    cap, key = getattr(e, "max_running_requests", None), "engine.max_running_requests"
+    if cap is None and e.name == "sglang" and cfg.speculative:
+        cap, key = sglang.SPEC_MAX_RUNNING_DEFAULT, "engine.max_running_requests (null: SGLang's 48 with speculation)"
+    if cap is not None:
+        pf.need(n <= cap, f"benchmark.concurrency={n} is above {key}={cap}: the server runs at most {cap} requests "
+                f"at once and queues the rest, so the running batch never reaches {n}; raise "
+                f"engine.max_running_requests to >= {n} or lower benchmark.concurrency")
+    cuda = cfg.hardware.device == "cuda"
+    if cuda and e.name == "embedded" and not e.cuda_eager_batching:
+        pf.need(n <= STATIC_PATH_MAX_BATCH, f"benchmark.concurrency={n}: engine=embedded on CUDA decodes on its "
+                f"static (CUDA-graph) path, which holds {STATIC_PATH_MAX_BATCH} request (graph buckets per batch "
+                "size are not built, docs/concurrency.md): the rest would queue; set engine.cuda_eager_batching=true "
+                "(continuous batching on the eager path, no graphs) or use engine=sglang")
+    max_bs = getattr(e, "cuda_graph_max_bs_decode", None)
+    if cuda and e.name == "sglang" and max_bs is not None and "--disable-cuda-graph" not in e.extra_args:
+        pf.need(n <= max_bs, f"benchmark.concurrency={n} is above engine.cuda_graph_max_bs_decode={max_bs}: batches "
+                f"of more than {max_bs} requests decode without CUDA graphs, so the figure would measure eager "
+                f"decoding; raise engine.cuda_graph_max_bs_decode to >= {n} (or add --disable-cuda-graph to "
+                "engine.extra_args to measure eager on purpose)")
+    path = Path(b.load_prompts) if Path(b.load_prompts).is_absolute() else root / b.load_prompts
+    if not pf.need(path.is_file(), f"benchmark.load_prompts={b.load_prompts}: file not found (the load "
+                   f"protocol of benchmark.concurrency={n} sends its prompts)"):
+        return
+    try:
+        items = load_prompt_set(path)
+    except ValueError as err:
+        pf.errors.append(f"benchmark.load_prompts: {err}")
+        return
+    if tcfg and e.name == "embedded":
+        ctx = tcfg.get("max_position_embeddings", 0)
+        extra = b.max_new_tokens + ((cfg.spec.steps + 1) if cfg.speculative else 0)
+        too_long = [p.index for p in items if len(p.text.encode()) + extra > ctx]
+        pf.need(not too_long, f"benchmark.max_new_tokens={b.max_new_tokens}: prompts {too_long[:5]} of "
+                f"{path.name} + new tokens + draft exceed the model's context of {ctx}")

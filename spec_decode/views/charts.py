@@ -7,6 +7,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from spec_decode.analysis import concurrency
 from spec_decode.analysis.costmodel import fitted_rate
 from spec_decode.record.results import JobRecord, performance_only
 
@@ -63,6 +64,43 @@ def acceptance_figures(recs: list[JobRecord], fits: dict | None = None) -> dict:
     legend_outside(ax)
     out["accept_rate_by_position.png"] = fig
     return out
+
+
+def concurrency_figures(recs: list[JobRecord]) -> dict:
+    """speedup_vs_concurrency.png (issue 28): per step count, the speedup against the baseline at the same
+    concurrency with its 95% CI, on a log2 concurrency axis, the line at 1 and each crossover's interval
+    (shaded band, point marked); {} unless the records span two or more concurrencies."""
+    if not concurrency.swept(recs) or not (cur := concurrency.curves(recs)):
+        return {}
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(8.5, 4.5))
+    profiles = {k[0] for k in cur}
+    cs = sorted({p["concurrency"] for pts in cur.values() for p in pts})
+    for i, ((nccl, steps), pts) in enumerate(cur.items()):
+        color, shift = f"C{i}", 2 ** (0.04 * (i - (len(cur) - 1) / 2))  # side by side on the log axis
+        xs = [p["concurrency"] * shift for p in pts]
+        ys = [p["speedup"] for p in pts]
+        x = concurrency.crossover(pts)
+        name = f"steps={steps}" + (f" nccl={nccl}" if len(profiles) > 1 else "")
+        ax.errorbar(xs, ys, yerr=[[y - p["lo"] for y, p in zip(ys, pts)], [p["hi"] - y for y, p in zip(ys, pts)]],
+                    marker="o", capsize=4, color=color, label=f"{name}: crossover {concurrency.describe_crossover(x)}")
+        if x["reached"]:
+            ax.axvline(x["concurrency"], color=color, ls=":", lw=1)
+        if x["lo"] is not None:
+            ax.axvspan(x["lo"], x["hi"] if x["hi"] is not None else max(cs), color=color, alpha=0.08)
+    ax.axhline(1.0, color="black", lw=1, ls="--", label="speedup 1 (speculation stops paying)")
+    ax.set_xscale("log", base=2)
+    ax.set_xticks(cs, [str(c) for c in cs])
+    ax.set_xlabel("concurrency (closed-loop clients; the baseline at the same concurrency)")
+    ax.set_ylabel("speedup vs baseline, 95% CI")
+    ax.set_title(f"Speedup vs concurrency ({recs[0].engine.name} engine, {recs[0].choice('hardware')})")
+    ax.grid(alpha=0.3)
+    legend_outside(ax)
+    return {"speedup_vs_concurrency.png": fig}
 
 
 def _series(rec: JobRecord, group: list[JobRecord]) -> str:

@@ -49,7 +49,8 @@ AXES = ("hardware", "model", "engine", "nccl", "drafter")
 # acceptance per draft position and per request, token latency percentiles, the lossless match rate,
 # per-category acceptance and tok/s.
 ISSUE21_METRICS = re.compile(r"^(accept_rate_pos\d+|accept_len_request_(weighted|mean)|(ttft|itl|tpot|e2e)_ms_p\d+"
-                             r"|lossless_match_rate|category_.+_(accept_len|throughput_tok_s))$")
+                             r"|lossless_match_rate|category_.+_(accept_len|throughput_tok_s)"
+                             r"|concurrency|request_(tok_s|accept_len)_p\d+|running_req_(median|max)|load_\w+_ms_p\d+)$")
 SECTIONS = ("latency", "categories", "lossless")  # issue 21's record sections kept whole (small dicts)
 
 
@@ -105,7 +106,8 @@ def _entry(i: int, r: JobRecord) -> dict:
     entry: dict = {"index": i, "status": r.status, "role": r.role, "engine": r.engine.name,
                    "out_dir": Path(r.out_dir).name,
                    "axes": {**{g: r.choice(g) for g in AXES}, "spec.steps": r.steps,
-                            **{f"benchmark.{k}": bench[k] for k in ("block", "replicate") if bench.get(k)}}}
+                            **{f"benchmark.{k}": bench[k] for k in ("block", "replicate", "concurrency",
+                                                                     "request_rate") if bench.get(k)}}}
     if r.error:
         entry["error"] = r.error
     for k in SUMMARY:
@@ -147,7 +149,8 @@ def records_from_metrics(metrics: dict) -> list[JobRecord]:
         role = e.get("role") or ("baseline" if key.startswith("baseline") else "spec")
         config = {g: {"name": axes.get(g)} for g in AXES}
         config["spec"] = {"steps": axes.get("spec.steps"), "simulate_accept_len": axes.get("spec.simulate_accept_len")}
-        config["benchmark"] = {k: axes.get(f"benchmark.{k}", 0) for k in ("block", "replicate")}
+        config["benchmark"] = {k: axes.get(f"benchmark.{k}", d) for k, d in (("block", 0), ("replicate", 0),
+                                                                            ("concurrency", 1))}
         m = {k: e[k] for k in ("throughput_tok_s", *METRICS) if isinstance(e.get(k), (int, float))}
         m.update({k: v for k, v in e.items() if ISSUE21_METRICS.match(k) and isinstance(v, (int, float))})
         acc = None

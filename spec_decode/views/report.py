@@ -29,12 +29,12 @@ from pathlib import Path
 
 from tabulate import tabulate
 
-from spec_decode.analysis import blocks, control, recommend
+from spec_decode.analysis import blocks, concurrency, control, costmodel, recommend
 from spec_decode.analysis.costmodel import describe, fit, points_from_records
 from spec_decode.core import store
 from spec_decode.record import host
 from spec_decode.record.results import JobRecord, collect, performance_only, section
-from spec_decode.views.charts import acceptance_figures, legend_outside, save
+from spec_decode.views.charts import acceptance_figures, concurrency_figures, legend_outside, save
 
 COLUMNS = ("job", "status", "tok/s", "95% CI", "CV%", "speedup", "speedup 95% CI", "accept len",
            "cycle ms", "draft%", "verify%", "extend%", "other%", "checks")
@@ -169,6 +169,8 @@ def sweep_summary(recs: list[JobRecord]) -> tuple[str, dict[str, list]]:
     lines += ["", f"intervals: {blocks.interval_label(recs)}"]
     for prof, f in cost_models(cells).items():
         lines += ["", f"[nccl={prof}] " + describe(f)]
+    if concurrency.swept(cells):  # issue 28: speedup against load, crossover, steps per concurrency
+        lines += ["", *concurrency.describe(cells), costmodel.describe_batch(costmodel.batch_model(cells))]
     lines += ["", control.tag(control.check(cells))]
     rec = recommend.recommend(cells)
     if rec is not None:
@@ -184,12 +186,14 @@ def sweep_summary(recs: list[JobRecord]) -> tuple[str, dict[str, list]]:
 
 
 def cost_models(recs: list[JobRecord]) -> dict:
-    """A cost-model fit per NCCL profile with at least two measured step counts."""
+    """A cost-model fit per NCCL profile (and concurrency, never mixing two) with >= 2 measured step counts."""
     out = {}
     for prof in sorted({r.choice("nccl") for r in recs if r.speculative}):
-        pts = points_from_records(recs, nccl=prof)
-        if len(pts) >= 2:
-            out[prof] = fit(pts, max_steps=max(8, max(p.steps for p in pts)))
+        for c in sorted({concurrency.concurrency_of(r) for r in recs}):
+            pts = points_from_records([r for r in recs if concurrency.concurrency_of(r) == c], nccl=prof)
+            if len(pts) >= 2:
+                out[prof if not concurrency.swept(recs) else f"{prof}, concurrency={c}"] = fit(
+                    pts, max_steps=max(8, max(p.steps for p in pts)))
     return out
 
 
@@ -198,7 +202,8 @@ def write_plots(recs: list[JobRecord], out_dir: Path) -> list[Path]:
     acceptance_histogram.png, accept_rate_by_position.png (those that have data). A block-design sweep
     is plotted by cell (its blocks folded, spec_decode.analysis.blocks), one point per cell."""
     out_dir.mkdir(parents=True, exist_ok=True)
-    return [save(fig, out_dir / name) for name, fig in figures(blocks.cells(recs)).items()]
+    cells = blocks.cells(recs)
+    return [save(fig, out_dir / name) for name, fig in {**figures(cells), **concurrency_figures(cells)}.items()]
 
 
 def figures(recs: list[JobRecord]) -> dict:

@@ -54,6 +54,18 @@ def test_every_generated_argv_passes_sglangs_own_parser(sglang_args):
             assert got["speculative_algorithm"] is None
 
 
+def test_the_load_axis_argv_passes_sglangs_parser_with_its_caps(sglang_args):
+    """benchmark.concurrency needs the server's running cap and graph cap (issue 28): SGLang's own parser
+    reads our --max-running-requests and --cuda-graph-max-bs-decode as the values preflight checked."""
+    with initialize_config_dir(config_dir=str(CONF), version_base="1.3"):
+        cfg = to_experiment(compose("config", overrides=[
+            "engine=sglang", "hardware=h200x1", "benchmark.concurrency=32", "engine.max_running_requests=32",
+            "engine.cuda_graph_max_bs_decode=32"]))
+    (got,) = sglang_args([server_command(cfg, 30000)[3:]])
+    assert "exit" not in got, got
+    assert (got["max_running_requests"], got["cuda_graph_max_bs_decode"]) == (32, 32)
+
+
 def test_a_wrong_flag_fails_sglangs_parser(sglang_args):
     bad = [["--model-path", "m", "--cuda-graph-max-bs", "8"], ["--model-path", "m", "--speculative-num-stepz", "2"]]
     for got in sglang_args(bad):

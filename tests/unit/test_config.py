@@ -74,7 +74,10 @@ def test_each_engine_composes_to_its_own_schema():
 
     embedded, sglang = experiment(), experiment("engine=sglang", "hardware=h200x1")
     assert type(embedded.engine) is EmbeddedEngineConfig and type(sglang.engine) is SglangEngineConfig
-    assert not hasattr(embedded.engine, "cuda_graph_max_bs_decode")  # SGLang's knobs live with SGLang
+    assert not hasattr(embedded.engine, "enable_metrics")  # SGLang's knobs live with SGLang
+    assert not hasattr(embedded.engine, "pcie_ipc_allreduce")
+    assert not hasattr(embedded.engine, "cuda_graph_max_bs_decode")
+    assert embedded.engine.cuda_eager_batching is False  # CUDA: the static path unless asked (issue 28)
     assert sglang.engine.cuda_graph_max_bs_decode == 4
 
 
@@ -151,6 +154,13 @@ BAD = [
     (["drafter.layer_ids=[1,3,5]"], ConfigError, "0..4"),
     (["engine.decode_log_interval=0"], ConfigError, "engine.decode_log_interval"),
     (["hardware.device=tpu"], ConfigError, "hardware.device"),
+    (["benchmark.concurrency=0"], ConfigError, "benchmark.concurrency=0: must be >= 1"),
+    (["benchmark.request_rate=0"], ConfigError, "benchmark.request_rate=0.0: must be > 0"),
+    (["benchmark.request_rate=-2.5"], ConfigError, "benchmark.request_rate=-2.5"),
+    (["benchmark.request_rate=inf"], ConfigError, "benchmark.request_rate=inf"),
+    (["benchmark.concurrency=8", "benchmark.load_requests=4"], ConfigError,
+     "benchmark.load_requests=4 is below benchmark.concurrency=8"),
+    (["benchmark.concurrency=four"], ConfigCompositionException, "benchmark.concurrency=four"),
 ]
 
 
@@ -167,3 +177,13 @@ def test_other_sglang_version_warns_naming_the_tested_one():
     msg = version_warning("0.5.10")
     assert msg is not None and "0.5.10" in msg and TESTED_VERSION in msg
     assert version_warning(TESTED_VERSION) is None
+
+
+def test_concurrency_defaults_keep_the_one_request_protocol():
+    b = experiment().benchmark
+    assert (b.concurrency, b.request_rate, b.load, b.under_load) == (1, None, None, False)
+    b = experiment("benchmark.concurrency=4").benchmark
+    assert (b.under_load, b.requests_per_run) == (True, 16)
+    assert experiment("benchmark.request_rate=2.5").benchmark.under_load  # open loop at concurrency 1
+    assert experiment("benchmark.load=true").benchmark.under_load  # a sweep's concurrency 1, measured alike
+    assert not experiment("benchmark.concurrency=4", "benchmark.load=false").benchmark.under_load

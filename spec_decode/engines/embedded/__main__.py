@@ -53,7 +53,11 @@ def build_parser() -> argparse.ArgumentParser:
                         "CUDA graphs (same kernels, same output; CPU never uses graphs)")
     p.add_argument("--max-running-requests", type=int, default=16,
                    help="requests decoded together in the running batch; the rest wait in the queue "
-                        "(SGLang's flag; capped to 1 on --device cuda, whose static path holds one request)")
+                        "(SGLang's flag; capped to 1 on --device cuda's static path, which holds one request; "
+                        "see --cuda-eager-batching)")
+    p.add_argument("--cuda-eager-batching", action="store_true",
+                   help="on --device cuda: decode on the packed eager path (continuous batching up to "
+                        "--max-running-requests, no static buffers, no CUDA graphs) instead of the static path")
     p.add_argument("--disable-overlap-schedule", action="store_true",
                    help="process each batch's result before the next batch is scheduled (SGLang's flag); "
                         "by default the next batch is launched first (the overlap scheduler)")
@@ -201,7 +205,7 @@ def main(argv: list[str] | None = None) -> None:
         cpu_threads=args.cpu_threads, random_seed=args.random_seed,
         decode_log_interval=args.decode_log_interval, log_level=args.log_level, dist_port=0, front_pid=0,
         disable_cuda_graph=args.disable_cuda_graph, max_running_requests=args.max_running_requests,
-        disable_overlap_schedule=args.disable_overlap_schedule,
+        disable_overlap_schedule=args.disable_overlap_schedule, cuda_eager_batching=args.cuda_eager_batching,
     )
     try:
         group = RankGroup(spec)

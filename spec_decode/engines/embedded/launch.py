@@ -13,4 +13,6 @@ def engine_flags(cfg: ExperimentConfig) -> list[str]:
     flags = ["--device", cfg.hardware.device, "--max-running-requests", str(e.max_running_requests)]
     if e.disable_overlap_schedule:
         flags.append("--disable-overlap-schedule")
+    if e.cuda_eager_batching and cfg.hardware.device == "cuda":
+        flags.append("--cuda-eager-batching")
     return flags

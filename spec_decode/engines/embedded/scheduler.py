@@ -59,6 +59,7 @@ class RankSpec:
     disable_cuda_graph: bool = False  # on CUDA: run the static shapes eagerly (SGLang's flag)
     max_running_requests: int = 16  # SGLang's --max-running-requests: the rest wait in the queue
     disable_overlap_schedule: bool = False  # SGLang's flag: process each result before the next launch
+    cuda_eager_batching: bool = False  # on CUDA: the packed eager path (batches) instead of the static one
 
 
 class Counters:
@@ -291,7 +292,7 @@ def run_rank(rank: int, spec: RankSpec, cmd_conn, log_conn) -> None:
     # The command broadcast needs a CPU group: gloo itself on CPU, a gloo group beside NCCL on CUDA.
     group = dist.new_group(backend="gloo") if spec.tp_size > 1 and device.type == "cuda" else None
     runner = None
-    if device.type == "cuda":  # static buffers; CUDA graphs captured now unless disabled
+    if device.type == "cuda" and not spec.cuda_eager_batching:  # static buffers; graphs unless disabled
         runner = StaticRunner(target, drafter, spec.steps, use_graphs=not spec.disable_cuda_graph)
         runner.agree_on_graphs(group)  # a capture that failed on any rank: every rank runs eagerly
     forced = ForcedAcceptance.from_env(spec.steps, spec.random_seed or 0) if drafter is not None else None

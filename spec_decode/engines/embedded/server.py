@@ -359,6 +359,9 @@ def bind(host: str, port: int) -> ThreadingHTTPServer:
     """Take the port first (before the ranks load for seconds): a taken port fails at once."""
     httpd = ThreadingHTTPServer((host, port), BaseHTTPRequestHandler, bind_and_activate=False)
     httpd.daemon_threads = True
+    # listen() backlog: socketserver's default 5 overflowed under 16 clients connecting at once (the
+    # connections were reset, issue 28's concurrency 16); uvicorn, SGLang's front, listens with 2048.
+    httpd.request_queue_size = 2048
     try:
         httpd.server_bind()
         httpd.server_activate()

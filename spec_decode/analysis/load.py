@@ -1,0 +1,120 @@
+"""Figures of a timed run under load (issue 28; pure functions; the protocol is runner/load.py).
+
+A run under load is many requests at once. Per run and pooled over the job's runs:
+
+- aggregate output tok/s = all requests' completion tokens / the run's wall time (first send to last
+  answer): what ``throughput_tok_s`` and the speedup read, so the paired ratio compares like with like;
+- per-request tok/s = each request's completion tokens / its own wall time (P50/P90/P99);
+- TTFT / ITL / TPOT / E2E percentiles over the requests (``analysis.latency``; TTFT/ITL/TPOT only when
+  the requests streamed, ``benchmark.stream=true``);
+- accept length per request = its completion_tokens / spec_verify_ct (meta_info), P50/P10/P90;
+- the running batch the engine saw: the ``#running-req`` (and ``#queue-req``) of the server's decode-log
+  lines inside the run's window (``parsers.decode_log``) -- the engine's own count, not the client's.
+"""
+
+from __future__ import annotations
+
+import statistics
+from collections import Counter
+from typing import Iterable, Sequence
+
+from spec_decode.analysis import latency
+from spec_decode.parsers.decode_log import LogLine
+
+RUNNING, QUEUED = "#running-req", "#queue-req"
+
+
+def _dist(values: Sequence[float]) -> dict[str, float] | None:
+    if not values:
+        return None
+    out = {f"p{q}": latency.percentile(values, q) for q in (10, 50, 90, 99)}
+    out.update(mean=statistics.fmean(values), n=len(values))
+    return out
+
+
+def request_accept_len(r) -> float | None:
+    """One request's accept length: committed tokens per verify (meta_info); None without verifies."""
+    return r.completion_tokens / r.spec_verify_ct if getattr(r, "spec_verify_ct", None) else None
+
+
+def running_batch(lines: Iterable[LogLine], concurrency: int) -> dict | None:
+    """The engine's own count of requests in flight, from its decode-log lines: ``running`` (the batch
+    decoded), ``in_flight`` = running + queued (what the clients hold), their median/max, the share of
+    lines whose in-flight count is exactly ``concurrency`` and the histogram. None without lines."""
+    running, in_flight = [], []
+    for x in lines:
+        if x.kind != "Decode" or not isinstance(x.fields.get(RUNNING), float):
+            continue
+        run = int(x.fields[RUNNING])
+        q = x.fields.get(QUEUED)
+        running.append(run)
+        in_flight.append(run + (int(q) if isinstance(q, float) else 0))
+    if not running:
+        return None
+    return {"lines": len(running), "running_median": statistics.median(running), "running_max": max(running),
+            "running_mean": statistics.fmean(running), "in_flight_median": statistics.median(in_flight),
+            "in_flight_max": max(in_flight),
+            "at_concurrency_share": sum(v == concurrency for v in in_flight) / len(in_flight),
+            "running_histogram": {str(k): v for k, v in sorted(Counter(running).items())}}
+
+
+def run_figures(requests: Sequence, wall_s: float) -> dict:
+    """One timed run's figures from its requests (``client.RunRecord`` each) and its wall time."""
+    tokens = sum(r.completion_tokens for r in requests)
+    accept = [a for r in requests if (a := request_accept_len(r)) is not None]
+    return {"requests": len(requests), "completion_tokens": tokens, "wall_s": wall_s,
+            "aggregate_tok_s": tokens / wall_s if wall_s > 0 else None,
+            "request_tok_s": _dist([r.throughput_tok_s for r in requests]),
+            "accept_len_per_request": _dist(accept),
+            "latency": latency.summarize(requests)}
+
+
+def summarize(runs: Sequence[dict], requests: Sequence, concurrency: int, request_rate: float | None,
+              running: dict | None) -> dict:
+    """The job's ``load`` section: the protocol, per-run figures (``runs``: each ``run_figures`` plus its
+    ``run`` index and ``running``), the pooled per-request figures and the engine's running batch."""
+    accept = [a for r in requests if (a := request_accept_len(r)) is not None]
+    return {"concurrency": concurrency, "request_rate": request_rate,
+            "mode": "open loop (Poisson arrivals)" if request_rate is not None else "closed loop",
+            "requests": len(requests), "runs": list(runs),
+            "request_tok_s": _dist([r.throughput_tok_s for r in requests]),
+            "accept_len_per_request": _dist(accept),
+            "latency": latency.summarize(requests), "running": running}
+
+
+def metrics_of(load: dict) -> dict[str, float]:
+    """Flat metrics (units in the names): ``concurrency``, ``request_rate_rps``, ``request_tok_s_p50``...,
+    ``request_accept_len_p10/p50/p90``, ``load_<ttft|itl|tpot|e2e>_ms_p50/p90/p99``, ``running_req_*``."""
+    m: dict[str, float] = {"concurrency": float(load["concurrency"]), "load_requests": float(load["requests"])}
+    if load.get("request_rate") is not None:
+        m["request_rate_rps"] = load["request_rate"]
+    for key, name in (("request_tok_s", "request_tok_s"), ("accept_len_per_request", "request_accept_len")):
+        d = load.get(key)
+        for q in (10, 50, 90) if d else ():
+            m[f"{name}_p{q}"] = d[f"p{q}"]
+    for kind, d in (load.get("latency") or {}).items():
+        for q in latency.PERCENTILES:
+            m[f"load_{kind}_p{q}"] = d[f"p{q}"]
+    run = load.get("running")
+    if run:
+        m.update(running_req_median=run["running_median"], running_req_max=run["running_max"],
+                 in_flight_req_median=run["in_flight_median"], at_concurrency_share=run["at_concurrency_share"])
+    return m
+
+
+def describe(load: dict) -> list[str]:
+    """Console lines for a job under load."""
+    rate = f", {load['request_rate']:g} req/s" if load.get("request_rate") is not None else ""
+    lines = [f"  load: {load['mode']}, concurrency {load['concurrency']}{rate}, {load['requests']} requests"]
+    d, a, run = load.get("request_tok_s"), load.get("accept_len_per_request"), load.get("running")
+    if d:
+        lines.append(f"  per request: tok/s P50 {d['p50']:.1f} P90 {d['p90']:.1f}"
+                     + (f"; accept len P10 {a['p10']:.2f} P50 {a['p50']:.2f} P90 {a['p90']:.2f}" if a else ""))
+    if run:
+        lines.append(f"  engine's running batch (decode log, {run['lines']} lines): median {run['running_median']:g}, "
+                     f"max {run['running_max']}; in flight = concurrency in {100 * run['at_concurrency_share']:.0f}%")
+    lat = load.get("latency") or {}
+    if lat.get("ttft_ms"):
+        t = lat["ttft_ms"]
+        lines.append(f"  TTFT P50 {t['p50']:.1f} P99 {t['p99']:.1f} ms over {int(t['n'])} requests")
+    return lines
