@@ -16,6 +16,11 @@ PROMPTS = ROOT / "data" / "prompts.jsonl"
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("MLFLOW_DISABLE_TELEMETRY", "true")
+# OpenMP threads that wait by sleeping, not spinning: inherited by every process a test starts (run.py,
+# servers, builds, dvc). Results are bit-identical (only the wait changes), but on a shared 2-core box a
+# 2-thread torch process that spins loses its core to its own idle thread: a 40-step drafter training
+# took 221 s wall (100 s CPU) spinning and 35 s (11 s CPU) passive, at load 6 (docs/testing.md).
+os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 
 
 def run_py(args: list[str], *, cwd: Path = ROOT, env: dict | None = None, timeout: float = 600,
