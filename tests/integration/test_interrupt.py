@@ -18,9 +18,9 @@ pytestmark = pytest.mark.integration
 
 def start(tmp_path, tmp_store):
     return subprocess.Popen(
-        [sys.executable, str(ROOT / "run.py"), f"hardware.slots_dir={SLOTS_DIR}",
-         "-m", "spec.steps=1,2", *small(), *tmp_store["overrides"],
-         f"hydra.sweep.dir={tmp_path / 'sw'}"], cwd=ROOT, env={**os.environ, "HF_HUB_OFFLINE": "1"},
+        [sys.executable, str(ROOT / "run.py"), "-m", "spec.steps=1,2", *small(), *tmp_store["overrides"],
+         f"hydra.sweep.dir={tmp_path / 'sw'}", f"hardware.slots_dir={SLOTS_DIR}"], cwd=ROOT,
+        env={**os.environ, "HF_HUB_OFFLINE": "1"},
         stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
 
 

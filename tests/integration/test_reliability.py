@@ -113,8 +113,8 @@ def test_ctrl_c_kills_the_server_and_ends_runs_killed(tmp_path, tmp_store):
     marker = f"m{time.time_ns()}"
     env = {**os.environ, "HF_HUB_OFFLINE": "1"}
     proc = subprocess.Popen(
-        [sys.executable, str(ROOT / "run.py"), f"hardware.slots_dir={SLOTS_DIR}",
-         "-m", "spec.steps=1,2", FAULT, "+engine.env.FAULT=hang_on_request:2",
+        [sys.executable, str(ROOT / "run.py"), "-m", f"hardware.slots_dir={SLOTS_DIR}", "spec.steps=1,2", FAULT,
+         "+engine.env.FAULT=hang_on_request:2",
          "+engine.env.FAULT_IF_ARG=--speculative-num-steps:2", "+engine.env.FAULT_GRANDCHILD=1",
          f"+engine.env.FAULT_MARKER={marker}", "engine.request_timeout_s=120", *small(),
          *tmp_store["overrides"], f"hydra.sweep.dir={tmp_path}"],
@@ -152,8 +152,8 @@ def test_taken_port_is_replaced_and_two_sweeps_share_one_fresh_store(tmp_path, t
         # one spec job per sweep (and its baseline): every launch still asks for the taken port, and both
         # sweeps still create the one fresh store at once
         procs = [subprocess.Popen(
-            [sys.executable, str(ROOT / "run.py"), f"hardware.slots_dir={SLOTS_DIR}",
-             "-m", "spec.steps=1", f"engine.port={port}", *small(),
+            [sys.executable, str(ROOT / "run.py"), "-m", f"hardware.slots_dir={SLOTS_DIR}", "spec.steps=1",
+             f"engine.port={port}", *small(),
              *tmp_store["overrides"], f"hydra.sweep.dir={tmp_path / f's{i}'}"], cwd=ROOT,
             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True) for i in range(2)]
         outs = [p.communicate(timeout=300)[0] for p in procs]
