@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+import atexit
 import os
+import shutil
 import subprocess
 import sys
+import tempfile
 from pathlib import Path
 
 import pytest
@@ -16,12 +19,33 @@ PROMPTS = ROOT / "data" / "prompts.jsonl"
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("MLFLOW_DISABLE_TELEMETRY", "true")
+# OpenMP threads that wait by sleeping, not spinning: inherited by every process a test starts (run.py,
+# servers, builds, dvc). Results are bit-identical (only the wait changes), but on a shared 2-core box a
+# 2-thread torch process that spins loses its core to its own idle thread: a 40-step drafter training
+# took 221 s wall (100 s CPU) spinning and 35 s (11 s CPU) passive, at load 6 (docs/testing.md).
+os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
+
+
+# The CPU slot of every job a test starts comes from this test run's own pool (hardware.slots_dir), not
+# the machine-wide /tmp/spec_decode_slots: on a shared box a test's job otherwise waits, slot-less, for
+# whatever sweep someone else is running (a 3 s job waited 163 s, docs/testing.md). The allocator itself
+# is tested in test_scale_out.py with its own dir; concurrent jobs of one test still share one pool.
+SLOTS_DIR = Path(tempfile.mkdtemp(prefix="spec_decode_test_slots_"))
+atexit.register(shutil.rmtree, SLOTS_DIR, True)
+
+
+def own_slots(args: list[str]) -> list[str]:
+    """run.py ARGS with this test run's slot pool, unless they name one."""
+    if any(a.startswith("hardware.slots_dir=") for a in args):
+        return list(args)
+    return [*args, f"hardware.slots_dir={SLOTS_DIR}"]
 
 
 def run_py(args: list[str], *, cwd: Path = ROOT, env: dict | None = None, timeout: float = 600,
            check: bool = True) -> subprocess.CompletedProcess:
-    """python run.py ARGS in a subprocess (real Hydra, real launcher)."""
+    """python run.py ARGS in a subprocess (real Hydra, real launcher), taking slots from SLOTS_DIR."""
     full_env = {**os.environ, **(env or {})}
+    args = own_slots(args)
     proc = subprocess.run([sys.executable, str(ROOT / "run.py"), *args], cwd=cwd, env=full_env,
                           capture_output=True, text=True, timeout=timeout)
     if check and proc.returncode != 0:

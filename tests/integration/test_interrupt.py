@@ -11,7 +11,7 @@ import time
 import pytest
 from mlflow.tracking import MlflowClient
 
-from ..conftest import ROOT, small
+from ..conftest import ROOT, SLOTS_DIR, small
 
 pytestmark = pytest.mark.integration
 
@@ -20,7 +20,8 @@ def start(tmp_path, tmp_store):
     return subprocess.Popen(
         [sys.executable, str(ROOT / "run.py"), "-m", "spec.steps=1,2", *small(), *tmp_store["overrides"],
          "benchmark.paired=false",  # a baseline job to interrupt, shared by the sweep's two jobs
-         f"hydra.sweep.dir={tmp_path / 'sw'}"], cwd=ROOT, env={**os.environ, "HF_HUB_OFFLINE": "1"},
+         f"hydra.sweep.dir={tmp_path / 'sw'}", f"hardware.slots_dir={SLOTS_DIR}"], cwd=ROOT,
+        env={**os.environ, "HF_HUB_OFFLINE": "1"},
         stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
 
 

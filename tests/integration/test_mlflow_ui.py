@@ -1,7 +1,8 @@
 """Issue 29 (i): the MLflow UI (3.17.2) opens where the sweep's last lines say -- the runs table, not the
 GenAI overview -- with the sweep unfolded and the key columns; the parent run shows the sweep's
-headline metrics and params. Real sweep, real `mlflow ui` on a free loopback port, headless Chromium
-(Debian's `chromium`; .ci/run installs it). SPEC_DECODE_UI_SHOTS=docs/img saves the screenshots."""
+headline metrics and params. Real sweep (the shared headline sweep, tests/integration/conftest.py), real
+`mlflow ui` on a free loopback port, headless Chromium (Debian's `chromium`; .ci/run installs it).
+SPEC_DECODE_UI_SHOTS=docs/img saves the screenshots."""
 
 import os
 import re
@@ -16,8 +17,6 @@ import requests
 from mlflow.tracking import MlflowClient
 
 from spec_decode.runner.server import free_port
-
-from ..conftest import run_py, small
 
 pytestmark = pytest.mark.integration
 CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
@@ -34,10 +33,10 @@ def chromium(url: str, profile: Path, *, shot: Path | None = None) -> str:
 
 
 @pytest.fixture
-def ui(tmp_path, tmp_store):
-    sweep = run_py(["-m", "spec.steps=1,2", *small(), *tmp_store["overrides"], f"hydra.sweep.dir={tmp_path / 'sw'}"])
+def ui(headline_sweep):
+    """`mlflow ui` on the shared sweep's store (tests/integration/conftest.py: spec.steps=1,3 x nccl)."""
     port = free_port()
-    proc = subprocess.Popen([sys.executable, "-m", "mlflow", "ui", "--backend-store-uri", tmp_store["uri"],
+    proc = subprocess.Popen([sys.executable, "-m", "mlflow", "ui", "--backend-store-uri", headline_sweep.uri,
                              "--host", "127.0.0.1", "--port", str(port), "--workers", "1"],
                             env={**os.environ, "MLFLOW_SERVER_ENABLE_JOB_EXECUTION": "false"},
                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
@@ -52,7 +51,7 @@ def ui(tmp_path, tmp_store):
                 pass
             assert time.monotonic() < deadline, "mlflow ui did not answer"
             time.sleep(0.5)
-        yield sweep.stderr, f"http://127.0.0.1:{port}", tmp_store["uri"]
+        yield headline_sweep.proc.stderr, f"http://127.0.0.1:{port}", headline_sweep.uri
     finally:
         os.killpg(proc.pid, 15)
         proc.wait(timeout=30)
@@ -79,7 +78,7 @@ def test_the_printed_link_opens_the_runs_table_unfolded_with_the_key_columns(ui,
     assert 'role="grid"' in dom and "Detect Issues" not in dom and all(f">{n}<" in dom for n in children)
     # the parent run: the sweep's headline numbers and axes, and its description as rendered markdown
     assert {"best_speedup_vs_baseline", "best_throughput_tok_s", "baseline_throughput_tok_s"} <= set(parent.data.metrics)
-    assert parent.data.params["sweep.spec.steps"] == "1,2"
+    assert parent.data.params["sweep.spec.steps"] == "1,3"
     dom = chromium(f"{base}/#/experiments/{parent.info.experiment_id}/runs/{parent.info.run_id}?workflowType="
                    "machine_learning", tmp_path / "p3", shot=shots / "mlflow_parent_run.png")
     assert "best_speedup_vs_baseline" in dom and "sweep.spec.steps" in dom

@@ -11,7 +11,7 @@ import termios
 
 import pytest
 
-from ..conftest import ROOT, run_py, small
+from ..conftest import ROOT, own_slots, run_py, small
 
 pytestmark = pytest.mark.integration
 
@@ -19,8 +19,8 @@ pytestmark = pytest.mark.integration
 def run_on_terminal(args: list[str]) -> str:
     master, slave = pty.openpty()
     fcntl.ioctl(slave, termios.TIOCSWINSZ, struct.pack("HHHH", 50, 200, 0, 0))  # a terminal's size (tqdm's width)
-    proc = subprocess.Popen([sys.executable, str(ROOT / "run.py"), *args], cwd=ROOT, stdin=slave, stdout=slave,
-                            stderr=slave, close_fds=True)
+    proc = subprocess.Popen([sys.executable, str(ROOT / "run.py"), *own_slots(args)],
+                            cwd=ROOT, stdin=slave, stdout=slave, stderr=slave, close_fds=True)
     os.close(slave)
     chunks = []
     while True:

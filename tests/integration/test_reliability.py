@@ -17,7 +17,8 @@ from mlflow.tracking import MlflowClient
 
 from spec_decode.runner.server import free_port
 
-from ..conftest import ROOT, run_py, small
+from ..conftest import ROOT, SLOTS_DIR, run_py, small
+from .conftest import SECRETS
 
 pytestmark = pytest.mark.integration
 FAULT = "engine.launcher=[python,tests/fault_server.py]"
@@ -112,7 +113,8 @@ def test_ctrl_c_kills_the_server_and_ends_runs_killed(tmp_path, tmp_store):
     marker = f"m{time.time_ns()}"
     env = {**os.environ, "HF_HUB_OFFLINE": "1"}
     proc = subprocess.Popen(
-        [sys.executable, str(ROOT / "run.py"), "-m", "spec.steps=1,2", FAULT, "+engine.env.FAULT=hang_on_request:2",
+        [sys.executable, str(ROOT / "run.py"), "-m", f"hardware.slots_dir={SLOTS_DIR}", "spec.steps=1,2", FAULT,
+         "+engine.env.FAULT=hang_on_request:2",
          "+engine.env.FAULT_IF_ARG=--speculative-num-steps:2", "+engine.env.FAULT_GRANDCHILD=1",
          f"+engine.env.FAULT_MARKER={marker}", "engine.request_timeout_s=120", *small(),
          *tmp_store["overrides"], f"hydra.sweep.dir={tmp_path}"],
@@ -147,8 +149,11 @@ def test_taken_port_is_replaced_and_two_sweeps_share_one_fresh_store(tmp_path, t
     busy.listen()
     port = busy.getsockname()[1]
     try:
+        # one spec job per sweep (and its baseline): every launch still asks for the taken port, and both
+        # sweeps still create the one fresh store at once
         procs = [subprocess.Popen(
-            [sys.executable, str(ROOT / "run.py"), "-m", "spec.steps=1,2", f"engine.port={port}", *small(),
+            [sys.executable, str(ROOT / "run.py"), "-m", f"hardware.slots_dir={SLOTS_DIR}", "spec.steps=1",
+             f"engine.port={port}", *small(),
              *tmp_store["overrides"], f"hydra.sweep.dir={tmp_path / f's{i}'}"], cwd=ROOT,
             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True) for i in range(2)]
         outs = [p.communicate(timeout=300)[0] for p in procs]
@@ -156,7 +161,7 @@ def test_taken_port_is_replaced_and_two_sweeps_share_one_fresh_store(tmp_path, t
         busy.close()
     assert [p.returncode for p in procs] == [0, 0], outs[0][-2000:] + outs[1][-2000:]
     recs = [json.loads(f.read_text()) for i in range(2) for f in (tmp_path / f"s{i}").rglob("results.json")]
-    assert len(recs) == 2 * (2 + 1) and all(r["status"] == "FINISHED" for r in recs)
+    assert len(recs) == 2 * (1 + 1) and all(r["status"] == "FINISHED" for r in recs)
     assert all(r["launches"][0]["port"] != port for r in recs)
     _, rs = runs(tmp_store["uri"])
     assert len([r for r in rs if r.data.tags.get("spec_decode.role") == "sweep"]) == 2
@@ -192,26 +197,26 @@ def test_missing_profile_is_reported_not_fatal(tmp_path):
     assert any("phase profile missing" in w for w in rec["warnings"])
 
 
-def test_secrets_never_leave_the_process(tmp_path, tmp_store):
-    secrets = {"HF_TOKEN": "hf_SeCrEtVaLuE_123456", "AWS_SECRET_ACCESS_KEY": "aws/SeCrEt+KeY/987654",
-               "MY_PASSWORD": "pw-SeCrEt-42424242"}
-    run_py(["-m", "spec.steps=1", *small(), *tmp_store["overrides"], f"hydra.sweep.dir={tmp_path / 'sweep'}"],
-           env=secrets)
-    values = list(secrets.values())
-    for f in (tmp_path / "sweep").rglob("*"):
+def test_secrets_never_leave_the_process(headline_sweep):
+    """The shared sweep ran with secret-looking variables in run.py's environment (conftest.SECRETS)."""
+    values = list(SECRETS.values())
+    assert all(headline_sweep.env[k] == v for k, v in SECRETS.items())  # they were really there
+    for f in headline_sweep.dir.rglob("*"):
         if f.is_file():
             text = f.read_bytes().decode(errors="replace")
             for v in values:
                 assert v not in text, f"{v} leaked into {f}"
-    c, rs = runs(tmp_store["uri"])
+    c, rs = runs(headline_sweep.uri)
+    assert rs
     for r in rs:
         blob = json.dumps({"params": r.data.params, "tags": r.data.tags})
         assert not [v for v in values if v in blob], r.info.run_name
-    db = Path(tmp_store["uri"][len("sqlite:///"):]).read_bytes().decode(errors="replace")
+    db = Path(headline_sweep.uri[len("sqlite:///"):]).read_bytes().decode(errors="replace")
     assert not [v for v in values if v in db]
-    for f in (tmp_path / "mlartifacts").rglob("*"):
-        if f.is_file():
-            assert not [v for v in values if v in f.read_bytes().decode(errors="replace")], f
+    artifacts = [f for f in (headline_sweep.root / "mlartifacts").rglob("*") if f.is_file()]
+    assert artifacts
+    for f in artifacts:
+        assert not [v for v in values if v in f.read_bytes().decode(errors="replace")], f
 
 
 def test_secret_looking_engine_env_is_redacted_in_records():

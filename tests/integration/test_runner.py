@@ -24,11 +24,11 @@ def runs_of(uri: str):
     return c, c.search_runs([exp.experiment_id], order_by=["start_time ASC"])
 
 
-def test_sweep_steps_by_nccl_gives_parent_children_and_paired_baselines(tmp_path, tmp_store):
-    sweep = tmp_path / "sweep"
-    proc = run_py(["-m", "spec.steps=1,3", "nccl=tuned,default", *small(), *tmp_store["overrides"],
-                   f"hydra.sweep.dir={sweep}"], env={"NCCL_PROTO": "Simple"})  # a stray shell variable
-    c, runs = runs_of(tmp_store["uri"])
+def test_sweep_steps_by_nccl_gives_parent_children_and_paired_baselines(tmp_path, headline_sweep):
+    # the shared sweep (tests/integration/conftest.py): -m spec.steps=1,3 nccl=tuned,default, small jobs,
+    # with a stray NCCL_PROTO=Simple in run.py's environment
+    sweep, proc = headline_sweep.dir, headline_sweep.proc
+    c, runs = runs_of(headline_sweep.uri)
     parents = [r for r in runs if r.data.tags.get("spec_decode.role") == "sweep"]
     assert len(parents) == 1 and parents[0].info.status == "FINISHED"
     kids = [r for r in runs if r.data.tags.get("mlflow.parentRunId") == parents[0].info.run_id]
@@ -94,7 +94,7 @@ def test_sweep_steps_by_nccl_gives_parent_children_and_paired_baselines(tmp_path
     cwd = tmp_path / "cwd"
     cwd.mkdir()
     rep = subprocess.run([sys.executable, "-m", "spec_decode.views.report", "--mlflow-run", parents[0].info.run_id,
-                          "--uri", tmp_store["uri"]], capture_output=True, text=True, timeout=120, cwd=cwd,
+                          "--uri", headline_sweep.uri], capture_output=True, text=True, timeout=120, cwd=cwd,
                          env={**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[2])})
     assert rep.returncode == 0, rep.stderr
     assert list(cwd.iterdir()) == []

@@ -1,6 +1,6 @@
 """Issue 29 (c): every command that reads MLflow honours MLFLOW_TRACKING_URI (its own flag first), and a
-command that only reads never creates a store. Real run.py sweep, real sqlite store, real report CLI
-run from another directory."""
+command that only reads never creates a store. Real run.py sweep (the shared headline sweep, whose store
+is named by the variable alone), real sqlite store, real report CLI run from another directory."""
 
 import os
 import subprocess
@@ -10,8 +10,6 @@ import pytest
 from mlflow.tracking import MlflowClient
 
 from spec_decode.core import lineage
-
-from ..conftest import run_py, small
 
 pytestmark = pytest.mark.integration
 
@@ -24,14 +22,12 @@ def report(args, cwd, env_uri=None):
                           capture_output=True, text=True, timeout=300)
 
 
-def test_the_variable_is_honoured_and_readers_create_no_store(tmp_path):
-    db = tmp_path / "store" / "mlflow.db"
-    db.parent.mkdir()
-    uri = f"sqlite:///{db}"
-    # run.py: no tracking.uri on the command line, the variable decides
-    run_py(["-m", "spec.steps=1", "benchmark.baseline_arm=false", *small(),
-            f"tracking.artifact_location={tmp_path / 'art'}", f"hydra.sweep.dir={tmp_path / 'sw'}"],
-           env={"MLFLOW_TRACKING_URI": uri})
+def test_the_variable_is_honoured_and_readers_create_no_store(tmp_path, headline_sweep):
+    # run.py: the shared sweep (tests/integration/conftest.py) had no tracking.uri on its command line;
+    # the variable alone named its store
+    uri = headline_sweep.uri
+    assert "tracking.uri" not in " ".join(headline_sweep.proc.args)
+    assert headline_sweep.env["MLFLOW_TRACKING_URI"] == uri
     c = MlflowClient(uri)
     runs = c.search_runs([c.get_experiment_by_name("spec-decode-bench").experiment_id])
     parent = [r for r in runs if r.data.tags.get("spec_decode.role") == "sweep"][0]
@@ -39,7 +35,7 @@ def test_the_variable_is_honoured_and_readers_create_no_store(tmp_path):
     elsewhere.mkdir()
     p = report(["--mlflow-run", parent.info.run_id], elsewhere, env_uri=uri)
     assert p.returncode == 0, p.stderr
-    assert "1 job(s): 1 FINISHED" in p.stdout
+    assert "4 job(s): 4 FINISHED" in p.stdout  # paired baselines: no baseline jobs
     assert not (elsewhere / "mlflow.db").exists()
     # the flag wins over the variable
     p = report(["--mlflow-run", parent.info.run_id, "--uri", uri], elsewhere, env_uri=f"sqlite:///{tmp_path}/no.db")

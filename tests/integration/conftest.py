@@ -1,0 +1,46 @@
+"""Fixtures the integration tier shares. The costly thing in this tier is a real sweep (a run.py process
+plus one embedded server per launch), so one sweep that several tests assert on runs once per test run,
+as SGLang's fixtures launch one server per test class. Each test that reads it keeps its own assertions,
+so a bug still fails the test named for it (and the sweep's own failure fails every one of them)."""
+
+from __future__ import annotations
+
+import subprocess
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+
+from ..conftest import run_py, small
+
+# Put into the headline sweep's environment; tests/integration/test_reliability.py then proves that none
+# of them reaches a file, the MLflow store or an artifact.
+SECRETS = {"HF_TOKEN": "hf_SeCrEtVaLuE_123456", "AWS_SECRET_ACCESS_KEY": "aws/SeCrEt+KeY/987654",
+           "MY_PASSWORD": "pw-SeCrEt-42424242"}
+# A stray shell variable: no server of the sweep may see it (the NCCL profile alone decides NCCL_*).
+STRAY_NCCL = {"NCCL_PROTO": "Simple"}
+
+
+@dataclass(frozen=True)
+class Sweep:
+    root: Path  # the sweep's tmp dir: sweep/, mlflow.db, mlartifacts/
+    dir: Path  # hydra.sweep.dir
+    uri: str  # the sqlite store, named to run.py only through MLFLOW_TRACKING_URI
+    proc: subprocess.CompletedProcess  # run.py's exit, stdout and stderr (the sweep's last lines)
+    env: dict  # what was added to run.py's environment
+
+
+@pytest.fixture(scope="session")
+def headline_sweep(tmp_path_factory) -> Sweep:
+    """`python run.py -m spec.steps=1,3 nccl=tuned,default` (small jobs): 4 spec jobs, each with its paired
+    baseline server (the default baseline strategy: no baseline jobs), the parent run, the summary. Read by test_runner (the sweep's structure in
+    MLflow, the report), test_reliability (no secret leaves the process), test_store_uri (the store comes
+    from MLFLOW_TRACKING_URI alone) and test_mlflow_ui (the UI opens where the sweep said). Tests only
+    read it: anything they write goes to their own tmp_path."""
+    root = tmp_path_factory.mktemp("headline")
+    uri = f"sqlite:///{root / 'mlflow.db'}"
+    env = {**STRAY_NCCL, **SECRETS, "MLFLOW_TRACKING_URI": uri}
+    sweep = root / "sweep"
+    proc = run_py(["-m", "spec.steps=1,3", "nccl=tuned,default", *small(),
+                   f"tracking.artifact_location={root / 'mlartifacts'}", f"hydra.sweep.dir={sweep}"], env=env)
+    return Sweep(root=root, dir=sweep, uri=uri, proc=proc, env=env)
