@@ -32,6 +32,9 @@ os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 # is tested in test_scale_out.py with its own dir; concurrent jobs of one test still share one pool.
 SLOTS_DIR = Path(tempfile.mkdtemp(prefix="spec_decode_test_slots_"))
 atexit.register(shutil.rmtree, SLOTS_DIR, True)
+# ... also for the jobs that a stage command starts (dvc repro in test_dvc): hardware.slots_dir's default
+# reads SPEC_DECODE_SLOTS_DIR
+os.environ["SPEC_DECODE_SLOTS_DIR"] = str(SLOTS_DIR)
 
 
 def own_slots(args: list[str]) -> list[str]:

@@ -43,7 +43,7 @@ class HardwareConfig:
     # Jobs that may run their servers at once on this machine (CPU profiles; on GPUs the GPU count
     # decides: each job takes tp_size GPUs). The pool lives in slots_dir, shared by every sweep.
     parallel_jobs: int = 1
-    slots_dir: str = "/tmp/spec_decode_slots"
+    slots_dir: str = "${oc.env:SPEC_DECODE_SLOTS_DIR,/tmp/spec_decode_slots}"  # the variable: e.g. a test run's own
 
     def __post_init__(self) -> None:
         if self.device not in ("cpu", "cuda"):
