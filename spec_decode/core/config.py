@@ -9,16 +9,16 @@ server starts.
 from __future__ import annotations
 
 import hashlib
-import json
 import math
 from dataclasses import dataclass, field
-from typing import Any, Optional
+from typing import Optional
 
 from hydra.core.config_store import ConfigStore
 from omegaconf import MISSING, DictConfig, OmegaConf
 
 from spec_decode.core.engine_config import ENGINES, EngineConfig
 from spec_decode.core.errors import ConfigError
+from spec_decode.core.identity import config_hash, flatten, resolved_dict  # noqa: F401 - re-exported
 from spec_decode.core.synthetic import SyntheticConfig, SyntheticError, load_table
 
 __all__ = ["ConfigError", "ENGINES", "EngineConfig", "ExperimentConfig", "register_configs", "to_experiment"]
@@ -384,24 +384,3 @@ def check_forced_acceptance(cfg: ExperimentConfig) -> None:
         raise ConfigError(f"spec.simulate_token_mode={cfg.spec.simulate_token_mode} without "
                           "spec.simulate_accept_len: the token mode only applies to forced acceptance; "
                           "set spec.simulate_accept_len (or spec.simulate_accept_table), or drop the mode")
-
-
-def resolved_dict(cfg: ExperimentConfig) -> dict[str, Any]:
-    """The resolved config as plain data: what results.json stores and the config hash covers."""
-    return OmegaConf.to_container(OmegaConf.structured(cfg), resolve=True)  # type: ignore[return-value]
-
-
-def config_hash(data: dict[str, Any]) -> str:
-    """Equal for equal resolved configs (key order does not matter)."""
-    return hashlib.sha256(json.dumps(data, sort_keys=True).encode()).hexdigest()[:16]
-
-
-def flatten(data: dict[str, Any], prefix: str = "") -> dict[str, Any]:
-    out: dict[str, Any] = {}
-    for k, v in data.items():
-        key = f"{prefix}{k}"
-        if isinstance(v, dict) and v:
-            out.update(flatten(v, key + "."))
-        else:
-            out[key] = v
-    return out

@@ -15,7 +15,6 @@ import contextlib
 import dataclasses
 import functools
 import re
-import shlex
 import sys
 import time
 from dataclasses import dataclass
@@ -27,12 +26,13 @@ from spec_decode.analysis import drift
 from spec_decode.core.config import DrafterConfig, ExperimentConfig, config_hash, resolved_dict
 from spec_decode.core.lineage import lineage_tags
 from spec_decode.core.prompts import load_prompt_set, load_prompts
-from spec_decode.engines import rank_nccl_env, server_command, server_extra_env, start_server
+from spec_decode.engines import rank_nccl_env, server_extra_env, start_server
 from spec_decode.parsers.profile import rank_files
 from spec_decode.probe.nccl import DEFAULT_SIZES, decode_bytes, probe
 from spec_decode.record import host, results
 from spec_decode.record.results import JobRecord
 from spec_decode.runner import (
+    dryrun,
     load,
     pairing,
     preflight,
@@ -47,7 +47,7 @@ from spec_decode.runner.request_pass import OUTPUTS_FILE, PAIRED_OUTPUTS_FILE
 from spec_decode.runner.server import ServerError
 from spec_decode.runner.slots import SlotTimeout, allocate, pool_for
 
-__all__ = ["JobContext", "JobFailed", "run_job", "dry_run", "measure"]
+__all__ = ["JobContext", "JobFailed", "run_job", "measure"]
 
 # Overrides that select the drafter or the speculation: the baseline of a job is the job without them.
 _SPEC_ONLY = re.compile(r"^[+~]*(spec|drafter)([.=]|$)")
@@ -62,26 +62,6 @@ class JobFailed(RuntimeError):
 def _say(ctx: JobContext, msg: str) -> None:
     if not ctx.quiet:
         print(msg, file=sys.stderr, flush=True)
-
-
-def dry_run(cfg: ExperimentConfig, ctx: JobContext) -> None:
-    """Print the server command line and extra environment; launch nothing."""
-    pf = preflight.check(cfg, ctx.root)
-    argv = server_command(cfg, cfg.engine.port)
-    env = server_extra_env(cfg, str(ctx.out_dir / "profile.jsonl") if cfg.benchmark.profile else None)
-    print(f"# job: {ctx.run_name or '(defaults)'}")
-    for w in pf.warnings:
-        print(f"# warning: {w}")
-    for e in pf.errors:
-        print(f"# error (would stop this job): {e}")
-    print("# server env (in addition to the inherited one, minus inherited NCCL_*):")
-    for k, v in env.items():
-        print(f"{k}={v}")
-    print("# server command:")
-    print(shlex.join(argv))
-    if cfg.baseline_strategy != "none":
-        print(f"# + baseline ({cfg.baseline_strategy}): the same command without the --speculative-* flags, "
-              + ("a server beside this one" if cfg.baseline_strategy == "paired" else "a separate job"))
 
 
 def baseline_config(cfg: ExperimentConfig) -> ExperimentConfig:
@@ -133,7 +113,7 @@ def run_job(cfg: ExperimentConfig, ctx: JobContext) -> JobRecord | None:
     launch for bad input (a FAILED results.json names the key), JobFailed when the job ran and
     failed (results.json holds what was measured)."""
     if cfg.dry_run:
-        dry_run(cfg, ctx)
+        dryrun.dry_run(cfg, ctx)
         return None
     ctx.out_dir.mkdir(parents=True, exist_ok=True)
     try:

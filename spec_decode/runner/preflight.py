@@ -15,6 +15,7 @@ from pathlib import Path
 
 from spec_decode.core import drafter
 from spec_decode.core.config import ExperimentConfig
+from spec_decode.core.nccl_names import NCCL_VARIABLES
 from spec_decode.core.prompts import load_prompt_set, load_prompts
 from spec_decode.core.synthetic import generated_matches, load_table
 from spec_decode.engines import sglang
@@ -24,27 +25,6 @@ from spec_decode.record import provenance
 from spec_decode.record.provenance import git_state
 from spec_decode.record.results import PERFORMANCE_ONLY
 from spec_decode.runner import doctor, pairing
-
-# NCCL environment variables (NCCL user guide, "Environment Variables"): a typo such as NCCL_PROTOCOL
-# is silently ignored by NCCL, so we refuse names outside this list.
-NCCL_VARIABLES = {
-    "NCCL_P2P_DISABLE", "NCCL_P2P_LEVEL", "NCCL_P2P_DIRECT_DISABLE", "NCCL_P2P_READ_ENABLE",
-    "NCCL_P2P_USE_CUDA_MEMCPY", "NCCL_P2P_NET_CHUNKSIZE", "NCCL_P2P_PCI_CHUNKSIZE",
-    "NCCL_P2P_NVL_CHUNKSIZE", "NCCL_SHM_DISABLE", "NCCL_SHM_USE_CUDA_MEMCPY", "NCCL_SOCKET_IFNAME",
-    "NCCL_SOCKET_FAMILY", "NCCL_SOCKET_NTHREADS", "NCCL_NSOCKS_PERTHREAD", "NCCL_CROSS_NIC",
-    "NCCL_IB_DISABLE", "NCCL_IB_HCA", "NCCL_IB_TIMEOUT", "NCCL_IB_RETRY_CNT", "NCCL_IB_GID_INDEX",
-    "NCCL_IB_TC", "NCCL_IB_SL", "NCCL_NET", "NCCL_NET_GDR_LEVEL", "NCCL_NET_GDR_READ",
-    "NCCL_NET_PLUGIN", "NCCL_TOPO_FILE", "NCCL_TOPO_DUMP_FILE", "NCCL_IGNORE_CPU_AFFINITY",
-    "NCCL_DEBUG", "NCCL_DEBUG_FILE", "NCCL_DEBUG_SUBSYS", "NCCL_COLLNET_ENABLE", "NCCL_BUFFSIZE",
-    "NCCL_NTHREADS", "NCCL_MAX_NCHANNELS", "NCCL_MIN_NCHANNELS", "NCCL_MAX_NRINGS", "NCCL_MIN_NRINGS",
-    "NCCL_CHECKS_DISABLE", "NCCL_CHECK_POINTERS", "NCCL_LAUNCH_MODE", "NCCL_IB_CUDA_SUPPORT",
-    "NCCL_ALGO", "NCCL_PROTO", "NCCL_NVB_DISABLE", "NCCL_PXN_DISABLE", "NCCL_NVLS_ENABLE",
-    "NCCL_CUMEM_ENABLE", "NCCL_GRAPH_MIXING_SUPPORT", "NCCL_LL_THRESHOLD", "NCCL_TREE_THRESHOLD",
-    "NCCL_LL128_BUFFSIZE", "NCCL_LL128_NTHREADS", "NCCL_SINGLE_RING_THRESHOLD", "NCCL_ASYNC_ERROR_HANDLING",
-    "NCCL_BLOCKING_WAIT", "NCCL_CUMEM_HOST_ENABLE", "NCCL_NVLS_NCHANNELS", "NCCL_WORK_FIFO_DEPTH",
-    "NCCL_RUNTIME_CONNECT", "NCCL_NCHANNELS_PER_NET_PEER", "NCCL_MIN_CTAS", "NCCL_MAX_CTAS",
-    "NCCL_CGA_CLUSTER_SIZE", "NCCL_SET_THREAD_NAME", "NCCL_GRAPH_DUMP_FILE", "NCCL_ALLOC_P2P_NET_LL_BUFFERS",
-}
 
 
 class PreflightError(ValueError):

@@ -1,0 +1,30 @@
+"""``dry_run=true``: the server command line and extra environment a job would use; nothing launched."""
+
+from __future__ import annotations
+
+import shlex
+
+from spec_decode.core.config import ExperimentConfig
+from spec_decode.engines import server_command, server_extra_env
+from spec_decode.runner import preflight
+from spec_decode.runner.context import JobContext
+
+
+def dry_run(cfg: ExperimentConfig, ctx: JobContext) -> None:
+    """Print the server command line and extra environment; launch nothing."""
+    pf = preflight.check(cfg, ctx.root)
+    argv = server_command(cfg, cfg.engine.port)
+    env = server_extra_env(cfg, str(ctx.out_dir / "profile.jsonl") if cfg.benchmark.profile else None)
+    print(f"# job: {ctx.run_name or '(defaults)'}")
+    for w in pf.warnings:
+        print(f"# warning: {w}")
+    for e in pf.errors:
+        print(f"# error (would stop this job): {e}")
+    print("# server env (in addition to the inherited one, minus inherited NCCL_*):")
+    for k, v in env.items():
+        print(f"{k}={v}")
+    print("# server command:")
+    print(shlex.join(argv))
+    if cfg.baseline_strategy != "none":
+        print(f"# + baseline ({cfg.baseline_strategy}): the same command without the --speculative-* flags, "
+              + ("a server beside this one" if cfg.baseline_strategy == "paired" else "a separate job"))
