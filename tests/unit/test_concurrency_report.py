@@ -87,3 +87,22 @@ def test_report_has_the_concurrency_table_and_plot(tmp_path):
     assert "cost model vs batch size: cannot learn the batch size" in text  # no running batch in these records
     assert (tmp_path / "speedup_vs_concurrency.png") in write_plots(recs, tmp_path)
     assert "speedup_vs_concurrency.png" not in [p.name for p in write_plots(recs[:1], tmp_path / "one")]
+
+
+def test_cost_model_learns_the_batch_from_paired_baselines_when_there_is_no_baseline_job():
+    """The default strategy (paired) runs no baseline job: the baseline server beside each spec job, at the
+    same concurrency, gives the baseline's points (its own running batch from the load section)."""
+    spec = []
+    for r in (x for x in batch_sweep(1.5, 1.5) if x.speculative):
+        b = r.metrics["running_req_median"]
+        r.metrics["baseline_throughput_tok_s"] = 1e3 * b / (1 + 0.5 * b)
+        r.speedup_vs_baseline = {"method": "paired"}
+        r.extra["load"] = {"paired_baseline": {"running": {"running_median": b}}}
+        spec.append(r)
+    model = batch_model(spec)
+    assert model["learned"]
+    assert (model["arms"]["baseline"]["fixed_ms"], model["arms"]["baseline"]["per_request_ms"]) == pytest.approx((1.0, 0.5))
+    assert model["crossover_batch"]["steps=3"] == "pays below batch 4.0"
+    for r in spec:  # a separate baseline job's figure is not a paired point
+        r.speedup_vs_baseline = {"method": "welch"}
+    assert not batch_model(spec)["learned"]
