@@ -46,9 +46,15 @@ TARGETS = {
 }
 
 
+# Modules only the embedded engine's own processes import (its HTTP front, its rank scheduler) before
+# loading plugins. Not the package itself: loading this plugin imports spec_decode.engines, whose
+# argv builders import spec_decode.engines.embedded.launch -- inside SGLang's processes too.
+EMBEDDED_PROCESS_MODULES = ("spec_decode.engines.embedded.server", "spec_decode.engines.embedded.scheduler")
+
+
 def current_engine() -> str:
-    """The engine this process belongs to: ours imports its package before loading plugins."""
-    return "embedded" if "spec_decode.engines.embedded" in sys.modules else "sglang"
+    """The engine this process belongs to."""
+    return "embedded" if any(m in sys.modules for m in EMBEDDED_PROCESS_MODULES) else "sglang"
 
 
 def _sglang_parallel() -> dict | None:

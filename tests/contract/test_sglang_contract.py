@@ -28,7 +28,9 @@ def all_sglang_jobs():
         gpu_profiles = [h for h in opts("hardware") if h != "cpu"]  # SGLang is refused on CPU
         for hw, nccl, drafter, steps in itertools.product(gpu_profiles, opts("nccl"), opts("drafter"),
                                                           (1, 2, 3, 5)):
-            model = "kimi_k25" if drafter.startswith("kimi_k25") else "tiny_llama"
+            paired = drafter.removesuffix("_eagle3")  # a synthetic drafter's own target (same shapes)
+            model = ("kimi_k25" if drafter.startswith("kimi_k25")
+                     else paired if (CONF / "model" / f"{paired}.yaml").exists() else "tiny_llama")
             yield to_experiment(compose("config", overrides=[
                 "engine=sglang", f"hardware={hw}", f"nccl={nccl}", f"drafter={drafter}", f"model={model}",
                 f"spec.steps={steps}"]))

@@ -459,3 +459,14 @@ def test_accept_len_is_per_request_cycle_when_a_cycle_carries_a_batch():
     assert s["tok_s_from_profile"] == 1000.0  # the batch's tokens over its cycles' time
     single = [{**line, "accepted": 3}, {**line, "accepted": 2}]  # older lines: no accept_lens
     assert phase_summary(single)["accept_len"] == 2.5
+
+
+def test_inside_sglang_the_plugin_hooks_sglangs_targets_even_after_importing_our_engines_package():
+    """Loading the plugin imports spec_decode.engines (whose argv builders import embedded.launch): that
+    must not make an SGLang process look like the embedded engine (its hooks would target our Decoder)."""
+    code = ("import sys; from spec_decode.engines.plugins import registry; import spec_decode.engines.embedded.launch; "
+            "from spec_decode.profiler import plugin; a = plugin.current_engine(); "
+            "import spec_decode.engines.embedded.scheduler; print(a, plugin.current_engine())")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert out.stdout.split() == ["sglang", "embedded"]
