@@ -17,7 +17,8 @@ EXPERIMENTS = sorted(p.stem for p in (ROOT / "conf" / "experiment").glob("*.yaml
 def sweep_points(name: str) -> int:
     """Jobs of the experiment's sweep: comma lists, and range(a,b) (the block axis, issue 25)."""
     conf = OmegaConf.load(ROOT / "conf" / "experiment" / f"{name}.yaml")
-    conf.benchmark = {"blocks": 1, **OmegaConf.to_container(conf.get("benchmark") or {})}
+    bench = OmegaConf.to_container(conf.benchmark) if "benchmark" in conf else {}
+    conf.benchmark = {"blocks": 1, **bench}
     sizes = []
     for v in conf.hydra.sweeper.params.values():
         m = re.fullmatch(r"range\((\d+),(\d+)\)", str(v))
