@@ -13,14 +13,13 @@ pytestmark = pytest.mark.integration
 
 
 def test_a_job_under_load_has_its_speedup_at_its_own_concurrency(tmp_path):
-    """run.py with benchmark.concurrency=2: the paired baseline ran the same load, the separate baseline
-    job too (its own config), and every request under load equals the baseline's bs-1 output."""
+    """run.py with benchmark.concurrency=2: the paired baseline (the default strategy: no baseline job) ran
+    the same load, and every request under load equals the baseline's bs-1 output."""
     run_py(["benchmark.concurrency=2", "benchmark.load_requests=4", "benchmark.profile=false", "tracking=off",
             f"hydra.run.dir={tmp_path}", *small("benchmark.max_new_tokens=24")])
     rec = results.read(tmp_path)
-    base = results.read(tmp_path / "baseline")
-    assert rec.status == base.status == "FINISHED"
-    assert rec.config["benchmark"]["concurrency"] == base.config["benchmark"]["concurrency"] == 2
+    assert rec.status == "FINISHED" and not (tmp_path / "baseline").exists()
+    assert rec.config["benchmark"]["concurrency"] == 2
     assert rec.speedup_vs_baseline["method"] == "paired" and rec.metrics["speedup_vs_baseline"] > 0
     arms = [x["arm"] for x in rec.launches[0]["load_runs"]]
     assert arms.count(load.SELF) == arms.count(load.PAIRED) == 2  # both arms of each pair under the same load
