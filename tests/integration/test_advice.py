@@ -2,6 +2,7 @@
 drafter (a fresh clone of this repo) says `git checkout -- <path>`; DVC-tracked weights (a real DVC repo
 with a local remote) say `dvc pull <path>`; each command is run as printed and preflight then passes."""
 
+import os
 import re
 import shutil
 import subprocess
@@ -19,7 +20,10 @@ pytestmark = pytest.mark.integration
 
 
 def sh(cmd: str, cwd: Path) -> None:
-    subprocess.run(cmd, shell=True, cwd=cwd, check=True, capture_output=True, timeout=300)
+    # this interpreter's bin first: dvc is the one installed beside it (an unactivated venv works too)
+    path = os.pathsep.join([str(Path(sys.executable).parent), os.environ.get("PATH", "")])
+    subprocess.run(cmd, shell=True, cwd=cwd, check=True, capture_output=True, timeout=300,
+                   env={**os.environ, "PATH": path})
 
 
 def advice(cfg, root: Path) -> str:

@@ -127,7 +127,8 @@ def test_drift_guard_flags_a_baseline_that_lost_its_nccl_variables(tmp_path, tmp
 
 # Kimi-K2.5 and its MLA drafter, from config fixtures (published config.json fields, no weights).
 FIXTURES = ROOT / "tests" / "data" / "models"
-KIMI = ["experiment=kimi_k25_rtx6000x8_eagle3", "dry_run=true", "tracking=off"]
+# one point of the experiment's sweep (an experiment that defines a sweep runs only with -m)
+KIMI = ["-m", "experiment=kimi_k25_rtx6000x8_eagle3", "spec.steps=3", "nccl=tuned", "dry_run=true", "tracking=off"]
 
 
 def fixture_copy(tmp_path, name, edit=None, training_ids=None, weights_stub=False):
@@ -147,7 +148,7 @@ def fixture_copy(tmp_path, name, edit=None, training_ids=None, weights_stub=Fals
 
 
 def dry_errors(tmp_path, *overrides) -> list[str]:
-    p = run_py([*KIMI, *overrides, f"hydra.run.dir={tmp_path / 'job'}"])
+    p = run_py([*KIMI, *overrides, f"hydra.sweep.dir={tmp_path / 'job'}"])
     return [line for line in p.stdout.splitlines() if line.startswith("# error")]
 
 
