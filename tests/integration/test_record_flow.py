@@ -40,7 +40,7 @@ def test_preflight_refusal_in_a_sweep_counts_and_a_prompt_sweep_keeps_every_entr
         kids[display_name(refused)].data.tags["status_detail"]
     # one metrics entry per job, keyed by its overrides (two prompts -> two spec jobs, two baselines)
     metrics = experiment.to_metrics(results.collect(sweep))
-    common = "benchmark.max_new_tokens=48,"
+    common = "benchmark.max_new_tokens=48,benchmark.paired=False,"
     tail = ",benchmark.runs=2,benchmark.warmup=1"
     assert set(metrics["jobs"]) == {
         f"baseline,{common}benchmark.prompt_index=0{tail}", f"baseline,{common}benchmark.prompt_index=1{tail}",
