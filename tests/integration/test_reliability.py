@@ -49,6 +49,7 @@ def test_server_exit_during_start_fails_fast_and_the_sweep_goes_on(tmp_path, tmp
     t0 = time.monotonic()
     p = run_py(["-m", "spec.steps=1,2", FAULT, "+engine.env.FAULT=start_crash",
                 "+engine.env.FAULT_IF_ARG=--speculative-num-steps:1", f"+engine.env.FAULT_MARKER={marker}",
+                "benchmark.paired=false",  # the job strategy: a baseline job the failed start must not take down
                 *small(), *tmp_store["overrides"], f"hydra.sweep.dir={tmp_path}"], check=False)
     elapsed = time.monotonic() - t0
     assert p.returncode == 0, p.stderr[-2000:]  # the sweep itself finished
@@ -74,6 +75,7 @@ def test_server_exit_during_start_fails_fast_and_the_sweep_goes_on(tmp_path, tmp
 def test_first_failure_stops_the_sweep_with_fail_fast(tmp_path, tmp_store):
     p = run_py(["-m", "spec.steps=1,2", FAULT, "+engine.env.FAULT=start_crash",
                 "+engine.env.FAULT_IF_ARG=--speculative-num-steps:1", "fail_fast=true",
+                "benchmark.paired=false",  # the job strategy: its baseline job counts in the summary
                 *small(), *tmp_store["overrides"], f"hydra.sweep.dir={tmp_path}"], check=False)
     assert json.loads(next(tmp_path.glob("0_*/results.json")).read_text())["status"] == "FAILED"
     second = next(tmp_path.glob("1_*"))
@@ -153,7 +155,7 @@ def test_taken_port_is_replaced_and_two_sweeps_share_one_fresh_store(tmp_path, t
         # sweeps still create the one fresh store at once
         procs = [subprocess.Popen(
             [sys.executable, str(ROOT / "run.py"), "-m", f"hardware.slots_dir={SLOTS_DIR}", "spec.steps=1",
-             f"engine.port={port}", *small(),
+             f"engine.port={port}", "benchmark.paired=false", *small(),
              *tmp_store["overrides"], f"hydra.sweep.dir={tmp_path / f's{i}'}"], cwd=ROOT,
             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True) for i in range(2)]
         outs = [p.communicate(timeout=300)[0] for p in procs]
@@ -172,7 +174,8 @@ def test_dead_tracking_server_keeps_results_and_sync_uploads_once(tmp_path, tmp_
     dead = f"http://127.0.0.1:{free_port()}"
     t0 = time.monotonic()
     sweep = tmp_path / "sweep"
-    p = run_py(["-m", "spec.steps=1", f"tracking.uri={dead}", *small(), f"hydra.sweep.dir={sweep}"])
+    p = run_py(["-m", "spec.steps=1", f"tracking.uri={dead}", "benchmark.paired=false", *small(),
+                f"hydra.sweep.dir={sweep}"])  # the job strategy: two records (job + baseline job)
     assert time.monotonic() - t0 < 120
     recs = [json.loads(f.read_text()) for f in sweep.rglob("results.json")]
     assert len(recs) == 2 and all(r["status"] == "FINISHED" for r in recs)
