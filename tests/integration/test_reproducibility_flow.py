@@ -24,7 +24,9 @@ pytestmark = pytest.mark.integration
 FAULT = "engine.launcher=[python,tests/fault_server.py]"
 # 12 pairs x 64 tokens per spec job: a few seconds each; the 95% speedup intervals under this host's
 # load (1-min load 4-6 on 2 cores) were +-10..20%
-SMALL = ["spec.steps=3", "nccl=tuned,default", "benchmark.max_new_tokens=64", "benchmark.runs=12", "benchmark.warmup=1"]
+# the job strategy (a baseline job per NCCL twin): the A/A control compares two separately measured cells
+SMALL = ["spec.steps=3", "nccl=tuned,default", "benchmark.max_new_tokens=64", "benchmark.runs=12", "benchmark.warmup=1",
+         "benchmark.paired=false"]
 
 
 def sweep(tmp_path: Path, store: dict, name: str, *extra: str) -> tuple[Path, str, MlflowClient]:
