@@ -310,10 +310,10 @@ def batch_points(recs: list[JobRecord]) -> dict[str, list[tuple[float, float]]]:
             continue
         arm = f"steps={r.steps}" if r.speculative else "baseline"
         out.setdefault(arm, []).append((float(batch), 1e3 * batch * accept / m["throughput_tok_s"]))
-        paired = (getattr(r, "extra", None) or {}).get("load", {}).get("paired_baseline") or {}
+        paired = r.extra.get("load", {}).get("paired_baseline") or {}
         base_batch = ((paired.get("running") or {}).get("running_median")
                       or (1.0 if conc == 1 and r.speculative else None))
-        is_paired = (getattr(r, "speedup_vs_baseline", None) or {}).get("method") == "paired"
+        is_paired = (r.speedup_vs_baseline or {}).get("method") == "paired"
         if r.speculative and is_paired and m.get("baseline_throughput_tok_s") and base_batch:
             # the paired baseline server beside this job (the default strategy: no baseline job), at the
             # same concurrency; its own running batch from its decode log
