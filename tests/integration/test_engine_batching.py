@@ -98,7 +98,7 @@ def test_16_concurrent_requests_give_the_batch_size_1_outputs(tmp_path, bs1, tp)
                      "--decode-log-interval", "1", "--max-running-requests", "16", "--random-seed", "0"]
     with ServerProcess(argv, env={}, log_path=tmp_path / "server.log", host="127.0.0.1", port=port,
                        startup_timeout_s=120) as srv:
-        outs = post_all(srv.base_url, [body(ids, n) for ids, n in workload()], stagger_s=0.03)
+        outs = post_all(srv.base_url, [body(ids, n) for ids, n in workload()], stagger_s=0.01)
     for i, (out, ref) in enumerate(zip(outs, bs1)):
         meta = out["meta_info"]
         assert out["output_ids"] == ref.output_ids, f"request {i} differs from its batch-size-1 output"
@@ -107,7 +107,11 @@ def test_16_concurrent_requests_give_the_batch_size_1_outputs(tmp_path, bs1, tp)
         assert meta["spec_correct_drafts_histogram"] == ref.histogram, i
         assert meta["spec_num_correct_drafts"] == ref.correct_drafts, i
     running = [int(x.fields["#running-req"]) for x in read_log(tmp_path / "server.log") if x.kind == "Decode"]
-    assert max(running) >= 8, running  # they really ran together, not one after the other
+    # They really ran together, not one after the other, and the batch changed while running (joins and
+    # leaves mid-batch). How many of the 16 overlap is the OS's call on a loaded 2-core CI box (7 of 16
+    # there once with a 0.03 s stagger): 4 is plenty to make the equality above a batched one.
+    assert max(running) >= 4, running
+    assert len(set(running)) >= 3, running
     assert min(running) >= 1
 
 

@@ -16,6 +16,7 @@ from spec_decode.engines.embedded.decoding import FILL_TOKEN, Decoder, ForcedAcc
 from spec_decode.engines.embedded.model import load_drafter, load_target
 from spec_decode.record import results
 from spec_decode.runner import preflight
+from spec_decode.runner import recording
 from spec_decode.runner.context import JobContext
 from spec_decode.runner.job import baseline_config
 
@@ -116,8 +117,8 @@ def test_preflight_refuses_a_synthetic_pair_without_forcing_and_names_the_genera
 def test_every_record_on_a_synthetic_target_is_performance_only(tmp_path):
     ctx = JobContext(out_dir=tmp_path, run_name="x", root=ROOT)
     cfg = compose_experiment(*PAIR, "spec.simulate_accept_len=2")
-    spec = results.new_record(cfg, ctx, "spec", {}, [])
-    base = results.new_record(baseline_config(cfg), ctx, "baseline", {}, [])
+    spec = recording.new_record(cfg, ctx, "spec", {}, [])
+    base = recording.new_record(baseline_config(cfg), ctx, "baseline", {}, [])
     assert results.performance_only(spec) and results.performance_only(base)
-    assert not results.performance_only(results.new_record(baseline_config(compose_experiment()), ctx, "baseline",
+    assert not results.performance_only(recording.new_record(baseline_config(compose_experiment()), ctx, "baseline",
                                                            {}, []))

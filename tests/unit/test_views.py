@@ -99,10 +99,17 @@ def test_facts_are_the_numbers_of_the_metrics():
 
 def _imports(path: Path, module: str) -> set[str]:
     """spec_decode modules imported anywhere in a file (also inside functions), except under
-    ``if TYPE_CHECKING:``."""
+    ``if TYPE_CHECKING:`` and ``if __name__ == "__main__":`` (that block runs only when the file is the
+    program, as a separate ``__main__`` module, so what it imports cannot close a cycle on import)."""
     tree = ast.parse(path.read_text())
-    skip = {id(n) for node in ast.walk(tree) if isinstance(node, ast.If)
-            and getattr(node.test, "id", getattr(node.test, "attr", None)) == "TYPE_CHECKING"
+
+    def skipped(test: ast.expr) -> bool:
+        if getattr(test, "id", getattr(test, "attr", None)) == "TYPE_CHECKING":
+            return True
+        return (isinstance(test, ast.Compare) and getattr(test.left, "id", None) == "__name__"
+                and any(getattr(c, "value", None) == "__main__" for c in test.comparators))
+
+    skip = {id(n) for node in ast.walk(tree) if isinstance(node, ast.If) and skipped(node.test)
             for n in ast.walk(node)}
     pkg = module.split(".")[:-1] if path.name != "__init__.py" else module.split(".")
     out = set()
