@@ -47,11 +47,11 @@ def bs1(models):
             0: [base.generate(ids, n) for ids, n in workload()]}
 
 
-def run_static(models, steps: int, max_bs: int, overlap: bool):
+def run_static(models, steps: int, max_bs: int, overlap: bool, **kw):
     """The 16 requests through a BatchLoop on the static path, joining 3 at a time between steps;
     returns the requests, the decode batch sizes and the runner."""
     target, drafter = models[0], (models[1] if steps else None)
-    runner = StaticRunner(target, drafter, steps, use_graphs=False, max_bs=max_bs, slots=16)
+    runner = StaticRunner(target, drafter, steps, use_graphs=False, max_bs=max_bs, slots=16, **kw)
     dec = Decoder(target, drafter, steps, runner)
     sizes, held = [], []
     run_batch, release, alloc = dec.run_batch, dec.release, runner.alloc
@@ -107,6 +107,18 @@ def test_static_path_batches_in_buckets_and_gives_the_batch_size_1_outputs(model
     assert sorted(runner.free_slots) == list(range(16))  # every slot came back
     if overlap and steps:
         assert sum(r.inflight_cycles for r in reqs) >= 1  # the in-flight cycles ran (and held their slots)
+
+
+@pytest.mark.parametrize("attention", ["bmm", "sdpa"])
+def test_the_fewer_kernel_shapes_batch_like_the_plain_ones(bs1, attention):
+    """The CUDA default (graph_ops: fused norms, RoPE from rotated rows, the additive mask table, bmm
+    attention over B*H rows), eagerly on CPU on fresh models (prepare_graph_ops changes them): the
+    16 batched requests give the batch-size-1 outputs and counters."""
+    target = load_target(TARGET)
+    drafter = load_drafter(DRAFTER, target)
+    reqs, sizes, runner = run_static((target, drafter), STEPS, 8, True, graph_ops=True, attention=attention)
+    assert runner.graph_ops and runner.tcache.attention == attention and max(sizes) > 8
+    assert_same(reqs, bs1[STEPS], STEPS)
 
 
 def test_padded_reextend_rows_write_past_their_length_and_stay_lossless(models, bs1):
