@@ -174,3 +174,24 @@ def test_16_concurrent_requests_on_the_static_path_give_the_batch_size_1_outputs
     cap = int(flags[flags.index("--cuda-graph-max-bs-decode") + 1]) if flags else 16
     said = log_text.count("above --cuda-graph-max-bs-decode")
     assert said == (tp if max(running) > cap else 0), (said, max(running), cap)  # once per rank, if ever
+
+
+def test_forced_acceptance_on_the_static_path_batches_like_the_eager_path(models):
+    """SGLANG_SIMULATE_ACC_LEN on a batch: the static path's re-extend takes the rewritten predictions
+    and forced counts (real-draft-token: drafts and a bonus) exactly as the packed eager path does."""
+    from spec_decode.engines.embedded.decoding import ForcedAcceptance
+
+    target, drafter = models
+    work = workload()[:8]
+    outs = []
+    for runner in (None, StaticRunner(target, drafter, STEPS, use_graphs=False, max_bs=4, slots=8)):
+        forced = ForcedAcceptance(2.5, STEPS, token_mode="real-draft-token", seed=3)
+        dec = Decoder(target, drafter, STEPS, runner, forced)
+        loop = BatchLoop(dec, max_running=8, overlap=True)
+        reqs = [dec.new_req(str(i), ids, n) for i, (ids, n) in enumerate(work)]
+        for r in reqs:
+            loop.add(r)
+        loop.run_until_idle()
+        outs.append([(r.output_ids, r.histogram) for r in reqs])
+    assert outs[1] == outs[0]
+    assert sum(h[1] for _, h in outs[0]) > 0 and sum(h[2] for _, h in outs[0]) > 0  # 1 and 2 drafts forced
