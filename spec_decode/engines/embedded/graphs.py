@@ -157,7 +157,9 @@ class StaticRunner:
         return f"{phase}@{b}", b
 
     def _put(self, buf: torch.Tensor, values: list[int]) -> None:
-        buf.copy_(torch.tensor(values, dtype=torch.long))
+        """Host values into a shape's buffer. non_blocking: from pageable memory CUDA stages the source
+        at once and the stream is not synchronised (a blocking copy_ would wait for the GPU to drain)."""
+        buf.copy_(torch.tensor(values, dtype=torch.long), non_blocking=True)
 
     def _rows(self, phase: str, caches: list[SlotCache]) -> tuple[dict, str, int]:
         name, b = self.shape(phase, len(caches))
