@@ -82,6 +82,8 @@ def main() -> None:
     ap.add_argument("--cuda-graph-max-bs-decode", type=int, default=None, help="default: --max-running-requests")
     ap.add_argument("--paths", default=None, help="static, eager or both (default: static on cuda, eager on cpu)")
     ap.add_argument("--json", type=Path, default=None, help="also write the rows here")
+    ap.add_argument("--budget-s", type=float, default=None,
+                    help="start no new round after this many seconds (the table then has fewer rounds)")
     args = ap.parse_args()
     texts = [json.loads(line)["text"] for line in (ROOT / "data/prompts.jsonl").read_text().splitlines()]
     concs = [int(x) for x in args.concurrency.split(",")]
@@ -108,7 +110,12 @@ def main() -> None:
                              for p in prompts]
         for group in groups.values():
             burst(group, prompts, 16)  # warm the batched shapes
+        t_start, done = time.monotonic(), 0
         for _ in range(args.rounds):
+            if done and args.budget_s is not None and time.monotonic() - t_start > args.budget_s:
+                print(f"--budget-s {args.budget_s}: stopped after {done} of {args.rounds} rounds")
+                break
+            done += 1
             for c in concs:
                 for name, group in groups.items():
                     if "overlap-off" in name and c != 1:
@@ -120,7 +127,7 @@ def main() -> None:
         for group in groups.values():
             group.close()
     print(f"device={args.device} tp={args.tp_size} threads/rank={args.threads} tokens={args.tokens} "
-          f"rounds={args.rounds} max_running_requests={args.max_running_requests} torch={torch.__version__} "
+          f"rounds={done} max_running_requests={args.max_running_requests} torch={torch.__version__} "
           f"cpus={os.cpu_count()} loadavg={open('/proc/loadavg').read().split()[:3]}")
     print(f"paths: {', '.join(paths)} (static: CUDA graphs per bucket up to "
           f"{args.cuda_graph_max_bs_decode or args.max_running_requests} on cuda, eager shapes on cpu)")

@@ -173,14 +173,14 @@ step_engine() {
 
 step_batching() {
   local rc=0
-  CUDA_VISIBLE_DEVICES=0 bounded 240 "$PY" -m pytest -q -p no:cacheprovider -m gpu tests/gpu/test_engine_concurrency.py \
+  CUDA_VISIBLE_DEVICES=0 bounded 200 "$PY" -m pytest -q -p no:cacheprovider -m gpu tests/gpu/test_engine_concurrency.py \
     "tests/gpu/test_engine_graphs.py::test_16_concurrent_requests_on_cuda_with_graphs_give_the_batch_size_1_outputs" \
     "tests/gpu/test_engine_graphs.py::test_graphs_equal_eager_at_tp1[0]" \
     "tests/gpu/test_engine_graphs.py::test_graphs_equal_eager_at_tp1[3]" || rc=$?
   reap
   # shellcheck disable=SC2086  # BATCHING_ARGS is a list of flags
-  CUDA_VISIBLE_DEVICES=0 bounded 200 "$PY" benchmarks/embedded_batching.py --device cuda --concurrency 1,2,4,8,16,32 \
-    --rounds 3 --tokens 96 --json "$OUT/batching.json" ${BATCHING_ARGS:-} || rc=$?
+  CUDA_VISIBLE_DEVICES=0 bounded 150 "$PY" benchmarks/embedded_batching.py --device cuda --concurrency 1,2,4,8,16,32 \
+    --rounds 3 --tokens 64 --budget-s 60 --json "$OUT/batching.json" ${BATCHING_ARGS:-} || rc=$?
   return $rc
 }
 
