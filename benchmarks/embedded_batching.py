@@ -3,7 +3,9 @@ overlap scheduler on vs off (issue 26).
 
     python benchmarks/embedded_batching.py                            # CPU: concurrency 1, 4, 16
     python benchmarks/embedded_batching.py --rounds 3 --tokens 64     # shorter
+    python benchmarks/embedded_batching.py --paths static,eager       # CPU: the static path's shapes too
     timeout 900 python benchmarks/embedded_batching.py --device cuda  # one GPU, CUDA graphs
+    timeout 900 python benchmarks/embedded_batching.py --device cuda --concurrency 1,2,4,8,16,32 --paths static,eager
 
 Every variant is a real rank group (the server's own processes, ``ranks.RankGroup``, no HTTP), all
 started first, then timed in interleaved rounds (for each round, for each concurrency, every variant
@@ -14,8 +16,11 @@ rounds and the speedup of steps 3 over the baseline as the median of per-round r
 every output at every concurrency equals the baseline's output for that prompt sent alone.
 Overlap off (``--disable-overlap-schedule``) runs at concurrency 1 only.
 
-On CUDA the static (CUDA-graph) path runs one request at a time (``--max-running-requests`` is capped
-to 1 there), so its concurrency rows measure queueing, not batching: the table says so.
+``--paths``: ``static`` = the static path (on CUDA its CUDA graphs per batch-size bucket, the server's
+default there; on CPU the same shapes eagerly, ``--static-path``), ``eager`` = the packed eager path
+(the CPU default; ``--cuda-eager-batching`` on CUDA); default: static on CUDA, eager on CPU. Each path
+has its own baseline (speedups are within a path). ``--max-running-requests`` defaults to the largest
+concurrency, and so does the graph cap (``--cuda-graph-max-bs-decode``): every batch replays a graph.
 """
 
 from __future__ import annotations
@@ -37,12 +42,15 @@ from spec_decode.engines.embedded.tokenizer import encode
 ROOT = Path(__file__).resolve().parents[1]
 
 
-def start(args, steps: int, overlap: bool) -> RankGroup:
+def start(args, steps: int, overlap: bool, path: str) -> RankGroup:
+    static = path == "static"
     spec = RankSpec(model_path=str(ROOT / "models/tiny/target"),
                     draft_model_path=str(ROOT / "models/tiny/drafter") if steps else None, steps=steps,
                     tp_size=args.tp_size, device=args.device, cpu_threads=args.threads, random_seed=0,
                     decode_log_interval=10**9, log_level="warning", dist_port=0, front_pid=0,
-                    max_running_requests=args.max_running_requests, disable_overlap_schedule=not overlap)
+                    max_running_requests=args.max_running_requests, disable_overlap_schedule=not overlap,
+                    cuda_eager_batching=not static, static_path=static and args.device == "cpu",
+                    cuda_graph_max_bs=args.cuda_graph_max_bs_decode)
     return RankGroup(spec)
 
 
@@ -70,56 +78,77 @@ def main() -> None:
     ap.add_argument("--concurrency", default="1,4,16")
     ap.add_argument("--rounds", type=int, default=5)
     ap.add_argument("--tokens", type=int, default=128)
-    ap.add_argument("--max-running-requests", type=int, default=16)
+    ap.add_argument("--max-running-requests", type=int, default=None, help="default: the largest concurrency")
+    ap.add_argument("--cuda-graph-max-bs-decode", type=int, default=None, help="default: --max-running-requests")
+    ap.add_argument("--paths", default=None, help="static, eager or both (default: static on cuda, eager on cpu)")
     ap.add_argument("--json", type=Path, default=None, help="also write the rows here")
+    ap.add_argument("--budget-s", type=float, default=None,
+                    help="start no new round after this many seconds (the table then has fewer rounds)")
     args = ap.parse_args()
     texts = [json.loads(line)["text"] for line in (ROOT / "data/prompts.jsonl").read_text().splitlines()]
     concs = [int(x) for x in args.concurrency.split(",")]
+    args.max_running_requests = args.max_running_requests or max(concs)
     prompts = [encode(texts[i % len(texts)]) for i in range(max(concs))]
-    variants = {"baseline": (0, True), "steps=3": (3, True),
-                "baseline overlap-off": (0, False), "steps=3 overlap-off": (3, False)}
+    paths = (args.paths or ("static" if args.device == "cuda" else "eager")).split(",")
+    if bad := [p for p in paths if p not in ("static", "eager")]:
+        ap.error(f"--paths {args.paths}: {bad} is not static or eager")
+    variants = {}
+    for path in paths:
+        tag = "" if len(paths) == 1 else f" [{path}]"
+        variants.update({f"baseline{tag}": (0, True, path), f"steps=3{tag}": (3, True, path),
+                         f"baseline overlap-off{tag}": (0, False, path), f"steps=3 overlap-off{tag}": (3, False, path)})
     groups: dict[str, RankGroup] = {}
     tps: dict[tuple[str, int], list[float]] = {}
     lossless = True
     try:
-        for name, (steps, overlap) in variants.items():
-            groups[name] = start(args, steps, overlap)
-        ref = [groups["baseline"].call("generate", p, args.tokens, False)["generation"]["output_ids"]
-               for p in prompts]  # each prompt alone: the reference (and the warmup)
+        for name, (steps, overlap, path) in variants.items():
+            groups[name] = start(args, steps, overlap, path)
+        ref = {}  # per path: each prompt alone on its baseline (the reference, and the warmup)
+        for name, (_, _, path) in variants.items():
+            if path not in ref:
+                ref[path] = [groups[name].call("generate", p, args.tokens, False)["generation"]["output_ids"]
+                             for p in prompts]
         for group in groups.values():
-            burst(group, prompts[:4], 16)  # warm the batched shapes
+            burst(group, prompts, 16)  # warm the batched shapes
+        t_start, done = time.monotonic(), 0
         for _ in range(args.rounds):
+            if done and args.budget_s is not None and time.monotonic() - t_start > args.budget_s:
+                print(f"--budget-s {args.budget_s}: stopped after {done} of {args.rounds} rounds")
+                break
+            done += 1
             for c in concs:
                 for name, group in groups.items():
                     if "overlap-off" in name and c != 1:
                         continue
                     rate, outs = burst(group, prompts[:c], args.tokens)
                     tps.setdefault((name, c), []).append(rate)
-                    lossless &= outs == ref[:c]
+                    lossless &= outs == ref[variants[name][2]][:c]
     finally:
         for group in groups.values():
             group.close()
     print(f"device={args.device} tp={args.tp_size} threads/rank={args.threads} tokens={args.tokens} "
-          f"rounds={args.rounds} max_running_requests={args.max_running_requests} torch={torch.__version__} "
+          f"rounds={done} max_running_requests={args.max_running_requests} torch={torch.__version__} "
           f"cpus={os.cpu_count()} loadavg={open('/proc/loadavg').read().split()[:3]}")
-    if args.device == "cuda":
-        print("note: on cuda the graph path runs one request at a time: concurrency > 1 measures queueing")
+    print(f"paths: {', '.join(paths)} (static: CUDA graphs per bucket up to "
+          f"{args.cuda_graph_max_bs_decode or args.max_running_requests} on cuda, eager shapes on cpu)")
     print("| variant | concurrency | aggregate tok/s (median) | quartiles | speedup vs baseline (median of rounds) |")
     print("|---|---|---|---|---|")
     rows = []
     for (name, c), rates in tps.items():
-        base_name = "baseline overlap-off" if "overlap-off" in name else "baseline"
+        tag = name[name.index(" ["):] if " [" in name else ""
+        base_name = ("baseline overlap-off" if "overlap-off" in name else "baseline") + tag
         base = tps[(base_name, c)]
         q = statistics.quantiles(rates, n=4) if len(rates) > 1 else [rates[0]] * 3
         speed = statistics.median(v / b for v, b in zip(rates, base))
-        rows.append({"variant": name, "concurrency": c, "tok_s": statistics.median(rates), "q1": q[0], "q3": q[2],
-                     "speedup": speed})
+        rows.append({"variant": name, "path": variants[name][2], "concurrency": c, "tok_s": statistics.median(rates),
+                     "q1": q[0], "q3": q[2], "speedup": speed, "rounds": rates})
         print(f"| {name} | {c} | {statistics.median(rates):.0f} | {q[0]:.0f}-{q[2]:.0f} | {speed:.2f}x |")
-    for name in ("baseline", "steps=3"):
-        on, off = tps[(name, 1)], tps[(f"{name} overlap-off", 1)]
+    for name in [n for n in variants if "overlap-off" not in n]:
+        tag = name[name.index(" ["):] if " [" in name else ""
+        on, off = tps[(name, 1)], tps[(name.removesuffix(tag) + " overlap-off" + tag, 1)]
         print(f"overlap on / off at concurrency 1, {name}: {statistics.median(a / b for a, b in zip(on, off)):.3f} "
               "(median of per-round ratios)")
-    print(f"lossless (every output == the baseline's, prompt alone): {lossless}")
+    print(f"lossless (every output == its path's baseline output, prompt alone): {lossless}")
     if args.json:
         args.json.write_text(json.dumps(rows, indent=2))
 

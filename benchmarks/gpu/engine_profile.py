@@ -190,24 +190,28 @@ def main() -> None:
     for name in filter(None, args.variants.split(",")):
         kw = VARIANTS[name]
         target, drafter = models()
-        graph = StaticRunner(target, drafter, 3, use_graphs=True, **kw)
-        eager = StaticRunner(target, drafter, 3, use_graphs=False, **kw)
-        graph.new_caches(), eager.new_caches()
-        graph.prefill(torch.tensor([ids], device="cuda"))
-        eager.prefill(torch.tensor([ids], device="cuda"))
         rows = {}
         print(f"\n## variant {name} {kw}\n| shape | gpu_us | host_us | kernels | eager_us |\n|---|---|---|---|---|")
-        for shape, g in graph.graphs.items():
-            g_us, h_us = gpu_us(g.replay)
-            try:
-                n, top = kernels(g.replay)
-            except Exception as err:  # the profiler is a tool here, not the measurement: go on
-                print(f"profiler failed on {shape}: {err!r}")
-                n, top = float("nan"), []
-            e_us = eager_us(eager.fns[shape])
-            rows[shape] = {"gpu_us": g_us, "host_us": h_us, "kernels": n, "eager_us": e_us, "top": top}
-            print(f"| {shape} | {g_us:.1f} | {h_us:.1f} | {n:.0f} | {e_us:.0f} |")
-        for shape, lines in (("decode", 18), ("verify", 12)):
+        for d in (None, drafter):  # decode@1 (the baseline's), then verify@1, draft@1, extend@1 (steps 3)
+            k = 3 if d is not None else 0
+            graph = StaticRunner(target, d, k, use_graphs=True, **kw)
+            eager = StaticRunner(target, d, k, use_graphs=False, **kw)
+            for runner in (graph, eager):  # one request's prompt in slot 0 (the shapes' rows point at it)
+                runner.prefill(runner.alloc(), torch.tensor([ids], device="cuda"))
+                for bufs in runner.bufs.values():
+                    bufs["slots"].fill_(0)
+            for shape, g in graph.graphs.items():
+                g_us, h_us = gpu_us(g.replay)
+                try:
+                    n, top = kernels(g.replay)
+                except Exception as err:  # the profiler is a tool here, not the measurement: go on
+                    print(f"profiler failed on {shape}: {err!r}")
+                    n, top = float("nan"), []
+                e_us = eager_us(eager.fns[shape])
+                rows[shape] = {"gpu_us": g_us, "host_us": h_us, "kernels": n, "eager_us": e_us, "top": top}
+                print(f"| {shape} | {g_us:.1f} | {h_us:.1f} | {n:.0f} | {e_us:.0f} |")
+            del graph, eager
+        for shape, lines in (("decode@1", 18), ("verify@1", 12)):
             print(f"\n{shape} graph kernels by time (us per replay | count per replay | name):")
             for k, c, us in rows[shape]["top"][:lines]:
                 print(f"  {us:7.1f} us  x{c:4.0f}  {k}")
@@ -226,14 +230,14 @@ def main() -> None:
             print(f"| {k} | {us:.0f} | {1e6 / us:.0f} |")
         print(f"baseline graph == eager (300 tokens): {same}")
         out[name] = {"shapes": rows, "generate_us": gen, "graph_equals_eager": same}
-        del graph, eager, base_g, base_e
+        del base_g, base_e
         torch.cuda.empty_cache()
     if args.attention_micro:
         out["attention_micro"] = attention_micro()
     if args.compile:
         target, _ = models()
         runner = StaticRunner(target, None, 0, use_graphs=False, graph_ops=False)
-        fn = torch.compile(runner.fns["decode"], fullgraph=True, dynamic=False)
+        fn = torch.compile(runner.fns["decode@1"], fullgraph=True, dynamic=False)
         t0 = time.perf_counter()
         stream = torch.cuda.Stream()
         stream.wait_stream(torch.cuda.current_stream())

@@ -12,6 +12,11 @@
 #       engine  benchmarks/embedded_engine.py --device cuda (graph and eager, interleaved) on one GPU
 #               [ENGINE_ARGS, e.g. "--rounds 5"; ENGINE_GPUS (default 0), e.g. 0,1 for --tp-size 2;
 #               ENGINE_EAGER_RERUN=0 skips the eager-only rerun]
+#       batching  the embedded engine batched on its CUDA graphs (issues 26, 28), one GPU: the GPU tests
+#               of batching (16 concurrent == alone, graph buckets in /server_info, eager above the cap;
+#               the bs-1 graph path == eager, steps 0 and 3), then benchmarks/embedded_batching.py at
+#               concurrency 1,2,4,8,16,32 (graphs, baseline vs steps 3; BATCHING_ARGS adds flags, e.g.
+#               "--paths static,eager"); batching.json
 #       sweep   python run.py -m experiment=$SESSION_EXPERIMENT tracking=off [overrides]
 #               (default embedded_h200x2_steps_nccl; on one GPU add hardware=h200x1)
 #   e.g.  bash benchmarks/gpu/session.sh tests,probe,engine     # call 1
@@ -36,7 +41,7 @@ PY=${PYTHON:-python3}
 BUDGET_S=${SESSION_BUDGET_S:-540}
 mkdir -p "$OUT" "$WORK"
 for s in ${STEPS//,/ }; do
-  case $s in profile|tests|probe|engine|sweep) ;; *) echo "session.sh: unknown step '$s' (profile, tests, probe, engine, sweep, all)" >&2; exit 2;; esac
+  case $s in profile|tests|probe|engine|batching|sweep) ;; *) echo "session.sh: unknown step '$s' (profile, tests, probe, engine, batching, sweep, all)" >&2; exit 2;; esac
 done
 
 # The lent machine's rule (KINDS.md): NVLink multicast stays off in every NCCL process. The runner
@@ -163,6 +168,19 @@ step_engine() {
   else
     echo "[session] embedded_engine.py has no --disable-cuda-graph yet: eager-only engine measured above"
   fi
+  return $rc
+}
+
+step_batching() {
+  local rc=0
+  CUDA_VISIBLE_DEVICES=0 bounded 200 "$PY" -m pytest -q -p no:cacheprovider -m gpu tests/gpu/test_engine_concurrency.py \
+    "tests/gpu/test_engine_graphs.py::test_16_concurrent_requests_on_cuda_with_graphs_give_the_batch_size_1_outputs" \
+    "tests/gpu/test_engine_graphs.py::test_graphs_equal_eager_at_tp1[0]" \
+    "tests/gpu/test_engine_graphs.py::test_graphs_equal_eager_at_tp1[3]" || rc=$?
+  reap
+  # shellcheck disable=SC2086  # BATCHING_ARGS is a list of flags
+  CUDA_VISIBLE_DEVICES=0 bounded 150 "$PY" benchmarks/embedded_batching.py --device cuda --concurrency 1,2,4,8,16,32 \
+    --rounds 3 --tokens 64 --budget-s 60 --json "$OUT/batching.json" ${BATCHING_ARGS:-} || rc=$?
   return $rc
 }
 

@@ -70,14 +70,19 @@ class EmbeddedEngineConfig(EngineConfig):
     max_running_requests: int = 16  # --max-running-requests: the running batch's cap (SGLang's flag)
     disable_overlap_schedule: bool = False  # --disable-overlap-schedule (SGLang's flag; overlap is the default)
     # --cuda-eager-batching (CUDA only): decode on the packed eager path (continuous batching, no static
-    # buffers, no graphs). Off: the static / CUDA-graph path, which holds one request (graph buckets per
-    # batch size are not built: docs/concurrency.md), so benchmark.concurrency > 1 needs this on CUDA.
+    # buffers, no graphs). Off: the static / CUDA-graph path (request slots, one graph per batch-size bucket).
     cuda_eager_batching: bool = False
+    # --cuda-graph-max-bs-decode (SGLang 0.5.23's flag): the static path's largest graph batch size; batches
+    # above it run eagerly. null = max_running_requests (its cap: SGLang's capture list stops at the pool).
+    cuda_graph_max_bs_decode: Optional[int] = None
 
     def check(self, spec: SpecConfig, hardware: HardwareConfig) -> None:
         if self.max_running_requests < 1:
             raise ConfigError(f"engine.max_running_requests={self.max_running_requests}: must be >= 1 "
                               "(requests decoded together; the rest queue)")
+        if self.cuda_graph_max_bs_decode is not None and self.cuda_graph_max_bs_decode < 1:
+            raise ConfigError(f"engine.cuda_graph_max_bs_decode={self.cuda_graph_max_bs_decode}: must be >= 1 "
+                              "(or null: engine.max_running_requests)")
         if spec.topk != 1:
             raise ConfigError(f"spec.topk={spec.topk}: engine=embedded drafts chains only (topk 1); "
                               "use engine=sglang for tree drafting")

@@ -19,7 +19,6 @@ from spec_decode.core.nccl_names import NCCL_VARIABLES
 from spec_decode.core.prompts import load_prompt_set, load_prompts
 from spec_decode.core.synthetic import generated_matches, load_table
 from spec_decode.engines import sglang
-from spec_decode.engines.embedded.buckets import STATIC_PATH_MAX_BATCH
 from spec_decode.engines.sglang import installed_version, version_warning
 from spec_decode.record import provenance
 from spec_decode.record.provenance import git_state
@@ -353,12 +352,12 @@ def _check_load(cfg: ExperimentConfig, root: Path, pf: Preflight, tcfg: dict | N
                 f"at once and queues the rest, so the running batch never reaches {n}; raise "
                 f"engine.max_running_requests to >= {n} or lower benchmark.concurrency")
     cuda = cfg.hardware.device == "cuda"
-    if cuda and e.name == "embedded" and not e.cuda_eager_batching:
-        pf.need(n <= STATIC_PATH_MAX_BATCH, f"benchmark.concurrency={n}: engine=embedded on CUDA decodes on its "
-                f"static (CUDA-graph) path, which holds {STATIC_PATH_MAX_BATCH} request (graph buckets per batch "
-                "size are not built, docs/concurrency.md): the rest would queue; set engine.cuda_eager_batching=true "
-                "(continuous batching on the eager path, no graphs) or use engine=sglang")
     max_bs = getattr(e, "cuda_graph_max_bs_decode", None)
+    if cuda and e.name == "embedded" and not e.cuda_eager_batching and max_bs is not None and n > max_bs:
+        pf.warnings.append(f"benchmark.concurrency={n} is above engine.cuda_graph_max_bs_decode={max_bs}: the "
+                           f"embedded engine's batches of more than {max_bs} requests run its static shapes eagerly "
+                           "(no CUDA graph), so the figure measures that fallback; raise "
+                           f"engine.cuda_graph_max_bs_decode to >= {n} (or null) to measure graphs")
     if cuda and e.name == "sglang" and max_bs is not None and "--disable-cuda-graph" not in e.extra_args:
         pf.need(n <= max_bs, f"benchmark.concurrency={n} is above engine.cuda_graph_max_bs_decode={max_bs}: batches "
                 f"of more than {max_bs} requests decode without CUDA graphs, so the figure would measure eager "

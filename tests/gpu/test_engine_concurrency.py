@@ -5,8 +5,9 @@
 - ``--cuda-eager-batching``: the packed (eager) continuous-batching path on the GPU; 16 concurrent
   requests (the load prompt set) return exactly the tokens each returns alone, and really ran batched
   (the decode log's ``#running-req``), baseline and steps 3;
-- default (the static / CUDA-graph path): it holds one request, so concurrent requests queue (running
-  batch 1) and still return their alone outputs.
+- default (the static / CUDA-graph path): concurrent requests run batched in the graph buckets and
+  return their alone outputs; with --cuda-graph-max-bs-decode 4 the batches above 4 run eagerly
+  (said in the log, ``cuda graph: False`` on their decode lines) and still do.
 Every wait is bounded (server start 300 s, request 120 s).
 """
 
@@ -75,13 +76,17 @@ def test_eager_batching_on_cuda_equals_each_request_alone(tmp_path, steps):
     assert max(running) >= 8, running  # they ran batched on the GPU
 
 
-def test_graph_path_queues_concurrent_requests_and_keeps_their_outputs(tmp_path):
-    work = bodies()[:4]
-    with server(tmp_path, "graphs", 3) as srv:
+@pytest.mark.parametrize("steps", [0, 3])
+def test_graph_path_batches_concurrent_requests_and_keeps_their_outputs(tmp_path, steps):
+    work = bodies()
+    with server(tmp_path, f"graphs{steps}", steps, "--cuda-graph-max-bs-decode", "4") as srv:
+        info = requests.get(srv.base_url + "/server_info", timeout=30).json()
         alone = [requests.post(srv.base_url + "/generate", json=b, timeout=120).json()["output_ids"] for b in work]
         together = all_at_once(srv.base_url, work)
-        info = requests.get(srv.base_url + "/server_info", timeout=30).json()
+    assert info["cuda_graph"] is True and info["cuda_graph_bs"] == [1, 2, 4], info
     assert together == alone
-    running = [int(x.fields["#running-req"]) for x in read_log(tmp_path / "graphs.log") if x.kind == "Decode"]
-    assert max(running) == 1, running
-    assert info["cuda_graph"] is True, info  # the static path replayed its graphs
+    lines = [x for x in read_log(tmp_path / f"graphs{steps}.log") if x.kind == "Decode"]
+    graph = {int(x.fields["#running-req"]): x.fields["cuda graph"] for x in lines}
+    assert max(graph) >= 8, graph  # batched
+    assert all(v is (n <= 4) for n, v in graph.items()), graph  # eager above the cap
+    assert "above --cuda-graph-max-bs-decode 4" in (tmp_path / f"graphs{steps}.log").read_text()

@@ -25,20 +25,31 @@ def test_embedded_concurrency_above_max_running_requests_is_refused_before_a_ser
     assert errors("benchmark.concurrency=4", "engine.max_running_requests=4") == []  # what fits passes
 
 
-def test_embedded_on_cuda_holds_one_request_unless_eager_batching():
-    """The embedded engine's static (CUDA-graph) path holds one request (graph buckets per batch size are
-    not built): concurrency 4 is refused there, naming the switch that batches (the eager path)."""
-    over = errors("hardware=h200x1", "benchmark.concurrency=4")
-    assert any(e.startswith("benchmark.concurrency=4: engine=embedded on CUDA decodes on its static (CUDA-graph) "
-                            "path, which holds 1 request") and "engine.cuda_eager_batching=true" in e for e in over), over
-    assert not any("concurrency" in e for e in errors("hardware=h200x1", "benchmark.concurrency=1", "benchmark.load=true"))
-    eager = errors("hardware=h200x1", "benchmark.concurrency=16", "engine.cuda_eager_batching=true")
-    assert not any("concurrency" in e for e in eager), eager
+def warnings(*overrides: str) -> list[str]:
+    return preflight.check(compose_experiment(*overrides), ROOT).warnings
+
+
+def test_embedded_on_cuda_batches_on_its_graph_buckets_and_warns_above_them():
+    """The embedded engine's static (CUDA-graph) path holds --max-running-requests requests in graph
+    buckets up to engine.cuda_graph_max_bs_decode (issue 26): concurrency 16 passes on CUDA; above the
+    graph cap the batches run eagerly, which preflight says (a warning naming the key), not refuses."""
+    ok = preflight.check(compose_experiment("hardware=h200x1", "benchmark.concurrency=16"), ROOT)
+    assert not any("concurrency" in e for e in ok.errors + ok.warnings), (ok.errors, ok.warnings)
+    over = warnings("hardware=h200x1", "benchmark.concurrency=16", "engine.cuda_graph_max_bs_decode=8")
+    assert any(w.startswith("benchmark.concurrency=16 is above engine.cuda_graph_max_bs_decode=8") for w in over), over
+    assert not any("concurrency" in e for e in errors("hardware=h200x1", "benchmark.concurrency=16",
+                                                       "engine.cuda_graph_max_bs_decode=8"))
+    eager = warnings("hardware=h200x1", "benchmark.concurrency=16", "engine.cuda_eager_batching=true",
+                     "engine.cuda_graph_max_bs_decode=8")
+    assert not any("concurrency" in w for w in eager), eager  # no graphs on that path: nothing to warn about
     from spec_decode.engines import server_command
 
     argv = server_command(compose_experiment("hardware=h200x1", "engine.cuda_eager_batching=true"), 1)
     assert "--cuda-eager-batching" in argv
     assert "--cuda-eager-batching" not in server_command(compose_experiment("engine.cuda_eager_batching=true"), 1)
+    argv = server_command(compose_experiment("hardware=h200x1", "engine.cuda_graph_max_bs_decode=8"), 1)
+    assert argv[argv.index("--cuda-graph-max-bs-decode") + 1] == "8"
+    assert "--cuda-graph-max-bs-decode" not in server_command(compose_experiment("hardware=h200x1"), 1)
 
 
 @pytest.mark.parametrize("overrides,named", [

@@ -76,7 +76,8 @@ def test_each_engine_composes_to_its_own_schema():
     assert type(embedded.engine) is EmbeddedEngineConfig and type(sglang.engine) is SglangEngineConfig
     assert not hasattr(embedded.engine, "enable_metrics")  # SGLang's knobs live with SGLang
     assert not hasattr(embedded.engine, "pcie_ipc_allreduce")
-    assert not hasattr(embedded.engine, "cuda_graph_max_bs_decode")
+    # the embedded engine's static path has SGLang's graph cap too (issue 26); null = max_running_requests
+    assert embedded.engine.cuda_graph_max_bs_decode is None
     assert embedded.engine.cuda_eager_batching is False  # CUDA: the static path unless asked (issue 28)
     assert sglang.engine.cuda_graph_max_bs_decode == 4
 

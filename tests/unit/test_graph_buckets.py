@@ -25,7 +25,7 @@ def test_a_batch_runs_in_the_smallest_captured_size_that_holds_it_padded():
 
 
 def test_bad_sizes_are_refused_naming_the_flag():
-    with pytest.raises(ValueError, match="--cuda-graph-max-bs must be >= 1"):
+    with pytest.raises(ValueError, match="--cuda-graph-max-bs-decode must be >= 1"):
         capture_bs(0)
     with pytest.raises(ValueError, match="at least one request"):
         bucket(0, [1, 2])

@@ -53,8 +53,14 @@ def build_parser() -> argparse.ArgumentParser:
                         "CUDA graphs (same kernels, same output; CPU never uses graphs)")
     p.add_argument("--max-running-requests", type=int, default=16,
                    help="requests decoded together in the running batch; the rest wait in the queue "
-                        "(SGLang's flag; capped to 1 on --device cuda's static path, which holds one request; "
-                        "see --cuda-eager-batching)")
+                        "(SGLang's flag; also the static path's request slots)")
+    p.add_argument("--cuda-graph-max-bs-decode", type=int, default=None,
+                   help="the static path's largest CUDA-graph batch size (SGLang 0.5.23's flag): graphs for "
+                        "the buckets 1, 2, 4, 8, 16, 24, ... up to it, a batch runs padded to its bucket, and "
+                        "larger batches run the same shapes eagerly; default and cap: --max-running-requests")
+    p.add_argument("--static-path", action="store_true",
+                   help="test and debugging only: on --device cpu, decode on the static path's shapes "
+                        "(request slots, batch-size buckets) eagerly, as --device cuda --disable-cuda-graph does")
     p.add_argument("--cuda-eager-batching", action="store_true",
                    help="on --device cuda: decode on the packed eager path (continuous batching up to "
                         "--max-running-requests, no static buffers, no CUDA graphs) instead of the static path")
@@ -179,6 +185,8 @@ def main(argv: list[str] | None = None) -> None:
     check_tp_size(args, parser)
     if args.max_running_requests < 1:
         parser.error(f"--max-running-requests must be >= 1 (got {args.max_running_requests})")
+    if args.cuda_graph_max_bs_decode is not None and args.cuda_graph_max_bs_decode < 1:
+        parser.error(f"--cuda-graph-max-bs-decode must be >= 1 (got {args.cuda_graph_max_bs_decode})")
     resolve_seed_and_forcing(args, parser)
 
     # Imported only now: a bad flag or model exits above without waiting for torch to load.
@@ -206,6 +214,7 @@ def main(argv: list[str] | None = None) -> None:
         decode_log_interval=args.decode_log_interval, log_level=args.log_level, dist_port=0, front_pid=0,
         disable_cuda_graph=args.disable_cuda_graph, max_running_requests=args.max_running_requests,
         disable_overlap_schedule=args.disable_overlap_schedule, cuda_eager_batching=args.cuda_eager_batching,
+        cuda_graph_max_bs=args.cuda_graph_max_bs_decode, static_path=args.static_path,
     )
     try:
         group = RankGroup(spec)

@@ -3,24 +3,20 @@
 SGLang captures one decode graph per batch size of its ``cuda_graph_bs`` list, up to
 ``--cuda-graph-max-bs-decode``, and pads a running batch up to the next captured size
 (``model_executor/cuda_graph_runner.py``: ``bisect_left(capture_bs, raw_bs)``, the padded rows
-compute on dummy inputs and are dropped). The embedded engine does the same with its own list:
-1, 2, 4, 8, then every 8 up to the cap (the cap itself always included).
+compute on dummy inputs and are dropped). The embedded engine's static path (graphs.StaticRunner)
+does the same with its own list: 1, 2, 4, 8, then every 8 up to the cap (the cap itself always
+included); a batch above the largest runs the same shapes eagerly.
 """
 
 from __future__ import annotations
 
 import bisect
 
-# What the static (CUDA-graph) path holds today: one request's static caches and buffers (graphs.py). The
-# buckets below are the rule a batched static path will follow; until it exists preflight refuses a
-# benchmark.concurrency above this on CUDA unless engine.cuda_eager_batching=true.
-STATIC_PATH_MAX_BATCH = 1
-
 
 def capture_bs(max_bs: int) -> list[int]:
-    """The batch sizes to capture for ``--cuda-graph-max-bs`` = ``max_bs`` (>= 1), ascending."""
+    """The batch sizes to capture for ``--cuda-graph-max-bs-decode`` = ``max_bs`` (>= 1), ascending."""
     if max_bs < 1:
-        raise ValueError(f"--cuda-graph-max-bs must be >= 1 (got {max_bs})")
+        raise ValueError(f"--cuda-graph-max-bs-decode must be >= 1 (got {max_bs})")
     sizes = [b for b in (1, 2, 4, 8) if b <= max_bs] + list(range(16, max_bs + 1, 8))
     if sizes[-1] != max_bs:
         sizes.append(max_bs)

@@ -39,6 +39,7 @@ from spec_decode.engines.embedded.batch import (
     target_forward,
 )
 from spec_decode.engines.embedded.graphs import StaticRunner
+from spec_decode.engines.embedded.kvcache import SlotCache
 from spec_decode.engines.embedded.loop import BatchLoop
 from spec_decode.engines.embedded.model import Eagle3Drafter, LlamaTarget
 
@@ -150,8 +151,10 @@ class Decoder:
     ``draft(batch)``, ``verify(batch, drafts)`` and ``extend(batch, news, feats)`` once each. The
     baseline (no drafter) never calls them (SGLang's non-speculative worker is not hooked either).
 
-    With a ``runner`` (the CUDA path, graphs.py) the phases run on its static buffers -- CUDA-graph
-    replays unless graphs are disabled -- for one request at a time (``max_batch`` 1)."""
+    With a ``runner`` (the static / CUDA path, graphs.py) the phases run on its static buffers, a batch
+    of n requests in its bucket's shapes (CUDA-graph replays unless graphs are disabled; eager above
+    the largest bucket); each request holds one of its slots from its prefill until ``release``
+    (``max_batch``: the slots it has)."""
 
     def __init__(self, target: LlamaTarget, drafter: Eagle3Drafter | None, steps: int,
                  runner: StaticRunner | None = None, forced: ForcedAcceptance | None = None):
@@ -162,7 +165,7 @@ class Decoder:
         self.device = target.lm_head.weight.device
         self.context = target.shape.max_position_embeddings
         self.runner = runner
-        self.max_batch = 1 if runner is not None else None  # the static path holds one request's caches
+        self.max_batch = runner.n_slots if runner is not None else None  # the static path's request slots
         # Forced acceptance (SGLANG_SIMULATE_ACC_LEN): speculative decoding only, as in SGLang.
         self.forced = forced if drafter is not None else None
         # Room for the overlap scheduler's in-flight cycle past the last committable position.
@@ -173,6 +176,16 @@ class Decoder:
     @property
     def cuda_graph(self) -> bool:
         return self.runner is not None and self.runner.use_graphs
+
+    def replays_graphs(self, n: int) -> bool:
+        """Whether a decode batch of ``n`` requests replays CUDA graphs (the decode log's ``cuda graph``)."""
+        return self.runner is not None and self.runner.replays(n)
+
+    def release(self, req: Req) -> None:
+        """The request has left and no launched cycle holds it any more: its static slot is free."""
+        if self.runner is not None and req.tcache is not None:
+            self.runner.release(req.tcache)
+            req.tcache = req.dcache = None
 
     def max_new_tokens(self, prompt_len: int) -> int:
         return max_new_tokens(self.context, self.steps, prompt_len)
@@ -219,7 +232,8 @@ class Decoder:
         """(B, k) drafts: the first from the last re-extend, then k-1 drafter steps on its own hidden."""
         reqs = batch.reqs
         if self.runner is not None:
-            return self.runner.draft(reqs[0].first, reqs[0].h_last).view(1, -1)
+            h = torch.cat([r.h_last for r in reqs], dim=1) if len(reqs) > 1 else reqs[0].h_last
+            return self.runner.draft([r.dcache for r in reqs], torch.cat([r.first for r in reqs]), h)
         toks = [r.first for r in reqs]
         drafts = [torch.cat(toks)]
         h = torch.cat([r.h_last for r in reqs], dim=1) if len(reqs) > 1 else reqs[0].h_last
@@ -238,8 +252,9 @@ class Decoder:
         reqs, k = batch.reqs, self.steps
         forced = [self.forced.draw() - 1 for _ in reqs] if self.forced is not None else None
         if self.runner is not None:
-            a, pred, aux = self.runner.verify(reqs[0].last, drafts[0], accept=forced[0] if forced else None)
-            accepted, preds, auxs = [a], [pred], [aux]
+            accepted, pred, aux = self.runner.verify([r.tcache for r in reqs], torch.cat([r.last for r in reqs]),
+                                                     drafts, accept=forced)
+            preds, auxs = list(pred), list(aux[:, None])  # (k+1,) and (1, k+1, w) per request
         else:
             caches = [r.tcache for r in reqs]
             bases = [c.length for c in caches]
@@ -258,9 +273,14 @@ class Decoder:
         """Drop the chains' own entries, re-extend with the true features of the committed tokens;
         returns the next first draft tokens (B,) and hidden states (1, B, h)."""
         reqs = batch.reqs
-        if self.runner is not None:
-            base = reqs[0].tcache.length - news[0].shape[0]
-            return self.runner.extend(news[0], feats[0], base)
+        if self.runner is not None:  # from the verify's buffers; forced acceptance's rewritten preds
+            k = self.steps
+            preds = None if self.forced is None else torch.stack(
+                [torch.cat([x, x.new_zeros(k + 1 - x.shape[0])]) for x in news])
+            out = self.runner.extend([r.dcache for r in reqs], [x.shape[0] - 1 for x in news], preds)
+            for r in reqs:
+                r.dcache.length = r.tcache.length
+            return out
         caches = [r.dcache for r in reqs]
         for r, c, new in zip(reqs, caches, news):
             c.crop(r.tcache.length - new.shape[0])  # the committed length before this verify
@@ -275,9 +295,14 @@ class Decoder:
         feature t with token t+1; the target's next token is the first output token."""
         reqs, runner = batch.reqs, self.runner
         ids = [torch.tensor(r.origin_input_ids, dtype=torch.long, device=self.device) for r in reqs]
-        if runner is not None:
-            reqs[0].tcache, reqs[0].dcache = runner.new_caches()
-            logits, aux = runner.prefill(ids[0].view(1, -1))
+        if runner is not None:  # one eager forward per prompt, each in its own new slot
+            outs = []
+            for r, x in zip(reqs, ids):
+                r.tcache = runner.alloc()
+                r.dcache = SlotCache(r.tcache.slot, r.tcache.max_len)
+                outs.append(runner.prefill(r.tcache, x.view(1, -1)))
+            logits = torch.cat([lg for lg, _ in outs])
+            aux = torch.cat([a for _, a in outs], dim=1) if self.drafter is not None else None
         else:
             for r in reqs:
                 r.tcache = self.target.new_cache(self.context + self.margin)
@@ -291,7 +316,9 @@ class Decoder:
         if self.drafter is not None:
             shifted = [torch.cat([x[1:], r.last]) for x, r in zip(ids, reqs)]
             if runner is not None:
-                dl, dh = runner.prefill_drafter(shifted[0].view(1, -1), aux)
+                parts = [runner.prefill_drafter(r.dcache, x.view(1, -1), a) for r, x, a
+                         in zip(reqs, shifted, split_rows(aux, [x.shape[0] for x in ids], dim=1))]
+                dl, dh = torch.cat([d for d, _ in parts]), torch.cat([h for _, h in parts], dim=1)
             else:
                 dl, dh = drafter_forward(self.drafter, self.drope, shifted, aux, [r.dcache for r in reqs])
             firsts = self.drafter.to_target_ids(dl[ends].argmax(-1))
@@ -303,7 +330,9 @@ class Decoder:
         """The baseline: one target forward of each request's last token."""
         reqs = batch.reqs
         if self.runner is not None:
-            reqs[0].last = self.runner.decode(reqs[0].last.view(1, 1)).view(1)
+            toks = self.runner.decode([r.tcache for r in reqs], torch.cat([r.last for r in reqs]))
+            for i, r in enumerate(reqs):
+                r.last = toks[i: i + 1]
         else:
             logits, _ = target_forward(self.target, self.trope, [r.last for r in reqs], [r.tcache for r in reqs], None)
             toks = logits.argmax(-1)

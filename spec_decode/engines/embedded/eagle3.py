@@ -7,7 +7,7 @@ import math
 import torch
 from torch import nn
 
-from spec_decode.engines.embedded.kvcache import KVCache, StaticKVCache, causal_mask
+from spec_decode.engines.embedded.kvcache import CacheRows, KVCache, StaticKVCache, causal_mask
 from spec_decode.engines.embedded.layers import MLP, Attention, RMSNorm, register_rope
 from spec_decode.engines.embedded.shapes import DrafterShape
 
@@ -86,10 +86,10 @@ class Eagle3Drafter(nn.Module):
         logits, h = self._finish(a, residual)
         return logits[0], h
 
-    def new_static_cache(self) -> StaticKVCache:
+    def new_static_cache(self, slots: int = 1) -> StaticKVCache:
         s = self.shape
         return StaticKVCache(1, s.num_key_value_heads, s.max_position_embeddings, s.head_dim,
-                             device=self.lm_head.weight.device, dtype=self.lm_head.weight.dtype)
+                             device=self.lm_head.weight.device, dtype=self.lm_head.weight.dtype, slots=slots)
 
     graph_ops = False  # forward_static in fewer kernels (prepare_graph_ops)
 
@@ -101,7 +101,7 @@ class Eagle3Drafter(nn.Module):
         return self
 
     def forward_static(self, tokens: torch.Tensor, hidden: torch.Tensor, pos: torch.Tensor,
-                       cache: StaticKVCache):
+                       cache: CacheRows):
         """``forward`` at the positions ``pos`` (T,), capturable (see LlamaTarget.forward_static)."""
         g = self.graph_ops
         x, residual = self._inputs(tokens, hidden, g)

@@ -1,57 +1,70 @@
-"""The embedded engine's CUDA path: static buffers and one CUDA graph per shape it replays, like SGLang's
-CUDA-graph runner (decode, draft, verify and draft-extend graphs captured at start-up).
+"""The embedded engine's static path (the CUDA path): request slots in static KV caches, static
+buffers, and one CUDA graph per shape and batch-size bucket, like SGLang's CUDA-graph runner
+(``--cuda-graph-max-bs-decode``; the bucket rule is buckets.py's).
 
-Shapes (batch 1, k = speculative steps):
+Shapes, for each bucket b of ``buckets.capture_bs(max_bs)`` (k = speculative steps), named
+``<phase>@<b>``:
 
-- ``decode``: the target over 1 token -> next token (the baseline);
-- ``verify``: the target over k+1 tokens -> argmax per position, accepted count, captured features;
-- ``draft``: one drafter step on its own hidden state -> next draft token (target ids), hidden;
-- ``extend<n>``, n = 1..k+1: the drafter re-extended over n accepted tokens -> first draft, hidden.
+- ``decode``: the target over 1 token per row -> next token (the baseline);
+- ``verify``: the target over k+1 tokens per row -> argmax per position, accepted count per row,
+  captured features;
+- ``draft``: one drafter step per row on its own hidden state -> next draft token (target ids), hidden;
+- ``extend``: the drafter re-extended over each row's accepted tokens, every row padded to k+1 tokens
+  (the verify's predictions, features and positions) with its own last valid index -> first draft,
+  hidden. A padded position writes drafter K/V past the row's length: no query of that row sees it
+  (the mask is ``key <= pos``) and the row's next draft step writes that position before any query
+  at or beyond it runs.
 
-Every shape runs ``forward_static`` (fixed shapes, positions as a device tensor, attention over the
-whole static KV cache under a mask), on buffers allocated once. With graphs on, each shape is
-captured once at start-up and replayed; with ``--disable-cuda-graph`` the same functions run eagerly,
-launching the same kernels, so the two agree token for token. The prompt's prefill runs eagerly
-(its length varies). The host reads one number per cycle (the accepted count), as the eager path does.
+A running batch of n rows runs in ``bucket(n)``: row i holds request i's slot, positions and inputs;
+the padding rows read the scratch slot (the caches' last) at positions 0.., compute on whatever their
+buffers hold and are dropped. Above the largest bucket the same functions run eagerly at exactly n
+rows (said once in the log). Every shape runs ``forward_static`` (fixed shapes, positions and slots
+as device tensors, attention over each row's whole slot under a mask) on buffers allocated once; with
+graphs on each shape is captured at start-up (capture.py) and replayed, with ``--disable-cuda-graph``
+(and on CPU) the same functions run eagerly, so the two agree token for token. A prompt's prefill
+runs eagerly (its length varies). The host reads one vector per cycle (the accepted counts).
+
 On CUDA the shapes run in fewer kernels by default (``graph_ops``: fused RMSNorm, RoPE from rotated
 projection rows, bmm attention; model.py's prepare_graph_ops): a step of this tiny model costs what
 its kernels cost, not their arithmetic (docs/embedded-engine.md has the per-shape profile).
-
-At tp > 1 the target's all-reduces (``parallel.TensorParallel.reduce``) are captured inside the
-graphs (NCCL). A capture of a c10d collective hangs if the communicator is created or used
-differently inside the capture, so: ``init_process_group`` gets ``device_id`` (eager communicator),
-every shape is first run eagerly on the capture stream (which warms NCCL on that stream), the device
-is synchronised, and capture uses that same stream with ``capture_error_mode="thread_local"`` (the
-c10d watchdog thread may query events meanwhile).
 """
 
 from __future__ import annotations
 
-import gc
 import logging
 
 import torch
-import torch.distributed as dist
+
+from spec_decode.engines.embedded import capture
+from spec_decode.engines.embedded.buckets import bucket, capture_bs
+from spec_decode.engines.embedded.kvcache import SlotCache
 
 log = logging.getLogger("spec_decode.embedded")
-WARMUP_RUNS = 2  # eager runs per shape before capture: lazy inits (cuBLAS handles, NCCL) happen here
 
 
 class StaticRunner:
     def __init__(self, target, drafter, steps: int, use_graphs: bool, graph_ops: bool | None = None,
-                 attention: str = "bmm"):
-        """``graph_ops`` (default: on CUDA) computes the shapes in fewer kernels (model.py's
-        prepare_graph_ops; it changes the models it is given, for every runner on them), with
-        ``attention`` "bmm" (default: on an H200 SDPA's fp32 kernel took 104 us per layer for one
-        query over the 1024 slots, baddbmm/softmax/bmm 12 us; benchmarks/gpu/engine_profile.py) or
-        "sdpa". Graphs or eager, the same kernels run."""
+                 attention: str = "bmm", max_bs: int = 1, slots: int | None = None):
+        """``max_bs``: the largest captured batch size (SGLang's --cuda-graph-max-bs-decode);
+        ``slots``: requests the caches hold (default max_bs; the server's --max-running-requests),
+        plus one scratch slot for padding rows. ``graph_ops`` (default: on CUDA) computes the shapes
+        in fewer kernels (model.py's prepare_graph_ops; it changes the models it is given, for every
+        runner on them), with ``attention`` "bmm" (default: on an H200 SDPA's fp32 kernel took 104 us
+        per layer for one query over the 1024 slots, baddbmm/softmax/bmm 12 us;
+        benchmarks/gpu/engine_profile.py) or "sdpa". Graphs or eager, the same kernels run."""
         self.target, self.drafter, self.k = target, drafter, steps
         dev = target.lm_head.weight.device
         self.device = dev
+        self.sizes = capture_bs(max_bs)
+        self.max_bs = max_bs
+        self.n_slots = max(slots or max_bs, 1)
+        self.scratch = self.n_slots  # the padding rows' slot
+        self.free_slots = list(range(self.n_slots))
         self.use_graphs = use_graphs and dev.type == "cuda"
         self.capture_ids = list(drafter.shape.aux_layer_ids) if drafter is not None else None
-        self.tcache = target.new_static_cache()
-        self.dcache = drafter.new_static_cache() if drafter is not None else None
+        self.tcache = target.new_static_cache(self.n_slots + 1)
+        self.dcache = drafter.new_static_cache(self.n_slots + 1) if drafter is not None else None
+        self.context = self.tcache.max_len
         self.graph_ops = dev.type == "cuda" if graph_ops is None else graph_ops
         if self.graph_ops:
             for model, cache in ((target, self.tcache), (drafter, self.dcache)):
@@ -60,200 +73,236 @@ class StaticRunner:
                         model.prepare_graph_ops()
                     cache.prepare_graph_ops(attention)
         self.arange = torch.arange(target.shape.max_position_embeddings, device=dev)
-        h, long = target.shape.hidden_size, dict(dtype=torch.long, device=dev)
-        zeros = dict(device=dev)
         self.fns: dict[str, callable] = {}
         self.bufs: dict[str, dict[str, torch.Tensor]] = {}
-        self._add("decode", {"ids": torch.zeros(1, 1, **long), "pos": torch.zeros(1, **long),
-                             "tok": torch.zeros(1, 1, **long)}, self._decode)
-        if drafter is not None:
-            k, width = steps, len(self.capture_ids) * h
-            self._add("verify", {"ids": torch.zeros(1, k + 1, **long), "pos": torch.zeros(k + 1, **long),
-                                 "pred": torch.zeros(k + 1, **long), "accepted": torch.zeros((), **long),
-                                 "aux": torch.zeros(1, k + 1, width, **zeros)}, self._verify)
-            self._add("draft", {"tok": torch.zeros(1, 1, **long), "h": torch.zeros(1, 1, h, **zeros),
-                                "pos": torch.zeros(1, **long), "next": torch.zeros(1, **long),
-                                "h_out": torch.zeros(1, 1, h, **zeros)}, self._draft)
-            for n in range(1, k + 2):
-                self._add(f"extend{n}", {"ids": torch.zeros(1, n, **long), "feats": torch.zeros(1, n, width, **zeros),
-                                         "pos": torch.zeros(n, **long), "first": torch.zeros(1, **long),
-                                         "h_out": torch.zeros(1, 1, h, **zeros)}, self._extend)
+        for b in self.sizes:
+            self._add_bucket(b)
         self.graphs: dict[str, torch.cuda.CUDAGraph] = {}
         self.capture_error: str | None = None
+        self.eager_above_logged = False
         if self.use_graphs:
             self._capture_or_fall_back()
 
+    @property
+    def graph_bs(self) -> list[int]:
+        """The batch sizes whose graphs replay ([] when eager)."""
+        return list(self.sizes) if self.use_graphs and self.graphs else []
+
     # ---- the shapes (each reads and writes only its own buffers) --------------------------------------
-    def _add(self, name: str, bufs: dict, fn) -> None:
+    def _add_bucket(self, b: int) -> None:
+        dev, h, k = self.device, self.target.shape.hidden_size, self.k
+        long, f = dict(dtype=torch.long, device=dev), dict(device=dev)
+        if self.drafter is None:
+            self._add(f"decode@{b}", b, 1, {"ids": torch.zeros(1, b, **long), "pos": torch.zeros(b, **long),
+                                            "tok": torch.zeros(b, **long)}, self._decode)
+            return
+        t, width = k + 1, len(self.capture_ids) * h
+        self._add(f"verify@{b}", b, t, {"ids": torch.zeros(1, b * t, **long), "pos": torch.zeros(b * t, **long),
+                                        "pred": torch.zeros(b, t, **long), "accepted": torch.zeros(b, **long),
+                                        "aux": torch.zeros(1, b * t, width, **f)}, self._verify)
+        self._add(f"draft@{b}", b, 1, {"tok": torch.zeros(1, b, **long), "h": torch.zeros(1, b, h, **f),
+                                       "pos": torch.zeros(b, **long), "next": torch.zeros(b, **long),
+                                       "h_out": torch.zeros(1, b, h, **f)}, self._draft)
+        self._add(f"extend@{b}", b, t, {"ids": torch.zeros(1, b * t, **long), "feats": torch.zeros(1, b * t, width, **f),
+                                        "pos": torch.zeros(b * t, **long), "last": torch.zeros(b, **long),
+                                        "first": torch.zeros(b, **long), "h_out": torch.zeros(1, b, h, **f)},
+                  self._extend)
+
+    def _add(self, name: str, b: int, t: int, bufs: dict, fn) -> None:
+        bufs["slots"] = torch.full((b,), self.scratch, dtype=torch.long, device=self.device)
+        bufs["trows"] = self.tcache.rows(bufs["slots"], t)
+        if self.dcache is not None:
+            bufs["drows"] = self.dcache.rows(bufs["slots"], t)
         self.bufs[name] = bufs
         self.fns[name] = lambda: fn(bufs)
 
     def _decode(self, b) -> None:
-        logits, _ = self.target.forward_static(b["ids"], b["pos"], self.tcache)
-        b["tok"].copy_(logits[-1:].argmax(-1).view(1, 1))
+        logits, _ = self.target.forward_static(b["ids"], b["pos"], b["trows"])
+        b["tok"].copy_(logits.argmax(-1))
 
     def _verify(self, b) -> None:
-        logits, aux = self.target.forward_static(b["ids"], b["pos"], self.tcache, self.capture_ids)
-        pred = logits.argmax(-1)
+        logits, aux = self.target.forward_static(b["ids"], b["pos"], b["trows"], self.capture_ids)
+        pred = logits.argmax(-1).view(b["pred"].shape)
         b["pred"].copy_(pred)
-        b["accepted"].copy_((b["ids"][0, 1:] == pred[: self.k]).to(torch.int32).cumprod(0).sum())
+        drafts = b["ids"].view(b["pred"].shape)[:, 1:]
+        b["accepted"].copy_((drafts == pred[:, : self.k]).to(torch.int32).cumprod(1).sum(1))
         b["aux"].copy_(aux)
 
     def _draft(self, b) -> None:
-        dl, h = self.drafter.forward_static(b["tok"], b["h"], b["pos"], self.dcache)
-        b["next"].copy_(self.drafter.to_target_ids(dl[-1].argmax()).view(1))
+        dl, h = self.drafter.forward_static(b["tok"], b["h"], b["pos"], b["drows"])
+        b["next"].copy_(self.drafter.to_target_ids(dl.argmax(-1)))
         b["h_out"].copy_(h)
 
     def _extend(self, b) -> None:
-        dl, dh = self.drafter.forward_static(b["ids"], b["feats"], b["pos"], self.dcache)
-        b["first"].copy_(self.drafter.to_target_ids(dl[-1].argmax()).view(1))
-        b["h_out"].copy_(dh[:, -1:])
+        dl, dh = self.drafter.forward_static(b["ids"], b["feats"], b["pos"], b["drows"])
+        b["first"].copy_(self.drafter.to_target_ids(dl.index_select(0, b["last"]).argmax(-1)))
+        b["h_out"].copy_(dh.index_select(1, b["last"]))
 
     # ---- running ------------------------------------------------------------------------------------
-    def run(self, name: str, start: int) -> dict[str, torch.Tensor]:
-        """Run shape ``name`` at positions start.. (replay its graph, or eagerly); its buffers."""
-        b = self.bufs[name]
-        torch.add(self.arange[: b["pos"].shape[0]], start, out=b["pos"])
+    def shape(self, phase: str, n: int) -> tuple[str, int]:
+        """The shape a batch of ``n`` rows runs in: its bucket's, or above the largest bucket an eager
+        shape of exactly n rows (made on first use)."""
+        b = bucket(n, self.sizes)
+        if b is None:
+            b = n
+            if n > self.n_slots:
+                raise ValueError(f"a batch of {n} requests: the static path holds {self.n_slots} "
+                                 "(--max-running-requests)")
+            if f"{phase}@{n}" not in self.bufs:
+                self._add_bucket(n)
+            if not self.eager_above_logged:
+                self.eager_above_logged = True
+                log.warning("a running batch of %d requests is above --cuda-graph-max-bs-decode %d: batches "
+                            "above it run the static shapes eagerly (no CUDA graph); said once", n, self.max_bs)
+        return f"{phase}@{b}", b
+
+    def _put(self, buf: torch.Tensor, values: list[int]) -> None:
+        """Host values into a shape's buffer. non_blocking: from pageable memory CUDA stages the source
+        at once and the stream is not synchronised (a blocking copy_ would wait for the GPU to drain)."""
+        buf.copy_(torch.tensor(values, dtype=torch.long), non_blocking=True)
+
+    def _rows(self, phase: str, caches: list[SlotCache]) -> tuple[dict, str, int]:
+        name, b = self.shape(phase, len(caches))
+        bufs = self.bufs[name]
+        self._put(bufs["slots"], [c.slot for c in caches] + [self.scratch] * (b - len(caches)))
+        return bufs, name, b
+
+    def _positions(self, starts: list[int], b: int, t: int) -> list[int]:
+        starts = starts + [0] * (b - len(starts))  # padding rows at positions 0..t-1 of the scratch slot
+        return [s + j for s in starts for j in range(t)]
+
+    def run(self, name: str) -> dict[str, torch.Tensor]:
+        """Run shape ``name`` (replay its graph, or eagerly); its buffers."""
         graph = self.graphs.get(name)
         if graph is not None:
             graph.replay()
         else:
             self.fns[name]()
-        return b
+        return self.bufs[name]
 
-    def _capture_all(self) -> None:
-        """Warm every shape on the capture stream, then capture each with the garbage collector frozen
-        (SGLang's ``freeze_gc``, model_executor/runner/base_cuda_graph_runner.py 47-62).
-
-        Why (CUBLAS_STATUS_INTERNAL_ERROR inside a capture on the H200, issue 26): torch keeps one
-        cuBLAS workspace per (handle, stream), and destroying a CUDA graph clears the workspaces of the
-        stream it was captured on; ``torch.cuda.Stream()`` hands out streams from a small pool, so an
-        earlier runner's capture stream is often ours. Such a runner lives in a reference cycle
-        (``fns`` closes over it), so it dies only in a garbage collection -- and ``torch.cuda.graph``
-        runs one right before ``capture_begin``: the workspace our warmup made was freed just before
-        the capture, and cuBLAS met the capture without one. So: collect first (dead graphs go now),
-        warm up and synchronise, and keep collections out of the capture window."""
-        gc.collect()
-        stream = torch.cuda.Stream(device=self.device)
-        stream.wait_stream(torch.cuda.current_stream(self.device))
-        with torch.cuda.stream(stream):
-            for fn in self.fns.values():  # on the capture stream: NCCL and cuBLAS warm up there
-                for _ in range(WARMUP_RUNS):
-                    fn()
-        torch.cuda.synchronize(self.device)
-        pool = torch.cuda.graph_pool_handle()
-        gc.freeze()  # torch.cuda.graph's own gc.collect() then finds no earlier runner to destroy
-        try:
-            for name, fn in self.fns.items():  # the same order on every rank: collectives pair up
-                graph = torch.cuda.CUDAGraph()
-                with torch.cuda.graph(graph, pool=pool, stream=stream, capture_error_mode="thread_local"):
-                    fn()
-                torch.cuda.synchronize(self.device)
-                self.graphs[name] = graph
-        finally:
-            gc.unfreeze()
-        self.capture_stream = stream  # ours while the graphs live
-        log.info("captured %d CUDA graphs: %s", len(self.graphs), ", ".join(self.graphs))
+    def replays(self, n: int) -> bool:
+        """Whether a batch of ``n`` rows replays graphs (the decode log's ``cuda graph``)."""
+        return bool(self.graphs) and bucket(n, self.sizes) is not None
 
     def _capture_or_fall_back(self) -> None:
         """Capture; a capture that fails leaves this runner eager (same kernels, same output), said in
         the log and in ``capture_error`` (the rank reports it: /server_info ``cuda_graph_error``).
         Every rank then agrees (``agree_on_graphs``) so that no rank replays while another runs eagerly."""
         try:
-            self._capture_all()
+            self.graphs, self.capture_stream = capture.capture_all(self.fns, self.device)
+            log.info("captured %d CUDA graphs for batch sizes %s: %s", len(self.graphs), self.sizes,
+                     ", ".join(self.graphs))
         except RuntimeError as e:
-            self.graphs.clear()
+            self.graphs = {}
             self.use_graphs = False
-            self.capture_error = f"{type(e).__name__}: {str(e).splitlines()[0][:300]}"
+            self.capture_error = capture.describe_failure(e)
             torch.cuda.synchronize(self.device)
-            _end_generator_capture(self.device)
+            capture.end_generator_capture(self.device)
             log.error("CUDA graph capture failed (%s); running the static shapes eagerly "
                       "(--disable-cuda-graph behaviour; same output, slower)", self.capture_error)
 
     def agree_on_graphs(self, group=None) -> None:
-        """At tp > 1: if any rank failed to capture, every rank runs eagerly (MIN over a CPU group)."""
-        if not (dist.is_available() and dist.is_initialized()):
-            return
-        ok = torch.tensor([1 if self.use_graphs or self.capture_error is None else 0])
-        dist.all_reduce(ok, op=dist.ReduceOp.MIN, group=group)
-        if not int(ok) and self.use_graphs:
-            self.graphs.clear()
+        """At tp > 1: if any rank failed to capture, every rank runs eagerly."""
+        if not capture.all_ranks_captured(self.use_graphs or self.capture_error is None, group) and self.use_graphs:
+            self.graphs = {}
             self.use_graphs = False
             self.capture_error = "another rank's CUDA graph capture failed"
             log.error("CUDA graphs off on this rank too: %s", self.capture_error)
 
-    # ---- what the Decoder calls -----------------------------------------------------------------------
-    def new_caches(self):
-        self.tcache.length = 0
-        if self.dcache is not None:
-            self.dcache.length = 0
-        return self.tcache, self.dcache
+    # ---- slots ------------------------------------------------------------------------------------------
+    def alloc(self) -> SlotCache:
+        """A free request slot (a request joins); ``release`` gives it back."""
+        if not self.free_slots:
+            raise RuntimeError(f"the static path's {self.n_slots} request slots are all in use")
+        return SlotCache(self.free_slots.pop(0), self.context)
 
-    def prefill(self, ids: torch.Tensor):
-        """Eager (the prompt's length varies): the target over the prompt; returns logits, aux."""
-        pos = self.arange[: ids.shape[1]]
-        logits, aux = self.target.forward_static(ids, pos, self.tcache, self.capture_ids)
-        self.tcache.length = ids.shape[1]
+    def release(self, cache: SlotCache) -> None:
+        if cache.slot in self.free_slots:
+            raise RuntimeError(f"slot {cache.slot} released twice")
+        self.free_slots.append(cache.slot)
+        self.free_slots.sort()
+
+    # ---- what the Decoder calls (lists in the batch's row order) ------------------------------------
+    def prefill(self, cache: SlotCache, ids: torch.Tensor):
+        """Eager (the prompt's length varies): the target over one request's prompt; logits, aux."""
+        t = ids.shape[1]
+        slot = torch.tensor([cache.slot], device=self.device)
+        logits, aux = self.target.forward_static(ids, self.arange[:t], self.tcache.rows(slot, t), self.capture_ids)
+        cache.length = t
         return logits, aux
 
-    def prefill_drafter(self, tokens: torch.Tensor, feats: torch.Tensor):
-        pos = self.arange[: tokens.shape[1]]
-        dl, dh = self.drafter.forward_static(tokens, feats, pos, self.dcache)
-        self.dcache.length = tokens.shape[1]
+    def prefill_drafter(self, cache: SlotCache, tokens: torch.Tensor, feats: torch.Tensor):
+        t = tokens.shape[1]
+        slot = torch.tensor([cache.slot], device=self.device)
+        dl, dh = self.drafter.forward_static(tokens, feats, self.arange[:t], self.dcache.rows(slot, t))
+        cache.length = t
         return dl, dh
 
-    def decode(self, tok: torch.Tensor) -> torch.Tensor:
-        b = self.bufs["decode"]
-        b["ids"].copy_(tok)
-        out = self.run("decode", self.tcache.length)
-        self.tcache.length += 1
-        return out["tok"].clone()
+    def decode(self, caches: list[SlotCache], toks: torch.Tensor) -> torch.Tensor:
+        """The baseline step: toks (n,) -> next tokens (n,)."""
+        n = len(caches)
+        b, name, size = self._rows("decode", caches)
+        b["ids"][0, :n].copy_(toks)
+        self._put(b["pos"], self._positions([c.length for c in caches], size, 1))
+        out = self.run(name)
+        for c in caches:
+            c.length += 1
+        return out["tok"][:n].clone()
 
-    def draft(self, first: torch.Tensor, h: torch.Tensor) -> torch.Tensor:
-        b = self.bufs["draft"]
-        drafts = [first]
-        b["tok"].copy_(first.view(1, 1))
-        b["h"].copy_(h)
+    def draft(self, caches: list[SlotCache], firsts: torch.Tensor, h: torch.Tensor) -> torch.Tensor:
+        """(n, k) drafts: ``firsts`` (n,) from the last re-extend, then k-1 drafter steps on h (1, n, h)."""
+        n = len(caches)
+        b, name, size = self._rows("draft", caches)
+        drafts = [firsts]
+        b["tok"][0, :n].copy_(firsts)
+        b["h"][:, :n].copy_(h)
+        self._put(b["pos"], self._positions([c.length for c in caches], size, 1))
         for _ in range(self.k - 1):
-            out = self.run("draft", self.dcache.length)
-            self.dcache.length += 1
-            drafts.append(out["next"].clone())
-            b["tok"].copy_(out["next"].view(1, 1))
+            out = self.run(name)
+            drafts.append(out["next"][:n].clone())
+            b["tok"][0].copy_(out["next"])
             b["h"].copy_(out["h_out"])
-        return torch.cat(drafts)
+            b["pos"].add_(1)
+        for c in caches:
+            c.length += self.k - 1
+        return torch.stack(drafts, dim=1)
 
-    def verify(self, last: torch.Tensor, draft: torch.Tensor, accept: int | None = None):
-        """``accept``: forced acceptance (SGLANG_SIMULATE_ACC_LEN) -- commit this many drafts instead
-        of the verified count; the verify itself runs (and is read) as always, so it costs the same."""
-        b = self.bufs["verify"]
-        base = self.tcache.length
-        b["ids"][0, :1].copy_(last)
-        b["ids"][0, 1:].copy_(draft)
-        out = self.run("verify", base)
-        a = int(out["accepted"])  # the one host read of a cycle
+    def verify(self, caches: list[SlotCache], lasts: torch.Tensor, drafts: torch.Tensor,
+               accept: list[int] | None = None):
+        """One target forward over each row's [last, d1..dk]; returns (accepted counts, preds (n, k+1),
+        features (n, k+1, w)). ``accept``: forced acceptance (SGLANG_SIMULATE_ACC_LEN) -- commit these
+        counts instead of the verified ones; the verify itself runs (and is read) as always."""
+        n, t = len(caches), self.k + 1
+        b, name, size = self._rows("verify", caches)
+        ids = b["ids"].view(size, t)
+        ids[:n, 0].copy_(lasts)
+        ids[:n, 1:].copy_(drafts)
+        self._put(b["pos"], self._positions([c.length for c in caches], size, t))
+        out = self.run(name)
+        accepted = out["accepted"][:n].tolist()  # the one host read of a cycle
         if accept is not None:
-            a = accept
-        self.tcache.length = base + a + 1
-        return a, out["pred"].clone(), out["aux"]  # pred's tokens are kept (committed): a copy
+            accepted = list(accept)
+        for c, a in zip(caches, accepted):
+            c.length += a + 1
+        self.last_verify = (name, size)
+        aux = out["aux"].view(size, t, -1)[:n]
+        return accepted, out["pred"][:n].clone(), aux  # pred's tokens are kept (committed): a copy
 
-    def extend(self, new: torch.Tensor, feats: torch.Tensor, base: int):
-        n = new.shape[0]
-        b = self.bufs[f"extend{n}"]
-        self.dcache.length = base
-        b["ids"].copy_(new.view(1, n))
-        b["feats"].copy_(feats)
-        out = self.run(f"extend{n}", base)
-        self.dcache.length = base + n
-        return out["first"].clone(), out["h_out"].clone()
-
-
-def _end_generator_capture(device) -> None:
-    """A capture that raised in ``capture_end`` never ran the CUDA generators' capture epilogue: they
-    still think they are capturing, and the process's next eager random op fails ("Offset increment
-    outside graph capture encountered unexpectedly"). One empty capture runs prologue and epilogue."""
-    try:
-        with torch.cuda.device(device):
-            with torch.cuda.graph(torch.cuda.CUDAGraph()):
-                pass
-    except RuntimeError as e:  # the eager fallback stands either way; only random ops are affected
-        log.warning("could not reset the CUDA generators after the failed capture: %s", e)
+    def extend(self, caches: list[SlotCache], accepted: list[int], preds: torch.Tensor | None = None):
+        """The drafter re-extended over each row's committed tokens, from the last verify's buffers
+        (its positions and features; its predictions, or ``preds`` (n, k+1) when forced acceptance
+        rewrote them): returns the next first draft tokens (n,) and hidden states (1, n, h). The
+        caller sets the drafter caches' lengths (the target's, after the verify)."""
+        n, t = len(caches), self.k + 1
+        vname, size = self.last_verify
+        v = self.bufs[vname]
+        b, name, esize = self._rows("extend", caches)
+        assert esize == size, (esize, size)
+        b["ids"].copy_(v["pred"].view(1, -1))
+        if preds is not None:
+            b["ids"].view(size, t)[:n].copy_(preds)
+        b["feats"].copy_(v["aux"])
+        b["pos"].copy_(v["pos"])
+        self._put(b["last"], [i * t + (accepted[i] if i < n else 0) for i in range(size)])
+        out = self.run(name)
+        return out["first"][:n].clone(), out["h_out"][:, :n].clone()

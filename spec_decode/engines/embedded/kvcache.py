@@ -1,4 +1,5 @@
-"""KV caches: the incremental one (batch 1, host positions) and the static one of the CUDA-graph path."""
+"""KV caches: the incremental one (batch 1, host positions) and the static one of the CUDA-graph path
+(request slots, positions as device tensors)."""
 
 from __future__ import annotations
 
@@ -34,23 +35,23 @@ PV_SPLIT = 8  # slot chunks of the static path's multi-query P @ V ("bmm" attent
 
 
 class StaticKVCache:
-    """The KV cache of the CUDA-graph path: every shape fixed, positions given as a device tensor.
-    New K/V are written at ``pos`` with ``index_copy_``; attention always reads all ``max_len`` slots
-    under a mask ``key <= pos`` (a slot beyond a query's position, stale or empty, is never seen).
-    ``length`` is host bookkeeping only, as in KVCache: rolling back lowers it."""
+    """The KV cache of the static (CUDA-graph) path: every shape fixed, positions given as a device
+    tensor. It holds ``slots`` request slots (one row of K/V per slot, SGLang's req_to_token pool
+    in miniature; the last one a scratch slot for a bucket's padding rows, never a request's). A
+    forward of B rows of T tokens runs through ``rows(slot_ids, t)``: the rows' new K/V are written
+    at (slot, pos) and each row attends over all ``max_len`` keys of its own slot under a mask
+    ``key <= pos``, so a slot beyond a query's position (stale, empty, or written by a padded
+    position past the row's length) is never seen and is overwritten before it is. ``length`` is host
+    bookkeeping only (per request: ``SlotCache``)."""
 
     def __init__(self, layers: int, kv_heads: int, max_len: int, head_dim: int, device=None,
-                 dtype: torch.dtype = torch.float32):
-        self.k = torch.zeros(layers, 1, kv_heads, max_len, head_dim, device=device, dtype=dtype)
+                 dtype: torch.dtype = torch.float32, slots: int = 1):
+        self.k = torch.zeros(layers, slots, kv_heads, max_len, head_dim, device=device, dtype=dtype)
         self.v = torch.zeros_like(self.k)
         self.keys = torch.arange(max_len, device=device)
-        self.max_len = max_len
-        self.length = 0
+        self.max_len, self.slots = max_len, slots
         self.mask_table: torch.Tensor | None = None  # (max_len, max_len) additive, prepare_graph_ops
         self.attention = "sdpa"  # or "bmm" (prepare_graph_ops)
-
-    def crop(self, n: int) -> None:
-        self.length = n
 
     def prepare_graph_ops(self, attention: str = "sdpa") -> None:
         """Fewer kernels per step: the additive mask of every position precomputed (one gather per
@@ -64,30 +65,76 @@ class StaticKVCache:
             keys[None, :] > keys[:, None], float("-inf"))
         self.attention = attention
 
+    def rows(self, slot_ids: torch.Tensor, t: int) -> CacheRows:
+        """The view a forward of ``slot_ids.shape[0]`` rows of ``t`` tokens each runs on."""
+        return CacheRows(self, slot_ids, t)
+
+
+class CacheRows:
+    """B rows of T tokens each over a StaticKVCache: what ``forward_static`` takes as its cache. The
+    forward's tokens are packed row after row (1, B*T) and ``pos`` is (B*T,); ``slot_ids`` (B,) is a
+    device tensor (a shape's buffer), so a CUDA graph replays for whatever slots the rows hold."""
+
+    def __init__(self, cache: StaticKVCache, slot_ids: torch.Tensor, t: int):
+        self.cache, self.slot_ids, self.t, self.b = cache, slot_ids, t, slot_ids.shape[0]
+        heads = torch.arange(cache.k.shape[2], device=slot_ids.device)
+        self._head_rows = heads[None, :, None]  # (1, Hkv, 1)
+        self._where: torch.Tensor | None = None
+
     def mask(self, pos: torch.Tensor) -> torch.Tensor:
-        if self.mask_table is not None:
-            return self.mask_table.index_select(0, pos)  # (T, max_len): 0 or -inf
-        return self.keys[None, :] <= pos[:, None]  # (T, max_len)
+        """(B*T, max_len), additive (graph_ops) or bool; also where this forward writes (once per forward)."""
+        c, b, t = self.cache, self.b, self.t
+        # flat index of (slot, head, pos) in a layer's (slots * Hkv * max_len) rows, ordered (B, Hkv, T)
+        self._where = ((self.slot_ids.view(b, 1, 1) * c.k.shape[2] + self._head_rows) * c.max_len
+                       + pos.view(b, 1, t)).reshape(-1)
+        if c.mask_table is not None:
+            return c.mask_table.index_select(0, pos)  # 0 or -inf
+        return c.keys[None, :] <= pos[:, None]
 
     def attend(self, layer: int, q, k, v, pos: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
-        self.k[layer].index_copy_(2, pos, k)
-        self.v[layer].index_copy_(2, pos, v)
-        if self.attention == "bmm" and q.shape[1] == k.shape[1]:
-            keys, values = self.k[layer][0], self.v[layer][0]  # (heads, max_len, hd)
-            scores = torch.baddbmm(mask, q[0], keys.transpose(1, 2), alpha=q.shape[-1] ** -0.5)
+        """q (1, H, B*T, hd), k/v (1, Hkv, B*T, hd) -> (1, H, B*T, hd), each row over its own slot."""
+        c, b, t = self.cache, self.b, self.t
+        kl, vl = c.k[layer], c.v[layer]  # (slots, Hkv, max_len, hd)
+        nh, nkv, hd, slots = q.shape[1], k.shape[1], q.shape[-1], c.max_len
+        for store, new in ((kl, k), (vl, v)):
+            store.view(-1, hd).index_copy_(0, self._where, new[0].view(nkv, b, t, hd).transpose(0, 1).reshape(-1, hd))
+        # each row's slot, gathered (a device index: no host read, so capturable): (B, Hkv, max_len, hd)
+        keys, values = kl.index_select(0, self.slot_ids), vl.index_select(0, self.slot_ids)
+        qr = q[0].view(nh, b, t, hd).transpose(0, 1)  # (B, H, T, hd)
+        if c.attention == "bmm" and nh == nkv:
+            n = b * nh
+            m = mask.view(b, 1, t, slots)
+            m = m[0] if b == 1 else m.expand(b, nh, t, slots).reshape(n, t, slots)
+            scores = torch.baddbmm(m, qr.reshape(n, t, hd), keys.reshape(n, slots, hd).transpose(1, 2),
+                                   alpha=hd ** -0.5)
             p = torch.softmax(scores, -1)
-            h, t, slots = p.shape
+            vals = values.reshape(n, slots, hd)
             if t == 1 or slots % PV_SPLIT:
-                return torch.bmm(p, values)[None]
-            # T > 1: cuBLAS runs (heads, T, slots) @ (heads, slots, hd) as one small tile per head
-            # looping over all slots; PV_SPLIT * heads products over slots / PV_SPLIT, then a sum,
-            # took 2/3 of the time on an H200 (benchmarks/gpu/engine_profile.py --attention-micro).
-            chunk = slots // PV_SPLIT
-            pp = p.view(h, t, PV_SPLIT, chunk).transpose(1, 2).reshape(h * PV_SPLIT, t, chunk)
-            part = torch.bmm(pp, values.reshape(h * PV_SPLIT, chunk, values.shape[-1]))
-            return part.view(h, PV_SPLIT, t, -1).sum(1)[None]
-        return F.scaled_dot_product_attention(q, self.k[layer], self.v[layer], attn_mask=mask,
-                                              enable_gqa=q.shape[1] != k.shape[1])
+                out = torch.bmm(p, vals)
+            else:
+                # T > 1: cuBLAS runs (heads, T, slots) @ (heads, slots, hd) as one small tile per head
+                # looping over all slots; PV_SPLIT * heads products over slots / PV_SPLIT, then a sum,
+                # took 2/3 of the time on an H200 (benchmarks/gpu/engine_profile.py --attention-micro).
+                chunk = slots // PV_SPLIT
+                pp = p.view(n, t, PV_SPLIT, chunk).transpose(1, 2).reshape(n * PV_SPLIT, t, chunk)
+                part = torch.bmm(pp, vals.reshape(n * PV_SPLIT, chunk, hd))
+                out = part.view(n, PV_SPLIT, t, hd).sum(1)
+            out = out.view(b, nh, t, hd)
+        else:
+            out = F.scaled_dot_product_attention(qr, keys, values, attn_mask=mask.view(b, 1, t, slots),
+                                                 enable_gqa=nh != nkv)
+        return out.transpose(0, 1).reshape(1, nh, b * t, hd)
+
+
+class SlotCache:
+    """A request's cache on the static path: host bookkeeping of its slot (the K/V live in the
+    runner's StaticKVCache) -- ``length`` (committed tokens) and ``crop``, as KVCache's."""
+
+    def __init__(self, slot: int, max_len: int):
+        self.slot, self.max_len, self.length = slot, max_len, 0
+
+    def crop(self, n: int) -> None:
+        self.length = n
 
 
 def causal_mask(start: int, t: int, device=None) -> torch.Tensor | None:

@@ -15,4 +15,6 @@ def engine_flags(cfg: ExperimentConfig) -> list[str]:
         flags.append("--disable-overlap-schedule")
     if e.cuda_eager_batching and cfg.hardware.device == "cuda":
         flags.append("--cuda-eager-batching")
+    if e.cuda_graph_max_bs_decode is not None:
+        flags += ["--cuda-graph-max-bs-decode", str(e.cuda_graph_max_bs_decode)]
     return flags

@@ -45,6 +45,7 @@ class BatchLoop:
         if max_running < 1:
             raise ValueError(f"--max-running-requests must be >= 1 (got {max_running})")
         self.decoder = decoder
+        self.release = getattr(decoder, "release", None)  # frees a finished request's static slot
         cap = getattr(decoder, "max_batch", None)
         self.max_running = min(max_running, cap) if cap else max_running
         self.overlap = overlap
@@ -97,6 +98,7 @@ class BatchLoop:
         for i, req in enumerate(batch.reqs):
             if req.finished:  # the in-flight cycle after its finishing result: not counted
                 req.inflight_cycles += 1
+                self._release_if_done(req)
                 continue
             ids = result.new_ids[i].tolist()
             a = None
@@ -117,7 +119,14 @@ class BatchLoop:
             del req.output_ids[req.max_new_tokens:]
             req.finished = True
             self.running.remove(req)
+            self._release_if_done(req)
             if self.on_finish is not None:
                 self.on_finish(req)
         elif self.on_chunk is not None:
             self.on_chunk(req, ids)
+
+    def _release_if_done(self, req: Req) -> None:
+        """A finished request's slot is freed once no launched cycle holds it: at once, or after its
+        in-flight cycle (overlap: the batch already launched when its finishing result is processed)."""
+        if self.release is not None and not (self.pending is not None and req in self.pending[0].reqs):
+            self.release(req)

@@ -24,7 +24,13 @@ from torch import nn
 
 from spec_decode.core.drafter import configured_layer_ids, default_layer_ids
 from spec_decode.engines.embedded.eagle3 import Eagle3Drafter, Eagle3Layer
-from spec_decode.engines.embedded.kvcache import PV_SPLIT, KVCache, StaticKVCache, causal_mask
+from spec_decode.engines.embedded.kvcache import (
+    PV_SPLIT,
+    CacheRows,
+    KVCache,
+    StaticKVCache,
+    causal_mask,
+)
 from spec_decode.engines.embedded.layers import (
     MLP,
     Attention,
@@ -48,7 +54,7 @@ from spec_decode.engines.embedded.shapes import (
 )
 
 __all__ = [
-    "DRAFTER_ARCH", "MLP", "PV_SPLIT", "TARGET_ARCH", "Attention", "DecoderLayer", "DrafterShape",
+    "DRAFTER_ARCH", "MLP", "PV_SPLIT", "CacheRows", "TARGET_ARCH", "Attention", "DecoderLayer", "DrafterShape",
     "Eagle3Drafter", "Eagle3Layer", "KVCache", "LlamaBody", "LlamaShape", "LlamaTarget", "RMSNorm",
     "StaticKVCache", "apply_rope", "register_rope", "causal_mask", "drafter_config_json", "drafter_shape_from_config",
     "load_drafter", "load_target", "read_config", "rope_graph", "rope_tables", "rotate_half_rows",
@@ -110,11 +116,11 @@ class LlamaTarget(nn.Module):
             s.head_dim, device=self.lm_head.weight.device, dtype=self.lm_head.weight.dtype,
         )
 
-    def new_static_cache(self) -> StaticKVCache:
+    def new_static_cache(self, slots: int = 1) -> StaticKVCache:
         s = self.shape
         return StaticKVCache(s.num_hidden_layers, s.num_key_value_heads // self.tp.size,
                              s.max_position_embeddings, s.head_dim, device=self.lm_head.weight.device,
-                             dtype=self.lm_head.weight.dtype)
+                             dtype=self.lm_head.weight.dtype, slots=slots)
 
     graph_ops = False  # forward_static in fewer kernels (prepare_graph_ops)
 
@@ -129,11 +135,12 @@ class LlamaTarget(nn.Module):
         self.graph_ops = True
         return self
 
-    def forward_static(self, ids: torch.Tensor, pos: torch.Tensor, cache: StaticKVCache,
+    def forward_static(self, ids: torch.Tensor, pos: torch.Tensor, cache: CacheRows,
                        capture: list[int] | None = None):
         """``forward`` with no host value in it (CUDA-graph capturable): (1, T) tokens at the
-        positions ``pos`` (T,). Returns logits (T, V) and the captured features or None; the caller
-        moves ``cache.length``."""
+        positions ``pos`` (T,), T = B rows x cache.t tokens packed row after row (``cache`` is a
+        StaticKVCache's ``rows`` view: each row attends over its own slot). Returns logits (T, V) and
+        the captured features or None; the caller keeps the lengths."""
         t, g = ids.shape[1], self.graph_ops
         if g:
             cos, sin = self.cos_sin.index_select(0, pos).chunk(2, dim=-1)

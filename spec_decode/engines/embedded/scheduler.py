@@ -60,6 +60,8 @@ class RankSpec:
     max_running_requests: int = 16  # SGLang's --max-running-requests: the rest wait in the queue
     disable_overlap_schedule: bool = False  # SGLang's flag: process each result before the next launch
     cuda_eager_batching: bool = False  # on CUDA: the packed eager path (batches) instead of the static one
+    cuda_graph_max_bs: int | None = None  # --cuda-graph-max-bs-decode; None: --max-running-requests
+    static_path: bool = False  # on CPU: the static path's shapes, eagerly (--static-path: tests and debugging)
 
 
 class Counters:
@@ -198,7 +200,7 @@ class Scheduler:
             parts.append(f"accept len: {c.window_tokens / verifies:.2f}")
             parts.append(f"accept rate: {c.window_correct / (verifies * dec.steps):.2f}")
         graph = "cuda graph" if dec.device.type == "cuda" else "cpu graph"
-        parts += [f"{graph}: {dec.cuda_graph}", f"gen throughput (token/s): {c.last_gen_throughput:.2f}",
+        parts += [f"{graph}: {dec.replays_graphs(batch.batch_size())}", f"gen throughput (token/s): {c.last_gen_throughput:.2f}",
                   f"#queue-req: {len(loop.waiting)}"]
         log.info("Decode batch, " + ", ".join(parts))
         c.window_tokens = c.window_forward_ct = c.window_correct = c.window_verify_ct = 0
@@ -292,8 +294,11 @@ def run_rank(rank: int, spec: RankSpec, cmd_conn, log_conn) -> None:
     # The command broadcast needs a CPU group: gloo itself on CPU, a gloo group beside NCCL on CUDA.
     group = dist.new_group(backend="gloo") if spec.tp_size > 1 and device.type == "cuda" else None
     runner = None
-    if device.type == "cuda" and not spec.cuda_eager_batching:  # static buffers; graphs unless disabled
-        runner = StaticRunner(target, drafter, spec.steps, use_graphs=not spec.disable_cuda_graph)
+    if (device.type == "cuda" and not spec.cuda_eager_batching) or spec.static_path:
+        # static slots and buffers, one shape per batch-size bucket; CUDA graphs unless disabled (or on CPU)
+        max_bs = min(spec.cuda_graph_max_bs or spec.max_running_requests, spec.max_running_requests)
+        runner = StaticRunner(target, drafter, spec.steps, use_graphs=not spec.disable_cuda_graph,
+                              max_bs=max_bs, slots=spec.max_running_requests)
         runner.agree_on_graphs(group)  # a capture that failed on any rank: every rank runs eagerly
     forced = ForcedAcceptance.from_env(spec.steps, spec.random_seed or 0) if drafter is not None else None
     if forced is not None and rank == 0:
@@ -304,13 +309,14 @@ def run_rank(rank: int, spec: RankSpec, cmd_conn, log_conn) -> None:
     decoder.generate([32] * 8, 8)
     if forced is not None:  # the requests' draws start from the seed, whatever the warmup drew
         forced.generator.manual_seed(spec.random_seed or 0)
-    if runner is not None and spec.max_running_requests > 1 and rank == 0:
-        log.warning("--device cuda: the static (CUDA-graph) path runs one request at a time; "
-                    "--max-running-requests %d is capped to 1", spec.max_running_requests)
+    if runner is not None and rank == 0:
+        log.info("static path: %d request slots, batch-size buckets %s (%s); larger batches run eagerly",
+                 runner.n_slots, runner.sizes, "CUDA graphs" if runner.graph_bs else "eager")
     scheduler = Scheduler(decoder, rank, spec.decode_log_interval, cmd_conn if rank == 0 else None,
                           spec.max_running_requests, not spec.disable_overlap_schedule, spec.tp_size, group)
     cmd_conn.send(("ready", {"rank": rank, "pid": os.getpid(), "plugins": plugins,
                              "cuda_graph": decoder.cuda_graph,
+                             "cuda_graph_bs": runner.graph_bs if runner is not None else [],
                              "cuda_graph_error": runner.capture_error if runner is not None else None}))
     scheduler.serve()
     if dist.is_initialized():

@@ -3,7 +3,7 @@ that feeds the rank processes (``ranks.RankGroup``).
 
 - ``GET /health`` (and ``/health_generate``, ``/ready``): 200 while every rank is alive, else 503.
 - ``GET /server_info`` (and the deprecated ``/get_server_info``): resolved args, version, tp_size, the
-  rank processes' pids, internal state.
+  rank processes' pids, CUDA graphs (``cuda_graph``, ``cuda_graph_bs``, ``cuda_graph_error``), internal state.
 - ``GET|POST /flush_cache``: resets the speculative counters (as SGLang's ``reset_metrics``); waits
   for a running request to finish first.
 - ``POST /generate``: ``{"text" | "input_ids", "sampling_params": {...}}`` -> ``{"text", "output_ids",
@@ -158,6 +158,7 @@ class EngineState:
         return "Cache flushed.\nPlease check backend logs for more details. (When there are running or waiting requests, the operation will not be performed.)\n"
 
     def server_info(self) -> dict:
+        graphs = all(r.get("cuda_graph", False) for r in self.group.ready)
         return {
             **self.args,
             "version": __version__,
@@ -165,11 +166,10 @@ class EngineState:
             "startup_time": self.started,
             "tp_size": self.group.spec.tp_size,
             "rank_pids": self.group.pids,
-            # CUDA graphs in use on every rank (False on CPU, with --disable-cuda-graph, or after a
-            # capture failed: then the reason, and the ranks run the same shapes eagerly)
-            "cuda_graph": all(r.get("cuda_graph", False) for r in self.group.ready),
-            "cuda_graph_error": next((r["cuda_graph_error"] for r in self.group.ready
-                                      if r.get("cuda_graph_error")), None),
+            # graphs on every rank (not on CPU, --disable-cuda-graph, or a failed capture: its reason; then eager)
+            "cuda_graph": graphs,
+            "cuda_graph_error": next((r["cuda_graph_error"] for r in self.group.ready if r.get("cuda_graph_error")), None),
+            "cuda_graph_bs": self.group.ready[0].get("cuda_graph_bs", []) if graphs else [],  # replayed sizes
             "internal_states": [dict(self.internal_state)],
         }
 
