@@ -145,7 +145,9 @@ def phase_summary(cycles: list[dict]) -> dict | None:
     accepted = sum(c.get("accepted") or 0 for c in cycles)
     # per request and cycle: a batch of k requests commits k accept lengths in one cycle
     req_cycles = sum(len(c["accept_lens"]) if c.get("accept_lens") else 1 for c in cycles)
-    out["batch_size_mean"] = req_cycles / n
+    # A request's view of a batch cycle (_for_request) carries the batch size it ran in.
+    out["batch_size_mean"] = sum(c.get("batch_size") or (len(c["accept_lens"]) if c.get("accept_lens") else 1)
+                                 for c in cycles) / n
     out["accept_len"] = accepted / req_cycles if req_cycles else 0.0
     out["tok_s_from_profile"] = accepted / (sum(c["cycle_ms"] for c in cycles) / 1e3)
     return out
@@ -180,10 +182,27 @@ def counted_in_windows(per_window: list[list[dict]], requests: list[tuple[str | 
             out.append(w)
             continue
         mine = [c for c in w if not c.get("rids") or rid in c["rids"]]
-        a = attribute(mine, {rid: verify})
+        # Judged for this window's request alone: in a batch, a cycle that is this request's in-flight
+        # extra may be counted by the others (their windows count it for them).
+        a = attribute([_for_request(c, rid) for c in mine], {rid: verify})
         out.append(a["counted"])
         extra += a["extra_cycles"]
     return out, extra
+
+
+def _for_request(cycle: dict, rid: str) -> dict:
+    """One request's view of a cycle: in a batch (``rids`` with ``accept_lens``) its own committed tokens,
+    and the batch size it ran in (``batch_size``); a cycle of one request, or without rids, as it is.
+    A window's cycles are its request's views, so summing over windows counts each batch cycle once per
+    request it served: cycles = the requests' spec_verify_ct, tokens = their committed tokens."""
+    rids, lens = cycle.get("rids"), cycle.get("accept_lens")
+    if not rids or rid not in rids:
+        return cycle
+    own = dict(cycle, rids=[rid], batch_size=len(rids))
+    if lens and len(lens) == len(rids):
+        own["accepted"] = lens[rids.index(rid)]
+        own["accept_lens"] = [own["accepted"]]
+    return own
 
 
 def _counted(per_window: list[list[dict]], requests) -> list[list[dict]]:

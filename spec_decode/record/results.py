@@ -51,6 +51,9 @@ class BaselineRef:
     throughput_tok_s: dict | None  # its stats.Summary
 
 
+RUN_LISTS = ("runs", "baseline_runs", "profiled_runs", "profiled_requests")  # lists of RunRecord in a record
+
+
 @dataclass
 class JobRecord:
     role: str  # spec | baseline
@@ -80,6 +83,10 @@ class JobRecord:
     # which ran with the hooks dormant, the profiler-on runs of its (on, dormant) pairs -- the profile's
     # windows -- and the pass's account with the profiler's measured effect on tok/s.
     profiled_runs: list[RunRecord] = field(default_factory=list)
+    # Under load (benchmark.concurrency / request_rate) a profiled run is a whole load run (its aggregate
+    # above); its requests, each with its rid and counters, are the profile's windows (batched cycles are
+    # attributed to every request they served).
+    profiled_requests: list[RunRecord] = field(default_factory=list)
     profile_pass: dict | None = None
     warnings: list[str] = field(default_factory=list)
     started_at: float = field(default_factory=time.time)
@@ -131,7 +138,7 @@ class JobRecord:
             if f.name == "extra":
                 continue
             v = getattr(self, f.name)
-            if f.name in ("runs", "baseline_runs", "profiled_runs"):
+            if f.name in RUN_LISTS:
                 v = [r.as_dict() for r in v]
             elif dataclasses.is_dataclass(v):
                 v = dataclasses.asdict(v)
@@ -148,7 +155,7 @@ class JobRecord:
         names = {f.name for f in dataclasses.fields(cls)}
         known = {k: d.pop(k) for k in list(d) if k in names and k != "extra"}
         run_fields = {f.name for f in dataclasses.fields(RunRecord)}
-        for key in ("runs", "baseline_runs", "profiled_runs"):
+        for key in RUN_LISTS:
             known[key] = [RunRecord(**{k: v for k, v in r.items() if k in run_fields})
                           for r in known.get(key) or []]
         known["engine"] = EngineInfo(**(known.get("engine") or {"name": "unknown"}))

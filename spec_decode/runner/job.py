@@ -366,7 +366,7 @@ def _one_launch(cfg: ExperimentConfig, ctx: JobContext, launch: int, prompt: str
             time.sleep(0.05)  # let the last decode-log line reach the file
             rec.launches[-1]["host"] = host.window(host_t0, host.sample())
             measured.log_windows.append((start, log_path.stat().st_size))
-            profile_pass.run(cfg, client, body, rec, launch, extra_env, srv.check_alive)
+            profile_pass.run(cfg, gen, rec, launch, extra_env, srv.check_alive)
             rec.server_info = client.server_info()
             if b.request_pass and launch == b.launches - 1:
                 rec.requests += run_request_pass(cfg, ctx, client, launch, log_path.parent, OUTPUTS_FILE)

@@ -83,8 +83,10 @@ class LoadRunner:
             refs[str(p.index)] = r.output_ids
         self.rec.launches[-1].setdefault("load_reference", {})[self.arm] = refs
 
-    def __call__(self, launch: int, run: int, stream: bool = False) -> RunRecord:
-        """One timed run: ``load_requests`` requests, closed or open loop; their sum as one RunRecord."""
+    def __call__(self, launch: int, run: int, stream: bool = False, timed: bool = True) -> RunRecord:
+        """One timed run: ``load_requests`` requests, closed or open loop; their sum as one RunRecord.
+        ``timed=False`` (the profiled pass): the same load, kept out of the timed runs' load figures
+        and guard; its requests are in ``last_requests``."""
         b = self.cfg.benchmark
         arrivals = poisson_arrivals(b.request_rate, self.n, run_seed(b.load_seed, launch, run)) \
             if b.request_rate is not None else None
@@ -98,6 +100,9 @@ class LoadRunner:
         time.sleep(0.05)  # the last decode-log line reaches the file
         hi = self.log_path.stat().st_size if self.log_path.exists() else lo
         reqs = [done[i] for i in range(self.n)]
+        self.last_requests = reqs
+        if not timed:
+            return _aggregate(reqs, launch, run, wall)
         refs = (self.rec.launches[-1].get("load_reference") or {}).get(self.arm) or {}
         entries = []
         for i, r in enumerate(reqs):

@@ -7,7 +7,8 @@
 
 The switch is the one-byte file of ``spec_decode.profiler.switch`` (``SPEC_DECODE_PROFILE_SWITCH`` in
 the server's environment, set by ``engines.server_extra_env`` with ``benchmark.profile``). The pass
-sends the timed protocol's request; its profiled runs' windows select the profile's cycles
+sends the timed protocol's run (under load: the load, at the job's concurrency); its profiled requests'
+windows select the profile's cycles
 (``runner.recording.finish``), and each pair (one profiled run beside one dormant run) gives the
 profiler's own effect on tok/s (``analysis.profiler_effect``). Without the switch variable nothing
 here does anything (``benchmark.profile=false``, the baseline).
@@ -15,13 +16,14 @@ here does anything (``benchmark.profile=false``, the baseline).
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from pathlib import Path
 
 from spec_decode.core.config import ExperimentConfig
 from spec_decode.profiler.switch import ENV, set_switch
 from spec_decode.record.results import JobRecord
+from spec_decode.record.runs import RunRecord
 from spec_decode.runner import doctor
-from spec_decode.runner.client import Client
 
 
 def arm(extra_env: dict[str, str]) -> None:
@@ -49,11 +51,14 @@ def after_warmup(rec: JobRecord, cfg: ExperimentConfig, warmup, log_path: Path, 
         set_switch(path, False)
 
 
-def run(cfg: ExperimentConfig, client: Client, body: dict, rec: JobRecord, launch: int,
+def run(cfg: ExperimentConfig, gen: Callable[..., RunRecord], rec: JobRecord, launch: int,
         extra_env: dict[str, str], check_alive) -> None:
-    """After the timed runs of the last launch: ``benchmark.profile_pairs`` pairs of the protocol
-    request, one with the profiler on and one dormant, in ABBA order (neither state always first).
-    The profiled runs go to ``rec.profiled_runs``; the dormant ones' tok/s to ``rec.profile_pass``."""
+    """After the timed runs of the last launch: ``benchmark.profile_pairs`` pairs of the timed
+    protocol's run (``gen(launch, run, stream=)``: the one request, or under load the whole load at the
+    job's concurrency, so the profile sees the batches the timed runs ran), one with the profiler on and
+    one dormant, in ABBA order (neither state always first). The profiled runs go to
+    ``rec.profiled_runs`` (under load: each its load's aggregate, and its requests to
+    ``rec.profiled_requests``); the dormant ones' tok/s to ``rec.profile_pass``."""
     path = extra_env.get(ENV)
     b = cfg.benchmark
     if not path or launch != b.launches - 1:
@@ -63,8 +68,10 @@ def run(cfg: ExperimentConfig, client: Client, body: dict, rec: JobRecord, launc
         for i in range(b.profile_pairs):
             for on in ((True, False) if i % 2 == 0 else (False, True)):
                 set_switch(path, on)
-                r = client.generate(body, launch, i, stream=b.stream)
+                r = gen(launch, i, stream=b.stream, **({"timed": False} if b.under_load else {}))
                 (on_runs if on else off_runs).append(r)
+                if on and b.under_load:
+                    rec.profiled_requests += gen.last_requests
                 check_alive()
     finally:
         set_switch(path, False)
