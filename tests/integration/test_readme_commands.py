@@ -33,8 +33,9 @@ def test_the_cheap_readme_commands_run_as_written_in_a_fresh_clone(clone):
     assert {"dvc status", "dvc repro --dry", "dvc metrics diff", "dvc dag"} <= set(ran), sorted(ran)
     assert "Data and pipelines are up to date" in ran["dvc status"].output
     assert "Running stage" not in ran["dvc repro --dry"].output
-    assert {r.kind for r in rows if r.status == "pass"} >= {"dry-run", "gpu-sweep", "doctor-gpu", "dvc-write",
-                                                           "experiment-view", "repro-experiment", "suite"}
+    refusals = set() if clone.gpu_box else {"gpu-sweep", "doctor-gpu"}  # what a box without GPU/sglang says
+    assert {r.kind for r in rows if r.status == "pass"} >= {"dry-run", "dvc-write", "experiment-view",
+                                                           "repro-experiment", "suite"} | refusals
     # every row not run says which tier runs it, or the rule that keeps it off this machine
     assert all(r.tier in rc.TIERS[1:] for r in rows if r.status == "skip")
     assert all(r.check for r in rows if r.status == "never")
