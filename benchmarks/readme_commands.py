@@ -5,6 +5,7 @@
     python benchmarks/readme_commands.py --rebuild    # + model rebuilds, `dvc exp run`, long benchmarks
     python benchmarks/readme_commands.py --install    # the quick start's install line itself (a new .venv)
     python benchmarks/readme_commands.py --list       # the commands and their kinds; runs nothing
+    python benchmarks/readme_commands.py --tier sweep --only fail_fast   # one command (a regex), its tier
 
 What it reads: the ```bash blocks and the inline `python …` / `dvc …` / `mlflow …` spans of the sections
 in SECTIONS, found by their headings in the clone's README.md, so a README edit is picked up. Each
@@ -247,11 +248,12 @@ def run_one(cmd: Command, rule: Rule | None, tiers: set, clone: Clone) -> Row:
     return row
 
 
-def run_all(clone: Clone, tiers: set, log=print) -> list[Row]:
-    """Every command of the clone's README, in order; those of the asked tiers run, the rest are rows too."""
+def run_all(clone: Clone, tiers: set, log=print, only: str = "") -> list[Row]:
+    """Every command of the clone's README, in order; those of the asked tiers run, the rest are rows too
+    (`only`: a regex; commands it does not match are not run)."""
     rows = []
     for cmd in extract((clone.dir / "README.md").read_text()):
-        row = run_one(cmd, classify(cmd), tiers, clone)
+        row = run_one(cmd, classify(cmd), tiers if re.search(only, cmd.text) else set(), clone)
         rows.append(row)
         if log:
             log(f"[{row.status}] {row.kind}: {row.ran_as if row.ran_as != 'not run' else cmd.text} "
@@ -285,6 +287,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--tier", choices=TIERS, help="only this tier (test = what the suite's test runs)")
     ap.add_argument("--install", action="store_true", help="run the install line as written (new .venv)")
     ap.add_argument("--list", action="store_true", help="print the commands and their kinds; run nothing")
+    ap.add_argument("--only", default="", metavar="REGEX", help="run only the commands this matches")
     ap.add_argument("--keep", action="store_true", help="keep the clone (its path is printed)")
     args = ap.parse_args(argv)
     if args.list:
@@ -299,7 +302,7 @@ def main(argv: list[str] | None = None) -> int:
                           text=True).stdout.strip()
     start, load0 = time.strftime("%Y-%m-%d %H:%M"), os.getloadavg()
     try:
-        rows = run_all(Clone(args.repo, work, args.install), tiers)
+        rows = run_all(Clone(args.repo, work, args.install), tiers, only=args.only)
         print(f"\n{start} to {time.strftime('%H:%M')}, clone of {head}, tiers {', '.join(sorted(tiers))}, "
               f"{'install line run as written' if args.install else 'venv linked (install steps left out)'}; "
               f"load average (1/5/15 min) {'/'.join(f'{x:.1f}' for x in load0)} at the start, "
