@@ -46,6 +46,8 @@ if __name__ == "__main__":
     interrupt.started()
     try:
         main()
+        if (sweep := sys.modules.get("spec_decode.views.sweep")) is not None and sweep.EXIT_STATUS:
+            raise SystemExit(sweep.EXIT_STATUS)  # a sweep in which no job finished
     except KeyboardInterrupt as e:  # the job recorded itself KILLED; the sweep's atexit writes the summary
         interrupt.end_open_runs("KILLED")
         print(f"\n{e or interrupt.MESSAGE}: open MLflow runs ended KILLED; results.json files kept", file=sys.stderr)

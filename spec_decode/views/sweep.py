@@ -100,6 +100,11 @@ def headline(recs: list, jobs: list[str] | None) -> tuple[dict[str, float], dict
     return metrics, params
 
 
+# The process's exit status after a sweep (run.py reads it): 1 when no job finished. Per process (a
+# sweep is one process; Hydra's basic launcher runs its jobs inside it), never read by a job.
+EXIT_STATUS = 0
+
+
 class SweepCallback(Callback):
     """Parent MLflow run per multirun; summary at the end (also on failure or Ctrl-C, via atexit)."""
 
@@ -210,3 +215,8 @@ class SweepCallback(Callback):
                 except Exception as e:  # noqa: BLE001
                     print(f"warning: could not close the MLflow parent run: {e}", file=sys.stderr)
         print(where_to_look(self.sweep_dir, self.parent_run_id, self._tracker), file=sys.stderr)
+        if recs and not interrupt.interrupted() and not any(r.status == "FINISHED" for r in recs):
+            global EXIT_STATUS
+            EXIT_STATUS = 1  # run.py exits with it: a script or CI must not read an all-failed sweep as done
+            print(f"error: no job of the sweep finished ({len(recs)} recorded, none FINISHED): exit status 1; "
+                  f"each job's error is in the summary above and in its run.log", file=sys.stderr)

@@ -228,3 +228,13 @@ def test_secret_looking_engine_env_is_redacted_in_records():
     env = {"SGLANG_API_KEY": "sk-123456789", "NCCL_PROTO": "LL", "HF_TOKEN": "hf_abcdefgh", "HOME": "/root"}
     assert redact_env(env)["SGLANG_API_KEY"] == "***redacted***"
     assert filter_env(env) == {"NCCL_PROTO": "LL", "SGLANG_API_KEY": "***redacted***"}
+
+
+def test_a_sweep_in_which_no_job_finished_exits_1(tmp_path):
+    """Every job's server crashes at start: the sweep records each FAILED and run.py exits 1 (a script or
+    CI must not read it as done); one job of two failing still exits 0 (above)."""
+    p = run_py(["-m", "spec.steps=1,2", FAULT, "+engine.env.FAULT=start_crash", "tracking=off",
+                *small(), f"hydra.sweep.dir={tmp_path}"], check=False)
+    assert p.returncode == 1, p.stderr[-2000:]
+    assert "no job of the sweep finished (2 recorded, none FINISHED)" in p.stderr
+    assert all(json.loads(f.read_text())["status"] == "FAILED" for f in tmp_path.glob("*/results.json"))
