@@ -60,8 +60,9 @@ RULES = [
          "the missing sglang with what to do", rc=(1,),
          must=(r"\[FAIL\] engine version: sglang is not installed", r"what to do:"), test_form=" --static-only"),
     Rule("gpu-sweep", r"^python run\.py .*engine=sglang", "test",
-         "without GPUs/sglang: each job refused in preflight, naming what is missing; no server",
-         must=(r"FAILED .*sglang is not installed", r"0 visible here")),
+         "without GPUs/sglang: each job refused in preflight, naming what is missing; no server; "
+         "no job finished: exit 1", rc=(1,),
+         must=(r"FAILED .*sglang is not installed", r"0 visible here", r"no job of the sweep finished")),
     Rule("repro-plain", r"^dvc repro$", "job", "a fresh clone: nothing runs",
          must=(r"Data and pipelines are up to date",), test_form=" --dry"),
     Rule("repro-experiment", r"^dvc repro -s -f (bench|report)@ci_smoke", "job",
