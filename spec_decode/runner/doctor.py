@@ -39,6 +39,7 @@ from spec_decode.engines.sglang import TESTED_VERSION, installed_version
 from spec_decode.parsers import decode_log, profile
 from spec_decode.profiler.plugin import TARGETS
 from spec_decode.runner.client import Client
+from spec_decode.runner.server import ServerError
 
 ENTRY_POINT = "spec_decode_profiler"
 # The leading parameters each hooked method must take (our hooks pass *args through, but the phase
@@ -240,10 +241,17 @@ def run(overrides: list[str], root: Path, static_only: bool = False, max_new_tok
     items = static_checks(cfg.engine.name)
     if static_only:
         return items
+    if cfg.engine.name == "sglang" and installed_version() is None:  # nothing to launch: say so, no traceback
+        return items + [Item("live request", False, "not run: sglang is not installed, so no server can start",
+                             "pip install -e '.[sglang]' on the GPU box, or --static-only here")]
     prompt = load_prompts(root / cfg.benchmark.prompts)[cfg.benchmark.prompt_index]
     with tempfile.TemporaryDirectory(prefix="spec_decode_doctor_") as tmp:
         prof, log_path = Path(tmp) / "profile.jsonl", Path(tmp) / "server.log"
-        srv = start_server(cfg, server_extra_env(cfg, str(prof)), log_path)
+        try:
+            srv = start_server(cfg, server_extra_env(cfg, str(prof)), log_path)
+        except ServerError as e:  # the server's own last lines say why
+            return items + [Item("live request", False, f"not run: {e}",
+                                 "fix what the server log says, then run the doctor again")]
         try:
             client = Client(srv.base_url, cfg.engine.request_timeout_s)
             start = log_path.stat().st_size

@@ -70,3 +70,14 @@ def test_doctor_says_sglang_is_absent_not_moved_and_the_extra_it_names_exists():
     assert "moved" not in items["hook targets"].fix
     extras = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["optional-dependencies"]
     assert extras["sglang"] == ["sglang==0.5.23"]  # what `pip install -e '.[sglang]'` installs
+
+
+def test_doctor_reports_a_server_that_cannot_start_as_a_fail_line_not_a_traceback():
+    """The doctor's live part on a server that dies at start-up (the fault wrapper): one [FAIL] line with
+    the server log's last lines and what to do, exit 1, no traceback."""
+    p = subprocess.run([sys.executable, "-m", "spec_decode.runner.doctor", "engine.launcher=[python,tests/fault_server.py]",
+                        "+engine.env.FAULT=start_crash"], cwd=ROOT, capture_output=True, text=True, timeout=300)
+    assert p.returncode == 1, p.stdout + p.stderr
+    assert "Traceback" not in p.stdout + p.stderr
+    assert re.search(r"\[FAIL\] live request: not run: server exited with code 3 during start-up", p.stdout), p.stdout
+    assert "what to do: fix what the server log says" in p.stdout
