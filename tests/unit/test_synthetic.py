@@ -15,8 +15,7 @@ from spec_decode.engines.embedded import synthetic
 from spec_decode.engines.embedded.decoding import FILL_TOKEN, Decoder, ForcedAcceptance
 from spec_decode.engines.embedded.model import load_drafter, load_target
 from spec_decode.record import results
-from spec_decode.runner import preflight
-from spec_decode.runner import recording
+from spec_decode.runner import preflight, recording
 from spec_decode.runner.context import JobContext
 from spec_decode.runner.job import baseline_config
 
