@@ -1,19 +1,23 @@
 """Harness overhead per job: our own work, not the servers'.
 
-    python benchmarks/harness_overhead.py            # 3 single jobs + 1 sweep of 8, tiny settings, default strategy
+    python benchmarks/harness_overhead.py            # --help x3, 3 single jobs, 1 sweep of 8; tiny settings
 
 The jobs run the default baseline strategy (paired: each spec job starts its own server and a baseline
-server beside it). Each `python run.py` runs through this script (`--job`), which times every call that
-waits on a server -- `ServerProcess.start` (launch + health), `ServerProcess.stop` (drain, kill, reap),
-`Client.generate` (warmup, timed runs of both arms, the profiled pass), `Client.flush_cache`,
-`Client.server_info` -- and appends each span to a file. A job's harness overhead is its time minus the
-union of those spans: Python, Hydra, preflight, provenance, MLflow, the record's sections, results.json,
-the sweep callback's per-job work, and our own waits between requests. Inside a sweep a job's time is
-from the previous job's end to its own end (Hydra's per-job set-up, the callback, preflight included);
-the first job, which also pays the once-per-sweep start-up, is left out of the median.
+server beside it). Each `python run.py` runs through this script (`--job`), which times (the real calls,
+only timed: HOOKS) every call that waits on a server -- `ServerProcess.start` (launch + health),
+`ServerProcess.stop` (drain, kill, reap), `Client.generate` (warmup, timed runs of both arms, the
+profiled pass), `Client.flush_cache`, `Client.server_info` -- and a few of our own steps, and appends each
+span to a file. A job's harness overhead is its time minus the union of the server spans: Python, Hydra,
+preflight, provenance, MLflow, the record's sections, results.json, the sweep callback's per-job work,
+our own waits between requests. Inside a sweep a job's time runs from the previous job's end to its own
+end (Hydra's per-job set-up included); the first job, which also pays the once-per-sweep start-up, is
+left out of the median. The run.py process's CPU time per job is printed too: it does not grow with the
+machine's load as much as wall time does (but it includes the client's side of the requests and the
+polling while servers start and stop).
 
 The slot pool is the run's own (SPEC_DECODE_SLOTS_DIR in a temp dir): on a shared machine, jobs of other
-sessions hold the machine-wide CPU slots and a job would time their runs as its own wait.
+sessions hold the machine-wide CPU slots and a job would time their runs as its own wait (32 s per job
+on 2026-12-01, in the first run of this script's previous version).
 """
 
 from __future__ import annotations
@@ -32,7 +36,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 SMALL = ["benchmark.max_new_tokens=32", "benchmark.runs=2", "benchmark.warmup=1"]
-SPANS = "HARNESS_OVERHEAD_SPANS"  # the file a --job process appends its server spans to
+SPANS = "HARNESS_OVERHEAD_SPANS"  # the file a --job process appends its spans to
 
 
 # (module, attribute) -> what the span counts as: the calls that wait on a server ("server"), the job
@@ -151,7 +155,8 @@ def main() -> None:
     print("|---|---|")
     print(f"| **harness overhead per job inside a sweep** (median of jobs 2..{len(jobs)}: the previous job's end "
           f"to its end minus the server spans) | **{med(per_job):.2f}** |")
-    print(f"| same, CPU time of the run.py process (median; load-independent) | {med(cpu):.2f} |")
+    print(f"| CPU time of the run.py process per sweep job (median; also the client side of the requests and "
+          f"the polling while servers start and stop) | {med(cpu):.2f} |")
     for name, v in sorted(phases.items(), key=lambda kv: -med(kv[1])):
         print(f"| - of which `{name}` (median) | {med(v):.3f} |")
     print(f"| sweep: start to the first job's end, minus server spans (imports, store, parent run) | "
