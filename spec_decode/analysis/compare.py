@@ -24,6 +24,7 @@ import statistics
 from dataclasses import dataclass
 
 from spec_decode.analysis.blocks import drop_block
+from spec_decode.core.identity import SPEC_ITEM
 
 # What a comparison names when it differs (the load is a condition of the run, reported beside it).
 IDENTITY = ("cpu_model", "isa", "logical_cores", "usable_cores", "physical_cores", "hypervisor", "mem_gib")
@@ -70,15 +71,28 @@ def entries(metrics: dict) -> dict[str, dict]:
     """The cells of a sweep: the block design's folded cells where present, else its jobs; keyed by
     what varies inside the sweep (its axes: ``nccl=tuned,spec.steps=3``; ``baseline,nccl=tuned``), so
     two sweeps line up whatever fixed overrides each was run with (a fault launcher, runs=30) and a
-    cheap-mode sweep lines up with a block-design one (block items dropped)."""
+    cheap-mode sweep lines up with a block-design one (block items dropped). What is fixed never includes
+    the speculation items (spec.*, drafter): a sweep with baseline jobs (benchmark.paired=false, whose
+    names lack them) and one whose baselines ran paired (no baseline jobs: spec.steps=3 may be in every
+    job) name their spec cells alike."""
     raw = {drop_block(k): v for k, v in (metrics.get("cells") or metrics["jobs"]).items()}
     items = {k: [p for p in _ITEM.split(k) if p and p != "baseline"] for k in raw}
-    common = set.intersection(*(set(v) for v in items.values())) if len(items) > 1 else set()
+    common = {p for p in set.intersection(*map(set, items.values())) if not SPEC_ITEM.match(p)} if items else set()
     out = {}
     for k, v in raw.items():
         key = ",".join((["baseline"] if k.split(",", 1)[0] == "baseline" else []) + [p for p in items[k] if p not in common])
         out[key or k] = v
     return out
+
+
+def _is_baseline(key: str, e: dict) -> bool:
+    return e.get("role", "baseline" if key.split(",", 1)[0] == "baseline" else "spec") == "baseline"
+
+
+def paired(metrics: dict) -> bool:
+    """Whether the sweep measured its baselines paired (beside each spec server: no baseline jobs)."""
+    cells = entries(metrics).items()
+    return not any(_is_baseline(k, e) for k, e in cells) and any(e.get("speedup_method") == "paired" for _, e in cells)
 
 
 def _ci(e: dict, name: str) -> tuple[float, float] | None:
@@ -126,8 +140,18 @@ def compare_cell(key: str, a: dict | None, b: dict | None) -> Row:
 
 
 def compare(a: dict, b: dict) -> list[Row]:
+    """Cell by cell. A baseline job on one side only, where the other side measured its baselines paired,
+    is shown for information: that side's baselines are inside its spec cells (the strategy is named by
+    ``host_notes``), not missing."""
     ea, eb = entries(a), entries(b)
-    return [compare_cell(k, ea.get(k), eb.get(k)) for k in sorted(set(ea) | set(eb))]
+    rows = []
+    for k in sorted(set(ea) | set(eb)):
+        row = compare_cell(k, ea.get(k), eb.get(k))
+        other = b if k not in eb else a if k not in ea else None
+        if other is not None and _is_baseline(k, ea.get(k) or eb[k]) and paired(other):
+            row.verdict = f"info: a baseline job only in {'A' if other is b else 'B'} (the other side's ran paired)"
+        rows.append(row)
+    return rows
 
 
 def verdict(rows: list[Row]) -> str:
@@ -157,6 +181,9 @@ def load_note(metrics: dict) -> str:
 def host_notes(a: dict, b: dict) -> list[str]:
     diffs = host_differences(a.get("host"), b.get("host"))
     out = [f"hosts differ: {d}" for d in diffs] if diffs else ["hosts: same fingerprint"]
+    if paired(a) != paired(b):
+        out.append("baselines: " + " vs ".join("paired beside each spec server" if paired(m) else "baseline jobs"
+                                               for m in (a, b)) + " (the speedup's method differs too)")
     out += [f"A: {load_note(a)}; interval: {a.get('interval', 'runs within one launch (not recorded)')}",
             f"B: {load_note(b)}; interval: {b.get('interval', 'runs within one launch (not recorded)')}"]
     return out

@@ -4,9 +4,14 @@ from __future__ import annotations
 
 import hashlib
 import json
+import re
 from typing import Any
 
 from omegaconf import OmegaConf
+
+# A job-name item (an override) that selects the drafter or the speculation: a job's baseline is the job
+# without them (runner.job.baseline_name), and a cell's name always keeps them (analysis.compare.entries).
+SPEC_ITEM = re.compile(r"^[+~]*(spec|drafter)([.=]|$)")
 
 
 def resolved_dict(cfg: Any) -> dict[str, Any]:

@@ -25,6 +25,9 @@ ENV_PREFIXES = ("NCCL_", "SGLANG_", "CUDA_", "TORCH_", "HF_HUB_OFFLINE", "TRANSF
                 "SPEC_DECODE_", "OMP_NUM_THREADS")
 SECRET = re.compile(r"(TOKEN|_KEY|SECRET|PASSWORD|PASSWD|CREDENTIAL)", re.IGNORECASE)
 REDACTED = "***redacted***"
+# libyaml's parser where PyYAML has it: dvc.lock is read for every job, and the pure-Python parser
+# took 0.25 s of it (most of a sweep job's own harness time; docs/benchmarks.md).
+_SAFE_LOADER = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
 PACKAGES = ("spec-decode-bench", "sglang", "torch", "transformers", "mlflow", "dvc", "hydra-core")
 
 
@@ -122,13 +125,20 @@ def sha256_file(path: Path) -> str:
         return hashlib.file_digest(f, "sha256").hexdigest()
 
 
+@lru_cache(maxsize=4)
+def _parsed_lock(path: str, mtime_ns: int, size: int) -> dict:
+    """dvc.lock parsed, once per version of the file (a sweep's jobs share one process)."""
+    return yaml.load(Path(path).read_text(), Loader=_SAFE_LOADER) or {}
+
+
 def dvc_hashes(root: Path, paths: list[str] | None = None) -> dict[str, str]:
     """path -> md5 of every stage output and dependency in dvc.lock, and of the ``<path>.dvc`` files
     of the given paths (looked up directly: walking the tree costs seconds in a big checkout)."""
     out: dict[str, str] = {}
     lock = root / "dvc.lock"
     if lock.exists():
-        data = yaml.safe_load(lock.read_text()) or {}
+        st = lock.stat()
+        data = _parsed_lock(str(lock), st.st_mtime_ns, st.st_size)
         for stage in (data.get("stages") or {}).values():
             for entry in (stage.get("outs") or []) + (stage.get("deps") or []):
                 if "md5" in entry:
@@ -138,7 +148,7 @@ def dvc_hashes(root: Path, paths: list[str] | None = None) -> dict[str, str]:
         if not dvc_file.is_file():
             continue
         try:
-            for entry in (yaml.safe_load(dvc_file.read_text()) or {}).get("outs", []):
+            for entry in (yaml.load(dvc_file.read_text(), Loader=_SAFE_LOADER) or {}).get("outs", []):
                 out[str((dvc_file.parent / entry["path"]).relative_to(root))] = entry.get("md5", "")
         except (OSError, ValueError, KeyError, TypeError, yaml.YAMLError):
             continue

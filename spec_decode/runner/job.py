@@ -24,6 +24,7 @@ from filelock import FileLock
 
 from spec_decode.analysis import drift
 from spec_decode.core.config import DrafterConfig, ExperimentConfig, config_hash, resolved_dict
+from spec_decode.core.identity import SPEC_ITEM
 from spec_decode.core.lineage import lineage_tags
 from spec_decode.core.prompts import load_prompt_set, load_prompts
 from spec_decode.engines import rank_nccl_env, server_extra_env, start_server
@@ -49,8 +50,6 @@ from spec_decode.runner.slots import SlotTimeout, allocate, pool_for
 
 __all__ = ["JobContext", "JobFailed", "run_job", "measure"]
 
-# Overrides that select the drafter or the speculation: the baseline of a job is the job without them.
-_SPEC_ONLY = re.compile(r"^[+~]*(spec|drafter)([.=]|$)")
 # Hydra's override_dirname joins "key=value" items with ","; values may hold commas ([1,3,4]).
 _ITEM = re.compile(r",(?=[+~]*[\w./@-]+=)")
 
@@ -72,7 +71,7 @@ def baseline_name(run_name: str) -> str:
     """The baseline's job name: ``baseline`` plus the spec job's overrides that are not about
     speculation (``nccl=tuned,spec.steps=2`` -> ``baseline,nccl=tuned``). Unique per baseline in a
     sweep, stable across reruns: experiments key their metrics by it."""
-    keep = [item for item in _ITEM.split(run_name) if item and not _SPEC_ONLY.match(item)]
+    keep = [item for item in _ITEM.split(run_name) if item and not SPEC_ITEM.match(item)]
     return ",".join(["baseline", *keep])
 
 

@@ -4,7 +4,6 @@ records the histogram and rates in results.json, logs the charts on each child r
 recommendation on the parent."""
 
 import json
-import sys
 import time
 
 import pytest
@@ -15,24 +14,19 @@ from spec_decode.analysis import acceptance
 from spec_decode.parsers.profile import read_ranks, summarize_run_windows
 from spec_decode.record import results
 from spec_decode.runner.client import RunRecord
-from spec_decode.runner.server import ServerProcess, free_port
 
-from ..conftest import DRAFTER, PROMPTS, TARGET, run_py, small
+from ..conftest import PROMPTS, run_py, small
+from .engine_args import embedded_server, spec_flags
 
 pytestmark = pytest.mark.integration
 STEPS = 5  # deep enough that positions 4-5 (past the drafter's 3 training steps) are measured
 
 
 def test_profile_histogram_equals_the_servers_counters_per_request(tmp_path):
-    port = free_port()
-    argv = [sys.executable, "-m", "spec_decode.engines.embedded", "--model-path", str(TARGET),
-            "--speculative-algorithm", "EAGLE3", "--speculative-draft-model-path", str(DRAFTER),
-            "--speculative-num-steps", str(STEPS), "--speculative-eagle-topk", "1",
-            "--speculative-num-draft-tokens", str(STEPS + 1), "--port", str(port)]
     prompts = [json.loads(line)["text"] for line in PROMPTS.read_text().splitlines()[:3]]
     runs, metas = [], []
-    with ServerProcess(argv, env={"SPEC_DECODE_PROFILE": str(tmp_path / "profile.jsonl")},
-                       log_path=tmp_path / "server.log", host="127.0.0.1", port=port, startup_timeout_s=60) as srv:
+    with embedded_server(tmp_path / "server.log", *spec_flags(STEPS),
+                         env={"SPEC_DECODE_PROFILE": str(tmp_path / "profile.jsonl")}, startup_timeout_s=60) as srv:
         for i, text in enumerate(prompts):
             t0 = time.time()
             out = requests.post(srv.base_url + "/generate", timeout=60, json={

@@ -15,7 +15,6 @@ over real HTTP (tp 1 and tp 2: real rank processes over gloo) and the real Decod
 from __future__ import annotations
 
 import json
-import sys
 import threading
 import time
 
@@ -32,13 +31,11 @@ from spec_decode.parsers.profile import read_ranks
 from spec_decode.runner.server import ServerProcess, free_port
 
 from ..conftest import DRAFTER, PROMPTS, TARGET
+from .engine_args import ENGINE, spec_flags
 
 pytestmark = pytest.mark.integration
-ENGINE = [sys.executable, "-m", "spec_decode.engines.embedded"]
 STEPS = 3
-SPEC = ["--speculative-algorithm", "EAGLE3", "--speculative-draft-model-path", str(DRAFTER),
-        "--speculative-num-steps", str(STEPS), "--speculative-eagle-topk", "1",
-        "--speculative-num-draft-tokens", str(STEPS + 1)]
+SPEC = spec_flags(STEPS)
 N_CONCURRENT = 16
 
 

@@ -11,15 +11,14 @@ from spec_decode.engines.embedded.model import load_drafter, load_target
 from spec_decode.engines.embedded.tokenizer import encode
 
 from ..conftest import DRAFTER, PROMPTS, TARGET
+from .engine_args import tiny_models
 
 pytestmark = pytest.mark.integration
 
 
 @pytest.fixture(scope="module")
 def models():
-    torch.set_num_threads(2)
-    target = load_target(TARGET)
-    return target, load_drafter(DRAFTER, target)
+    return tiny_models(threads=2)
 
 
 @pytest.fixture(scope="module")

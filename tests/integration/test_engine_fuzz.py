@@ -17,16 +17,14 @@ from __future__ import annotations
 import json
 import random
 import socket
-import sys
 import time
 
 import pytest
 import requests
 
 from spec_decode.engines.embedded.request import SAMPLING_KEYS
-from spec_decode.runner.server import ServerProcess, free_port
 
-from ..conftest import DRAFTER, TARGET
+from .engine_args import embedded_server, spec_flags
 
 pytestmark = pytest.mark.integration
 SEED = 20261129
@@ -153,13 +151,7 @@ def raw_cases(rnd: random.Random, n: int) -> list[tuple[bytes, bool, set[int]]]:
 @pytest.fixture(scope="module")
 def server(tmp_path_factory):
     d = tmp_path_factory.mktemp("fuzz")
-    port = free_port()
-    argv = [sys.executable, "-m", "spec_decode.engines.embedded", "--model-path", str(TARGET),
-            "--speculative-algorithm", "EAGLE3", "--speculative-draft-model-path", str(DRAFTER),
-            "--speculative-num-steps", "2", "--speculative-eagle-topk", "1",
-            "--speculative-num-draft-tokens", "3", "--port", str(port)]
-    with ServerProcess(argv, env={}, log_path=d / "server.log", host="127.0.0.1", port=port,
-                       startup_timeout_s=120) as srv:
+    with embedded_server(d / "server.log", *spec_flags(2)) as srv:
         yield srv, d
 
 

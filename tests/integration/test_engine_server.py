@@ -3,7 +3,6 @@
 import json
 import os
 import subprocess
-import sys
 import time
 
 import pytest
@@ -11,14 +10,12 @@ import requests
 
 from spec_decode.parsers.decode_log import read_log, summarize
 from spec_decode.parsers.profile import read_ranks
-from spec_decode.runner.server import ServerProcess, free_port
 
 from ..conftest import DRAFTER, TARGET
+from .engine_args import ENGINE, embedded_server, spec_flags
 
 pytestmark = pytest.mark.integration
-ENGINE = [sys.executable, "-m", "spec_decode.engines.embedded"]
-SPEC = ["--speculative-algorithm", "EAGLE3", "--speculative-draft-model-path", str(DRAFTER),
-        "--speculative-num-steps", "3", "--speculative-eagle-topk", "1", "--speculative-num-draft-tokens", "4"]
+SPEC = spec_flags(3)
 BODY = {"text": "The old robot sleeps in the garden. ",
         "sampling_params": {"max_new_tokens": 64, "temperature": 0, "ignore_eos": True}}
 
@@ -26,10 +23,8 @@ BODY = {"text": "The old robot sleeps in the garden. ",
 @pytest.fixture(scope="class")
 def spec_server(tmp_path_factory):
     d = tmp_path_factory.mktemp("spec_server")
-    port = free_port()
-    argv = ENGINE + ["--model-path", str(TARGET), *SPEC, "--port", str(port), "--decode-log-interval", "5"]
-    with ServerProcess(argv, env={"SPEC_DECODE_PROFILE": str(d / "profile.jsonl")}, log_path=d / "server.log",
-                       host="127.0.0.1", port=port, startup_timeout_s=60) as srv:
+    with embedded_server(d / "server.log", *SPEC, "--decode-log-interval", "5",
+                         env={"SPEC_DECODE_PROFILE": str(d / "profile.jsonl")}, startup_timeout_s=60) as srv:
         yield srv, d
 
 
@@ -107,6 +102,25 @@ class TestSpecServer:
             time.sleep(0.1)
         assert prof and {c["rids"][0] for c in prof} == {"my-rid-1"}
 
+    def test_a_rid_still_running_is_a_400_naming_it_streamed_or_not(self, spec_server):
+        """Two requests with one rid would share the ranks' key (the second answer would go to the first
+        caller): while a request runs, its rid is refused with 400 naming it, also for a stream (before
+        any 200), and taken again once the request is done."""
+        srv, _ = spec_server
+        long = {**BODY, "rid": "dup-1", "stream": True,
+                "sampling_params": {**BODY["sampling_params"], "max_new_tokens": 900}}
+        with requests.post(srv.base_url + "/generate", json=long, timeout=60, stream=True) as first:
+            lines = first.iter_lines()
+            assert first.status_code == 200 and next(line for line in lines if line).startswith(b"data: {")
+            for extra in ({}, {"stream": True}):  # the first is running: its first event is out
+                r = requests.post(srv.base_url + "/generate", json={**BODY, "rid": "dup-1", **extra}, timeout=30)
+                assert r.status_code == 400, (extra, r.status_code, r.text[:300])
+                assert "rid 'dup-1'" in r.json()["error"]["message"] and "still running" in r.text
+            done = [json.loads(line[6:]) for line in lines if line.startswith(b"data: {")][-1]
+        assert done["meta_info"]["id"] == "dup-1" and done["meta_info"]["completion_tokens"] == 900
+        again = requests.post(srv.base_url + "/generate", json={**BODY, "rid": "dup-1"}, timeout=30)
+        assert again.status_code == 200 and again.json()["meta_info"]["id"] == "dup-1"
+
     @pytest.mark.parametrize("body,named", [
         ({"text": "hi", "sampling_params": {"max_tokens": 5}}, "max_tokens"),
         ({"text": "hi", "sampling_params": {"max_new_tokens": 5, "temperature": 0.8}}, "temperature"),
@@ -129,10 +143,7 @@ class TestSpecServer:
 
 
 def test_baseline_server_has_no_spec_fields(tmp_path):
-    port = free_port()
-    argv = ENGINE + ["--model-path", str(TARGET), "--port", str(port)]
-    with ServerProcess(argv, env={}, log_path=tmp_path / "server.log", host="127.0.0.1", port=port,
-                       startup_timeout_s=60) as srv:
+    with embedded_server(tmp_path / "server.log", startup_timeout_s=60) as srv:
         out = requests.post(srv.base_url + "/generate", json=BODY, timeout=30).json()
         assert out["meta_info"]["completion_tokens"] == 64
         assert not [k for k in out["meta_info"] if k.startswith("spec_")]

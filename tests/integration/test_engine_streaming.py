@@ -2,22 +2,17 @@
 real server processes over real HTTP, and the front's stream driver against real rank processes."""
 
 import json
-import sys
 import time
 
 import pytest
 import requests
 
-from spec_decode.runner.server import ServerProcess, free_port
-
 from ..conftest import DRAFTER, TARGET
+from .engine_args import embedded_server, spec_flags
 
 pytestmark = pytest.mark.integration
-ENGINE = [sys.executable, "-m", "spec_decode.engines.embedded"]
 STEPS = 3
-SPEC = ["--speculative-algorithm", "EAGLE3", "--speculative-draft-model-path", str(DRAFTER),
-        "--speculative-num-steps", str(STEPS), "--speculative-eagle-topk", "1",
-        "--speculative-num-draft-tokens", str(STEPS + 1)]
+SPEC = spec_flags(STEPS)
 N = 96
 BODY = {"text": "The old robot sleeps in the garden. ",
         "sampling_params": {"max_new_tokens": N, "temperature": 0, "ignore_eos": True}}
@@ -42,10 +37,7 @@ def read_events(resp: requests.Response) -> list:
 @pytest.fixture(scope="module")
 def spec_server(tmp_path_factory):
     d = tmp_path_factory.mktemp("stream_server")
-    port = free_port()
-    argv = ENGINE + ["--model-path", str(TARGET), *SPEC, "--port", str(port), "--random-seed", "0"]
-    with ServerProcess(argv, env={}, log_path=d / "server.log", host="127.0.0.1", port=port,
-                       startup_timeout_s=120) as srv:
+    with embedded_server(d / "server.log", *SPEC, "--random-seed", "0") as srv:
         yield srv
 
 
@@ -111,10 +103,7 @@ def test_stream_false_and_bad_stream_values(spec_server):
 
 
 def test_baseline_server_streams_one_decode_step_per_event(tmp_path):
-    port = free_port()
-    argv = ENGINE + ["--model-path", str(TARGET), "--port", str(port)]
-    with ServerProcess(argv, env={}, log_path=tmp_path / "server.log", host="127.0.0.1", port=port,
-                       startup_timeout_s=120) as srv:
+    with embedded_server(tmp_path / "server.log") as srv:
         events = read_events(requests.post(srv.base_url + "/generate", json={**BODY, "stream": True}, timeout=60))
     counts = [e["meta_info"]["completion_tokens"] for e in events]
     assert counts == sorted(set(counts)) and counts[0] >= 1 and counts[-1] == N

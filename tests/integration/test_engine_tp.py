@@ -17,7 +17,6 @@ import os
 import pickle
 import signal
 import subprocess
-import sys
 import threading
 import time
 import uuid
@@ -35,19 +34,13 @@ from spec_decode.parsers.profile import read_ranks
 from spec_decode.runner.server import ServerProcess, free_port, kill_tree
 
 from ..conftest import DRAFTER, PROMPTS, TARGET
+from .engine_args import ENGINE, spec_flags
 
 pytestmark = pytest.mark.integration
-ENGINE = [sys.executable, "-m", "spec_decode.engines.embedded"]
 STEPS = (1, 2, 3, 5)
 TOKENS = 60  # enough for several cycles at every step count, small for 2 cores
 CFG = read_config(TARGET)
 UNITS = shard_units(CFG["num_attention_heads"], CFG["num_key_value_heads"], CFG["intermediate_size"])
-
-
-def spec_flags(steps: int) -> list[str]:
-    return ["--speculative-algorithm", "EAGLE3", "--speculative-draft-model-path", str(DRAFTER),
-            "--speculative-num-steps", str(steps), "--speculative-eagle-topk", "1",
-            "--speculative-num-draft-tokens", str(steps + 1)]
 
 
 def prompts(n: int = 3) -> list[list[int]]:

@@ -5,26 +5,21 @@ real job whose record and MLflow run say performance-only."""
 import json
 import os
 import subprocess
-import sys
 
 import mlflow
 import pytest
 import requests
-import torch
 
 from spec_decode.engines.embedded.decoding import FILL_TOKEN, Decoder, ForcedAcceptance
-from spec_decode.engines.embedded.model import load_drafter, load_target
 from spec_decode.engines.embedded.tokenizer import encode
-from spec_decode.runner.server import ServerProcess, free_port
+from spec_decode.runner.server import free_port
 
-from ..conftest import DRAFTER, ROOT, TARGET, run_py, small
+from ..conftest import ROOT, TARGET, run_py, small
+from .engine_args import ENGINE, embedded_server, spec_flags, tiny_models
 
 pytestmark = pytest.mark.integration
-ENGINE = [sys.executable, "-m", "spec_decode.engines.embedded"]
 STEPS = 3
-SPEC = ["--speculative-algorithm", "EAGLE3", "--speculative-draft-model-path", str(DRAFTER),
-        "--speculative-num-steps", str(STEPS), "--speculative-eagle-topk", "1",
-        "--speculative-num-draft-tokens", str(STEPS + 1), "--random-seed", "7"]
+SPEC = [*spec_flags(STEPS), "--random-seed", "7"]
 PROMPT = "The old robot sleeps in the garden. "
 N = 240
 BODY = {"text": PROMPT, "sampling_params": {"max_new_tokens": N, "temperature": 0, "ignore_eos": True}}
@@ -36,9 +31,7 @@ EXACT_TOL, MEAN_TOL = 0.02, 0.15
 
 @pytest.fixture(scope="module")
 def models():
-    torch.set_num_threads(1)
-    target = load_target(TARGET)
-    return target, load_drafter(DRAFTER, target)
+    return tiny_models(threads=1)
 
 
 @pytest.fixture(scope="module")
@@ -52,11 +45,8 @@ def natural(models):
 
 
 def serve(tmp_path, accept_len: str, tp: int = 1, token_mode: str = "fixed"):
-    port = free_port()
-    argv = ENGINE + ["--model-path", str(TARGET), *SPEC, "--port", str(port), "--tp-size", str(tp)]
     env = {"SGLANG_SIMULATE_ACC_LEN": accept_len, "SGLANG_SIMULATE_ACC_TOKEN_MODE": token_mode}
-    return ServerProcess(argv, env=env, log_path=tmp_path / f"server{tp}.log", host="127.0.0.1", port=port,
-                         startup_timeout_s=180)
+    return embedded_server(tmp_path / f"server{tp}.log", *SPEC, "--tp-size", str(tp), env=env, startup_timeout_s=180)
 
 
 def accept_len(meta: dict) -> float:

@@ -10,7 +10,6 @@
 from __future__ import annotations
 
 import math
-import sys
 
 import pytest
 
@@ -19,9 +18,9 @@ from spec_decode.parsers.decode_log import parse_lines
 from spec_decode.record.results import EngineInfo, JobRecord
 from spec_decode.runner import load
 from spec_decode.runner.client import Client
-from spec_decode.runner.server import ServerProcess, free_port
 
-from ..conftest import DRAFTER, ROOT, TARGET, compose_experiment
+from ..conftest import ROOT, compose_experiment
+from .engine_args import embedded_server, spec_flags
 
 pytestmark = pytest.mark.integration
 STEPS = 2
@@ -32,13 +31,8 @@ TOKENS = 40
 def server(tmp_path_factory):
     """One spec server for the module: decode log every batch, room for 16 running requests."""
     log = tmp_path_factory.mktemp("load") / "server.log"
-    port = free_port()
-    argv = [sys.executable, "-m", "spec_decode.engines.embedded", "--model-path", str(TARGET),
-            "--speculative-algorithm", "EAGLE3", "--speculative-draft-model-path", str(DRAFTER),
-            "--speculative-num-steps", str(STEPS), "--speculative-eagle-topk", "1",
-            "--speculative-num-draft-tokens", str(STEPS + 1), "--port", str(port), "--decode-log-interval", "1",
-            "--max-running-requests", "16", "--cpu-threads", "1"]
-    with ServerProcess(argv, env={}, log_path=log, host="127.0.0.1", port=port, startup_timeout_s=120) as srv:
+    with embedded_server(log, *spec_flags(STEPS), "--decode-log-interval", "1", "--max-running-requests", "16",
+                         "--cpu-threads", "1") as srv:
         yield srv
 
 

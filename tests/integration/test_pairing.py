@@ -5,19 +5,17 @@ which pairing produced its CI."""
 import functools
 import json
 import os
-import sys
 
 import psutil
 import pytest
 
 from spec_decode.runner import pairing
 from spec_decode.runner.client import Client
-from spec_decode.runner.server import ServerProcess, free_port
 
-from ..conftest import TARGET, run_py
+from ..conftest import run_py
+from .engine_args import embedded_server
 
 pytestmark = pytest.mark.integration
-ENGINE = [sys.executable, "-m", "spec_decode.engines.embedded", "--model-path", str(TARGET), "--cpu-threads", "1"]
 needs_two_cores = pytest.mark.skipif(len(os.sched_getaffinity(0)) < 2, reason="concurrent pairing needs 2 cores")
 
 
@@ -39,10 +37,7 @@ def two_servers(tmp_path_factory):
     servers = []
     try:
         for name in ("a", "b"):
-            port = free_port()
-            srv = ServerProcess([*ENGINE, "--port", str(port)], env={}, log_path=d / f"{name}.log",
-                                host="127.0.0.1", port=port, startup_timeout_s=120)
-            servers.append(srv.start())
+            servers.append(embedded_server(d / f"{name}.log", "--cpu-threads", "1").start())
         yield servers
     finally:
         for srv in servers:

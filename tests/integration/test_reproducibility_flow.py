@@ -23,10 +23,10 @@ from ..conftest import ROOT, run_py
 pytestmark = pytest.mark.integration
 FAULT = "engine.launcher=[python,tests/fault_server.py]"
 # 12 pairs x 64 tokens per spec job: a few seconds each; the 95% speedup intervals under this host's
-# load (1-min load 4-6 on 2 cores) were +-10..20%
-# the job strategy (a baseline job per NCCL twin): the A/A control compares two separately measured cells
-SMALL = ["spec.steps=3", "nccl=tuned,default", "benchmark.max_new_tokens=64", "benchmark.runs=12", "benchmark.warmup=1",
-         "benchmark.paired=false"]
+# load (1-min load 4-6 on 2 cores) were +-10..20% with a baseline job per twin, +-6..7% paired (load 2-3).
+# The default baseline strategy (paired): each twin's baseline server runs beside its spec server, no
+# baseline jobs -- so spec.steps=3 is in every job's name, and compare still names the cells by it.
+SMALL = ["spec.steps=3", "nccl=tuned,default", "benchmark.max_new_tokens=64", "benchmark.runs=12", "benchmark.warmup=1"]
 
 
 def sweep(tmp_path: Path, store: dict, name: str, *extra: str) -> tuple[Path, str, MlflowClient]:
@@ -46,6 +46,7 @@ def compare(*args: str, uri: str) -> subprocess.CompletedProcess:
 
 def test_aa_control_and_compare_on_real_sweeps(tmp_path, tmp_store):
     a_dir, a_run, c = sweep(tmp_path, tmp_store, "a")
+    assert {r.role for r in collect(a_dir)} == {"spec"} and all(r.baseline_runs for r in collect(a_dir))  # paired
     tags = c.get_run(a_run).data.tags
     assert tags["aa_control"].startswith("ok: A/A control agrees: 1 known-identical pair"), tags["aa_control"]
     assert "refused" not in tags["recommendation"]

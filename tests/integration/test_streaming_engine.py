@@ -8,20 +8,17 @@ from __future__ import annotations
 
 import itertools
 import json
-import sys
 
 import pytest
 import requests
 
 from spec_decode.runner.client import Client
-from spec_decode.runner.server import ServerProcess, free_port
 
-from ..conftest import DRAFTER, TARGET, run_py, small
+from ..conftest import run_py, small
+from .engine_args import embedded_server, spec_flags
 
 pytestmark = pytest.mark.integration
-ENGINE = [sys.executable, "-m", "spec_decode.engines.embedded", "--cpu-threads", "1"]
-SPEC = ["--speculative-algorithm", "EAGLE3", "--speculative-draft-model-path", str(DRAFTER),
-        "--speculative-num-steps", "3", "--speculative-eagle-topk", "1", "--speculative-num-draft-tokens", "4"]
+SPEC = spec_flags(3)
 TOKENS = 96
 BODY = {"text": "The old robot sleeps in the garden. ",
         "sampling_params": {"max_new_tokens": TOKENS, "temperature": 0, "ignore_eos": True}}
@@ -44,10 +41,7 @@ def require_sse(base_url: str) -> None:
 @pytest.fixture(scope="module", params=[1, 2], ids=["tp1", "tp2"])
 def server(request, tmp_path_factory):
     d = tmp_path_factory.mktemp("stream_server")
-    port = free_port()
-    argv = ENGINE + ["--model-path", str(TARGET), *SPEC, "--port", str(port), "--tp-size", str(request.param)]
-    with ServerProcess(argv, env={}, log_path=d / "server.log", host="127.0.0.1", port=port,
-                       startup_timeout_s=120) as srv:
+    with embedded_server(d / "server.log", "--cpu-threads", "1", *SPEC, "--tp-size", str(request.param)) as srv:
         require_sse(srv.base_url)
         yield srv
 

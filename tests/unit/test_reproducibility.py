@@ -144,6 +144,34 @@ def test_compare_lines_up_sweeps_run_with_different_fixed_overrides_and_block_de
     assert rows["nccl=tuned,spec.steps=3"].startswith("DIFFERS") and rows["nccl=default,spec.steps=3"] == "agree"
 
 
+def test_compare_lines_up_a_paired_sweep_with_one_that_measured_baseline_jobs():
+    """The default strategy (paired) leaves no baseline jobs, so spec.steps=3 is the same in every job
+    of the sweep; a committed metrics.json from the job strategy has baseline jobs. Same cells, same
+    names; the baseline jobs on one side are information, not missing cells."""
+    base = {"role": "baseline", "status": "FINISHED", "throughput_tok_s": 500.0}
+    jobs = {"jobs": {"nccl=tuned,spec.steps=3": entry((1.5, 1.4, 1.6), speedup_method="welch"),
+                     "nccl=default,spec.steps=3": entry((1.5, 1.4, 1.6), speedup_method="welch"),
+                     "baseline,nccl=tuned": base, "baseline,nccl=default": base}}
+    paired = {"jobs": {"nccl=tuned,spec.steps=3": entry((1.55, 1.5, 1.6), speedup_method="paired"),
+                       "nccl=default,spec.steps=3": entry((1.2, 1.15, 1.25), speedup_method="paired")}}
+    rows = {r.cell: r for r in compare.compare(jobs, paired)}
+    assert set(rows) == {"nccl=tuned,spec.steps=3", "nccl=default,spec.steps=3", "baseline,nccl=tuned",
+                         "baseline,nccl=default"}
+    assert rows["nccl=tuned,spec.steps=3"].verdict == "agree"
+    assert rows["nccl=default,spec.steps=3"].verdict.startswith("DIFFERS: speedup intervals disjoint")
+    assert rows["baseline,nccl=tuned"].verdict == "info: a baseline job only in A (the other side's ran paired)"
+    assert [r.cell for r in rows.values() if r.differs] == ["nccl=default,spec.steps=3"]
+    assert "baselines: baseline jobs vs paired beside each spec server (the speedup's method differs too)" in \
+        compare.host_notes(jobs, paired)
+    # one spec cell and fixed overrides: its name is its speculation on both sides
+    one_jobs = {"jobs": {"benchmark.runs=30,spec.steps=3": entry((1.5, 1.4, 1.6), speedup_method="welch"),
+                         "baseline,benchmark.runs=30": base}}
+    one_paired = {"jobs": {"benchmark.runs=30,spec.steps=3": entry((1.5, 1.4, 1.6), speedup_method="paired")}}
+    assert set(compare.entries(one_paired)) == {"spec.steps=3"} and "spec.steps=3" in compare.entries(one_jobs)
+    assert compare.verdict(compare.compare(one_paired, one_jobs)).startswith("agree")
+    assert compare.compare(one_jobs, one_jobs)[0].verdict.startswith("info: tok/s")  # both sides: compared
+
+
 def test_compare_names_host_differences():
     fa = {"cpu_model": "Xeon 8480", "isa": ["avx2", "avx512f"], "logical_cores": 2, "gpus": None}
     fb = {**fa, "cpu_model": "EPYC 9654", "isa": ["avx2"]}

@@ -36,6 +36,11 @@ class RankDied(RuntimeError):
     """A rank process exited while the server was running; the message names it and its last lines."""
 
 
+class RidInFlight(ValueError):
+    """A call named a request id that a call still waiting holds (ids are the ranks' keys: SGLang's
+    Req.rid). Raised by ``submit`` before anything is sent; the HTTP front answers it with a 400."""
+
+
 class _OutputCopier(threading.Thread):
     """Copies one rank's output lines to our stdout (the server log) and keeps the last few."""
 
@@ -135,9 +140,13 @@ class RankGroup:
     def call(self, cmd: str, *args, on_chunk=None, rid: str | None = None):
         """Send ``cmd`` to rank 0 (which broadcasts it to the others between two cycles) and wait for
         its answer; any number of calls may wait at once (the ranks batch the requests). Rank 0's
-        ``("chunk", rid, ids)`` messages before the answer (a streamed generate) go to ``on_chunk``.
-        ``rid``: the request's id in the ranks (the request's own, as SGLang's Req.rid); ValueError
-        when a call with that id is still waiting."""
+        ``("chunk", rid, ids)`` messages before the answer (a streamed generate) go to ``on_chunk``."""
+        return self.submit(cmd, *args, on_chunk=on_chunk, rid=rid).wait()
+
+    def submit(self, cmd: str, *args, on_chunk=None, rid: str | None = None) -> _Waiter:
+        """``call`` without the wait: the command is sent, its answer comes from the returned waiter's
+        ``wait()``. ``rid``: the request's id in the ranks (the request's own, as SGLang's Req.rid); the
+        one check that it is not in flight already (RidInFlight), under the lock that registers it."""
         waiter = _Waiter(on_chunk)
         with self.lock:
             if self.dead is not None:
@@ -146,13 +155,13 @@ class RankGroup:
                 self.next_rid += 1
                 rid = f"{self.next_rid:x}"
             elif rid in self.waiters:
-                raise ValueError(f"rid {rid!r} is already in flight")
+                raise RidInFlight(f"rid {rid!r}: a request with this id is still running; send a new rid")
             self.waiters[rid] = waiter
             try:
                 self.conns[0].send((cmd, rid, *args))
             except OSError:
                 pass  # a dead rank 0: the dispatcher fails this call
-        return waiter.wait()
+        return waiter
 
     def _dispatch(self) -> None:
         """Rank 0's messages to their callers; on a rank's death every waiting call raises RankDied."""

@@ -39,7 +39,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from urllib.parse import parse_qs
 
 from spec_decode import __version__
-from spec_decode.engines.embedded.ranks import RankDied, RankGroup
+from spec_decode.engines.embedded.ranks import RankDied, RankGroup, RidInFlight
 from spec_decode.engines.embedded.request import (  # noqa: F401 (SAMPLING_KEYS: re-exported)
     SAMPLING_KEYS,
     GenerateRequest,
@@ -81,29 +81,33 @@ class EngineState:
         return parse_generate(body, self.context, self.steps)
 
     def generate(self, req: GenerateRequest) -> dict:
-        rid = self._new_rid(req)
+        rid = req.rid or uuid.uuid4().hex
         t0 = time.perf_counter()
-        out = self.group.call("generate", req.input_ids, req.max_new_tokens, False, rid=rid)
+        out = self.group.call("generate", req.input_ids, req.max_new_tokens, False, rid=rid)  # RidInFlight: 400
         latency = time.perf_counter() - t0
         self.internal_state = out["internal_state"]
         return self._response(out["generation"], latency, rid)
 
     def stream(self, req: GenerateRequest) -> Iterator[dict]:
-        """The events of a streamed request: cumulative states, the last one finished. The ranks run
-        in a thread of their own that only appends to a feed; this generator sends the newest state
-        whenever its consumer (the HTTP writer) comes back for more."""
-        rid = self._new_rid(req)
+        """The events of a streamed request: cumulative states, the last one finished. The request is
+        submitted here, before the caller sends its 200 (a rid in flight raises RidInFlight: a 400);
+        a thread waits for the ranks and only appends to a feed; the returned generator sends the
+        newest state whenever its consumer (the HTTP writer) comes back for more."""
+        rid = req.rid or uuid.uuid4().hex
         feed = _Feed()
         t0 = time.perf_counter()
+        waiter = self.group.submit("generate", req.input_ids, req.max_new_tokens, True, on_chunk=feed.add, rid=rid)
 
         def drive() -> None:
             try:
-                feed.finish(self.group.call("generate", req.input_ids, req.max_new_tokens, True, on_chunk=feed.add,
-                                            rid=rid))
+                feed.finish(waiter.wait())
             except BaseException as e:  # noqa: BLE001 - handed to the consumer, which raises it
                 feed.fail(e)
 
         threading.Thread(target=drive, name=f"generate-{rid[:8]}", daemon=True).start()
+        return self._events(req, feed, rid, t0)
+
+    def _events(self, req: GenerateRequest, feed: _Feed, rid: str, t0: float) -> Iterator[dict]:
         sent = 0
         while True:
             ids, done = feed.next(sent, req.stream_interval)
@@ -118,11 +122,6 @@ class EngineState:
         latency = feed.done_at - t0  # when the generation ended, not when this writer got to it (SGLang's)
         self.internal_state = feed.result["internal_state"]
         yield self._response(feed.result["generation"], latency, rid)
-
-    def _new_rid(self, req: GenerateRequest) -> str:
-        if req.rid is not None and req.rid in self.group.waiters:
-            raise RequestError(f"rid {req.rid!r}: a request with this id is still running; send a new rid")
-        return req.rid or uuid.uuid4().hex
 
     def _response(self, gen: dict, latency: float, rid: str | None = None) -> dict:
         ids = gen["output_ids"]
@@ -247,6 +246,7 @@ def make_handler(state: EngineState):
             """SSE over chunked transfer encoding (one HTTP chunk per event, one write each)."""
             if state.group.dead is not None:
                 raise RankDied(str(state.group.dead))  # before the 200: answered 503 like non-stream
+            events = state.stream(req)  # submitted before the 200: a rid in flight is a 400 like non-stream
             self.send_response(200)
             self.send_header("Content-Type", "text/event-stream")
             self.send_header("Cache-Control", "no-cache")
@@ -257,7 +257,7 @@ def make_handler(state: EngineState):
                 self.wfile.write(b"%x\r\n%s\r\n" % (len(data), data))
 
             try:
-                for out in state.stream(req):
+                for out in events:
                     event(b"data: " + json.dumps(out).encode() + b"\n\n")
             except (BrokenPipeError, ConnectionResetError):
                 raise
@@ -334,7 +334,7 @@ def make_handler(state: EngineState):
                         with state.idle:
                             state.in_flight -= 1
                             state.idle.notify_all()
-            except RequestError as e:
+            except (RequestError, RidInFlight) as e:
                 self._send(400, {"error": {"message": str(e), "code": 400}})
             except HttpError as e:
                 self._send(e.code, {"error": {"message": str(e), "code": e.code}}, e.headers)
