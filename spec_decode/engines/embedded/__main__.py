@@ -30,8 +30,8 @@ EXIT_BAD_INPUT = 2
 
 
 def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(
-        prog="python -m spec_decode.engines.embedded", description=__doc__,
+    p = argparse.ArgumentParser(  # allow_abbrev off: --cuda-graph-max-bs is not a prefix of a flag here
+        allow_abbrev=False, prog="python -m spec_decode.engines.embedded", description=__doc__,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     p.add_argument("--model-path", "--model", required=True, help="target model directory (HF Llama)")
