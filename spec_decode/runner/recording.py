@@ -75,8 +75,7 @@ def finish(rec: JobRecord, cfg: ExperimentConfig, status: str, error: str | None
     take(provenance.server_env_section(measured.live_env, measured.live_env_tree,
                                        rec.launches[0]["pid"] if rec.launches else None, cfg.nccl.name, cfg.nccl.env))
     rec.engine.version = (rec.server_info or {}).get("version")
-    # The profile's windows: each profiled request (under load, the load's requests), else the timed runs.
-    runs, prof_runs, spec = rec.runs, rec.profiled_requests or rec.profiled_runs or rec.runs, cfg.speculative
+    runs, prof_runs, spec = rec.runs, _profile_windows(rec), cfg.speculative
     take(sections.throughput(runs, cfg.benchmark.launches))
     take(sections.server_start(rec.launches))
     if spec and runs:
@@ -108,11 +107,16 @@ def finish(rec: JobRecord, cfg: ExperimentConfig, status: str, error: str | None
 
 def _phase_profile(rec: JobRecord, cfg: ExperimentConfig, path: Path, take) -> list[list[dict]] | None:
     """The phase profile section (``analysis.sections.phase_profile``); returns each profiled run's cycles."""
-    section, run_cycles = sections.phase_profile(path, rec.profiled_requests or rec.profiled_runs or rec.runs,
-                                                 not rec.profiled_runs,
+    section, run_cycles = sections.phase_profile(path, _profile_windows(rec), not rec.profiled_runs,
                                                  cfg.benchmark.profile, bool(rec.runs), host_stamps_na(cfg))
     take(section)
     return run_cycles
+
+
+def _profile_windows(rec: JobRecord) -> list:
+    """The runs whose windows hold the profile: each profiled request (under load, the profiled pass's
+    requests), else the profiled runs, else (older protocol) the timed runs."""
+    return rec.profiled_requests or rec.profiled_runs or rec.runs
 
 
 def _take(rec: JobRecord, metrics: dict[str, float], section: Section) -> Section:

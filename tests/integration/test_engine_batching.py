@@ -20,18 +20,16 @@ import time
 
 import pytest
 import requests
-import torch
 
 from spec_decode.engines.embedded.decoding import Decoder
 from spec_decode.engines.embedded.loop import BatchLoop
-from spec_decode.engines.embedded.model import load_drafter, load_target
 from spec_decode.engines.embedded.tokenizer import encode
 from spec_decode.parsers.decode_log import read_log
 from spec_decode.parsers.profile import read_ranks
 from spec_decode.runner.server import ServerProcess, free_port
 
-from ..conftest import DRAFTER, PROMPTS, TARGET
-from .engine_args import ENGINE, spec_flags
+from ..conftest import PROMPTS, TARGET
+from .engine_args import ENGINE, spec_flags, tiny_models
 
 pytestmark = pytest.mark.integration
 STEPS = 3
@@ -47,9 +45,7 @@ def workload() -> list[tuple[list[int], int]]:
 
 @pytest.fixture(scope="module")
 def models():
-    torch.set_num_threads(1)
-    target = load_target(TARGET)
-    return target, load_drafter(DRAFTER, target)
+    return tiny_models(threads=1)
 
 
 @pytest.fixture(scope="module")

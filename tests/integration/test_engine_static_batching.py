@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import pytest
 import requests
-import torch
 
 from spec_decode.engines.embedded.buckets import bucket, capture_bs
 from spec_decode.engines.embedded.decoding import Decoder
@@ -27,6 +26,7 @@ from spec_decode.parsers.decode_log import read_log
 from spec_decode.runner.server import ServerProcess, free_port
 
 from ..conftest import DRAFTER, TARGET
+from .engine_args import tiny_models
 from .test_engine_batching import ENGINE, SPEC, STEPS, body, post_all, workload
 
 pytestmark = pytest.mark.integration
@@ -34,9 +34,7 @@ pytestmark = pytest.mark.integration
 
 @pytest.fixture(scope="module")
 def models():
-    torch.set_num_threads(1)
-    target = load_target(TARGET)
-    return target, load_drafter(DRAFTER, target)
+    return tiny_models(threads=1)
 
 
 @pytest.fixture(scope="module")
