@@ -37,6 +37,8 @@ class Rule:
     rc: tuple = (0,)
     must: tuple = ()  # regexes the output must contain
     test_form: str = ""  # in the test tier, what is appended ("--dry") instead of running as written
+    # where sglang is installed but no GPU is (CI installs it for the contract tests): (rc, must, why)
+    with_sglang: tuple | None = None
 
 
 RULES = [
@@ -58,11 +60,15 @@ RULES = [
     Rule("doctor-gpu", r"^python -m spec_decode\.runner\.doctor .*engine=sglang", "never",
          "launches sglang on the GPU box; here its --static-only form (README: launches nothing) must name "
          "the missing sglang with what to do", rc=(1,),
-         must=(r"\[FAIL\] engine version: sglang is not installed", r"what to do:"), test_form=" --static-only"),
+         must=(r"\[FAIL\] engine version: sglang is not installed", r"what to do:"), test_form=" --static-only",
+         with_sglang=((0,), (r"\[OK\] engine version: sglang 0\.5\.23", r"\[OK\] hook targets", r"0 failed"),
+                      "sglang installed, no GPU: the static checks pass; the launch is the GPU box's")),
     Rule("gpu-sweep", r"^python run\.py .*engine=sglang", "test",
          "without GPUs/sglang: each job refused in preflight, naming what is missing; no server; "
          "no job finished: exit 1", rc=(1,),
-         must=(r"FAILED .*sglang is not installed", r"0 visible here", r"no job of the sweep finished")),
+         must=(r"FAILED .*sglang is not installed", r"0 visible here", r"no job of the sweep finished"),
+         with_sglang=((1,), (r"FAILED .*needs \d+ GPU\(s\) for tp \d+; 0 visible here", r"no job of the sweep finished"),
+                      "sglang installed, no GPU: each job refused in preflight for the GPUs; exit 1")),
     Rule("repro-plain", r"^dvc repro$", "job", "a fresh clone: nothing runs",
          must=(r"Data and pipelines are up to date",), test_form=" --dry"),
     Rule("repro-experiment", r"^dvc repro -s -f (bench|report)@ci_smoke", "job",
