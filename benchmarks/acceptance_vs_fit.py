@@ -28,8 +28,11 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("sweep", type=Path)
     ap.add_argument("--nccl", default=None, help="only this NCCL profile's jobs")
     args = ap.parse_args(argv)
-    recs = [r for r in results.collect(args.sweep) if r.speculative and r.status == "FINISHED"
-            and (args.nccl is None or r.choice("nccl") == args.nccl)]
+    recs = [
+        r
+        for r in results.collect(args.sweep)
+        if r.speculative and r.status == "FINISHED" and (args.nccl is None or r.choice("nccl") == args.nccl)
+    ]
     have = sorted((r for r in recs if (r.acceptance or {}).get("per_position")), key=lambda r: r.steps)
     if not have:
         raise SystemExit(f"{args.sweep}: no finished spec job with per-position acceptance (issue 21 records)")
@@ -39,14 +42,34 @@ def main(argv: list[str] | None = None) -> None:
     for i in range(1, depth + 1):
         measured = {r.steps: r.acceptance["per_position"][i - 1] for r in have if r.steps >= i}
         deepest = measured.get(f.rates_steps)
-        rows.append([i, *(f"{measured[r.steps]:.3f}" if r.steps in measured and measured[r.steps] is not None
-                          else "-" for r in have),
-                     f"{fitted_rate(f, i):.3f}",
-                     f"{fitted_rate(f, i) - deepest:+.3f}" if deepest is not None else "-"])
-    print(f"acceptance rate at draft position i, P(accepted >= i | accepted >= i-1); fit: {f.alpha:.3f} x "
-          f"{f.decay:.3f}^(i-1) (least squares on {f.n} accept lengths)")
-    print(tabulate(rows, headers=["position", *(f"measured @ steps={r.steps}" for r in have), "fit",
-                                  f"fit - measured @ steps={f.rates_steps}"], tablefmt="github", disable_numparse=True))
+        rows.append(
+            [
+                i,
+                *(
+                    f"{measured[r.steps]:.3f}" if r.steps in measured and measured[r.steps] is not None else "-"
+                    for r in have
+                ),
+                f"{fitted_rate(f, i):.3f}",
+                f"{fitted_rate(f, i) - deepest:+.3f}" if deepest is not None else "-",
+            ]
+        )
+    print(
+        f"acceptance rate at draft position i, P(accepted >= i | accepted >= i-1); fit: {f.alpha:.3f} x "
+        f"{f.decay:.3f}^(i-1) (least squares on {f.n} accept lengths)"
+    )
+    print(
+        tabulate(
+            rows,
+            headers=[
+                "position",
+                *(f"measured @ steps={r.steps}" for r in have),
+                "fit",
+                f"fit - measured @ steps={f.rates_steps}",
+            ],
+            tablefmt="github",
+            disable_numparse=True,
+        )
+    )
     print()
     rows = []
     for r in have:
@@ -54,12 +77,32 @@ def main(argv: list[str] | None = None) -> None:
         from_hist = acceptance.accept_len_from_rates(r.acceptance["per_position"])
         from_fit = chain_accept_len(f.alpha, r.steps, f.decay)
         from_rates = acceptance.accept_len_from_rates(f.accept_rates[: r.steps])
-        rows.append([r.steps, sum(hist), f"{from_hist:.3f}", f"{r.metrics['accept_len']:.3f}",
-                     f"{from_fit:.3f} ({from_fit - from_hist:+.3f})", f"{from_rates:.3f} ({from_rates - from_hist:+.3f})"])
+        rows.append(
+            [
+                r.steps,
+                sum(hist),
+                f"{from_hist:.3f}",
+                f"{r.metrics['accept_len']:.3f}",
+                f"{from_fit:.3f} ({from_fit - from_hist:+.3f})",
+                f"{from_rates:.3f} ({from_rates - from_hist:+.3f})",
+            ]
+        )
     print("accept length (tokens per verify, bonus included) per step count")
-    print(tabulate(rows, headers=["steps", "verifies", "measured (histogram)", "meta_info completion/verify",
-                                  "fit (error)", f"rates @ steps={f.rates_steps} (error)"],
-                   tablefmt="github", disable_numparse=True))
+    print(
+        tabulate(
+            rows,
+            headers=[
+                "steps",
+                "verifies",
+                "measured (histogram)",
+                "meta_info completion/verify",
+                "fit (error)",
+                f"rates @ steps={f.rates_steps} (error)",
+            ],
+            tablefmt="github",
+            disable_numparse=True,
+        )
+    )
 
 
 if __name__ == "__main__":

@@ -44,21 +44,31 @@ from spec_decode.engines.embedded import kernels  # noqa: E402
 CPUS = {
     "native": {},
     "avx512": {"ATEN_CPU_CAPABILITY": "avx512", "MKL_ENABLE_INSTRUCTIONS": "AVX512"},
-    "avx2": {"ATEN_CPU_CAPABILITY": "avx2", "MKL_ENABLE_INSTRUCTIONS": "AVX2",
-             "GLIBC_TUNABLES": "glibc.cpu.hwcaps=-AVX512F,-AVX512DQ,-AVX512BW,-AVX512VL,-AVX512CD"},
-    "sse42": {"ATEN_CPU_CAPABILITY": "default", "MKL_ENABLE_INSTRUCTIONS": "SSE4_2",
-              "GLIBC_TUNABLES": "glibc.cpu.hwcaps=-AVX512F,-AVX512DQ,-AVX512BW,-AVX512VL,-AVX512CD,"
-                                "-AVX2,-FMA,-AVX,-BMI1,-BMI2"},
+    "avx2": {
+        "ATEN_CPU_CAPABILITY": "avx2",
+        "MKL_ENABLE_INSTRUCTIONS": "AVX2",
+        "GLIBC_TUNABLES": "glibc.cpu.hwcaps=-AVX512F,-AVX512DQ,-AVX512BW,-AVX512VL,-AVX512CD",
+    },
+    "sse42": {
+        "ATEN_CPU_CAPABILITY": "default",
+        "MKL_ENABLE_INSTRUCTIONS": "SSE4_2",
+        "GLIBC_TUNABLES": "glibc.cpu.hwcaps=-AVX512F,-AVX512DQ,-AVX512BW,-AVX512VL,-AVX512CD,"
+        "-AVX2,-FMA,-AVX,-BMI1,-BMI2",
+    },
 }
 SETTINGS = {"as_is": "native", "pinned": "pinned"}  # setting -> the builds' --kernels
 # Small: the full recipe's shapes (so BLAS picks the same kernels) with fewer steps and samples.
 RECIPES = {
-    "small": {"target": ["--steps", "12", "--batch", "2", "--seq", "256"],
-              "data": ["--samples", "8", "--heldout", "4", "--seq", "256", "--prompt-tokens", "32"],
-              "drafter": ["--steps", "12", "--batch", "2"]},
-    "full": {"target": ["--steps", "300", "--batch", "6", "--seq", "640"],
-             "data": ["--samples", "256", "--heldout", "16", "--seq", "640", "--prompt-tokens", "64"],
-             "drafter": ["--steps", "300", "--batch", "3"]},
+    "small": {
+        "target": ["--steps", "12", "--batch", "2", "--seq", "256"],
+        "data": ["--samples", "8", "--heldout", "4", "--seq", "256", "--prompt-tokens", "32"],
+        "drafter": ["--steps", "12", "--batch", "2"],
+    },
+    "full": {
+        "target": ["--steps", "300", "--batch", "6", "--seq", "640"],
+        "data": ["--samples", "256", "--heldout", "16", "--seq", "640", "--prompt-tokens", "64"],
+        "drafter": ["--steps", "300", "--batch", "3"],
+    },
 }
 SHAPE = ["--hidden", "192", "--layers", "6", "--heads", "8", "--ffn", "512"]  # params.yaml build.target
 
@@ -82,19 +92,52 @@ def build_all(work: Path, corpus: Path, recipe: dict, env: dict, mode: str) -> d
     m = "spec_decode.engines.embedded."
     k = ["--kernels", mode]
     t, d, dr = work / "target", work / "data", work / "drafter"
-    s_t = run_stage(m + "build", ["target", "--corpus", str(corpus), "--out", str(t), "--threads", "2",
-                                  *SHAPE, *recipe["target"], *k], env, work)
-    s_d = run_stage(m + "drafter_data", ["--corpus", str(corpus), "--target", str(t), "--out", str(d),
-                                         "--threads", "2", *recipe["data"], *k], env, work)
-    s_dr = run_stage(m + "build", ["drafter", "--data", str(d), "--target", str(t), "--out", str(dr),
-                                   "--threads", "2", "--layer-ids", "1,3,4", "--mlflow-uri", "off",
-                                   *recipe["drafter"], *k], env, work)
+    s_t = run_stage(
+        m + "build",
+        ["target", "--corpus", str(corpus), "--out", str(t), "--threads", "2", *SHAPE, *recipe["target"], *k],
+        env,
+        work,
+    )
+    s_d = run_stage(
+        m + "drafter_data",
+        ["--corpus", str(corpus), "--target", str(t), "--out", str(d), "--threads", "2", *recipe["data"], *k],
+        env,
+        work,
+    )
+    s_dr = run_stage(
+        m + "build",
+        [
+            "drafter",
+            "--data",
+            str(d),
+            "--target",
+            str(t),
+            "--out",
+            str(dr),
+            "--threads",
+            "2",
+            "--layer-ids",
+            "1,3,4",
+            "--mlflow-uri",
+            "off",
+            *recipe["drafter"],
+            *k,
+        ],
+        env,
+        work,
+    )
     trec = json.loads((t / "training.json").read_text())
     drec = json.loads((dr / "training.json").read_text())
-    return {"target_sha": sha(t / "model.safetensors"), "data_sha": sha(d / "samples.safetensors"),
-            "drafter_sha": sha(dr / "model.safetensors"), "loss": trec["final_loss"],
-            "accept2": drec["heldout"]["accept_len"][1],
-            "target_cpu_s": s_t, "data_cpu_s": s_d, "drafter_cpu_s": s_dr}
+    return {
+        "target_sha": sha(t / "model.safetensors"),
+        "data_sha": sha(d / "samples.safetensors"),
+        "drafter_sha": sha(dr / "model.safetensors"),
+        "loss": trec["final_loss"],
+        "accept2": drec["heldout"]["accept_len"][1],
+        "target_cpu_s": s_t,
+        "data_cpu_s": s_d,
+        "drafter_cpu_s": s_dr,
+    }
 
 
 def main() -> None:
@@ -110,8 +153,11 @@ def main() -> None:
     with tempfile.TemporaryDirectory(prefix="build-determinism-") as tmp:
         corpus = Path(tmp) / "corpus.txt"
         corpus.write_text(build_corpus(1234, 2_000_000 if args.recipe == "full" else 200_000))
-        base = {k: v for k, v in os.environ.items()
-                if k not in {"ATEN_CPU_CAPABILITY", "MKL_ENABLE_INSTRUCTIONS", "GLIBC_TUNABLES", *kernels.PINNED_ENV}}
+        base = {
+            k: v
+            for k, v in os.environ.items()
+            if k not in {"ATEN_CPU_CAPABILITY", "MKL_ENABLE_INSTRUCTIONS", "GLIBC_TUNABLES", *kernels.PINNED_ENV}
+        }
         base["PYTHONPATH"] = str(ROOT)
         for setting in args.settings.split(","):
             for i, cpu in enumerate(args.cpus.split(",")):
@@ -119,9 +165,12 @@ def main() -> None:
                 work.mkdir()
                 r = build_all(work, corpus, RECIPES[args.recipe], {**base, **CPUS[cpu]}, SETTINGS[setting])
                 rows.append({"setting": setting, "cpu": cpu, **r})
-                print(f"{setting:7s} {cpu:7s} target {r['target_sha'][:12]} loss {r['loss']:.4f} "
-                      f"data {r['data_sha'][:12]} drafter {r['drafter_sha'][:12]} accept@2 {r['accept2']:.4f} "
-                      f"| CPU s {r['target_cpu_s']:.0f} / {r['data_cpu_s']:.0f} / {r['drafter_cpu_s']:.0f}", flush=True)
+                print(
+                    f"{setting:7s} {cpu:7s} target {r['target_sha'][:12]} loss {r['loss']:.4f} "
+                    f"data {r['data_sha'][:12]} drafter {r['drafter_sha'][:12]} accept@2 {r['accept2']:.4f} "
+                    f"| CPU s {r['target_cpu_s']:.0f} / {r['data_cpu_s']:.0f} / {r['drafter_cpu_s']:.0f}",
+                    flush=True,
+                )
     print(f"\nrecipe {args.recipe}; emulated CPUs: {args.cpus}")
     for setting in args.settings.split(","):
         own = [r for r in rows if r["setting"] == setting]
@@ -129,9 +178,11 @@ def main() -> None:
         loss = [r["loss"] for r in own]
         acc = [r["accept2"] for r in own]
         secs = [r["target_cpu_s"] + r["data_cpu_s"] + r["drafter_cpu_s"] for r in own]
-        print(f"{setting:7s} bit-identical across CPUs: target {same['target_sha']}, data {same['data_sha']}, "
-              f"drafter {same['drafter_sha']}; loss spread {max(loss) - min(loss):.4f}, accept@2 spread "
-              f"{max(acc) - min(acc):.4f}; CPU s per build {', '.join(f'{s:.0f}' for s in secs)}")
+        print(
+            f"{setting:7s} bit-identical across CPUs: target {same['target_sha']}, data {same['data_sha']}, "
+            f"drafter {same['drafter_sha']}; loss spread {max(loss) - min(loss):.4f}, accept@2 spread "
+            f"{max(acc) - min(acc):.4f}; CPU s per build {', '.join(f'{s:.0f}' for s in secs)}"
+        )
     if args.json:
         Path(args.json).write_text(json.dumps(rows, indent=2) + "\n")
 

@@ -1,6 +1,6 @@
 """Host cost of the CUDA calls the profiler makes (event create / record / query / elapsed_time).
 
-    python benchmarks/cuda_event_cost.py     # on a GPU box; prints microseconds per call
+python benchmarks/cuda_event_cost.py     # on a GPU box; prints microseconds per call
 """
 
 import time

@@ -44,13 +44,24 @@ ROOT = Path(__file__).resolve().parents[1]
 
 def start(args, steps: int, overlap: bool, path: str) -> RankGroup:
     static = path == "static"
-    spec = RankSpec(model_path=str(ROOT / "models/tiny/target"),
-                    draft_model_path=str(ROOT / "models/tiny/drafter") if steps else None, steps=steps,
-                    tp_size=args.tp_size, device=args.device, cpu_threads=args.threads, random_seed=0,
-                    decode_log_interval=10**9, log_level="warning", dist_port=0, front_pid=0,
-                    max_running_requests=args.max_running_requests, disable_overlap_schedule=not overlap,
-                    cuda_eager_batching=not static, static_path=static and args.device == "cpu",
-                    cuda_graph_max_bs=args.cuda_graph_max_bs_decode)
+    spec = RankSpec(
+        model_path=str(ROOT / "models/tiny/target"),
+        draft_model_path=str(ROOT / "models/tiny/drafter") if steps else None,
+        steps=steps,
+        tp_size=args.tp_size,
+        device=args.device,
+        cpu_threads=args.threads,
+        random_seed=0,
+        decode_log_interval=10**9,
+        log_level="warning",
+        dist_port=0,
+        front_pid=0,
+        max_running_requests=args.max_running_requests,
+        disable_overlap_schedule=not overlap,
+        cuda_eager_batching=not static,
+        static_path=static and args.device == "cpu",
+        cuda_graph_max_bs=args.cuda_graph_max_bs_decode,
+    )
     return RankGroup(spec)
 
 
@@ -82,8 +93,12 @@ def main() -> None:
     ap.add_argument("--cuda-graph-max-bs-decode", type=int, default=None, help="default: --max-running-requests")
     ap.add_argument("--paths", default=None, help="static, eager or both (default: static on cuda, eager on cpu)")
     ap.add_argument("--json", type=Path, default=None, help="also write the rows here")
-    ap.add_argument("--budget-s", type=float, default=None,
-                    help="start no new round after this many seconds (the table then has fewer rounds)")
+    ap.add_argument(
+        "--budget-s",
+        type=float,
+        default=None,
+        help="start no new round after this many seconds (the table then has fewer rounds)",
+    )
     args = ap.parse_args()
     texts = [json.loads(line)["text"] for line in (ROOT / "data/prompts.jsonl").read_text().splitlines()]
     concs = [int(x) for x in args.concurrency.split(",")]
@@ -95,8 +110,14 @@ def main() -> None:
     variants = {}
     for path in paths:
         tag = "" if len(paths) == 1 else f" [{path}]"
-        variants.update({f"baseline{tag}": (0, True, path), f"steps=3{tag}": (3, True, path),
-                         f"baseline overlap-off{tag}": (0, False, path), f"steps=3 overlap-off{tag}": (3, False, path)})
+        variants.update(
+            {
+                f"baseline{tag}": (0, True, path),
+                f"steps=3{tag}": (3, True, path),
+                f"baseline overlap-off{tag}": (0, False, path),
+                f"steps=3 overlap-off{tag}": (3, False, path),
+            }
+        )
     groups: dict[str, RankGroup] = {}
     tps: dict[tuple[str, int], list[float]] = {}
     lossless = True
@@ -106,8 +127,9 @@ def main() -> None:
         ref = {}  # per path: each prompt alone on its baseline (the reference, and the warmup)
         for name, (_, _, path) in variants.items():
             if path not in ref:
-                ref[path] = [groups[name].call("generate", p, args.tokens, False)["generation"]["output_ids"]
-                             for p in prompts]
+                ref[path] = [
+                    groups[name].call("generate", p, args.tokens, False)["generation"]["output_ids"] for p in prompts
+                ]
         for group in groups.values():
             burst(group, prompts, 16)  # warm the batched shapes
         t_start, done = time.monotonic(), 0
@@ -126,28 +148,44 @@ def main() -> None:
     finally:
         for group in groups.values():
             group.close()
-    print(f"device={args.device} tp={args.tp_size} threads/rank={args.threads} tokens={args.tokens} "
-          f"rounds={done} max_running_requests={args.max_running_requests} torch={torch.__version__} "
-          f"cpus={os.cpu_count()} loadavg={open('/proc/loadavg').read().split()[:3]}")
-    print(f"paths: {', '.join(paths)} (static: CUDA graphs per bucket up to "
-          f"{args.cuda_graph_max_bs_decode or args.max_running_requests} on cuda, eager shapes on cpu)")
+    print(
+        f"device={args.device} tp={args.tp_size} threads/rank={args.threads} tokens={args.tokens} "
+        f"rounds={done} max_running_requests={args.max_running_requests} torch={torch.__version__} "
+        f"cpus={os.cpu_count()} loadavg={open('/proc/loadavg').read().split()[:3]}"
+    )
+    print(
+        f"paths: {', '.join(paths)} (static: CUDA graphs per bucket up to "
+        f"{args.cuda_graph_max_bs_decode or args.max_running_requests} on cuda, eager shapes on cpu)"
+    )
     print("| variant | concurrency | aggregate tok/s (median) | quartiles | speedup vs baseline (median of rounds) |")
     print("|---|---|---|---|---|")
     rows = []
     for (name, c), rates in tps.items():
-        tag = name[name.index(" ["):] if " [" in name else ""
+        tag = name[name.index(" [") :] if " [" in name else ""
         base_name = ("baseline overlap-off" if "overlap-off" in name else "baseline") + tag
         base = tps[(base_name, c)]
         q = statistics.quantiles(rates, n=4) if len(rates) > 1 else [rates[0]] * 3
         speed = statistics.median(v / b for v, b in zip(rates, base))
-        rows.append({"variant": name, "path": variants[name][2], "concurrency": c, "tok_s": statistics.median(rates),
-                     "q1": q[0], "q3": q[2], "speedup": speed, "rounds": rates})
+        rows.append(
+            {
+                "variant": name,
+                "path": variants[name][2],
+                "concurrency": c,
+                "tok_s": statistics.median(rates),
+                "q1": q[0],
+                "q3": q[2],
+                "speedup": speed,
+                "rounds": rates,
+            }
+        )
         print(f"| {name} | {c} | {statistics.median(rates):.0f} | {q[0]:.0f}-{q[2]:.0f} | {speed:.2f}x |")
     for name in [n for n in variants if "overlap-off" not in n]:
-        tag = name[name.index(" ["):] if " [" in name else ""
+        tag = name[name.index(" [") :] if " [" in name else ""
         on, off = tps[(name, 1)], tps[(name.removesuffix(tag) + " overlap-off" + tag, 1)]
-        print(f"overlap on / off at concurrency 1, {name}: {statistics.median(a / b for a, b in zip(on, off)):.3f} "
-              "(median of per-round ratios)")
+        print(
+            f"overlap on / off at concurrency 1, {name}: {statistics.median(a / b for a, b in zip(on, off)):.3f} "
+            "(median of per-round ratios)"
+        )
     print(f"lossless (every output == its path's baseline output, prompt alone): {lossless}")
     if args.json:
         args.json.write_text(json.dumps(rows, indent=2))

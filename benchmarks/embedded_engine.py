@@ -38,11 +38,20 @@ ROOT = Path(__file__).resolve().parents[1]
 
 def start(args, tp: int, steps: int, graph: bool, profile: Path) -> RankGroup:
     os.environ["SPEC_DECODE_PROFILE"] = str(profile)  # inherited by the ranks spawned next
-    spec = RankSpec(model_path=str(ROOT / "models/tiny/target"),
-                    draft_model_path=args.drafter if steps else None, steps=steps, tp_size=tp,
-                    device=args.device, cpu_threads=args.threads, random_seed=0,
-                    decode_log_interval=10**9, log_level="warning", dist_port=0, front_pid=0,
-                    disable_cuda_graph=not graph)
+    spec = RankSpec(
+        model_path=str(ROOT / "models/tiny/target"),
+        draft_model_path=args.drafter if steps else None,
+        steps=steps,
+        tp_size=tp,
+        device=args.device,
+        cpu_threads=args.threads,
+        random_seed=0,
+        decode_log_interval=10**9,
+        log_level="warning",
+        dist_port=0,
+        front_pid=0,
+        disable_cuda_graph=not graph,
+    )
     return RankGroup(spec)
 
 
@@ -88,45 +97,64 @@ def main() -> None:
         for _, _, group, _ in variants.values():
             group.close()  # the ranks exit normally: the profiler drains every cycle to its file
     first_tp = int(args.tp_size.split(",")[0])
-    refs = {name: last[base.replace(base.split(" ")[0], f"tp={first_tp}", 1)]["output_ids"]
-            for name, base in baselines.items()}  # the first tp size's baseline, same mode
-    print(f"device={args.device} threads/rank={args.threads} tokens={args.tokens} rounds={args.rounds} "
-          f"torch={torch.__version__} cpus={os.cpu_count()}")
-    print("| variant | tok/s (median) | speedup vs same-tp baseline | accept len | draft accept rate | "
-          "cycle ms | draft ms | verify ms | re-extend ms | other ms | lossless |")
+    refs = {
+        name: last[base.replace(base.split(" ")[0], f"tp={first_tp}", 1)]["output_ids"]
+        for name, base in baselines.items()
+    }  # the first tp size's baseline, same mode
+    print(
+        f"device={args.device} threads/rank={args.threads} tokens={args.tokens} rounds={args.rounds} "
+        f"torch={torch.__version__} cpus={os.cpu_count()}"
+    )
+    print(
+        "| variant | tok/s (median) | speedup vs same-tp baseline | accept len | draft accept rate | "
+        "cycle ms | draft ms | verify ms | re-extend ms | other ms | lossless |"
+    )
     print("|---" * 11 + "|")
     rows = []
     for name, (tp, steps, _, profile) in variants.items():
         base = tps[baselines[name]]
         gen = last[name]
-        row = {"variant": name, "tp": tp, "steps": steps, "tok_s": statistics.median(tps[name]),
-               "speedup": statistics.median(v / b for v, b in zip(tps[name], base)),
-               "lossless": gen["output_ids"] == refs[name]}
+        row = {
+            "variant": name,
+            "tp": tp,
+            "steps": steps,
+            "tok_s": statistics.median(tps[name]),
+            "speedup": statistics.median(v / b for v, b in zip(tps[name], base)),
+            "lossless": gen["output_ids"] == refs[name],
+        }
         if steps:
             cycles = [c for w in in_windows(read_profile(Path(rank_path(profile, 0))), windows[name]) for c in w]
             phases = phase_summary(cycles) or {}
-            row |= {"accept_len": len(gen["output_ids"]) / gen["verify_ct"],
-                    "accept_rate": gen["correct_drafts"] / gen["proposed_drafts"],
-                    **{f"{p}_ms": phases.get(f"{p}_ms") for p in ("cycle", "draft", "verify", "extend", "other")}}
+            row |= {
+                "accept_len": len(gen["output_ids"]) / gen["verify_ct"],
+                "accept_rate": gen["correct_drafts"] / gen["proposed_drafts"],
+                **{f"{p}_ms": phases.get(f"{p}_ms") for p in ("cycle", "draft", "verify", "extend", "other")},
+            }
         rows.append(row)
 
         def f(k, row=row):
             return format(row[k], ".2f") if row.get(k) is not None else "-"
 
-        print(f"| {name} | {row['tok_s']:.0f} | {row['speedup']:.2f}x | {f('accept_len')} | {f('accept_rate')} | "
-              f"{f('cycle_ms')} | {f('draft_ms')} | {f('verify_ms')} | {f('extend_ms')} | {f('other_ms')} | "
-              f"{row['lossless']} |")
+        print(
+            f"| {name} | {row['tok_s']:.0f} | {row['speedup']:.2f}x | {f('accept_len')} | {f('accept_rate')} | "
+            f"{f('cycle_ms')} | {f('draft_ms')} | {f('verify_ms')} | {f('extend_ms')} | {f('other_ms')} | "
+            f"{row['lossless']} |"
+        )
     if len(modes) == 2:
-        print("\n| variant | graph tok/s | eager tok/s | graph / eager (median of per-round ratios) | "
-              "graph output == eager |")
+        print(
+            "\n| variant | graph tok/s | eager tok/s | graph / eager (median of per-round ratios) | "
+            "graph output == eager |"
+        )
         print("|---|---|---|---|---|")
         for name in variants:
             if name.endswith(" graph"):
                 eager = name[: -len(" graph")] + " eager"
                 ratio = statistics.median(g / e for g, e in zip(tps[name], tps[eager]))
                 same = last[name]["output_ids"] == last[eager]["output_ids"]
-                print(f"| {name[: -len(' graph')]} | {statistics.median(tps[name]):.0f} | "
-                      f"{statistics.median(tps[eager]):.0f} | {ratio:.2f}x | {same} |")
+                print(
+                    f"| {name[: -len(' graph')]} | {statistics.median(tps[name]):.0f} | "
+                    f"{statistics.median(tps[eager]):.0f} | {ratio:.2f}x | {same} |"
+                )
     if args.json:
         args.json.write_text(json.dumps(rows, indent=2))
 

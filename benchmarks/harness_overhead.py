@@ -67,6 +67,7 @@ def _timed_span(kind: str, name: str, fn):
         finally:
             with open(os.environ[SPANS], "a") as f:
                 f.write(json.dumps([kind, name, t0, time.time(), c0, time.process_time()]) + "\n")
+
     return wrapper
 
 
@@ -125,8 +126,13 @@ def main() -> None:
         wall = run([*SMALL, *store, f"hydra.run.dir={d}"], spans, slots)
         s = read_spans(spans)
         job = in_window(s, "job", t0, time.time())[-1]
-        singles.append({"overhead": wall - busy_s(s, t0, time.time()), "cpu": job[5],
-                        "in_job": job[3] - job[2] - busy_s(s, job[2], job[3])})
+        singles.append(
+            {
+                "overhead": wall - busy_s(s, t0, time.time()),
+                "cpu": job[5],
+                "in_job": job[3] - job[2] - busy_s(s, job[2], job[3]),
+            }
+        )
     sweep, spans = tmp / "sweep", tmp / "sweep.spans"
     t_start = time.time()
     t_sweep = run(["-m", "spec.steps=1,2,3,5,1,2,3,5", *SMALL, *store, f"hydra.sweep.dir={sweep}"], spans, slots)
@@ -147,23 +153,37 @@ def main() -> None:
             phases.setdefault(name, []).append(sum(x[3] - x[2] for x in in_window(s, "ours", lo, hi) if x[1] == name))
     load1 = os.getloadavg()
     med = statistics.median
-    print(f"load average {load0[0]:.2f} {load0[1]:.2f} {load0[2]:.2f} before, "
-          f"{load1[0]:.2f} {load1[1]:.2f} {load1[2]:.2f} after; {os.cpu_count()} CPUs")
-    print(f"servers started per job: sweep {sorted(set(servers))}, single jobs "
-          f"{sorted({sum(x[1] == 'ServerProcess.start' for x in read_spans(tmp / f'job{i}.spans')) for i in range(3)})}")
+    print(
+        f"load average {load0[0]:.2f} {load0[1]:.2f} {load0[2]:.2f} before, "
+        f"{load1[0]:.2f} {load1[1]:.2f} {load1[2]:.2f} after; {os.cpu_count()} CPUs"
+    )
+    print(
+        f"servers started per job: sweep {sorted(set(servers))}, single jobs "
+        f"{sorted({sum(x[1] == 'ServerProcess.start' for x in read_spans(tmp / f'job{i}.spans')) for i in range(3)})}"
+    )
     print("| what | seconds |")
     print("|---|---|")
-    print(f"| **harness overhead per job inside a sweep** (median of jobs 2..{len(jobs)}: the previous job's end "
-          f"to its end minus the server spans) | **{med(per_job):.2f}** |")
-    print(f"| CPU time of the run.py process per sweep job (median; also the client side of the requests and "
-          f"the polling while servers start and stop) | {med(cpu):.2f} |")
+    print(
+        f"| **harness overhead per job inside a sweep** (median of jobs 2..{len(jobs)}: the previous job's end "
+        f"to its end minus the server spans) | **{med(per_job):.2f}** |"
+    )
+    print(
+        f"| CPU time of the run.py process per sweep job (median; also the client side of the requests and "
+        f"the polling while servers start and stop) | {med(cpu):.2f} |"
+    )
     for name, v in sorted(phases.items(), key=lambda kv: -med(kv[1])):
         print(f"| - of which `{name}` (median) | {med(v):.3f} |")
-    print(f"| sweep: start to the first job's end, minus server spans (imports, store, parent run) | "
-          f"{jobs[0][3] - t_start - busy_s(s, t_start, jobs[0][3]):.2f} |")
+    print(
+        f"| sweep: start to the first job's end, minus server spans (imports, store, parent run) | "
+        f"{jobs[0][3] - t_start - busy_s(s, t_start, jobs[0][3]):.2f} |"
+    )
     print(f"| sweep: after the last job (summary, recommendation, A/A control, charts) | {t_end - jobs[-1][3]:.2f} |")
-    print(f"| single `python run.py` job: wall minus server spans (median of 3) | {med(x['overhead'] for x in singles):.2f} |")
-    print(f"| single job: inside run_from_hydra, minus server spans (median of 3) | {med(x['in_job'] for x in singles):.2f} |")
+    print(
+        f"| single `python run.py` job: wall minus server spans (median of 3) | {med(x['overhead'] for x in singles):.2f} |"
+    )
+    print(
+        f"| single job: inside run_from_hydra, minus server spans (median of 3) | {med(x['in_job'] for x in singles):.2f} |"
+    )
     print(f"| single job: CPU time of the process (median of 3) | {med(x['cpu'] for x in singles):.2f} |")
     print(f"| `python run.py --help` (median of 3) | {med(help_s):.2f} |")
     print(f"(sweep wall {t_sweep:.1f} s; server spans {busy_s(s, t_start, t_end):.1f} s; dir {tmp})")

@@ -60,8 +60,11 @@ def one_launch(cfg, bcfg, out: Path, pairs: int, tokens: int) -> list[tuple[floa
             p = pairing.Pairer(pairing.INTERLEAVED, spec.pid, base.pid, expected_s=expected)
             out_pairs = []
             for i in range(pairs):
-                s, b, _ = p.run(i, functools.partial(clients["spec"].generate, body, 0, i),
-                                functools.partial(clients["base"].generate, body, 0, i))
+                s, b, _ = p.run(
+                    i,
+                    functools.partial(clients["spec"].generate, body, 0, i),
+                    functools.partial(clients["base"].generate, body, 0, i),
+                )
                 out_pairs.append((s.throughput_tok_s, b.throughput_tok_s))
             return out_pairs
         finally:
@@ -74,8 +77,10 @@ def analyse(launches: list[list[tuple[float, float]]]) -> dict:
     within = [stats.paired_ratio([s for s, _ in p], [b for _, b in p]) for p in launches]
     est = [r.ratio for r in within]
     hw_within = [100 * (r.ci95_hi - r.ci95_lo) / 2 / r.ratio for r in within]
-    cover_within = [sum(r.ci95_lo <= e <= r.ci95_hi for j, e in enumerate(est) if j != i) / (len(est) - 1)
-                    for i, r in enumerate(within)]
+    cover_within = [
+        sum(r.ci95_lo <= e <= r.ci95_hi for j, e in enumerate(est) if j != i) / (len(est) - 1)
+        for i, r in enumerate(within)
+    ]
     n = len(est)
     half = n // 2
     hw_block, cover_block = [], []
@@ -86,10 +91,14 @@ def analyse(launches: list[list[tuple[float, float]]]) -> dict:
             g2 = log_t_interval([est[j] for j in rerun])[0]
             hw_block.append(100 * (hi - lo) / 2 / g)
             cover_block.append(lo <= g2 <= hi)
-    return {"launch_speedups": est, "within_halfwidth_pct_median": statistics.median(hw_within),
-            "within_rerun_coverage": statistics.fmean(cover_within),
-            "block_n": half, "block_halfwidth_pct_median": statistics.median(hw_block),
-            "block_rerun_coverage": statistics.fmean(cover_block)}
+    return {
+        "launch_speedups": est,
+        "within_halfwidth_pct_median": statistics.median(hw_within),
+        "within_rerun_coverage": statistics.fmean(cover_within),
+        "block_n": half,
+        "block_halfwidth_pct_median": statistics.median(hw_block),
+        "block_rerun_coverage": statistics.fmean(cover_block),
+    }
 
 
 def main() -> None:
@@ -111,20 +120,29 @@ def main() -> None:
     for i in range(args.launches):
         launches.append(one_launch(cfg, bcfg, out, args.pairs, args.tokens))
         r = stats.paired_ratio([s for s, _ in launches[-1]], [b for _, b in launches[-1]])
-        print(f"launch {i}: {r.ratio:.3f}x [{r.ci95_lo:.3f}, {r.ci95_hi:.3f}]  load {os.getloadavg()[0]:.2f}",
-              file=sys.stderr, flush=True)
+        print(
+            f"launch {i}: {r.ratio:.3f}x [{r.ci95_lo:.3f}, {r.ci95_hi:.3f}]  load {os.getloadavg()[0]:.2f}",
+            file=sys.stderr,
+            flush=True,
+        )
     load1 = os.getloadavg()
     res = analyse(launches)
     res.update(load1_before=load0[0], load1_after=load1[0], seconds=round(time.time() - t0), args=vars(args))
     (out / "interval_design.json").write_text(json.dumps({**res, "pairs": launches}, indent=1))
-    print(f"steps={args.steps}, {args.launches} launches x {args.pairs} pairs x {args.tokens} tokens; load (1 min) "
-          f"{load0[0]:.2f} before, {load1[0]:.2f} after; {res['seconds']} s; raw: {out / 'interval_design.json'}")
+    print(
+        f"steps={args.steps}, {args.launches} launches x {args.pairs} pairs x {args.tokens} tokens; load (1 min) "
+        f"{load0[0]:.2f} before, {load1[0]:.2f} after; {res['seconds']} s; raw: {out / 'interval_design.json'}"
+    )
     print("| design | interval from | median half-width | rerun inside the interval |")
     print("|---|---|---|---|")
-    print(f"| within-launch (today, cheap mode) | {args.pairs} pairs of one launch, t {args.pairs - 1} df | "
-          f"{res['within_halfwidth_pct_median']:.1f}% | {100 * res['within_rerun_coverage']:.0f}% |")
-    print(f"| blocks | {res['block_n']} launches spread over the run, t {res['block_n'] - 1} df | "
-          f"{res['block_halfwidth_pct_median']:.1f}% | {100 * res['block_rerun_coverage']:.0f}% |")
+    print(
+        f"| within-launch (today, cheap mode) | {args.pairs} pairs of one launch, t {args.pairs - 1} df | "
+        f"{res['within_halfwidth_pct_median']:.1f}% | {100 * res['within_rerun_coverage']:.0f}% |"
+    )
+    print(
+        f"| blocks | {res['block_n']} launches spread over the run, t {res['block_n'] - 1} df | "
+        f"{res['block_halfwidth_pct_median']:.1f}% | {100 * res['block_rerun_coverage']:.0f}% |"
+    )
     print("launch speedups: " + " ".join(f"{e:.3f}" for e in res["launch_speedups"]))
 
 

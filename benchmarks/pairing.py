@@ -48,8 +48,7 @@ from spec_decode.runner.job import baseline_config  # noqa: E402
 VARIANTS = ("interleaved", "concurrent", "concurrent-start", "interleaved-nice", "concurrent-nice")
 
 
-def block(variant: str, pairs: int, spec_pid: int, base_pid: int, generate, expected: dict, nice: int
-          ) -> list[tuple]:
+def block(variant: str, pairs: int, spec_pid: int, base_pid: int, generate, expected: dict, nice: int) -> list[tuple]:
     """One variant's pairs: [(spec RunRecord, base RunRecord, info)]."""
     for pid in (spec_pid, base_pid):
         pairing.set_group_nice(pid, nice if variant.endswith("-nice") else 0)
@@ -100,25 +99,33 @@ def main() -> None:
             generate = {arm: (lambda c=c: c.generate(body, 0, 0)) for arm, c in clients.items()}
             results: dict[str, list[list[tuple]]] = {v: [] for v in variants}
             for b in range(args.blocks):
-                for v in variants[b % len(variants):] + variants[: b % len(variants)]:  # rotate the order
+                for v in variants[b % len(variants) :] + variants[: b % len(variants)]:  # rotate the order
                     pairs = block(v, args.pairs, spec.pid, base.pid, generate, expected, args.nice)
                     results[v].append(pairs)
-                    r = stats.paired_ratio([s.throughput_tok_s for s, _, _ in pairs],
-                                           [x.throughput_tok_s for _, x, _ in pairs])
-                    print(f"block {b} {v:17s} {r.ratio:.3f}x +-{halfwidth_pct(r):.1f}%  load {os.getloadavg()[0]:.2f}",
-                          file=sys.stderr, flush=True)
+                    r = stats.paired_ratio(
+                        [s.throughput_tok_s for s, _, _ in pairs], [x.throughput_tok_s for _, x, _ in pairs]
+                    )
+                    print(
+                        f"block {b} {v:17s} {r.ratio:.3f}x +-{halfwidth_pct(r):.1f}%  load {os.getloadavg()[0]:.2f}",
+                        file=sys.stderr,
+                        flush=True,
+                    )
         finally:
             base.stop()
     finally:
         spec.stop()
     load1 = os.getloadavg()
-    raw = {v: [[{"spec": s.as_dict(), "base": x.as_dict(), "info": info} for s, x, info in p] for p in blocks]
-           for v, blocks in results.items()}
+    raw = {
+        v: [[{"spec": s.as_dict(), "base": x.as_dict(), "info": info} for s, x, info in p] for p in blocks]
+        for v, blocks in results.items()
+    }
     (out / "pairs.json").write_text(json.dumps(raw))
     print(f"raw pairs: {out / 'pairs.json'}", file=sys.stderr)
-    print(f"\nspec.steps={args.steps}, {args.blocks} blocks x {args.pairs} pairs x {args.tokens} tokens per variant, "
-          f"{len(pairing.usable_cores())} cores; load average (1 min) {load0[0]:.2f} before, {load1[0]:.2f} after; "
-          f"{time.time() - t0:.0f} s\n")
+    print(
+        f"\nspec.steps={args.steps}, {args.blocks} blocks x {args.pairs} pairs x {args.tokens} tokens per variant, "
+        f"{len(pairing.usable_cores())} cores; load average (1 min) {load0[0]:.2f} before, {load1[0]:.2f} after; "
+        f"{time.time() - t0:.0f} s\n"
+    )
     print_table(results)
 
 
@@ -130,8 +137,10 @@ def halfwidth_pct(r: stats.Ratio) -> float:
 def print_table(results: dict[str, list[list[tuple]]]) -> None:
     rows = {}
     for v, blocks in results.items():
-        ratios = [stats.paired_ratio([s.throughput_tok_s for s, _, _ in p], [x.throughput_tok_s for _, x, _ in p])
-                  for p in blocks]
+        ratios = [
+            stats.paired_ratio([s.throughput_tok_s for s, _, _ in p], [x.throughput_tok_s for _, x, _ in p])
+            for p in blocks
+        ]
         runs = [t for p in blocks for t in p]
         overlap = [info["overlap_s"] / min(s.wall_s, x.wall_s) for s, x, info in runs if "overlap_s" in info]
         client_ms = [1000 * (r.wall_s - r.e2e_latency_s) for s, x, _ in runs for r in (s, x) if r.e2e_latency_s]
@@ -144,15 +153,19 @@ def print_table(results: dict[str, list[list[tuple]]]) -> None:
             client_ms=statistics.median(client_ms) if client_ms else math.nan,
         )
     ref = rows.get("interleaved", {}).get("speedup")  # the bias reference: the unpinned ABBA
-    print("| variant | blocks | median speedup | median half-width | max half-width | blocks <= 3% | "
-          "bias vs interleaved | spec tok/s | base tok/s | overlap of shorter run | client ms/request |")
+    print(
+        "| variant | blocks | median speedup | median half-width | max half-width | blocks <= 3% | "
+        "bias vs interleaved | spec tok/s | base tok/s | overlap of shorter run | client ms/request |"
+    )
     print("|---|---|---|---|---|---|---|---|---|---|---|")
     for v, r in rows.items():
         bias = f"{100 * (r['speedup'] / ref - 1):+.1f}%" if ref and v != "interleaved" else "—"
         ov = f"{100 * r['overlap']:.0f}%" if r["overlap"] is not None else "—"
-        print(f"| {v} | {len(r['hw'])} | {r['speedup']:.3f}x | {statistics.median(r['hw']):.1f}% | {max(r['hw']):.1f}% | "
-              f"{sum(h <= 3 for h in r['hw'])}/{len(r['hw'])} | {bias} | {r['spec']:.0f} | {r['base']:.0f} | {ov} | "
-              f"{r['client_ms']:.1f} |")
+        print(
+            f"| {v} | {len(r['hw'])} | {r['speedup']:.3f}x | {statistics.median(r['hw']):.1f}% | {max(r['hw']):.1f}% | "
+            f"{sum(h <= 3 for h in r['hw'])}/{len(r['hw'])} | {bias} | {r['spec']:.0f} | {r['base']:.0f} | {ov} | "
+            f"{r['client_ms']:.1f} |"
+        )
 
 
 if __name__ == "__main__":

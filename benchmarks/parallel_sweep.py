@@ -18,14 +18,24 @@ import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-SWEEP = ["-m", "spec.steps=1,2,3,5", "benchmark.max_new_tokens=200", "benchmark.runs=3",
-         "benchmark.baseline_arm=false", "tracking=off"]
+SWEEP = [
+    "-m",
+    "spec.steps=1,2,3,5",
+    "benchmark.max_new_tokens=200",
+    "benchmark.runs=3",
+    "benchmark.baseline_arm=false",
+    "tracking=off",
+]
 
 
 def run(extra: list[str], d: Path) -> tuple[float, float]:
     t0 = time.perf_counter()
-    subprocess.run([sys.executable, str(ROOT / "run.py"), *SWEEP, *extra, f"hydra.sweep.dir={d}"], cwd=ROOT,
-                   check=True, capture_output=True)
+    subprocess.run(
+        [sys.executable, str(ROOT / "run.py"), *SWEEP, *extra, f"hydra.sweep.dir={d}"],
+        cwd=ROOT,
+        check=True,
+        capture_output=True,
+    )
     wall = time.perf_counter() - t0
     tps = [json.loads(p.read_text())["metrics"]["throughput_tok_s"] for p in d.rglob("results.json")]
     return wall, statistics.mean(tps)
@@ -33,13 +43,18 @@ def run(extra: list[str], d: Path) -> tuple[float, float]:
 
 def main() -> None:
     tmp = Path(tempfile.mkdtemp(prefix="par_"))
-    variants = {"sequential (basic launcher)": [],
-                "2 at a time (submitit_local + slots)": ["hydra/launcher=local_parallel", "hardware.parallel_jobs=2",
-                                                         f"hardware.slots_dir={tmp / 'slots'}"]}
+    variants = {
+        "sequential (basic launcher)": [],
+        "2 at a time (submitit_local + slots)": [
+            "hydra/launcher=local_parallel",
+            "hardware.parallel_jobs=2",
+            f"hardware.slots_dir={tmp / 'slots'}",
+        ],
+    }
     res = {k: [] for k in variants}
     names = list(variants)
     for rep in range(2):
-        for name in (names if rep % 2 == 0 else names[::-1]):
+        for name in names if rep % 2 == 0 else names[::-1]:
             res[name].append(run(variants[name], tmp / f"{rep}_{names.index(name)}"))
     print("| variant | sweep wall s (each repeat) | mean job tok/s |")
     print("|---|---|---|")

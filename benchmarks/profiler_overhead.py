@@ -47,6 +47,7 @@ def hooked(dec: Decoder, path: str, switch: str) -> Decoder:
 def host_cost_us(tmp: Path, cycles: int = 20000, repeats: int = 7) -> dict[str, float]:
     """Host time per cycle of the hooks alone, on an empty cycle (three empty phases), min over repeats:
     the decode noise of a shared machine does not reach it. µs per cycle above the bare cycle."""
+
     def bare_cycle(draft, verify, extend):
         draft(lambda: None)
         verify(lambda: None)
@@ -71,8 +72,11 @@ def host_cost_us(tmp: Path, cycles: int = 20000, repeats: int = 7) -> dict[str, 
     set_switch(tmp / "micro.off", False)
     bare = run(None)
     on = Profiler(str(tmp / "micro_on.jsonl"))  # no switch: always on (host clock here)
-    out = {"dormant": run(Profiler(str(tmp / "micro.jsonl"), str(tmp / "micro.off"))) - bare,
-           "on": run(on) - bare, "bare_us": bare}
+    out = {
+        "dormant": run(Profiler(str(tmp / "micro.jsonl"), str(tmp / "micro.off"))) - bare,
+        "on": run(on) - bare,
+        "bare_us": bare,
+    }
     on.flush()
     return out
 
@@ -90,17 +94,20 @@ def main() -> None:
     drafter = load_drafter(ROOT / "models/tiny/drafter", target, args.device)
     prompt = encode(json.loads((ROOT / "data/prompts.jsonl").read_text().splitlines()[0])["text"])
     tmp = Path(tempfile.mkdtemp(prefix="prof_"))
-    decs = {"plain": Decoder(target, drafter, args.steps),
-            "dormant": hooked(Decoder(target, drafter, args.steps), str(tmp / "dormant.jsonl"),
-                              str(tmp / "dormant.switch.off")),
-            "on": hooked(Decoder(target, drafter, args.steps), str(tmp / "profile.jsonl"), str(tmp / "on.switch.on"))}
+    decs = {
+        "plain": Decoder(target, drafter, args.steps),
+        "dormant": hooked(
+            Decoder(target, drafter, args.steps), str(tmp / "dormant.jsonl"), str(tmp / "dormant.switch.off")
+        ),
+        "on": hooked(Decoder(target, drafter, args.steps), str(tmp / "profile.jsonl"), str(tmp / "on.switch.on")),
+    }
     for d in decs.values():
         d.generate(prompt, 64)
     res: dict[str, list[float]] = {k: [] for k in decs}
     outs = {}
     names = list(decs)
     for i in range(args.rounds):
-        for name in names[i % 3:] + names[: i % 3]:  # rotated: no variant always first
+        for name in names[i % 3 :] + names[: i % 3]:  # rotated: no variant always first
             d = decs[name]
             if args.device == "cuda":
                 torch.cuda.synchronize()
@@ -114,8 +121,10 @@ def main() -> None:
     assert decs["dormant"]._prof.timer is None, "the dormant profiler recorded a cycle"
     cycles = read_profile(Path(rank_path(tmp / "profile.jsonl", 0)))
     summ = phase_summary(cycles)
-    print(f"device={args.device} threads={args.threads} steps={args.steps} tokens={args.tokens} "
-          f"rounds={args.rounds} clock={type(decs['on']._prof.timer.clock).__name__} torch={torch.__version__}")
+    print(
+        f"device={args.device} threads={args.threads} steps={args.steps} tokens={args.tokens} "
+        f"rounds={args.rounds} clock={type(decs['on']._prof.timer.clock).__name__} torch={torch.__version__}"
+    )
     print("| variant | tok/s (median) | overhead vs plain (median of per-round ratios) |")
     print("|---|---|---|")
     for k, v in res.items():
@@ -124,12 +133,16 @@ def main() -> None:
     print(f"outputs identical: {outs['plain'] == outs['on'] == outs['dormant']}")
     micro = host_cost_us(tmp)
     for k in ("dormant", "on"):
-        print(f"{k} hooks' host cost: {micro[k]:.2f} us per cycle above an empty cycle ({micro['bare_us']:.2f} us; "
-              f"min of 7 x 20000) = {100 * micro[k] / 1e3 / summ['cycle_ms']:.3f}% of this workload's "
-              f"{summ['cycle_ms']:.3f} ms cycle")
-    print(f"profile: {summ['cycles']} cycles, cycle {summ['cycle_ms']:.3f} ms = draft {summ['draft_ms']:.3f} + "
-          f"verify {summ['verify_ms']:.3f} + re-extend {summ['extend_ms']:.3f} + other {summ['other_ms']:.3f}; "
-          f"accept len {summ['accept_len']:.2f}")
+        print(
+            f"{k} hooks' host cost: {micro[k]:.2f} us per cycle above an empty cycle ({micro['bare_us']:.2f} us; "
+            f"min of 7 x 20000) = {100 * micro[k] / 1e3 / summ['cycle_ms']:.3f}% of this workload's "
+            f"{summ['cycle_ms']:.3f} ms cycle"
+        )
+    print(
+        f"profile: {summ['cycles']} cycles, cycle {summ['cycle_ms']:.3f} ms = draft {summ['draft_ms']:.3f} + "
+        f"verify {summ['verify_ms']:.3f} + re-extend {summ['extend_ms']:.3f} + other {summ['other_ms']:.3f}; "
+        f"accept len {summ['accept_len']:.2f}"
+    )
 
 
 if __name__ == "__main__":

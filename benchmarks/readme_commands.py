@@ -75,9 +75,15 @@ class Clone:
         slots.mkdir()
         venv_bin = str(Path(sys.prefix) / "bin")
         env = {k: v for k, v in os.environ.items() if not k.startswith(("MLFLOW_", "VIRTUAL_ENV"))}
-        self.env = {**env, "PATH": f"{venv_bin}:{env.get('PATH', '')}", "PYTHONPATH": str(self.dir),
-                    "DVC_NO_ANALYTICS": "1", "HF_HUB_OFFLINE": "1", "SPEC_DECODE_SLOTS_DIR": str(slots),
-                    "OMP_WAIT_POLICY": env.get("OMP_WAIT_POLICY", "PASSIVE")}
+        self.env = {
+            **env,
+            "PATH": f"{venv_bin}:{env.get('PATH', '')}",
+            "PYTHONPATH": str(self.dir),
+            "DVC_NO_ANALYTICS": "1",
+            "HF_HUB_OFFLINE": "1",
+            "SPEC_DECODE_SLOTS_DIR": str(slots),
+            "OMP_WAIT_POLICY": env.get("OMP_WAIT_POLICY", "PASSIVE"),
+        }
         if not install:
             (self.dir / ".venv").symlink_to(sys.prefix)
         # the gpu-* rows expect this machine's refusal (no GPU; sglang absent, or installed for the contract
@@ -93,8 +99,15 @@ class Clone:
     def bash(self, script: str, timeout: float) -> tuple[int, str, float]:
         t0 = time.monotonic()
         try:
-            p = subprocess.run(["bash", "-c", script], cwd=self.dir, env=self.env, capture_output=True,
-                               text=True, timeout=timeout, start_new_session=True)
+            p = subprocess.run(
+                ["bash", "-c", script],
+                cwd=self.dir,
+                env=self.env,
+                capture_output=True,
+                text=True,
+                timeout=timeout,
+                start_new_session=True,
+            )
             return p.returncode, p.stdout + p.stderr, time.monotonic() - t0
         except subprocess.TimeoutExpired as e:
             out = (e.stdout or b"").decode(errors="replace") + (e.stderr or b"").decode(errors="replace")
@@ -110,13 +123,18 @@ def make_stand_in(clone: Clone, maker: str) -> None:
         (w / "model.safetensors").write_bytes(os.urandom(4096))
     elif maker == "spec_bench" and not (d / "data/spec_bench.jsonl").exists():
         import json  # MT-Bench / Spec-Bench question.jsonl lines: "turns", "category"
+
         prompts = [json.loads(x) for x in (d / "data/prompts.jsonl").read_text().splitlines()[:4]]
-        (d / "data/spec_bench.jsonl").write_text("".join(
-            json.dumps({"question_id": i, "category": ("writing", "reasoning")[i % 2], "turns": [p["text"]]}) + "\n"
-            for i, p in enumerate(prompts)))
+        (d / "data/spec_bench.jsonl").write_text(
+            "".join(
+                json.dumps({"question_id": i, "category": ("writing", "reasoning")[i % 2], "turns": [p["text"]]}) + "\n"
+                for i, p in enumerate(prompts)
+            )
+        )
     elif maker == "small_sweep" and "sweep_dir" not in clone.vars:
-        rc, out, _ = clone.bash("python run.py -m spec.steps=1,3 benchmark.max_new_tokens=48 benchmark.runs=2",
-                                TIMEOUT_S["job"])
+        rc, out, _ = clone.bash(
+            "python run.py -m spec.steps=1,3 benchmark.max_new_tokens=48 benchmark.runs=2", TIMEOUT_S["job"]
+        )
         sweep = re.search(r"sweep dir: (\S+)", out)
         parent = re.search(r"MLflow parent run: (\w+)", out)
         if rc != 0 or not sweep or not parent:
@@ -159,8 +177,9 @@ def expect(rule: Rule, row: Row, clone: Clone) -> str:
             return "README's table differs from what the committed metrics.json gives"
     hint = re.search(r"To track the changes with git, run:\s+git add ([^\n]+)", out)
     if rule.kind == "dvc-write" and hint:  # what `dvc add` asks to commit, the command commits
-        staged = subprocess.run(["git", "diff", "--cached", "--name-only"], cwd=clone.dir, capture_output=True,
-                                text=True).stdout.split()
+        staged = subprocess.run(
+            ["git", "diff", "--cached", "--name-only"], cwd=clone.dir, capture_output=True, text=True
+        ).stdout.split()
         left = [f for f in hint.group(1).split() if f not in staged]
         if left:
             return f"leaves {' '.join(left)} out of git (dvc add asks for it)"
@@ -177,8 +196,14 @@ def run_server(row: Row, clone: Clone) -> None:
         return
     log = open(clone.tmp / "mlflow_ui.log", "w+")
     t0 = time.monotonic()
-    p = subprocess.Popen(["bash", "-c", row.ran_as], cwd=clone.dir, env=clone.env, stdout=log,
-                         stderr=subprocess.STDOUT, start_new_session=True)
+    p = subprocess.Popen(
+        ["bash", "-c", row.ran_as],
+        cwd=clone.dir,
+        env=clone.env,
+        stdout=log,
+        stderr=subprocess.STDOUT,
+        start_new_session=True,
+    )
     try:
         while time.monotonic() - t0 < 120 and p.poll() is None:
             try:
@@ -195,8 +220,11 @@ def run_server(row: Row, clone: Clone) -> None:
     log.seek(0)
     row.output = log.read()
     ok = row.rc == 0
-    row.status, row.check = ("pass", "HTTP 200 from 127.0.0.1:5000; stopped") if ok else (
-        "FAIL", f"no HTTP 200 within 120 s (exit {p.returncode})")
+    row.status, row.check = (
+        ("pass", "HTTP 200 from 127.0.0.1:5000; stopped")
+        if ok
+        else ("FAIL", f"no HTTP 200 within 120 s (exit {p.returncode})")
+    )
 
 
 def never_check(rule: Rule, clone: Clone) -> str:
@@ -262,8 +290,11 @@ def run_all(clone: Clone, tiers: set, log=print, only: str = "") -> list[Row]:
         row = run_one(cmd, classify(cmd), tiers if re.search(only, cmd.text) else set(), clone)
         rows.append(row)
         if log:
-            log(f"[{row.status}] {row.kind}: {row.ran_as if row.ran_as != 'not run' else cmd.text} "
-                f"({row.seconds:.1f} s) {row.check}", flush=True)
+            log(
+                f"[{row.status}] {row.kind}: {row.ran_as if row.ran_as != 'not run' else cmd.text} "
+                f"({row.seconds:.1f} s) {row.check}",
+                flush=True,
+            )
     return rows
 
 
@@ -271,17 +302,24 @@ def table(rows: list[Row]) -> str:
     def cell(s: str, n: int = 90) -> str:
         s = s.replace("|", "\\|")
         return s if len(s) <= n else s[: n - 1] + "…"
-    out = ["| # | README line | command (as written) | kind | tier | ran as | exit | s | result |",
-           "|---|---|---|---|---|---|---|---|---|"]
+
+    out = [
+        "| # | README line | command (as written) | kind | tier | ran as | exit | s | result |",
+        "|---|---|---|---|---|---|---|---|---|",
+    ]
     for i, r in enumerate(rows, 1):
         ran = "as written" if r.ran_as == r.cmd.text else cell(r.ran_as, 70)
         if r.ran_as == "not run":
             ran = "not run"
-        out.append(f"| {i} | {r.cmd.line} | `{cell(r.cmd.text)}` | {r.kind} | {r.tier} | {ran} | "
-                   f"{'' if r.rc is None else r.rc} | {r.seconds:.1f} | {r.status}: {cell(r.check, 100)} |")
+        out.append(
+            f"| {i} | {r.cmd.line} | `{cell(r.cmd.text)}` | {r.kind} | {r.tier} | {ran} | "
+            f"{'' if r.rc is None else r.rc} | {r.seconds:.1f} | {r.status}: {cell(r.check, 100)} |"
+        )
     counts = {s: sum(r.status == s for r in rows) for s in ("pass", "FAIL", "skip", "never")}
-    out.append(f"\n{len(rows)} commands: {counts['pass']} passed, {counts['FAIL']} failed, "
-               f"{counts['skip']} not run (tier not asked for), {counts['never']} never run here (by rule)")
+    out.append(
+        f"\n{len(rows)} commands: {counts['pass']} passed, {counts['FAIL']} failed, "
+        f"{counts['skip']} not run (tier not asked for), {counts['never']} never run here (by rule)"
+    )
     return "\n".join(out)
 
 
@@ -301,18 +339,24 @@ def main(argv: list[str] | None = None) -> int:
             rule = classify(c)
             print(f"{c.line:4d} {rule.kind if rule else 'UNKNOWN':16s} {rule.tier if rule else '-':8s} {c.text}")
         return 0
-    tiers = {args.tier} if args.tier else {"test", "job"} | ({"sweep"} if args.sweeps else set()) | (
-        {"sweep", "rebuild"} if args.rebuild else set())
+    tiers = (
+        {args.tier}
+        if args.tier
+        else {"test", "job"} | ({"sweep"} if args.sweeps else set()) | ({"sweep", "rebuild"} if args.rebuild else set())
+    )
     work = Path(tempfile.mkdtemp(prefix="readme_commands_"))
-    head = subprocess.run(["git", "-C", str(args.repo), "rev-parse", "--short", "HEAD"], capture_output=True,
-                          text=True).stdout.strip()
+    head = subprocess.run(
+        ["git", "-C", str(args.repo), "rev-parse", "--short", "HEAD"], capture_output=True, text=True
+    ).stdout.strip()
     start, load0 = time.strftime("%Y-%m-%d %H:%M"), os.getloadavg()
     try:
         rows = run_all(Clone(args.repo, work, args.install), tiers, only=args.only)
-        print(f"\n{start} to {time.strftime('%H:%M')}, clone of {head}, tiers {', '.join(sorted(tiers))}, "
-              f"{'install line run as written' if args.install else 'venv linked (install steps left out)'}; "
-              f"load average (1/5/15 min) {'/'.join(f'{x:.1f}' for x in load0)} at the start, "
-              f"{'/'.join(f'{x:.1f}' for x in os.getloadavg())} at the end\n")
+        print(
+            f"\n{start} to {time.strftime('%H:%M')}, clone of {head}, tiers {', '.join(sorted(tiers))}, "
+            f"{'install line run as written' if args.install else 'venv linked (install steps left out)'}; "
+            f"load average (1/5/15 min) {'/'.join(f'{x:.1f}' for x in load0)} at the start, "
+            f"{'/'.join(f'{x:.1f}' for x in os.getloadavg())} at the end\n"
+        )
         print(table(rows))
         for r in rows:
             if r.status == "FAIL" and r.output:

@@ -13,8 +13,12 @@ from dataclasses import dataclass
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-SECTIONS = ("Quick start", "What a job does", "DVC: models, data and reported results",
-            "Running on a GPU box with SGLang")
+SECTIONS = (
+    "Quick start",
+    "What a job does",
+    "DVC: models, data and reported results",
+    "Running on a GPU box with SGLang",
+)
 COMMAND_WORDS = {"python", "python3", "dvc", "spec-decode", "mlflow", "pip", "git", "bash", "nvidia-smi", "."}
 TIERS = ("test", "job", "sweep", "rebuild")  # never: not run here, by the rule's stated reason
 
@@ -44,49 +48,126 @@ class Rule:
 RULES = [
     Rule("prose", r"^$", "never", "a command word used in a sentence (`dvc add`-ed), not a command"),
     Rule("elided", r"…", "never", "an illustration with … elisions; not runnable as written"),
-    Rule("gpu-install", r"^pip install -e '\.\[sglang\]'", "never",
-         "installs sglang's CUDA 13 wheels (GPU box); checked: pyproject's sglang extra pins the tested version"),
+    Rule(
+        "gpu-install",
+        r"^pip install -e '\.\[sglang\]'",
+        "never",
+        "installs sglang's CUDA 13 wheels (GPU box); checked: pyproject's sglang extra pins the tested version",
+    ),
     Rule("gpu-only", r"^nvidia-smi", "never", "needs an NVIDIA driver"),
     Rule("network", r"s3://|pip install 'dvc\[", "never", "needs the network and an S3 bucket of yours"),
-    Rule("install", r"^python3 -m venv \.venv", "job", "installs (or links) .venv, then the main job finishes",
-         must=(r"\[FINISHED\]",)),
-    Rule("suite", r"python -m pytest", "job", "the whole suite is hours on 2 cores (docs/testing.md): "
-         "run as written + --collect-only; every test collects", must=(r"\d+ tests? collected",),
-         test_form=" --collect-only"),
+    Rule(
+        "install",
+        r"^python3 -m venv \.venv",
+        "job",
+        "installs (or links) .venv, then the main job finishes",
+        must=(r"\[FINISHED\]",),
+    ),
+    Rule(
+        "suite",
+        r"python -m pytest",
+        "job",
+        "the whole suite is hours on 2 cores (docs/testing.md): run as written + --collect-only; every test collects",
+        must=(r"\d+ tests? collected",),
+        test_form=" --collect-only",
+    ),
     Rule("server", r"^mlflow ui\b", "job", "serves the runs page on 127.0.0.1:5000 (HTTP 200), then stopped"),
     Rule("help", r"--help$", "test", "usage printed", must=(r"(?i)usage|== Configuration groups ==",)),
-    Rule("dry-run", r"\bdry_run=true\b", "test", "prints each job's server command; launches nothing",
-         must=(r"# server command:",)),
-    Rule("doctor-gpu", r"^python -m spec_decode\.runner\.doctor .*engine=sglang", "never",
-         "launches sglang on the GPU box; here its --static-only form (README: launches nothing) must name "
-         "the missing sglang with what to do", rc=(1,),
-         must=(r"\[FAIL\] engine version: sglang is not installed", r"what to do:"), test_form=" --static-only",
-         with_sglang=((0,), (r"\[OK\] engine version: sglang 0\.5\.23", r"\[OK\] hook targets", r"0 failed"),
-                      "sglang installed, no GPU: the static checks pass; the launch is the GPU box's")),
-    Rule("gpu-sweep", r"^python run\.py .*engine=sglang", "test",
-         "without GPUs/sglang: each job refused in preflight, naming what is missing; no server; "
-         "no job finished: exit 1", rc=(1,),
-         must=(r"FAILED .*sglang is not installed", r"0 visible here", r"no job of the sweep finished"),
-         with_sglang=((1,), (r"FAILED .*needs \d+ GPU\(s\) for tp \d+; 0 visible here", r"no job of the sweep finished"),
-                      "sglang installed, no GPU: each job refused in preflight for the GPUs; exit 1")),
-    Rule("repro-plain", r"^dvc repro$", "job", "a fresh clone: nothing runs",
-         must=(r"Data and pipelines are up to date",), test_form=" --dry"),
-    Rule("repro-experiment", r"^dvc repro -s -f (bench|report)@ci_smoke", "job",
-         "reruns exactly the named stages (--dry in the test tier)", test_form=" --dry"),
-    Rule("repro-experiment", r"^dvc repro -s -f (bench|report)@", "sweep",
-         "reruns exactly the named stages (--dry in the test tier)", test_form=" --dry"),
-    Rule("repro-models", r"^dvc (repro -f|exp run)", "rebuild",
-         "rebuilds the named stages (and their upstream) (--dry in the test tier)", test_form=" --dry"),
-    Rule("benchmark", r"^python benchmarks/\w+\.py$", "rebuild", "the benchmark runs (--help in the test tier)",
-         test_form=" --help"),
+    Rule(
+        "dry-run",
+        r"\bdry_run=true\b",
+        "test",
+        "prints each job's server command; launches nothing",
+        must=(r"# server command:",),
+    ),
+    Rule(
+        "doctor-gpu",
+        r"^python -m spec_decode\.runner\.doctor .*engine=sglang",
+        "never",
+        "launches sglang on the GPU box; here its --static-only form (README: launches nothing) must name "
+        "the missing sglang with what to do",
+        rc=(1,),
+        must=(r"\[FAIL\] engine version: sglang is not installed", r"what to do:"),
+        test_form=" --static-only",
+        with_sglang=(
+            (0,),
+            (r"\[OK\] engine version: sglang 0\.5\.23", r"\[OK\] hook targets", r"0 failed"),
+            "sglang installed, no GPU: the static checks pass; the launch is the GPU box's",
+        ),
+    ),
+    Rule(
+        "gpu-sweep",
+        r"^python run\.py .*engine=sglang",
+        "test",
+        "without GPUs/sglang: each job refused in preflight, naming what is missing; no server; "
+        "no job finished: exit 1",
+        rc=(1,),
+        must=(r"FAILED .*sglang is not installed", r"0 visible here", r"no job of the sweep finished"),
+        with_sglang=(
+            (1,),
+            (r"FAILED .*needs \d+ GPU\(s\) for tp \d+; 0 visible here", r"no job of the sweep finished"),
+            "sglang installed, no GPU: each job refused in preflight for the GPUs; exit 1",
+        ),
+    ),
+    Rule(
+        "repro-plain",
+        r"^dvc repro$",
+        "job",
+        "a fresh clone: nothing runs",
+        must=(r"Data and pipelines are up to date",),
+        test_form=" --dry",
+    ),
+    Rule(
+        "repro-experiment",
+        r"^dvc repro -s -f (bench|report)@ci_smoke",
+        "job",
+        "reruns exactly the named stages (--dry in the test tier)",
+        test_form=" --dry",
+    ),
+    Rule(
+        "repro-experiment",
+        r"^dvc repro -s -f (bench|report)@",
+        "sweep",
+        "reruns exactly the named stages (--dry in the test tier)",
+        test_form=" --dry",
+    ),
+    Rule(
+        "repro-models",
+        r"^dvc (repro -f|exp run)",
+        "rebuild",
+        "rebuilds the named stages (and their upstream) (--dry in the test tier)",
+        test_form=" --dry",
+    ),
+    Rule(
+        "benchmark",
+        r"^python benchmarks/\w+\.py$",
+        "rebuild",
+        "the benchmark runs (--help in the test tier)",
+        test_form=" --help",
+    ),
     Rule("dvc-read", r"^dvc (dag|status|metrics (diff|show)|exp show)$", "test", "reads the pipeline; clean"),
     Rule("dvc-write", r"^dvc (remote add|add|pull)\b", "test", "git/DVC bookkeeping on stand-ins; files back"),
-    Rule("experiment-compare", r"^python -m spec_decode\.views\.experiment compare ", "test",
-         "a verdict (exit 1 when a cell differs)", rc=(0, 1), must=(r"verdict: (agree|DIFFER)",)),
-    Rule("experiment-view", r"^python -m spec_decode\.views\.experiment (headline|report) ", "test",
-         "renders from the committed metrics.json (headline: README's table unchanged)"),
-    Rule("report", r"^python -m spec_decode\.views\.report ", "job", "tables and plots of a sweep of ours",
-         must=(r"\.png",)),
+    Rule(
+        "experiment-compare",
+        r"^python -m spec_decode\.views\.experiment compare ",
+        "test",
+        "a verdict (exit 1 when a cell differs)",
+        rc=(0, 1),
+        must=(r"verdict: (agree|DIFFER)",),
+    ),
+    Rule(
+        "experiment-view",
+        r"^python -m spec_decode\.views\.experiment (headline|report) ",
+        "test",
+        "renders from the committed metrics.json (headline: README's table unchanged)",
+    ),
+    Rule(
+        "report",
+        r"^python -m spec_decode\.views\.report ",
+        "job",
+        "tables and plots of a sweep of ours",
+        must=(r"\.png",),
+    ),
     Rule("job", r"^python run\.py(?! -m)", "job", "one job FINISHED", must=(r"\[FINISHED\]",)),
     Rule("sweep", r"^python run\.py -m ", "sweep", "the sweep ran; its summary printed", must=(r"job\(s\):",)),
 ]
@@ -146,7 +227,7 @@ def extract(readme: str, wanted=SECTIONS) -> list[Command]:
             if span.split()[0] not in COMMAND_WORDS:
                 continue
             line = prose[text[: m.start()].count("\n")][0]
-            after = text[m.end(): m.end() + 1]
+            after = text[m.end() : m.end() + 1]
             cmds.append(Command(name, line, span, inline=True, prose=bool(re.match(r"[-\w]", after))))
     seen, unique = set(), []
     for c in sorted(cmds, key=lambda c: c.line):
@@ -187,4 +268,3 @@ def classify(cmd: Command) -> Rule | None:
         return RULES[0]
     text, _ = substitute(cmd.text)
     return next((r for r in RULES[1:] if re.search(r.pattern, text)), None)
-

@@ -23,13 +23,25 @@ ROOT = Path(__file__).resolve().parents[1]
 def main() -> None:
     tmp = Path(tempfile.mkdtemp(prefix="soak_"))
     marker = f"soak{time.time_ns()}"
-    args = [sys.executable, str(ROOT / "run.py"), "-m", "benchmark.prompt_index=0,1,2,3,4,5,6,7,0,1,2,3,4,5,6",
-            "spec.steps=1,3", "benchmark.max_new_tokens=32", "benchmark.runs=3", "benchmark.warmup=1",
-            "benchmark.baseline_arm=false", "engine.launcher=[python,tests/fault_server.py]",
-            "+engine.env.FAULT=every:5:die_on_request:3", f"+engine.env.FAULT_COUNTER={tmp / 'counter'}",
-            "+engine.env.FAULT_GRANDCHILD=1", f"+engine.env.FAULT_MARKER={marker}",
-            f"tracking.uri=sqlite:///{tmp}/mlflow.db", f"tracking.artifact_location={tmp}/art",
-            f"hydra.sweep.dir={tmp / 'sweep'}"]
+    args = [
+        sys.executable,
+        str(ROOT / "run.py"),
+        "-m",
+        "benchmark.prompt_index=0,1,2,3,4,5,6,7,0,1,2,3,4,5,6",
+        "spec.steps=1,3",
+        "benchmark.max_new_tokens=32",
+        "benchmark.runs=3",
+        "benchmark.warmup=1",
+        "benchmark.baseline_arm=false",
+        "engine.launcher=[python,tests/fault_server.py]",
+        "+engine.env.FAULT=every:5:die_on_request:3",
+        f"+engine.env.FAULT_COUNTER={tmp / 'counter'}",
+        "+engine.env.FAULT_GRANDCHILD=1",
+        f"+engine.env.FAULT_MARKER={marker}",
+        f"tracking.uri=sqlite:///{tmp}/mlflow.db",
+        f"tracking.artifact_location={tmp}/art",
+        f"hydra.sweep.dir={tmp / 'sweep'}",
+    ]
     t0 = time.perf_counter()
     p = subprocess.run(args, cwd=ROOT, capture_output=True, text=True)
     wall = time.perf_counter() - t0
@@ -44,9 +56,13 @@ def main() -> None:
     runs = c.search_runs([c.get_experiment_by_name("spec-decode-bench").experiment_id], max_results=100)
     by = {}
     for r in runs:
-        by[(r.data.tags.get("spec_decode.role"), r.info.status)] = by.get((r.data.tags.get("spec_decode.role"), r.info.status), 0) + 1
-    print(f"soak: {len(recs)} jobs in {wall:.0f} s (exit code {p.returncode}); {status}; "
-          f"runs kept from failed jobs: {kept}; MLflow runs by (role, status): {by}; leftover processes: {left}")
+        by[(r.data.tags.get("spec_decode.role"), r.info.status)] = (
+            by.get((r.data.tags.get("spec_decode.role"), r.info.status), 0) + 1
+        )
+    print(
+        f"soak: {len(recs)} jobs in {wall:.0f} s (exit code {p.returncode}); {status}; "
+        f"runs kept from failed jobs: {kept}; MLflow runs by (role, status): {by}; leftover processes: {left}"
+    )
 
 
 def _has(q: psutil.Process, marker: str) -> bool:

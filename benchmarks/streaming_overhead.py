@@ -27,8 +27,11 @@ PROMPT = "The old robot sleeps in the garden. "
 
 def one(url: str, tokens: int, stream: bool) -> tuple[float, float, int]:
     """(client tok/s, server e2e_latency s, events) of one request."""
-    body = {"text": PROMPT, "stream": stream,
-            "sampling_params": {"max_new_tokens": tokens, "temperature": 0, "ignore_eos": True}}
+    body = {
+        "text": PROMPT,
+        "stream": stream,
+        "sampling_params": {"max_new_tokens": tokens, "temperature": 0, "ignore_eos": True},
+    }
     t0 = time.perf_counter()
     r = requests.post(url, json=body, timeout=300, stream=stream)
     if stream:
@@ -54,19 +57,48 @@ def main() -> None:
     ap.add_argument("--tp-size", type=int, default=1)
     args = ap.parse_args()
     port = free_port()
-    spec = ["--speculative-algorithm", "EAGLE3", "--speculative-draft-model-path", str(ROOT / "models/tiny/drafter"),
-            "--speculative-num-steps", str(args.steps), "--speculative-eagle-topk", "1",
-            "--speculative-num-draft-tokens", str(args.steps + 1)] if args.steps else []
-    argv = [sys.executable, "-m", "spec_decode.engines.embedded", "--model-path", str(ROOT / "models/tiny/target"),
-            *spec, "--port", str(port), "--tp-size", str(args.tp_size), "--random-seed", "0"]
+    spec = (
+        [
+            "--speculative-algorithm",
+            "EAGLE3",
+            "--speculative-draft-model-path",
+            str(ROOT / "models/tiny/drafter"),
+            "--speculative-num-steps",
+            str(args.steps),
+            "--speculative-eagle-topk",
+            "1",
+            "--speculative-num-draft-tokens",
+            str(args.steps + 1),
+        ]
+        if args.steps
+        else []
+    )
+    argv = [
+        sys.executable,
+        "-m",
+        "spec_decode.engines.embedded",
+        "--model-path",
+        str(ROOT / "models/tiny/target"),
+        *spec,
+        "--port",
+        str(port),
+        "--tp-size",
+        str(args.tp_size),
+        "--random-seed",
+        "0",
+    ]
     rows: dict[bool, list] = {False: [], True: []}
-    with tempfile.TemporaryDirectory() as d, ServerProcess(
-            argv, env={}, log_path=Path(d) / "server.log", host="127.0.0.1", port=port, startup_timeout_s=180) as srv:
+    with (
+        tempfile.TemporaryDirectory() as d,
+        ServerProcess(
+            argv, env={}, log_path=Path(d) / "server.log", host="127.0.0.1", port=port, startup_timeout_s=180
+        ) as srv,
+    ):
         url = srv.base_url + "/generate"
         one(url, args.tokens, False)  # warm both paths
         one(url, args.tokens, True)
         for i in range(args.rounds):
-            for stream in ((True, False) if i % 2 else (False, True)):
+            for stream in (True, False) if i % 2 else (False, True):
                 rows[stream].append(one(url, args.tokens, stream))
     ratios = [s[0] / n[0] for s, n in zip(rows[True], rows[False])]
     e2e_ratios = [s[1] / n[1] for s, n in zip(rows[True], rows[False])]
@@ -74,11 +106,15 @@ def main() -> None:
     print(f"{'mode':<11}{'tok/s (client) median':>24}{'e2e_latency s median':>24}{'events median':>16}")
     for stream in (False, True):
         r = rows[stream]
-        print(f"{'stream' if stream else 'non-stream':<11}{statistics.median(x[0] for x in r):>24.1f}"
-              f"{statistics.median(x[1] for x in r):>24.4f}{statistics.median(x[2] for x in r):>16.0f}")
+        print(
+            f"{'stream' if stream else 'non-stream':<11}{statistics.median(x[0] for x in r):>24.1f}"
+            f"{statistics.median(x[1] for x in r):>24.4f}{statistics.median(x[2] for x in r):>16.0f}"
+        )
     q = statistics.quantiles(ratios, n=4)
-    print(f"stream / non-stream tok/s per pair: median {statistics.median(ratios):.3f} (quartiles {q[0]:.3f}, "
-          f"{q[2]:.3f}); server e2e_latency ratio median {statistics.median(e2e_ratios):.3f}")
+    print(
+        f"stream / non-stream tok/s per pair: median {statistics.median(ratios):.3f} (quartiles {q[0]:.3f}, "
+        f"{q[2]:.3f}); server e2e_latency ratio median {statistics.median(e2e_ratios):.3f}"
+    )
 
 
 if __name__ == "__main__":

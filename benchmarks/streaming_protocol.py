@@ -38,17 +38,34 @@ def main() -> None:
     ap.add_argument("--tokens", type=int, default=500)
     ap.add_argument("--steps", type=int, default=3, help="draft steps; 0 = no speculation (baseline)")
     args = ap.parse_args()
-    argv = [sys.executable, "-m", "spec_decode.engines.embedded", "--model-path", str(ROOT / "models/tiny/target"),
-            "--cpu-threads", "1"]
+    argv = [
+        sys.executable,
+        "-m",
+        "spec_decode.engines.embedded",
+        "--model-path",
+        str(ROOT / "models/tiny/target"),
+        "--cpu-threads",
+        "1",
+    ]
     if args.steps:
-        argv += ["--speculative-algorithm", "EAGLE3", "--speculative-draft-model-path",
-                 str(ROOT / "models/tiny/drafter"), "--speculative-num-steps", str(args.steps),
-                 "--speculative-eagle-topk", "1", "--speculative-num-draft-tokens", str(args.steps + 1)]
+        argv += [
+            "--speculative-algorithm",
+            "EAGLE3",
+            "--speculative-draft-model-path",
+            str(ROOT / "models/tiny/drafter"),
+            "--speculative-num-steps",
+            str(args.steps),
+            "--speculative-eagle-topk",
+            "1",
+            "--speculative-num-draft-tokens",
+            str(args.steps + 1),
+        ]
     port = free_port()
     log = Path(f"/tmp/streaming_overhead.{port}.log")
     prompt = load_prompts(ROOT / "data/prompts.jsonl")[0]
-    with ServerProcess(argv + ["--port", str(port)], env={}, log_path=log, host="127.0.0.1", port=port,
-                       startup_timeout_s=120) as srv:
+    with ServerProcess(
+        argv + ["--port", str(port)], env={}, log_path=log, host="127.0.0.1", port=port, startup_timeout_s=120
+    ) as srv:
         client = Client(srv.base_url, 120)
         body = client.generate_body(prompt, args.tokens, 0.0, True)
         client.generate(body, 0, -1)
@@ -57,7 +74,7 @@ def main() -> None:
         runs: dict[bool, list] = {True: [], False: []}
         cpu: dict[bool, dict[str, list[float]]] = {m: {"client": [], "front": []} for m in (True, False)}
         for i in range(args.pairs):
-            for mode in ((True, False) if i % 2 == 0 else (False, True)):
+            for mode in (True, False) if i % 2 == 0 else (False, True):
                 c0, f0 = time.process_time(), sum(front.cpu_times()[:2])
                 runs[mode].append(client.generate(body, 0, i, stream=mode))
                 cpu[mode]["client"].append(time.process_time() - c0)
@@ -66,15 +83,19 @@ def main() -> None:
     ratio = stats.paired_ratio(tput[True], tput[False])
     per_pair = [a / b for a, b in zip(tput[True], tput[False])]
     what = f"steps={args.steps}" if args.steps else "no speculation"
-    print(f"embedded engine, {what}, {args.tokens} tokens, {args.pairs} interleaved pairs (tok/s = completion / client wall)\n")
+    print(
+        f"embedded engine, {what}, {args.tokens} tokens, {args.pairs} interleaved pairs (tok/s = completion / client wall)\n"
+    )
     print("| mode | n | tok/s median | tok/s mean | CV |")
     print("|---|---|---|---|---|")
     for m in (False, True):
         s = stats.summarize(tput[m])
         print(f"| {'stream' if m else 'non-stream'} | {s.n} | {s.median:.1f} | {s.mean:.1f} | {100 * s.cv:.1f}% |")
-    print(f"\nstream / non-stream per pair: median {statistics.median(per_pair):.4f}, geometric mean "
-          f"{ratio.ratio:.4f} [95% CI {ratio.ci95_lo:.4f}, {ratio.ci95_hi:.4f}]"
-          f"{' (differs from 1)' if ratio.significant else ' (CI holds 1.0: no measurable difference)'}")
+    print(
+        f"\nstream / non-stream per pair: median {statistics.median(per_pair):.4f}, geometric mean "
+        f"{ratio.ratio:.4f} [95% CI {ratio.ci95_lo:.4f}, {ratio.ci95_hi:.4f}]"
+        f"{' (differs from 1)' if ratio.significant else ' (CI holds 1.0: no measurable difference)'}"
+    )
     print("\n| CPU ms per request (median) | non-stream | stream |")
     print("|---|---|---|")
     for who in ("client", "front"):

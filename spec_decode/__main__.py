@@ -22,7 +22,11 @@ COMMANDS: dict[str, tuple[str, tuple[str, ...], str]] = {
     "sweep": ("run.py", ("-m",), "a sweep (same as `python run.py -m ...`)"),
     "report": ("spec_decode.views.report", (), "table + plots of a sweep dir or an MLflow parent run"),
     "compare": ("spec_decode.views.experiment", ("compare",), "rebuilt vs reported experiment metrics"),
-    "experiment": ("spec_decode.views.experiment", (), "DVC stages of a reported experiment (bench|report|headline|compare)"),
+    "experiment": (
+        "spec_decode.views.experiment",
+        (),
+        "DVC stages of a reported experiment (bench|report|headline|compare)",
+    ),
     "drafters": ("spec_decode.views.drafter_experiments", (), "the drafter experiments' DVC stages (bench|report)"),
     "sync": ("spec_decode.views.sync", ("sync",), "upload results.json files that never reached MLflow"),
     "doctor": ("spec_decode.runner.doctor", (), "the self-check: plugin, hook targets, one live request"),
@@ -37,15 +41,19 @@ ROOT = Path(__file__).resolve().parents[1]
 def usage() -> str:
     width = max(map(len, COMMANDS))
     rows = "\n".join(f"  {name:<{width}}  {help_}" for name, (_, _, help_) in COMMANDS.items())
-    return (f"usage: spec-decode <command> [args]\n\ncommands:\n{rows}\n\n"
-            "`spec-decode <command> --help` prints the command's own options.")
+    return (
+        f"usage: spec-decode <command> [args]\n\ncommands:\n{rows}\n\n"
+        "`spec-decode <command> --help` prints the command's own options."
+    )
 
 
 def _run_py(lead: tuple[str, ...], args: list[str]) -> int:
     script = ROOT / "run.py"
     if not script.exists():
-        print(f"error: {script} not found: `run` and `sweep` need the project checkout "
-              "(pip install -e . from a clone)", file=sys.stderr)
+        print(
+            f"error: {script} not found: `run` and `sweep` need the project checkout (pip install -e . from a clone)",
+            file=sys.stderr,
+        )
         return 2
     os.execv(sys.executable, [sys.executable, str(script), *lead, *args])
     return 0  # not reached

@@ -44,13 +44,20 @@ def own_slots(args: list[str]) -> list[str]:
     return [*args, f"hardware.slots_dir={SLOTS_DIR}"]
 
 
-def run_py(args: list[str], *, cwd: Path = ROOT, env: dict | None = None, timeout: float = 600,
-           check: bool = True) -> subprocess.CompletedProcess:
+def run_py(
+    args: list[str], *, cwd: Path = ROOT, env: dict | None = None, timeout: float = 600, check: bool = True
+) -> subprocess.CompletedProcess:
     """python run.py ARGS in a subprocess (real Hydra, real launcher), taking slots from SLOTS_DIR."""
     full_env = {**os.environ, **(env or {})}
     args = own_slots(args)
-    proc = subprocess.run([sys.executable, str(ROOT / "run.py"), *args], cwd=cwd, env=full_env,
-                          capture_output=True, text=True, timeout=timeout)
+    proc = subprocess.run(
+        [sys.executable, str(ROOT / "run.py"), *args],
+        cwd=cwd,
+        env=full_env,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+    )
     if check and proc.returncode != 0:
         raise AssertionError(f"run.py {' '.join(args)} exited {proc.returncode}\n{proc.stdout}\n{proc.stderr}")
     return proc

@@ -77,6 +77,7 @@ def main() -> None:
                     print(f"fault: {kind} at request {seen['n']} (injected)", flush=True)
                     os.kill(os.getpid(), signal.SIGKILL if kind == "die_on_request" else signal.SIGSTOP)
                 return original(self, arg)
+
             return call
 
         # a /generate request reaches one of them: generate (JSON answer) or stream (SSE events)

@@ -47,8 +47,9 @@ def main() -> None:
                     f.write(json.dumps(body) + "\n")
             final_meta = {"prompt_tokens": 7, "completion_tokens": total, **plan.get("meta", {})}
             if not body.get("stream"):
-                data = json.dumps({"text": "x" * total, "output_ids": [token_id(i) for i in range(total)],
-                                   "meta_info": final_meta}).encode()
+                data = json.dumps(
+                    {"text": "x" * total, "output_ids": [token_id(i) for i in range(total)], "meta_info": final_meta}
+                ).encode()
                 self.send_response(200)
                 self.send_header("Content-Type", "application/json")
                 self.send_header("Content-Length", str(len(data)))
@@ -75,8 +76,10 @@ def main() -> None:
                 if plan.get("error_after") is not None and k == plan["error_after"]:
                     send(b'data: {"error": {"message": "injected failure"}}\n\n')
                     break
-                ids = {"cumulative": [token_id(i) for i in range(done + n)],
-                       "incremental": [token_id(i) for i in range(done, done + n)]}.get(plan.get("ids", "cumulative"))
+                ids = {
+                    "cumulative": [token_id(i) for i in range(done + n)],
+                    "incremental": [token_id(i) for i in range(done, done + n)],
+                }.get(plan.get("ids", "cumulative"))
                 done += n
                 meta = {"prompt_tokens": 7, "completion_tokens": done}
                 if k == len(chunks) - 1:

@@ -34,8 +34,11 @@ from spec_decode.engines.embedded.scheduler import Scheduler
 from spec_decode.engines.embedded.tokenizer import encode
 
 ROOT = Path(__file__).resolve().parents[2]
-VARIANTS = {"old": dict(graph_ops=False), "ops": dict(graph_ops=True, attention="sdpa"),
-            "ops-bmm": dict(graph_ops=True, attention="bmm")}
+VARIANTS = {
+    "old": dict(graph_ops=False),
+    "ops": dict(graph_ops=True, attention="sdpa"),
+    "ops-bmm": dict(graph_ops=True, attention="bmm"),
+}
 REPLAYS = 200  # per timed set: long enough that event overhead (a few us) is < 1%
 
 
@@ -83,8 +86,11 @@ def kernels(fn, n: int = 5) -> tuple[float, list[tuple[str, int, float]]]:
         torch.cuda.synchronize()
     count, total = Counter(), defaultdict(float)
     for e in prof.events():
-        if e.device_type == torch.autograd.DeviceType.CUDA and "memcpy" not in e.name.lower() \
-                and "memset" not in e.name.lower():
+        if (
+            e.device_type == torch.autograd.DeviceType.CUDA
+            and "memcpy" not in e.name.lower()
+            and "memset" not in e.name.lower()
+        ):
             count[e.name] += 1
             total[e.name] += e.device_time_total if hasattr(e, "device_time_total") else e.cuda_time_total
     top = sorted(((k[:90], count[k] / n, total[k] / n) for k in count), key=lambda r: -r[2])
@@ -96,7 +102,7 @@ def attention_micro() -> dict:
     variant and T, as GPU us per call: 6 calls captured in one graph (a decode step's 6 layers)."""
     h, hd, slots = 8, 24, 1024
     keys, values = torch.randn(h, slots, hd, device="cuda"), torch.randn(h, slots, hd, device="cuda")
-    scale = hd ** -0.5
+    scale = hd**-0.5
 
     def bmm(q, mask):
         return torch.bmm(torch.softmax(torch.baddbmm(mask, q, keys.transpose(1, 2), alpha=scale), -1), values)
@@ -122,14 +128,23 @@ def attention_micro() -> dict:
 
         def run(q, mask):
             with sdpa_kernel(backend):
-                return torch.nn.functional.scaled_dot_product_attention(q[None], keys[None], values[None],
-                                                                        attn_mask=mask)[0]
+                return torch.nn.functional.scaled_dot_product_attention(
+                    q[None], keys[None], values[None], attn_mask=mask
+                )[0]
+
         return run
 
     from torch.nn.attention import SDPBackend
 
-    variants = {"bmm": bmm, "bmm_split": bmm_split, "bmm_contig": bmm_contig, "elementwise": elementwise, "per_query": per_query,
-                "sdpa_math": sdpa(SDPBackend.MATH), "sdpa_efficient": sdpa(SDPBackend.EFFICIENT_ATTENTION)}
+    variants = {
+        "bmm": bmm,
+        "bmm_split": bmm_split,
+        "bmm_contig": bmm_contig,
+        "elementwise": elementwise,
+        "per_query": per_query,
+        "sdpa_math": sdpa(SDPBackend.MATH),
+        "sdpa_efficient": sdpa(SDPBackend.EFFICIENT_ATTENTION),
+    }
     res = {}
     print("\n| attention (6 calls = one step) us | " + " | ".join(f"T={t}" for t in (1, 2, 4, 6)) + " |")
     print("|---" * 5 + "|")
@@ -140,7 +155,8 @@ def attention_micro() -> dict:
             q = y[:, :, :hd]  # strided, as the engine's q views are
             pos = torch.arange(500, 500 + t, device="cuda")
             mask = torch.zeros(t, slots, device="cuda").masked_fill(
-                torch.arange(slots, device="cuda")[None] > pos[:, None], float("-inf"))
+                torch.arange(slots, device="cuda")[None] > pos[:, None], float("-inf")
+            )
             try:
                 ref = bmm(q.contiguous(), mask)
                 err = float((fn(q, mask) - ref).abs().max())
@@ -180,8 +196,11 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--variants", default="old,ops,ops-bmm")
     ap.add_argument("--compile", action="store_true")
-    ap.add_argument("--attention-micro", action="store_true",
-                    help="time attention variants over the static cache at T = 1, 2, 4, 6 queries")
+    ap.add_argument(
+        "--attention-micro",
+        action="store_true",
+        help="time attention variants over the static cache at T = 1, 2, 4, 6 queries",
+    )
     ap.add_argument("--json", type=Path, default=None)
     args = ap.parse_args()
     ids = encode(json.loads((ROOT / "data/prompts.jsonl").read_text().splitlines()[0])["text"])
@@ -217,10 +236,12 @@ def main() -> None:
                 print(f"  {us:7.1f} us  x{c:4.0f}  {k}")
         base_g = Decoder(target, None, 0, StaticRunner(target, None, 0, use_graphs=True, **kw))
         base_e = Decoder(target, None, 0, StaticRunner(target, None, 0, use_graphs=False, **kw))
-        gen = {"baseline graph, no on_step": generate_us(base_g, ids),
-               "baseline graph, Scheduler (on_step)": generate_us(base_g, ids, sched=Scheduler(base_g, 0, 10**9)),
-               "baseline graph, Scheduler, decode log every 40": generate_us(base_g, ids, sched=Scheduler(base_g, 0, 40)),
-               "baseline eager": generate_us(base_e, ids, reps=2)}
+        gen = {
+            "baseline graph, no on_step": generate_us(base_g, ids),
+            "baseline graph, Scheduler (on_step)": generate_us(base_g, ids, sched=Scheduler(base_g, 0, 10**9)),
+            "baseline graph, Scheduler, decode log every 40": generate_us(base_g, ids, sched=Scheduler(base_g, 0, 40)),
+            "baseline eager": generate_us(base_e, ids, reps=2),
+        }
         for k in (1, 2, 3, 5):
             dec = Decoder(target, drafter, k, StaticRunner(target, drafter, k, use_graphs=True, **kw))
             gen[f"steps={k} graph, Scheduler"] = generate_us(dec, ids, sched=Scheduler(dec, 0, 10**9))
@@ -256,8 +277,10 @@ def main() -> None:
         except Exception as err:
             print(f"profiler failed: {err!r}")
             n, top = float("nan"), []
-        print(f"\ntorch.compile (inductor) of the old decode fn: compile {compile_s:.1f} s, graph replay "
-              f"{g_us:.1f} us GPU, {h_us:.1f} us host, {n:.0f} kernels")
+        print(
+            f"\ntorch.compile (inductor) of the old decode fn: compile {compile_s:.1f} s, graph replay "
+            f"{g_us:.1f} us GPU, {h_us:.1f} us host, {n:.0f} kernels"
+        )
         for k, c, us in top[:10]:
             print(f"  {us:7.1f} us  x{c:4.0f}  {k}")
         out["compile"] = {"compile_s": compile_s, "gpu_us": g_us, "host_us": h_us, "kernels": n}

@@ -36,8 +36,12 @@ def _cells(results: list[dict], size: str, key: str) -> str:
 def comparison(runs: dict[str, list[dict]], key: str, title: str) -> str:
     profiles = [p for p in PROFILES if p in runs] + sorted(set(runs) - set(PROFILES))
     sizes = sorted({s for rs in runs.values() for r in rs for s in r["sizes"]}, key=int)
-    out = [f"{title} (median us per all-reduce; repetitions r1 / r2)", "",
-           "| bytes | " + " | ".join(profiles) + " |", "|---|" + "---|" * len(profiles)]
+    out = [
+        f"{title} (median us per all-reduce; repetitions r1 / r2)",
+        "",
+        "| bytes | " + " | ".join(profiles) + " |",
+        "|---|" + "---|" * len(profiles),
+    ]
     for s in sizes:
         out.append(f"| {s} | " + " | ".join(_cells(runs[p], s, key) for p in profiles) + " |")
     return "\n".join(out)
@@ -46,16 +50,26 @@ def comparison(runs: dict[str, list[dict]], key: str, title: str) -> str:
 def detail(profile: str, results: list[dict]) -> str:
     first = results[0]
     m = first.get("machine", {})
-    head = (f"nccl={profile}: env {first.get('env') or '{}'}; NCCL {first.get('nccl_version') or m.get('torch_nccl_version')}; "
-            f"{m.get('gpu')}; transports {first.get('transports')}; iters {first.get('iters')} x rounds {first.get('rounds')}")
-    out = [head, "", "| bytes | device p90 us | eager p90 us | rounds host-ahead | NCCL choice | correct |",
-           "|---|---|---|---|---|---|"]
+    head = (
+        f"nccl={profile}: env {first.get('env') or '{}'}; NCCL {first.get('nccl_version') or m.get('torch_nccl_version')}; "
+        f"{m.get('gpu')}; transports {first.get('transports')}; iters {first.get('iters')} x rounds {first.get('rounds')}"
+    )
+    out = [
+        head,
+        "",
+        "| bytes | device p90 us | eager p90 us | rounds host-ahead | NCCL choice | correct |",
+        "|---|---|---|---|---|---|",
+    ]
     for s in first["sizes"]:
         c = first.get("choices", {}).get(s)
-        choice = f"{c['algorithm']}/{c['protocol']}" + (f" x{c['channels']}ch" if c.get("channels") else "") if c else "-"
-        out.append(f"| {s} | {_cells(results, s, 'device_p90_us')} | {_cells(results, s, 'p90_us')} | "
-                   f"{' / '.join(str(r['sizes'][s].get('device_rounds', '-')) for r in results)} | {choice} | "
-                   f"{all(r['sizes'][s]['correct'] for r in results)} |")
+        choice = (
+            f"{c['algorithm']}/{c['protocol']}" + (f" x{c['channels']}ch" if c.get("channels") else "") if c else "-"
+        )
+        out.append(
+            f"| {s} | {_cells(results, s, 'device_p90_us')} | {_cells(results, s, 'p90_us')} | "
+            f"{' / '.join(str(r['sizes'][s].get('device_rounds', '-')) for r in results)} | {choice} | "
+            f"{all(r['sizes'][s]['correct'] for r in results)} |"
+        )
     return "\n".join(out)
 
 

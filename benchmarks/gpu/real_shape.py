@@ -68,8 +68,9 @@ def target_bytes(target) -> int:
     total = nbytes(target.lm_head.weight, target.model.norm.weight)
     for layer in target.model.layers:
         a, m = layer.self_attn, layer.mlp
-        total += nbytes(a.u_qkv, a.u_o, m.u_gate_up, m.u_down, layer.input_layernorm.weight,
-                        layer.post_attention_layernorm.weight)
+        total += nbytes(
+            a.u_qkv, a.u_o, m.u_gate_up, m.u_down, layer.input_layernorm.weight, layer.post_attention_layernorm.weight
+        )
     return total
 
 
@@ -82,8 +83,14 @@ def drafter_bytes(drafter) -> int:
 def kv_bytes(model, layers: int) -> int:
     """The static KV cache of one model: our CUDA path attends over every slot at every step."""
     s = model.shape
-    return 2 * layers * s.num_key_value_heads * s.max_position_embeddings * s.head_dim * \
-        model.lm_head.weight.element_size()
+    return (
+        2
+        * layers
+        * s.num_key_value_heads
+        * s.max_position_embeddings
+        * s.head_dim
+        * model.lm_head.weight.element_size()
+    )
 
 
 def roofline(target, drafter, steps: int, bandwidth_tbs: float) -> dict:
@@ -91,9 +98,16 @@ def roofline(target, drafter, steps: int, bandwidth_tbs: float) -> dict:
     t_w, t_kv = target_bytes(target), kv_bytes(target, target.shape.num_hidden_layers)
     d_w, d_kv = (drafter_bytes(drafter), kv_bytes(drafter, 1)) if drafter is not None else (0, 0)
     target_ms, drafter_ms = (t_w + t_kv) / bw * 1e3, (d_w + d_kv) / bw * 1e3
-    return {"target_weight_bytes": t_w, "target_kv_bytes": t_kv, "drafter_weight_bytes": d_w, "drafter_kv_bytes": d_kv,
-            "bandwidth_tbs": bandwidth_tbs, "target_forward_ms": round(target_ms, 4),
-            "drafter_forward_ms": round(drafter_ms, 4), "roofline_ms": round(target_ms + steps * drafter_ms, 4)}
+    return {
+        "target_weight_bytes": t_w,
+        "target_kv_bytes": t_kv,
+        "drafter_weight_bytes": d_w,
+        "drafter_kv_bytes": d_kv,
+        "bandwidth_tbs": bandwidth_tbs,
+        "target_forward_ms": round(target_ms, 4),
+        "drafter_forward_ms": round(drafter_ms, 4),
+        "roofline_ms": round(target_ms + steps * drafter_ms, 4),
+    }
 
 
 def timed(decoder: Decoder, ids: list[int], n: int, device: str, forced: ForcedAcceptance | None):
@@ -123,10 +137,17 @@ def measure(target, drafter, steps: int, accept_len: float | None, args, runner)
         tok_s.append(len(g_long.output_ids) / w_long)
     cyc, tps = summarize(cycles), summarize(tok_s)
     accept = len(g_long.output_ids) / g_long.verify_ct if drafter is not None else 1.0
-    return {"steps": steps, "accept_len_forced": accept_len, "accept_len_measured": round(accept, 3),
-            "cycle_ms": round(cyc.median, 4), "cycle_ms_ci95": [round(cyc.ci95_lo, 4), round(cyc.ci95_hi, 4)],
-            "cycle_ms_runs": [round(c, 4) for c in cycles], "tok_s": round(tps.median, 1),
-            "tok_s_ci95": [round(tps.ci95_lo, 1), round(tps.ci95_hi, 1)], "cuda_graph": decoder.cuda_graph}
+    return {
+        "steps": steps,
+        "accept_len_forced": accept_len,
+        "accept_len_measured": round(accept, 3),
+        "cycle_ms": round(cyc.median, 4),
+        "cycle_ms_ci95": [round(cyc.ci95_lo, 4), round(cyc.ci95_hi, 4)],
+        "cycle_ms_runs": [round(c, 4) for c in cycles],
+        "tok_s": round(tps.median, 1),
+        "tok_s_ci95": [round(tps.ci95_lo, 1), round(tps.ci95_hi, 1)],
+        "cuda_graph": decoder.cuda_graph,
+    }
 
 
 def runner_for(target, drafter, steps: int, device: str):
@@ -138,14 +159,19 @@ def runner_for(target, drafter, steps: int, device: str):
 
 
 def table(rows: list[dict], base: dict) -> str:
-    lines = ["| steps | accept len (forced / measured) | cycle ms [95% CI] | roofline ms | ratio | tok/s | "
-             "speedup vs baseline |", "|---|---|---|---|---|---|---|"]
+    lines = [
+        "| steps | accept len (forced / measured) | cycle ms [95% CI] | roofline ms | ratio | tok/s | "
+        "speedup vs baseline |",
+        "|---|---|---|---|---|---|---|",
+    ]
     for r in [base, *rows]:
         forced = "baseline" if r["steps"] == 0 else f"{r['accept_len_forced']} / {r['accept_len_measured']}"
         speed = "" if r["steps"] == 0 else f"{r['tok_s'] / base['tok_s']:.2f}x"
         lo, hi = r["cycle_ms_ci95"]
-        lines.append(f"| {r['steps']} | {forced} | {r['cycle_ms']:.3f} [{lo:.3f}, {hi:.3f}] | "
-                     f"{r['roofline_ms']:.3f} | {r['ratio']:.2f} | {r['tok_s']:.1f} | {speed} |")
+        lines.append(
+            f"| {r['steps']} | {forced} | {r['cycle_ms']:.3f} [{lo:.3f}, {hi:.3f}] | "
+            f"{r['roofline_ms']:.3f} | {r['ratio']:.2f} | {r['tok_s']:.1f} | {speed} |"
+        )
     return "\n".join(lines)
 
 
@@ -185,38 +211,61 @@ def main(argv: list[str] | None = None) -> int:
         runner = runner_for(target, None, 1, args.device)
         base = {**measure(target, None, 0, None, args, runner), **roofline(target, None, 0, args.bandwidth_tbs)}
         base["ratio"] = round(base["cycle_ms"] / base["roofline_ms"], 3)
-        print(f"baseline: {base['cycle_ms']:.3f} ms/step (roofline {base['roofline_ms']:.3f}), "
-              f"{base['tok_s']:.1f} tok/s", flush=True)
+        print(
+            f"baseline: {base['cycle_ms']:.3f} ms/step (roofline {base['roofline_ms']:.3f}), {base['tok_s']:.1f} tok/s",
+            flush=True,
+        )
         rows = []
         for steps in [int(s) for s in args.steps.split(",")]:
             runner = runner_for(target, drafter, steps, args.device)
             for x in [float(v) for v in args.accept_lens.split(",")]:
                 if x > steps + 1:
                     continue
-                row = {**measure(target, drafter, steps, x, args, runner),
-                       **roofline(target, drafter, steps, args.bandwidth_tbs)}
+                row = {
+                    **measure(target, drafter, steps, x, args, runner),
+                    **roofline(target, drafter, steps, args.bandwidth_tbs),
+                }
                 row["ratio"] = round(row["cycle_ms"] / row["roofline_ms"], 3)
                 rows.append(row)
-                print(f"steps {steps} accept {x}: cycle {row['cycle_ms']:.3f} ms (roofline {row['roofline_ms']:.3f}, "
-                      f"ratio {row['ratio']:.2f}), {row['tok_s']:.1f} tok/s", flush=True)
+                print(
+                    f"steps {steps} accept {x}: cycle {row['cycle_ms']:.3f} ms (roofline {row['roofline_ms']:.3f}, "
+                    f"ratio {row['ratio']:.2f}), {row['tok_s']:.1f} tok/s",
+                    flush=True,
+                )
             del runner
     md = table(rows, base)
     worst = max([base, *rows], key=lambda r: r["ratio"])
-    verdict = (f"must show (cycle within {MUST_SHOW_RATIO:.2f}x of the roofline estimate at tp 1): "
-               f"{'PASS' if worst['ratio'] <= MUST_SHOW_RATIO else 'FAIL'} (worst ratio {worst['ratio']:.2f}, "
-               f"steps {worst['steps']})")
-    facts = (f"target {args.model}: {base['target_weight_bytes'] / 1e9:.2f} GB of weights read per forward (embedding excluded) + "
-             f"{base['target_kv_bytes'] / 1e9:.3f} GB static KV cache; drafter {args.drafter}: "
-             f"{rows[0]['drafter_weight_bytes'] / 1e9:.3f} GB + {rows[0]['drafter_kv_bytes'] / 1e9:.4f} GB KV per "
-             f"forward; bandwidth {args.bandwidth_tbs} TB/s; roofline = target / bw + steps x drafter / bw"
-             if rows else "")
+    verdict = (
+        f"must show (cycle within {MUST_SHOW_RATIO:.2f}x of the roofline estimate at tp 1): "
+        f"{'PASS' if worst['ratio'] <= MUST_SHOW_RATIO else 'FAIL'} (worst ratio {worst['ratio']:.2f}, "
+        f"steps {worst['steps']})"
+    )
+    facts = (
+        f"target {args.model}: {base['target_weight_bytes'] / 1e9:.2f} GB of weights read per forward (embedding excluded) + "
+        f"{base['target_kv_bytes'] / 1e9:.3f} GB static KV cache; drafter {args.drafter}: "
+        f"{rows[0]['drafter_weight_bytes'] / 1e9:.3f} GB + {rows[0]['drafter_kv_bytes'] / 1e9:.4f} GB KV per "
+        f"forward; bandwidth {args.bandwidth_tbs} TB/s; roofline = target / bw + steps x drafter / bw"
+        if rows
+        else ""
+    )
     device_name = torch.cuda.get_device_name() if args.device.startswith("cuda") else "cpu"
-    record = {"device": device_name, "torch": torch.__version__, "args": vars(args), "baseline": base, "rows": rows,
-              "verdict": verdict, "facts": facts, "generate_s": round(generate_s, 1), "load_s": round(load_s, 1),
-              "loadavg": os.getloadavg()}
+    record = {
+        "device": device_name,
+        "torch": torch.__version__,
+        "args": vars(args),
+        "baseline": base,
+        "rows": rows,
+        "verdict": verdict,
+        "facts": facts,
+        "generate_s": round(generate_s, 1),
+        "load_s": round(load_s, 1),
+        "loadavg": os.getloadavg(),
+    }
     (out / "real_shape.json").write_text(json.dumps(record, indent=2) + "\n")
-    (out / "real_shape.md").write_text(f"{device_name}, {args.model} + {args.drafter}, tp 1, token mode "
-                                       f"{args.token_mode}\n\n{md}\n\n{facts}\n\n{verdict}\n")
+    (out / "real_shape.md").write_text(
+        f"{device_name}, {args.model} + {args.drafter}, tp 1, token mode "
+        f"{args.token_mode}\n\n{md}\n\n{facts}\n\n{verdict}\n"
+    )
     print(md)
     print(facts)
     print(verdict)

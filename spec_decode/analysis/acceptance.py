@@ -81,16 +81,26 @@ def request_lengths(requests: Sequence[dict]) -> tuple[float | None, float | Non
     return weighted, unweighted
 
 
-def summarize(steps: int, runs: Sequence, run_cycles: Sequence[Sequence[dict]] | None = None,
-              pass_requests: Sequence[dict] | None = None) -> dict | None:
+def summarize(
+    steps: int,
+    runs: Sequence,
+    run_cycles: Sequence[Sequence[dict]] | None = None,
+    pass_requests: Sequence[dict] | None = None,
+) -> dict | None:
     """The job's ``acceptance`` block (see the module doc) or None without a single verify.
 
     ``runs``: the timed runs (``client.RunRecord``: ``completion_tokens``, ``spec_verify_ct``, and,
     where the client reads it, ``spec_correct_drafts_histogram``); ``run_cycles``: each run's profile
     cycles (rank 0, its window), or None without a profile; ``pass_requests``: the request pass's
     entries (``completion_tokens``, ``verify_ct``, ``histogram``), if any."""
-    timed = [{"completion_tokens": r.completion_tokens, "verify_ct": r.spec_verify_ct,
-              "histogram": getattr(r, "spec_correct_drafts_histogram", None)} for r in runs]
+    timed = [
+        {
+            "completion_tokens": r.completion_tokens,
+            "verify_ct": r.spec_verify_ct,
+            "histogram": getattr(r, "spec_correct_drafts_histogram", None),
+        }
+        for r in runs
+    ]
     meta = add_histograms((t["histogram"] for t in timed), steps)
     prof = None
     if run_cycles and len(run_cycles) == len(timed) and any(run_cycles):
@@ -111,9 +121,16 @@ def summarize(steps: int, runs: Sequence, run_cycles: Sequence[Sequence[dict]] |
     weighted, unweighted = request_lengths(reqs)
     if weighted is None and hist is None:
         return None
-    per_request = [{"index": i, "completion_tokens": r.get("completion_tokens"), "verify_ct": r.get("verify_ct"),
-                    "accept_len": r["completion_tokens"] / r["verify_ct"] if r.get("verify_ct") else None,
-                    "histogram": r.get("histogram")} for i, r in enumerate(reqs)]
+    per_request = [
+        {
+            "index": i,
+            "completion_tokens": r.get("completion_tokens"),
+            "verify_ct": r.get("verify_ct"),
+            "accept_len": r["completion_tokens"] / r["verify_ct"] if r.get("verify_ct") else None,
+            "histogram": r.get("histogram"),
+        }
+        for i, r in enumerate(reqs)
+    ]
     out = {
         "steps": steps,
         "histogram": hist,

@@ -53,8 +53,11 @@ def cell_key(rec: JobRecord) -> str:
 def drop_block(label: str) -> str:
     """A job's override set without the block items (``benchmark.block=2``, ``benchmark.blocks=4``): the
     cell's name, the same in the cheap mode and the block design."""
-    return ",".join(p for p in label.split(",")
-                    if not p.lstrip("+~").startswith((f"benchmark.{BLOCK_KEY}=", f"benchmark.{BLOCK_KEY}s=")))
+    return ",".join(
+        p
+        for p in label.split(",")
+        if not p.lstrip("+~").startswith((f"benchmark.{BLOCK_KEY}=", f"benchmark.{BLOCK_KEY}s="))
+    )
 
 
 def log_t_interval(values: list[float], confidence: float = 0.95) -> tuple[float, float, float]:
@@ -73,13 +76,21 @@ def fold(blocks: list[JobRecord]) -> JobRecord:
     done = [r for r in blocks if r.status == "FINISHED" and "throughput_tok_s" in r.metrics]
     out = copy.copy(blocks[0])
     out.name = drop_block(blocks[0].name)
-    out.config = {**blocks[0].config, "benchmark": {k: v for k, v in (blocks[0].config.get("benchmark") or {}).items()
-                                                    if k != BLOCK_KEY}}
+    out.config = {
+        **blocks[0].config,
+        "benchmark": {k: v for k, v in (blocks[0].config.get("benchmark") or {}).items() if k != BLOCK_KEY},
+    }
     out.status = "FINISHED" if len(done) == len(blocks) else next(r.status for r in blocks if r not in done)
-    out.error = None if out.status == "FINISHED" else "; ".join(f"block {block_of(r)}: {r.error}"
-                                                                 for r in blocks if r not in done)
-    out.extra = {**blocks[0].extra, "interval": f"{len(done)} blocks (launch-level values, t with "
-                                                f"{max(len(done) - 1, 0)} df)", "blocks": [block_of(r) for r in done]}
+    out.error = (
+        None
+        if out.status == "FINISHED"
+        else "; ".join(f"block {block_of(r)}: {r.error}" for r in blocks if r not in done)
+    )
+    out.extra = {
+        **blocks[0].extra,
+        "interval": f"{len(done)} blocks (launch-level values, t with {max(len(done) - 1, 0)} df)",
+        "blocks": [block_of(r) for r in done],
+    }
     if not done:
         out.metrics = {}
         return out
@@ -88,19 +99,35 @@ def fold(blocks: list[JobRecord]) -> JobRecord:
     tput = [r.metrics["throughput_tok_s"] for r in done]
     s = summarize(tput)
     out.throughput_tok_s = {**s.as_dict(), "robust_cv": robust_cv(tput), "unit": "block means"}
-    m.update(throughput_tok_s=s.mean, throughput_tok_s_std=s.std, throughput_tok_s_cv=s.cv,
-             throughput_tok_s_robust_cv=robust_cv(tput), throughput_tok_s_ci95_lo=s.ci95_lo,
-             throughput_tok_s_ci95_hi=s.ci95_hi, throughput_tok_s_median=s.median)
+    m.update(
+        throughput_tok_s=s.mean,
+        throughput_tok_s_std=s.std,
+        throughput_tok_s_cv=s.cv,
+        throughput_tok_s_robust_cv=robust_cv(tput),
+        throughput_tok_s_ci95_lo=s.ci95_lo,
+        throughput_tok_s_ci95_hi=s.ci95_hi,
+        throughput_tok_s_median=s.median,
+    )
     for k in [k for k in m if k.startswith("speedup")]:
         del m[k]
     ratios = [r.metrics["speedup_vs_baseline"] for r in done if "speedup_vs_baseline" in r.metrics]
     if len(ratios) == len(done):
         g, lo, hi = log_t_interval(ratios)
-        m.update(speedup_vs_baseline=g, speedup_vs_baseline_ci95_lo=lo, speedup_vs_baseline_ci95_hi=hi,
-                 speedup_ci95_halfwidth_pct=100 * (hi - lo) / 2 / g)
-        out.speedup_vs_baseline = {"ratio": g, "ci95_lo": lo, "ci95_hi": hi, "df": float(len(ratios) - 1),
-                                   "significant": not (lo <= 1.0 <= hi), "method": "blocks",
-                                   "per_block": ratios}
+        m.update(
+            speedup_vs_baseline=g,
+            speedup_vs_baseline_ci95_lo=lo,
+            speedup_vs_baseline_ci95_hi=hi,
+            speedup_ci95_halfwidth_pct=100 * (hi - lo) / 2 / g,
+        )
+        out.speedup_vs_baseline = {
+            "ratio": g,
+            "ci95_lo": lo,
+            "ci95_hi": hi,
+            "df": float(len(ratios) - 1),
+            "significant": not (lo <= 1.0 <= hi),
+            "method": "blocks",
+            "per_block": ratios,
+        }
     out.metrics = m
     out.checks = [c for r in done for c in r.checks if not c.ok] or done[0].checks
     return out

@@ -41,8 +41,14 @@ def _check(name: str, ok: bool | None, value, expected, message: str) -> Check:
     return Check(name, ok, value, expected, message)
 
 
-def run_checks(metrics: dict[str, float], runs: list[dict], profile: dict | None,
-               speculative: bool, steps: int = 0, profile_runs: list[dict] | None = None) -> list[Check]:
+def run_checks(
+    metrics: dict[str, float],
+    runs: list[dict],
+    profile: dict | None,
+    speculative: bool,
+    steps: int = 0,
+    profile_runs: list[dict] | None = None,
+) -> list[Check]:
     """``runs``: the timed runs as dicts (``wall_s``, ``e2e_latency_s``, ``completion_tokens``,
     ``spec_verify_ct``); ``profile``: the phase summary with ``per_run`` (``parsers.profile.run_timing``
     for each run) or None; ``steps``: draft steps per cycle (bounds the last cycle's overshoot).
@@ -59,20 +65,31 @@ def run_checks(metrics: dict[str, float], runs: list[dict], profile: dict | None
     #    cycle: they count in the time outside the cycles (check 2).
     rels = [1 / t["interval_over_cycle"] - 1 for t in timing if t.get("interval_over_cycle")]
     if rels and (profile or {}).get("host_stamps_na"):
-        out.append(_check("throughput_in_cycles_vs_accept_over_cycle", None, None, f"|median rel| <= {IN_CYCLE_TOL}",
-                          f"n/a: {profile['host_stamps_na']}"))
+        out.append(
+            _check(
+                "throughput_in_cycles_vs_accept_over_cycle",
+                None,
+                None,
+                f"|median rel| <= {IN_CYCLE_TOL}",
+                f"n/a: {profile['host_stamps_na']}",
+            )
+        )
     elif rels:
         rel = statistics.median(rels)
         have = [t for t in timing if t.get("interval_over_cycle")]
         wall = statistics.fmean(t["cycle_tok_s"] / t["interval_over_cycle"] for t in have if t["cycle_tok_s"])
         pred = statistics.fmean(t["cycle_tok_s"] for t in have if t["cycle_tok_s"])
-        out.append(_check(
-            "throughput_in_cycles_vs_accept_over_cycle", abs(rel) <= IN_CYCLE_TOL, round(rel, 4),
-            f"|median rel| <= {IN_CYCLE_TOL}",
-            f"inside the cycles: {wall:.1f} tok/s on the wall clock (cycle stamps) vs {pred:.1f} tok/s "
-            f"= accept_len / cycle_ms (the cycles' own durations); median cycle {100 * rel:+.2f}% "
-            f"(per run: {', '.join(f'{100 * r:+.2f}' for r in rels)}%)",
-        ))
+        out.append(
+            _check(
+                "throughput_in_cycles_vs_accept_over_cycle",
+                abs(rel) <= IN_CYCLE_TOL,
+                round(rel, 4),
+                f"|median rel| <= {IN_CYCLE_TOL}",
+                f"inside the cycles: {wall:.1f} tok/s on the wall clock (cycle stamps) vs {pred:.1f} tok/s "
+                f"= accept_len / cycle_ms (the cycles' own durations); median cycle {100 * rel:+.2f}% "
+                f"(per run: {', '.join(f'{100 * r:+.2f}' for r in rels)}%)",
+            )
+        )
     # 2. The time outside the cycles, its own figure: request wall time - summed cycle durations.
     if timing:
         wall = sum(t["wall_ms"] for t in timing)
@@ -89,16 +106,21 @@ def run_checks(metrics: dict[str, float], runs: list[dict], profile: dict | None
         # so the gap bound of a request alone does not apply; the total is judged.
         batched = ((profile or {}).get("batch_size_mean") or 1) > 1
         total_only = host_na or batched
-        out.append(_check(
-            "time_outside_cycles", outside >= 0 and (total_only or gap_pct <= NON_CYCLE_GAP_MAX_PCT), round(pct, 3),
-            "outside >= 0 ms" + ("" if total_only else f"; between cycles <= {NON_CYCLE_GAP_MAX_PCT:g}% of the decode span")
-            + (" (batched: gaps hold other requests' prefills)" if batched else ""),
-            f"request wall {wall / n:.1f} ms vs cycles {sum(t['cycle_ms_sum'] for t in timing) / n:.1f} ms: "
-            f"{outside / n:.1f} ms outside the cycles ({pct:.1f}% of the wall time): before the first "
-            f"cycle (HTTP, prefill) {sum(t['head_ms'] for t in timing) / n:.1f} ms, between cycles "
-            f"{gaps / n:.1f} ms ({gap_pct:.2f}% of the decode span), after the last "
-            f"{sum(t['tail_ms'] for t in timing) / n:.1f} ms",
-        ))
+        out.append(
+            _check(
+                "time_outside_cycles",
+                outside >= 0 and (total_only or gap_pct <= NON_CYCLE_GAP_MAX_PCT),
+                round(pct, 3),
+                "outside >= 0 ms"
+                + ("" if total_only else f"; between cycles <= {NON_CYCLE_GAP_MAX_PCT:g}% of the decode span")
+                + (" (batched: gaps hold other requests' prefills)" if batched else ""),
+                f"request wall {wall / n:.1f} ms vs cycles {sum(t['cycle_ms_sum'] for t in timing) / n:.1f} ms: "
+                f"{outside / n:.1f} ms outside the cycles ({pct:.1f}% of the wall time): before the first "
+                f"cycle (HTTP, prefill) {sum(t['head_ms'] for t in timing) / n:.1f} ms, between cycles "
+                f"{gaps / n:.1f} ms ({gap_pct:.2f}% of the decode span), after the last "
+                f"{sum(t['tail_ms'] for t in timing) / n:.1f} ms",
+            )
+        )
     # 3. Tokens: the profile's accepted counts vs the server's counters. Each run's completion holds
     #    the prefill's token; its last cycle may commit up to `steps` tokens beyond max_new_tokens.
     if timing and len(timing) == len(prof_runs) and all(r.get("spec_verify_ct") is not None for r in prof_runs):
@@ -106,41 +128,58 @@ def run_checks(metrics: dict[str, float], runs: list[dict], profile: dict | None
         lo, hi = completion - len(prof_runs), completion - len(prof_runs) + len(prof_runs) * steps
         accepted = sum(t["accepted"] for t in timing)
         cycles, verify = sum(t["cycles"] for t in timing), sum(r["spec_verify_ct"] for r in prof_runs)
-        out.append(_check(
-            "profile_vs_counters", cycles == verify and lo <= accepted <= hi,
-            {"cycles": cycles, "accepted": accepted},
-            f"cycles == spec_verify_ct ({verify}); {lo} <= accepted <= {hi}",
-            f"profile: {cycles} cycles committing {accepted} tokens vs meta_info: {verify} verifies, "
-            f"{completion} completion tokens (minus 1 prefill token per run, plus up to {steps} "
-            f"overshoot per run)",
-        ))
+        out.append(
+            _check(
+                "profile_vs_counters",
+                cycles == verify and lo <= accepted <= hi,
+                {"cycles": cycles, "accepted": accepted},
+                f"cycles == spec_verify_ct ({verify}); {lo} <= accepted <= {hi}",
+                f"profile: {cycles} cycles committing {accepted} tokens vs meta_info: {verify} verifies, "
+                f"{completion} completion tokens (minus 1 prefill token per run, plus up to {steps} "
+                f"overshoot per run)",
+            )
+        )
     # 4. The phases fit in the cycle.
     if m.get("cycle_ms"):
         parts = m["draft_ms"] + m["verify_ms"] + m["extend_ms"]
-        out.append(_check(
-            "phases_within_cycle", parts <= m["cycle_ms"] * 1.01, round(parts / m["cycle_ms"], 4), "<= 1.01",
-            f"draft + verify + re-extend = {parts:.3f} ms vs the cycle's own {m['cycle_ms']:.3f} ms "
-            f"(other {m['other_pct']:.1f}%)",
-        ))
+        out.append(
+            _check(
+                "phases_within_cycle",
+                parts <= m["cycle_ms"] * 1.01,
+                round(parts / m["cycle_ms"], 4),
+                "<= 1.01",
+                f"draft + verify + re-extend = {parts:.3f} ms vs the cycle's own {m['cycle_ms']:.3f} ms "
+                f"(other {m['other_pct']:.1f}%)",
+            )
+        )
     # 5. Client-side vs engine-side time (HTTP and queueing overhead).
     lat = [(r["wall_s"], r["e2e_latency_s"]) for r in runs if r.get("e2e_latency_s")]
     if lat:
         rel = sum(w for w, _ in lat) / sum(e for _, e in lat) - 1
-        out.append(_check(
-            "client_vs_engine_time", -0.01 <= rel <= ENGINE_CLIENT_TOL, round(rel, 4),
-            f"-0.01 <= rel <= {ENGINE_CLIENT_TOL}",
-            f"client wall time {sum(w for w, _ in lat):.3f} s vs the engine's e2e latency "
-            f"{sum(e for _, e in lat):.3f} s ({100 * rel:+.1f}%)",
-        ))
+        out.append(
+            _check(
+                "client_vs_engine_time",
+                -0.01 <= rel <= ENGINE_CLIENT_TOL,
+                round(rel, 4),
+                f"-0.01 <= rel <= {ENGINE_CLIENT_TOL}",
+                f"client wall time {sum(w for w, _ in lat):.3f} s vs the engine's e2e latency "
+                f"{sum(e for _, e in lat):.3f} s ({100 * rel:+.1f}%)",
+            )
+        )
     # 6. Speculation is working at all.
     if speculative and runs:
         al = m.get("accept_len")
-        out.append(_check(
-            "acceptance_not_collapsed", al is not None and al > COLLAPSE_ACCEPT_LEN, al,
-            f"> {COLLAPSE_ACCEPT_LEN}",
-            "accept length missing" if al is None else
-            f"accept length {al:.2f} tokens per verify (meta_info counters) vs {COLLAPSE_ACCEPT_LEN}",
-        ))
+        out.append(
+            _check(
+                "acceptance_not_collapsed",
+                al is not None and al > COLLAPSE_ACCEPT_LEN,
+                al,
+                f"> {COLLAPSE_ACCEPT_LEN}",
+                "accept length missing"
+                if al is None
+                else f"accept length {al:.2f} tokens per verify (meta_info counters) vs {COLLAPSE_ACCEPT_LEN}",
+            )
+        )
     # The cost model's predicted speedup (accept_len x T_decode / T_cycle) is reported, not checked:
     # against the measured speedup it is check 1 again (through the same baseline T_decode) mixed
     # with the time outside the cycles -- no like-with-like comparison is left.
@@ -156,5 +195,8 @@ def cost_model_metrics(metrics: dict[str, float]) -> dict[str, float]:
         return {}
     t_dec = 1e3 / base
     break_even = m["cycle_ms"] / t_dec
-    return {"verify_decode_ratio": m["verify_ms"] / t_dec, "break_even_accept_len": break_even,
-            "predicted_speedup": m["accept_len"] / break_even}
+    return {
+        "verify_decode_ratio": m["verify_ms"] / t_dec,
+        "break_even_accept_len": break_even,
+        "predicted_speedup": m["accept_len"] / break_even,
+    }

@@ -34,8 +34,11 @@ GPU_IDENTITY = ("name", "driver_version", "clocks.max.sm")
 def host_differences(a: dict | None, b: dict | None) -> list[str]:
     """The fingerprint fields that differ, as ``field: A vs B`` (an unknown side is named as such)."""
     if not a or not b:
-        return [] if a == b else ["host fingerprint: " + ("missing on the first side" if not a else
-                                                          "missing on the second side")]
+        return (
+            []
+            if a == b
+            else ["host fingerprint: " + ("missing on the first side" if not a else "missing on the second side")]
+        )
     out = [f"{k}: {a.get(k)} vs {b.get(k)}" for k in IDENTITY if a.get(k) != b.get(k)]
     ga, gb = a.get("gpus") or [], b.get("gpus") or []
     if len(ga) != len(gb):
@@ -80,7 +83,9 @@ def entries(metrics: dict) -> dict[str, dict]:
     common = {p for p in set.intersection(*map(set, items.values())) if not SPEC_ITEM.match(p)} if items else set()
     out = {}
     for k, v in raw.items():
-        key = ",".join((["baseline"] if k.split(",", 1)[0] == "baseline" else []) + [p for p in items[k] if p not in common])
+        key = ",".join(
+            (["baseline"] if k.split(",", 1)[0] == "baseline" else []) + [p for p in items[k] if p not in common]
+        )
         out[key or k] = v
     return out
 
@@ -109,8 +114,14 @@ def _fmt(e: dict, name: str, spec: str) -> str:
 
 def compare_cell(key: str, a: dict | None, b: dict | None) -> Row:
     if a is None or b is None:
-        return Row(key, (a or b or {}).get("role", "?"), "-" if a is None else "present",
-                   "-" if b is None else "present", "-", f"DIFFERS: only in {'B' if a is None else 'A'}")
+        return Row(
+            key,
+            (a or b or {}).get("role", "?"),
+            "-" if a is None else "present",
+            "-" if b is None else "present",
+            "-",
+            f"DIFFERS: only in {'B' if a is None else 'A'}",
+        )
     role = a.get("role") or ("baseline" if key.startswith("baseline") else "spec")
     if a.get("status", "FINISHED") != "FINISHED" or b.get("status", "FINISHED") != "FINISHED":
         return Row(key, role, a.get("status", "?"), b.get("status", "?"), "-", "DIFFERS: not FINISHED on both sides")
@@ -126,14 +137,33 @@ def compare_cell(key: str, a: dict | None, b: dict | None) -> Row:
             ia = ia or (a["speedup_vs_baseline"],) * 2
             ib = ib or (b["speedup_vs_baseline"],) * 2
         overlap = max(ia[0], ib[0]) <= min(ia[1], ib[1])
-        why = [] if overlap else [f"speedup intervals disjoint ({100 * (b['speedup_vs_baseline'] / a['speedup_vs_baseline'] - 1):+.1f}%)"]
+        why = (
+            []
+            if overlap
+            else [
+                f"speedup intervals disjoint ({100 * (b['speedup_vs_baseline'] / a['speedup_vs_baseline'] - 1):+.1f}%)"
+            ]
+        )
         why += [] if same_accept else ["accept length differs"]
-        return Row(key, role, fa, fb, accept, "DIFFERS: " + "; ".join(why) if why else "agree",
-                   ia[0] <= b["speedup_vs_baseline"] <= ia[1])
+        return Row(
+            key,
+            role,
+            fa,
+            fb,
+            accept,
+            "DIFFERS: " + "; ".join(why) if why else "agree",
+            ia[0] <= b["speedup_vs_baseline"] <= ia[1],
+        )
     if role == "baseline" and "throughput_tok_s" in a and "throughput_tok_s" in b:
         ratio = b["throughput_tok_s"] / a["throughput_tok_s"]
-        return Row(key, role, _fmt(a, "throughput_tok_s", ".1f"), _fmt(b, "throughput_tok_s", ".1f"), accept,
-                   f"info: tok/s x{ratio:.3f} (a baseline's absolute speed follows the host's load)")
+        return Row(
+            key,
+            role,
+            _fmt(a, "throughput_tok_s", ".1f"),
+            _fmt(b, "throughput_tok_s", ".1f"),
+            accept,
+            f"info: tok/s x{ratio:.3f} (a baseline's absolute speed follows the host's load)",
+        )
     if not same_accept:
         return Row(key, role, "-", "-", accept, "DIFFERS: accept length differs")
     return Row(key, role, "-", "-", accept, "DIFFERS: no speedup on one side")
@@ -182,8 +212,13 @@ def host_notes(a: dict, b: dict) -> list[str]:
     diffs = host_differences(a.get("host"), b.get("host"))
     out = [f"hosts differ: {d}" for d in diffs] if diffs else ["hosts: same fingerprint"]
     if paired(a) != paired(b):
-        out.append("baselines: " + " vs ".join("paired beside each spec server" if paired(m) else "baseline jobs"
-                                               for m in (a, b)) + " (the speedup's method differs too)")
-    out += [f"A: {load_note(a)}; interval: {a.get('interval', 'runs within one launch (not recorded)')}",
-            f"B: {load_note(b)}; interval: {b.get('interval', 'runs within one launch (not recorded)')}"]
+        out.append(
+            "baselines: "
+            + " vs ".join("paired beside each spec server" if paired(m) else "baseline jobs" for m in (a, b))
+            + " (the speedup's method differs too)"
+        )
+    out += [
+        f"A: {load_note(a)}; interval: {a.get('interval', 'runs within one launch (not recorded)')}",
+        f"B: {load_note(b)}; interval: {b.get('interval', 'runs within one launch (not recorded)')}",
+    ]
     return out

@@ -41,10 +41,15 @@ def curves(recs: list[JobRecord]) -> dict[tuple[str, int], list[dict]]:
         m = r.metrics
         if r.status != "FINISHED" or not r.speculative or "speedup_vs_baseline" not in m:
             continue
-        out.setdefault((r.choice("nccl") or "", r.steps or 0), []).append({
-            "concurrency": concurrency_of(r), "speedup": m["speedup_vs_baseline"],
-            "lo": m.get("speedup_vs_baseline_ci95_lo", m["speedup_vs_baseline"]),
-            "hi": m.get("speedup_vs_baseline_ci95_hi", m["speedup_vs_baseline"]), "job": r.label})
+        out.setdefault((r.choice("nccl") or "", r.steps or 0), []).append(
+            {
+                "concurrency": concurrency_of(r),
+                "speedup": m["speedup_vs_baseline"],
+                "lo": m.get("speedup_vs_baseline_ci95_lo", m["speedup_vs_baseline"]),
+                "hi": m.get("speedup_vs_baseline_ci95_hi", m["speedup_vs_baseline"]),
+                "job": r.label,
+            }
+        )
     return {k: sorted(v, key=lambda p: p["concurrency"]) for k, v in sorted(out.items())}
 
 
@@ -66,8 +71,16 @@ def crossover(points: list[dict]) -> dict:
     point, how = _crossing(cs, [p["speedup"] for p in points])
     lo, lo_how = _crossing(cs, [p["lo"] for p in points])
     hi, hi_how = _crossing(cs, [p["hi"] for p in points])
-    return {"concurrency": point, "how": how, "lo": lo, "lo_how": lo_how, "hi": hi, "hi_how": hi_how,
-            "measured": cs, "reached": point is not None}
+    return {
+        "concurrency": point,
+        "how": how,
+        "lo": lo,
+        "lo_how": lo_how,
+        "hi": hi,
+        "hi_how": hi_how,
+        "measured": cs,
+        "reached": point is not None,
+    }
 
 
 def describe_crossover(x: dict) -> str:
@@ -96,8 +109,10 @@ def describe(recs: list[JobRecord]) -> list[str]:
         return []
     cs = sorted({p["concurrency"] for pts in cur.values() for p in pts})
     profiles = {k[0] for k in cur}
-    lines = ["speedup vs baseline at the same concurrency (95% CI), by concurrency:",
-             "  series" + "".join(f"  {'c=' + str(c):>24}" for c in cs) + "  crossover (speedup < 1)"]
+    lines = [
+        "speedup vs baseline at the same concurrency (95% CI), by concurrency:",
+        "  series" + "".join(f"  {'c=' + str(c):>24}" for c in cs) + "  crossover (speedup < 1)",
+    ]
     for (nccl, steps), pts in cur.items():
         at = {p["concurrency"]: p for p in pts}
         name = f"steps={steps}" + (f" nccl={nccl}" if len(profiles) > 1 else "")

@@ -78,15 +78,20 @@ def pairs(recs: list[JobRecord]) -> list[tuple[JobRecord, JobRecord, str]]:
     done = [r for r in recs if r.status == "FINISHED" and "throughput_tok_s" in r.metrics]
     out = []
     for i, a in enumerate(done):
-        for b in done[i + 1:]:
+        for b in done[i + 1 :]:
             if a.role != b.role:
                 continue
             rep_a = (a.config.get("benchmark") or {}).get(REPLICATE_KEY)
             rep_b = (b.config.get("benchmark") or {}).get(REPLICATE_KEY)
             if rep_a != rep_b and _identity(a, ()) == _identity(b, ()):
                 out.append((a, b, f"replicates (benchmark.replicate={rep_a} vs {rep_b})"))
-            elif (is_cpu(a) and is_cpu(b) and a.choice("nccl") != b.choice("nccl") and rep_a == rep_b
-                  and _identity(a, ("nccl",)) == _identity(b, ("nccl",))):
+            elif (
+                is_cpu(a)
+                and is_cpu(b)
+                and a.choice("nccl") != b.choice("nccl")
+                and rep_a == rep_b
+                and _identity(a, ("nccl",)) == _identity(b, ("nccl",))
+            ):
                 out.append((a, b, f"nccl={a.choice('nccl')} vs nccl={b.choice('nccl')} on a CPU (no NCCL runs)"))
     return out
 
@@ -98,25 +103,39 @@ def check(recs: list[JobRecord]) -> Control:
     found = spec or found
     verdicts = []
     for a, b, why in found:
-        metric = "speedup_vs_baseline" if _interval(a, "speedup_vs_baseline") and _interval(b, "speedup_vs_baseline") \
+        metric = (
+            "speedup_vs_baseline"
+            if _interval(a, "speedup_vs_baseline") and _interval(b, "speedup_vs_baseline")
             else "throughput_tok_s"
+        )
         ia, ib = _interval(a, metric), _interval(b, metric)
         if ia is None or ib is None:
             continue
         verdicts.append(PairVerdict(a.label, b.label, why, metric, ia, ib, max(ia[0], ib[0]) <= min(ia[1], ib[1])))
     if not verdicts:
-        return Control("none", "no A/A control in this sweep (no known-identical pair of cells: on a GPU "
-                               "add one with benchmark.replicate=0,1 on one cell)")
+        return Control(
+            "none",
+            "no A/A control in this sweep (no known-identical pair of cells: on a GPU "
+            "add one with benchmark.replicate=0,1 on one cell)",
+        )
     bad = [v for v in verdicts if not v.agree]
     if not bad:
-        return Control("ok", f"A/A control agrees: {len(verdicts)} known-identical pair(s), every pair's 95% "
-                             f"intervals overlap", verdicts)
+        return Control(
+            "ok",
+            f"A/A control agrees: {len(verdicts)} known-identical pair(s), every pair's 95% intervals overlap",
+            verdicts,
+        )
     worst = bad[0]
-    return Control("disagree", (
-        f"A/A control DISAGREES: {len(bad)} of {len(verdicts)} known-identical pair(s) have disjoint 95% "
-        f"intervals ({worst.a} [{worst.a_ci[0]:.3f}, {worst.a_ci[1]:.3f}] vs {worst.b} "
-        f"[{worst.b_ci[0]:.3f}, {worst.b_ci[1]:.3f}], {worst.metric}; {worst.why_identical}): this machine's "
-        f"noise exceeds the stated intervals, so no cell can be chosen from them"), verdicts)
+    return Control(
+        "disagree",
+        (
+            f"A/A control DISAGREES: {len(bad)} of {len(verdicts)} known-identical pair(s) have disjoint 95% "
+            f"intervals ({worst.a} [{worst.a_ci[0]:.3f}, {worst.a_ci[1]:.3f}] vs {worst.b} "
+            f"[{worst.b_ci[0]:.3f}, {worst.b_ci[1]:.3f}], {worst.metric}; {worst.why_identical}): this machine's "
+            f"noise exceeds the stated intervals, so no cell can be chosen from them"
+        ),
+        verdicts,
+    )
 
 
 def tag(c: Control) -> str:

@@ -99,13 +99,22 @@ def fit_acceptance(points: list[Point]) -> tuple[float, float]:
     def loss_iid(a: float) -> float:
         return loss((a, 1.0))
 
-    a = float(optimize.minimize_scalar(loss_iid, bounds=(1e-4, 0.9999), method="bounded",
-                                       options={"xatol": 1e-12}).x)
+    a = float(optimize.minimize_scalar(loss_iid, bounds=(1e-4, 0.9999), method="bounded", options={"xatol": 1e-12}).x)
     if len({p.steps for p in points}) < 3:
         return a, 1.0
-    best = min((optimize.minimize(loss, x0=(a0, d0), bounds=[(1e-4, 0.9999), (0.3, 1.0)], method="L-BFGS-B",
-                                  options={"ftol": 1e-15, "gtol": 1e-12})
-                for a0, d0 in ((a, 1.0), (min(0.99, a + 0.05), 0.9), (0.9, 0.8))), key=lambda r: r.fun)
+    best = min(
+        (
+            optimize.minimize(
+                loss,
+                x0=(a0, d0),
+                bounds=[(1e-4, 0.9999), (0.3, 1.0)],
+                method="L-BFGS-B",
+                options={"ftol": 1e-15, "gtol": 1e-12},
+            )
+            for a0, d0 in ((a, 1.0), (min(0.99, a + 0.05), 0.9), (0.9, 0.8))
+        ),
+        key=lambda r: r.fun,
+    )
     if best.fun < loss_iid(a) - 1e-12:
         return float(best.x[0]), float(best.x[1])
     return a, 1.0
@@ -117,8 +126,9 @@ def nonneg_line(xs: list[float], ys: list[float]) -> tuple[float, float, dict]:
     if len(set(xs)) < 2:
         a, b = max(0.0, statistics.fmean(ys)), 0.0
     else:
-        sol = optimize.lsq_linear(np.column_stack([np.ones(len(xs)), xs]), np.asarray(ys, float),
-                                  bounds=(0.0, np.inf), method="bvls")
+        sol = optimize.lsq_linear(
+            np.column_stack([np.ones(len(xs)), xs]), np.asarray(ys, float), bounds=(0.0, np.inf), method="bvls"
+        )
         a, b = float(sol.x[0]), float(sol.x[1])
     res = [y - (a + b * x) for x, y in zip(xs, ys)]
     ss_res = sum(r * r for r in res)
@@ -128,8 +138,15 @@ def nonneg_line(xs: list[float], ys: list[float]) -> tuple[float, float, dict]:
 
 
 def cycle_ms(fit: Fit, k: int) -> float:
-    return (fit.verify[0] + fit.verify[1] * (k + 1) + fit.draft[0] + fit.draft[1] * k
-            + fit.extend[0] + fit.extend[1] * k + fit.other_ms)
+    return (
+        fit.verify[0]
+        + fit.verify[1] * (k + 1)
+        + fit.draft[0]
+        + fit.draft[1] * k
+        + fit.extend[0]
+        + fit.extend[1] * k
+        + fit.other_ms
+    )
 
 
 def fitted_rate(fit: Fit, position: int) -> float:
@@ -171,15 +188,23 @@ def fit(points: list[Point], max_steps: int = 8) -> Fit:
         raise ValueError("the cost model needs at least 2 measured step counts")
     ks = [p.steps for p in points]
     alpha, decay = fit_acceptance(points)
-    lines = {"verify": nonneg_line([k + 1 for k in ks], [p.verify_ms for p in points]),
-             "draft": nonneg_line(ks, [p.draft_ms for p in points]),
-             "extend": nonneg_line(ks, [p.extend_ms for p in points])}
+    lines = {
+        "verify": nonneg_line([k + 1 for k in ks], [p.verify_ms for p in points]),
+        "draft": nonneg_line(ks, [p.draft_ms for p in points]),
+        "extend": nonneg_line(ks, [p.extend_ms for p in points]),
+    }
     f = Fit(
-        alpha=alpha, decay=decay,
-        verify=lines["verify"][:2], draft=lines["draft"][:2], extend=lines["extend"][:2],
+        alpha=alpha,
+        decay=decay,
+        verify=lines["verify"][:2],
+        draft=lines["draft"][:2],
+        extend=lines["extend"][:2],
         other_ms=max(0.0, statistics.fmean(p.other_ms for p in points)),
-        scale=1.0, rel_sd=0.0, n=len(points),
-        fit_quality={name: q for name, (_, _, q) in lines.items()}, measured_steps=(min(ks), max(ks)),
+        scale=1.0,
+        rel_sd=0.0,
+        n=len(points),
+        fit_quality={name: q for name, (_, _, q) in lines.items()},
+        measured_steps=(min(ks), max(ks)),
     )
     f.accept_rates, f.rates_steps = measured_rates(points)
     measured = [(p, p.throughput_tok_s) for p in points if p.throughput_tok_s]
@@ -193,18 +218,27 @@ def fit(points: list[Point], max_steps: int = 8) -> Fit:
         pred = f.scale * raw_tok_s(f, k)
         half = t * f.rel_sd * pred
         accept_len, source = predicted_accept_len(f, k)
-        row = {"steps": k, "predicted_tok_s": pred, "lo": pred - half, "hi": pred + half,
-               "predicted_accept_len": accept_len, "accept_len_from": source,
-               "predicted_cycle_ms": cycle_ms(f, k),
-               "measured_tok_s": by_k[k].throughput_tok_s if k in by_k else None,
-               "extrapolated": not min(ks) <= k <= max(ks)}
+        row = {
+            "steps": k,
+            "predicted_tok_s": pred,
+            "lo": pred - half,
+            "hi": pred + half,
+            "predicted_accept_len": accept_len,
+            "accept_len_from": source,
+            "predicted_cycle_ms": cycle_ms(f, k),
+            "measured_tok_s": by_k[k].throughput_tok_s if k in by_k else None,
+            "extrapolated": not min(ks) <= k <= max(ks),
+        }
         f.predictions.append(row)
     inside = max((r for r in f.predictions if not r["extrapolated"]), key=lambda r: r["predicted_tok_s"])
     f.best_steps = inside["steps"]
     f.best_tok_s = (inside["predicted_tok_s"], inside["lo"], inside["hi"])
     overall = max(f.predictions, key=lambda r: r["predicted_tok_s"])
     if overall["extrapolated"] and overall["predicted_tok_s"] > inside["predicted_tok_s"]:
-        f.best_outside = {"steps": overall["steps"], "tok_s": (overall["predicted_tok_s"], overall["lo"], overall["hi"])}
+        f.best_outside = {
+            "steps": overall["steps"],
+            "tok_s": (overall["predicted_tok_s"], overall["lo"], overall["hi"]),
+        }
     return f
 
 
@@ -213,8 +247,10 @@ def extrapolation_note(f: Fit) -> str | None:
     if f.best_outside is None:
         return None
     lo, hi = f.measured_steps
-    return (f"EXTRAPOLATION: steps={f.best_outside['steps']} predicted {f.best_outside['tok_s'][0]:.1f} tok/s, "
-            f"outside the measured steps {lo}..{hi}; not measured, not a recommendation")
+    return (
+        f"EXTRAPOLATION: steps={f.best_outside['steps']} predicted {f.best_outside['tok_s'][0]:.1f} tok/s, "
+        f"outside the measured steps {lo}..{hi}; not measured, not a recommendation"
+    )
 
 
 POINT_METRICS = {"accept_len", "cycle_ms", "draft_ms", "verify_ms", "extend_ms", "other_ms", "throughput_tok_s"}
@@ -234,6 +270,7 @@ def points_from_records(recs: list[JobRecord], nccl: str | None = None) -> list[
         groups.setdefault(r.steps, []).append(m)
     out = []
     for k, ms in sorted(groups.items()):
+
         def avg(key: str, ms: list[dict] = ms) -> float:
             return statistics.fmean(m[key] for m in ms)
 
@@ -241,42 +278,62 @@ def points_from_records(recs: list[JobRecord], nccl: str | None = None) -> list[
         rates = [rates_from_metrics(m) for m in ms]
         full = [r for r in rates if len(r) >= k]
         mean_rates = [statistics.fmean(r[i] for r in full) for i in range(k)] if full else None
-        out.append(Point(k, avg("accept_len"), avg("draft_ms"), avg("verify_ms"), avg("extend_ms"),
-                         avg("other_ms"), avg("throughput_tok_s"), mean_rates))
+        out.append(
+            Point(
+                k,
+                avg("accept_len"),
+                avg("draft_ms"),
+                avg("verify_ms"),
+                avg("extend_ms"),
+                avg("other_ms"),
+                avg("throughput_tok_s"),
+                mean_rates,
+            )
+        )
     return out
 
 
 def rates_vs_fit(f: Fit) -> list[dict]:
     """Per draft position: the measured rate the model uses vs the fitted alpha * decay^(i-1)."""
-    return [{"position": i, "measured": r, "fitted": fitted_rate(f, i), "diff": fitted_rate(f, i) - r}
-            for i, r in enumerate(f.accept_rates or [], start=1)]
+    return [
+        {"position": i, "measured": r, "fitted": fitted_rate(f, i), "diff": fitted_rate(f, i) - r}
+        for i, r in enumerate(f.accept_rates or [], start=1)
+    ]
 
 
 def describe(f: Fit) -> str:
     acc = f"fitted acceptance {f.alpha:.3f} x {f.decay:.3f}^(position-1)"
     if f.accept_rates:
-        acc = (f"acceptance: per-position rates measured at steps={f.rates_steps} "
-               f"({' '.join(f'{r:.3f}' for r in f.accept_rates)}), beyond them the {acc}")
+        acc = (
+            f"acceptance: per-position rates measured at steps={f.rates_steps} "
+            f"({' '.join(f'{r:.3f}' for r in f.accept_rates)}), beyond them the {acc}"
+        )
     lines = [
         f"cost model (n={f.n} step counts): {acc}; verify = "
         f"{f.verify[0]:.2f} + {f.verify[1]:.3f} x tokens ms; draft = {f.draft[0]:.2f} + {f.draft[1]:.3f} x k ms; "
         f"re-extend = {f.extend[0]:.2f} + {f.extend[1]:.3f} x k ms; other {f.other_ms:.2f} ms; "
         f"scale {f.scale:.3f}; residual sd {100 * f.rel_sd:.1f}%",
-        "  constrained fit (costs >= 0): " + "; ".join(
+        "  constrained fit (costs >= 0): "
+        + "; ".join(
             f"{name} R^2 {'-' if q['r2'] is None else format(q['r2'], '.2f')}, rms {q['rms_ms']:.2f} ms"
-            for name, q in f.fit_quality.items()),
+            for name, q in f.fit_quality.items()
+        ),
         "steps  predicted tok/s [95% interval]   measured   accept len (pred)  cycle ms (pred)"
         + ("  accept len from" if f.accept_rates else ""),
     ]
     for r in f.predictions:
         meas = f"{r['measured_tok_s']:.1f}" if r["measured_tok_s"] else "-"
-        lines.append(f"{r['steps']:>5}  {r['predicted_tok_s']:8.1f} [{r['lo']:.1f}, {r['hi']:.1f}]"
-                     f"   {meas:>8}   {r['predicted_accept_len']:8.2f}          {r['predicted_cycle_ms']:7.2f}"
-                     + (f"  {r['accept_len_from']}" if f.accept_rates else "")
-                     + ("  (extrapolated)" if r.get("extrapolated") else ""))
+        lines.append(
+            f"{r['steps']:>5}  {r['predicted_tok_s']:8.1f} [{r['lo']:.1f}, {r['hi']:.1f}]"
+            f"   {meas:>8}   {r['predicted_accept_len']:8.2f}          {r['predicted_cycle_ms']:7.2f}"
+            + (f"  {r['accept_len_from']}" if f.accept_rates else "")
+            + ("  (extrapolated)" if r.get("extrapolated") else "")
+        )
     lo, hi = f.best_tok_s[1], f.best_tok_s[2]
-    lines.append(f"predicted best: steps={f.best_steps} at {f.best_tok_s[0]:.1f} tok/s [{lo:.1f}, {hi:.1f}] "
-                 f"(within the measured steps {f.measured_steps[0]}..{f.measured_steps[1]})")
+    lines.append(
+        f"predicted best: steps={f.best_steps} at {f.best_tok_s[0]:.1f} tok/s [{lo:.1f}, {hi:.1f}] "
+        f"(within the measured steps {f.measured_steps[0]}..{f.measured_steps[1]})"
+    )
     if (note := extrapolation_note(f)) is not None:
         lines.append(note)
     if not math.isfinite(f.rel_sd) or f.n < 3:
@@ -290,8 +347,10 @@ def describe(f: Fit) -> str:
 # which the effective time of one decode step of the whole batch follows: T(b) = b x L / tok/s (L = accept
 # length; 1 for the baseline). A line T(b) = a + s x b per arm (nonnegative, like the phases) is what the
 # model learns: s is the cost of one more request in the batch; speculation pays while L x T_base(b) > T_k(b).
-BATCH_LABEL = ("step time from the aggregate tok/s x running batch / accept length (prefill, HTTP and the "
-               "run's ramp included), not from the phase profiler")
+BATCH_LABEL = (
+    "step time from the aggregate tok/s x running batch / accept length (prefill, HTTP and the "
+    "run's ramp included), not from the phase profiler"
+)
 
 
 def batch_points(recs: list[JobRecord]) -> dict[str, list[tuple[float, float]]]:
@@ -311,14 +370,16 @@ def batch_points(recs: list[JobRecord]) -> dict[str, list[tuple[float, float]]]:
         arm = f"steps={r.steps}" if r.speculative else "baseline"
         out.setdefault(arm, []).append((float(batch), 1e3 * batch * accept / m["throughput_tok_s"]))
         paired = r.extra.get("load", {}).get("paired_baseline") or {}
-        base_batch = ((paired.get("running") or {}).get("running_median")
-                      or (1.0 if conc == 1 and r.speculative else None))
+        base_batch = (paired.get("running") or {}).get("running_median") or (
+            1.0 if conc == 1 and r.speculative else None
+        )
         is_paired = (r.speedup_vs_baseline or {}).get("method") == "paired"
         if r.speculative and is_paired and m.get("baseline_throughput_tok_s") and base_batch:
             # the paired baseline server beside this job (the default strategy: no baseline job), at the
             # same concurrency; its own running batch from its decode log
             out.setdefault("baseline", []).append(
-                (float(base_batch), 1e3 * base_batch / m["baseline_throughput_tok_s"]))
+                (float(base_batch), 1e3 * base_batch / m["baseline_throughput_tok_s"])
+            )
     return out
 
 
@@ -336,16 +397,26 @@ def batch_model(recs: list[JobRecord]) -> dict:
         arms[arm] = {"fixed_ms": a, "per_request_ms": s, "r2": q["r2"], "batches": bs}
     if "baseline" not in arms or len(arms) < 2:
         have = {arm: sorted({b for b, _ in xy}) for arm, xy in pts.items()}
-        return {"learned": False, "label": BATCH_LABEL, "arms": arms, "crossover_batch": {},
-                "why": ("cannot learn the batch size: it needs the baseline and a step count each measured at 2 or "
-                        f"more running-batch sizes (benchmark.concurrency swept with the load protocol); have {have}")}
+        return {
+            "learned": False,
+            "label": BATCH_LABEL,
+            "arms": arms,
+            "crossover_batch": {},
+            "why": (
+                "cannot learn the batch size: it needs the baseline and a step count each measured at 2 or "
+                f"more running-batch sizes (benchmark.concurrency swept with the load protocol); have {have}"
+            ),
+        }
     base = arms["baseline"]
     cross = {}
     for arm, f in arms.items():
         if arm == "baseline":
             continue
-        accept = statistics.fmean(r.metrics["accept_len"] for r in recs if r.speculative and f"steps={r.steps}" == arm
-                                  and "accept_len" in r.metrics)
+        accept = statistics.fmean(
+            r.metrics["accept_len"]
+            for r in recs
+            if r.speculative and f"steps={r.steps}" == arm and "accept_len" in r.metrics
+        )
         denom = accept * base["per_request_ms"] - f["per_request_ms"]
         num = f["fixed_ms"] - accept * base["fixed_ms"]
         cross[arm] = _break_even(num, denom)
@@ -369,9 +440,10 @@ def describe_batch(model: dict) -> str:
     lines = [f"cost model vs batch size ({model['label']}):"]
     for arm, f in model["arms"].items():
         x = model["crossover_batch"].get(arm)
-        extra = "" if arm == "baseline" else (
-            f"; accept len {f['accept_len']:.2f}; by these lines speculation {x}")
+        extra = "" if arm == "baseline" else (f"; accept len {f['accept_len']:.2f}; by these lines speculation {x}")
         r2 = "-" if f["r2"] is None else f"{f['r2']:.2f}"
-        lines.append(f"  {arm}: step = {f['fixed_ms']:.2f} + {f['per_request_ms']:.3f} x batch ms (R^2 {r2}, "
-                     f"batches {', '.join(f'{b:g}' for b in f['batches'])}){extra}")
+        lines.append(
+            f"  {arm}: step = {f['fixed_ms']:.2f} + {f['per_request_ms']:.3f} x batch ms (R^2 {r2}, "
+            f"batches {', '.join(f'{b:g}' for b in f['batches'])}){extra}"
+        )
     return "\n".join(lines)

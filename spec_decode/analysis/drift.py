@@ -65,11 +65,16 @@ def identity(config: dict) -> dict[str, object]:
     """What two baselines must share to be compared (throughput depends on the protocol too). The
     engine version and the weights are not part of it: a change there is a finding, not a new setup."""
     b = config["benchmark"]
-    return {"hardware": config["hardware"]["name"], "hardware.tp_size": config["hardware"].get("tp_size", 1),
-            "model": config["model"]["name"],
-            "engine": config["engine"]["name"], "nccl": config["nccl"]["name"],
-            "benchmark.max_new_tokens": b["max_new_tokens"],
-            "benchmark.prompts": b["prompts"], "benchmark.prompt_index": b["prompt_index"]}
+    return {
+        "hardware": config["hardware"]["name"],
+        "hardware.tp_size": config["hardware"].get("tp_size", 1),
+        "model": config["model"]["name"],
+        "engine": config["engine"]["name"],
+        "nccl": config["nccl"]["name"],
+        "benchmark.max_new_tokens": b["max_new_tokens"],
+        "benchmark.prompts": b["prompts"],
+        "benchmark.prompt_index": b["prompt_index"],
+    }
 
 
 def data_hashes_of(provenance: dict) -> dict[str, str]:
@@ -114,8 +119,13 @@ def provenance_differences(ref: Reference, data_hashes: dict[str, str], engine_v
     return out
 
 
-def check(throughput_tok_s: float, server_env: dict[str, str], earlier: list[Reference],
-          data_hashes: dict[str, str] | None = None, engine_version: str | None = None) -> Drift | None:
+def check(
+    throughput_tok_s: float,
+    server_env: dict[str, str],
+    earlier: list[Reference],
+    data_hashes: dict[str, str] | None = None,
+    engine_version: str | None = None,
+) -> Drift | None:
     """Compare a finished baseline with earlier ones; None when there is nothing to compare.
 
     ``data_hashes`` / ``engine_version``: this baseline's (``data_hashes_of``); compared with the newest
@@ -128,19 +138,30 @@ def check(throughput_tok_s: float, server_env: dict[str, str], earlier: list[Ref
     prov = provenance_differences(ref, data_hashes or {}, engine_version)
     iv = interval([r.throughput_tok_s for r in earlier])
     outside = iv is not None and not (iv[0] <= throughput_tok_s <= iv[1])
-    finding = Drift(earlier_runs=len(earlier), earlier_run_ids=[r.run_id for r in earlier[:10]],
-                    interval_tok_s=list(iv) if iv else None, throughput_tok_s=throughput_tok_s,
-                    outside_interval=outside, env_differences=diffs, provenance_differences=prov)
+    finding = Drift(
+        earlier_runs=len(earlier),
+        earlier_run_ids=[r.run_id for r in earlier[:10]],
+        interval_tok_s=list(iv) if iv else None,
+        throughput_tok_s=throughput_tok_s,
+        outside_interval=outside,
+        env_differences=diffs,
+        provenance_differences=prov,
+    )
     if iv is None:
-        finding.note = (f"too few earlier baselines ({len(earlier)} < {MIN_EARLIER}) for an interval: "
-                        f"no throughput alarm yet")
+        finding.note = (
+            f"too few earlier baselines ({len(earlier)} < {MIN_EARLIER}) for an interval: no throughput alarm yet"
+        )
     found = diffs + prov
     if outside or found:
-        what = (f"baseline {throughput_tok_s:.1f} tok/s is outside the {len(earlier)} earlier baselines' "
-                f"interval [{iv[0]:.1f}, {iv[1]:.1f}]" if outside and iv else
-                f"baseline throughput {throughput_tok_s:.1f} tok/s "
-                + ("looks normal" if iv else "has no interval to compare with (too few earlier baselines)")
-                + ", but the provenance changed")
-        finding.message = "DRIFT: " + what + (" -- " + "; ".join(found) if found
-                                              else " -- no provenance difference found")
+        what = (
+            f"baseline {throughput_tok_s:.1f} tok/s is outside the {len(earlier)} earlier baselines' "
+            f"interval [{iv[0]:.1f}, {iv[1]:.1f}]"
+            if outside and iv
+            else f"baseline throughput {throughput_tok_s:.1f} tok/s "
+            + ("looks normal" if iv else "has no interval to compare with (too few earlier baselines)")
+            + ", but the provenance changed"
+        )
+        finding.message = (
+            "DRIFT: " + what + (" -- " + "; ".join(found) if found else " -- no provenance difference found")
+        )
     return finding

@@ -72,7 +72,8 @@ def describe(lat: dict[str, dict[str, float]]) -> list[str]:
     for kind, name in (("ttft_ms", "TTFT"), ("itl_ms", "ITL"), ("tpot_ms", "TPOT")):
         d = lat.get(kind)
         if d:
-            lines.append(f"  {name:<4} P50 {d['p50']:.2f}  P90 {d['p90']:.2f}  P99 {d['p99']:.2f} ms  (n={int(d['n'])}"
-                         + (f"; P99 of {int(d['n'])} samples is near the maximum, not a tail)"
-                            if d["n"] < TAIL_MIN_N else ")"))
+            lines.append(
+                f"  {name:<4} P50 {d['p50']:.2f}  P90 {d['p90']:.2f}  P99 {d['p99']:.2f} ms  (n={int(d['n'])}"
+                + (f"; P99 of {int(d['n'])} samples is near the maximum, not a tail)" if d["n"] < TAIL_MIN_N else ")")
+            )
     return lines

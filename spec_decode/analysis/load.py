@@ -51,35 +51,50 @@ def running_batch(lines: Iterable[LogLine], concurrency: int) -> dict | None:
         in_flight.append(run + (int(q) if isinstance(q, float) else 0))
     if not running:
         return None
-    return {"lines": len(running), "running_median": statistics.median(running), "running_max": max(running),
-            "running_mean": statistics.fmean(running), "in_flight_median": statistics.median(in_flight),
-            "in_flight_max": max(in_flight),
-            "at_concurrency_share": sum(v == concurrency for v in in_flight) / len(in_flight),
-            "running_histogram": {str(k): v for k, v in sorted(Counter(running).items())}}
+    return {
+        "lines": len(running),
+        "running_median": statistics.median(running),
+        "running_max": max(running),
+        "running_mean": statistics.fmean(running),
+        "in_flight_median": statistics.median(in_flight),
+        "in_flight_max": max(in_flight),
+        "at_concurrency_share": sum(v == concurrency for v in in_flight) / len(in_flight),
+        "running_histogram": {str(k): v for k, v in sorted(Counter(running).items())},
+    }
 
 
 def run_figures(requests: Sequence, wall_s: float) -> dict:
     """One timed run's figures from its requests (``client.RunRecord`` each) and its wall time."""
     tokens = sum(r.completion_tokens for r in requests)
     accept = [a for r in requests if (a := request_accept_len(r)) is not None]
-    return {"requests": len(requests), "completion_tokens": tokens, "wall_s": wall_s,
-            "aggregate_tok_s": tokens / wall_s if wall_s > 0 else None,
-            "request_tok_s": _dist([r.throughput_tok_s for r in requests]),
-            "accept_len_per_request": _dist(accept),
-            "latency": latency.summarize(requests)}
+    return {
+        "requests": len(requests),
+        "completion_tokens": tokens,
+        "wall_s": wall_s,
+        "aggregate_tok_s": tokens / wall_s if wall_s > 0 else None,
+        "request_tok_s": _dist([r.throughput_tok_s for r in requests]),
+        "accept_len_per_request": _dist(accept),
+        "latency": latency.summarize(requests),
+    }
 
 
-def summarize(runs: Sequence[dict], requests: Sequence, concurrency: int, request_rate: float | None,
-              running: dict | None) -> dict:
+def summarize(
+    runs: Sequence[dict], requests: Sequence, concurrency: int, request_rate: float | None, running: dict | None
+) -> dict:
     """The job's ``load`` section: the protocol, per-run figures (``runs``: each ``run_figures`` plus its
     ``run`` index and ``running``), the pooled per-request figures and the engine's running batch."""
     accept = [a for r in requests if (a := request_accept_len(r)) is not None]
-    return {"concurrency": concurrency, "request_rate": request_rate,
-            "mode": "open loop (Poisson arrivals)" if request_rate is not None else "closed loop",
-            "requests": len(requests), "runs": list(runs),
-            "request_tok_s": _dist([r.throughput_tok_s for r in requests]),
-            "accept_len_per_request": _dist(accept),
-            "latency": latency.summarize(requests), "running": running}
+    return {
+        "concurrency": concurrency,
+        "request_rate": request_rate,
+        "mode": "open loop (Poisson arrivals)" if request_rate is not None else "closed loop",
+        "requests": len(requests),
+        "runs": list(runs),
+        "request_tok_s": _dist([r.throughput_tok_s for r in requests]),
+        "accept_len_per_request": _dist(accept),
+        "latency": latency.summarize(requests),
+        "running": running,
+    }
 
 
 def metrics_of(load: dict) -> dict[str, float]:
@@ -97,8 +112,12 @@ def metrics_of(load: dict) -> dict[str, float]:
             m[f"load_{kind}_p{q}"] = d[f"p{q}"]
     run = load.get("running")
     if run:
-        m.update(running_req_median=run["running_median"], running_req_max=run["running_max"],
-                 in_flight_req_median=run["in_flight_median"], at_concurrency_share=run["at_concurrency_share"])
+        m.update(
+            running_req_median=run["running_median"],
+            running_req_max=run["running_max"],
+            in_flight_req_median=run["in_flight_median"],
+            at_concurrency_share=run["at_concurrency_share"],
+        )
     return m
 
 
@@ -108,11 +127,15 @@ def describe(load: dict) -> list[str]:
     lines = [f"  load: {load['mode']}, concurrency {load['concurrency']}{rate}, {load['requests']} requests"]
     d, a, run = load.get("request_tok_s"), load.get("accept_len_per_request"), load.get("running")
     if d:
-        lines.append(f"  per request: tok/s P50 {d['p50']:.1f} P90 {d['p90']:.1f}"
-                     + (f"; accept len P10 {a['p10']:.2f} P50 {a['p50']:.2f} P90 {a['p90']:.2f}" if a else ""))
+        lines.append(
+            f"  per request: tok/s P50 {d['p50']:.1f} P90 {d['p90']:.1f}"
+            + (f"; accept len P10 {a['p10']:.2f} P50 {a['p50']:.2f} P90 {a['p90']:.2f}" if a else "")
+        )
     if run:
-        lines.append(f"  engine's running batch (decode log, {run['lines']} lines): median {run['running_median']:g}, "
-                     f"max {run['running_max']}; in flight = concurrency in {100 * run['at_concurrency_share']:.0f}%")
+        lines.append(
+            f"  engine's running batch (decode log, {run['lines']} lines): median {run['running_median']:g}, "
+            f"max {run['running_max']}; in flight = concurrency in {100 * run['at_concurrency_share']:.0f}%"
+        )
     lat = load.get("latency") or {}
     if lat.get("ttft_ms"):
         t = lat["ttft_ms"]

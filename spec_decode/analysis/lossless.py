@@ -47,12 +47,20 @@ def first_divergence(spec: list[int], base: list[int], max_new_tokens: int) -> O
 
 
 def skipped(reason: str) -> dict:
-    return {"checked": False, "requests": 0, "matched": 0, "match_rate": None, "first_divergence": {},
-            "verdict": "skipped", "reason": reason}
+    return {
+        "checked": False,
+        "requests": 0,
+        "matched": 0,
+        "match_rate": None,
+        "first_divergence": {},
+        "verdict": "skipped",
+        "reason": reason,
+    }
 
 
-def guard(comparisons: list[Comparison], engine: str, temperature: float, performance_only: bool,
-          has_baseline: bool) -> dict:
+def guard(
+    comparisons: list[Comparison], engine: str, temperature: float, performance_only: bool, has_baseline: bool
+) -> dict:
     """The job's ``lossless`` section: ``{checked, requests, matched, match_rate, first_divergence:
     {key: position}, verdict: pass|fail|warn|skipped, reason}``."""
     if performance_only:
@@ -63,8 +71,9 @@ def guard(comparisons: list[Comparison], engine: str, temperature: float, perfor
         return skipped("no baseline arm to compare with")
     usable = [c for c in comparisons if c.spec_ids is not None and c.base_ids is not None]
     if not usable:
-        return skipped("no output ids to compare (the server returned none, or the baseline has none "
-                       "for these prompts)")
+        return skipped(
+            "no output ids to compare (the server returned none, or the baseline has none for these prompts)"
+        )
     first: dict[str, int] = {}
     matched = 0
     for c in usable:
@@ -81,11 +90,21 @@ def guard(comparisons: list[Comparison], engine: str, temperature: float, perfor
     else:
         where = ", ".join(f"prompt {k} at token {p}" for k, p in sorted(first.items()))
         verdict = "fail" if engine == "embedded" else "warn"
-        why = ("the embedded engine decodes exactly: speculation changed the output" if verdict == "fail"
-               else "SGLang's GPU kernels are not always batch-invariant: check whether it is the kernels")
+        why = (
+            "the embedded engine decodes exactly: speculation changed the output"
+            if verdict == "fail"
+            else "SGLang's GPU kernels are not always batch-invariant: check whether it is the kernels"
+        )
         reason = f"{n - matched} of {n} outputs differ from the baseline's (first divergence: {where}); {why}{note}"
-    return {"checked": True, "requests": n, "matched": matched, "match_rate": matched / n,
-            "first_divergence": first, "verdict": verdict, "reason": reason}
+    return {
+        "checked": True,
+        "requests": n,
+        "matched": matched,
+        "match_rate": matched / n,
+        "first_divergence": first,
+        "verdict": verdict,
+        "reason": reason,
+    }
 
 
 def check_of(lossless: dict) -> Optional[Check]:
@@ -93,5 +112,10 @@ def check_of(lossless: dict) -> Optional[Check]:
     mismatch is a warning, a skipped guard compared nothing)."""
     if lossless.get("verdict") not in ("pass", "fail"):
         return None
-    return Check("lossless_vs_baseline", lossless["verdict"] == "pass", lossless["match_rate"],
-                 "match_rate == 1.0 (greedy: the baseline's tokens)", lossless["reason"])
+    return Check(
+        "lossless_vs_baseline",
+        lossless["verdict"] == "pass",
+        lossless["match_rate"],
+        "match_rate == 1.0 (greedy: the baseline's tokens)",
+        lossless["reason"],
+    )

@@ -44,8 +44,11 @@ def metrics_of(e: dict | None) -> dict[str, float]:
     """The flat MLflow metrics of ``effect``'s result (units in the names)."""
     if not e:
         return {}
-    out = {"profiler_effect_pct": e["effect_pct"], "profiled_pass_tok_s": e["on_tok_s"],
-           "profiler_dormant_tok_s": e["dormant_tok_s"]}
+    out = {
+        "profiler_effect_pct": e["effect_pct"],
+        "profiled_pass_tok_s": e["on_tok_s"],
+        "profiler_dormant_tok_s": e["dormant_tok_s"],
+    }
     if e["pairs"] >= 2:
         out.update(profiler_effect_ci95_lo_pct=e["ci95_lo_pct"], profiler_effect_ci95_hi_pct=e["ci95_hi_pct"])
     return out

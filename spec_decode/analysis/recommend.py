@@ -93,8 +93,18 @@ def verdict(rec: JobRecord, threshold: float = STABLE_MAX) -> CellVerdict:
         why = "lossless check failed (outputs differ from plain decoding); " + why
     if perf:
         why = "performance-only (forced acceptance): not a drafter choice; " + why
-    return CellVerdict(rec.label, rec.steps, rec.choice("nccl"), n, disp, measure, stable, perf,
-                       stable and not perf and lossless != "fail", why)
+    return CellVerdict(
+        rec.label,
+        rec.steps,
+        rec.choice("nccl"),
+        n,
+        disp,
+        measure,
+        stable,
+        perf,
+        stable and not perf and lossless != "fail",
+        why,
+    )
 
 
 def recommend(recs: list[JobRecord], threshold: float = STABLE_MAX) -> Recommendation | None:
@@ -109,11 +119,13 @@ def recommend(recs: list[JobRecord], threshold: float = STABLE_MAX) -> Recommend
     for r in spec:
         v = verdicts[r.label]
         if f"{name}_ci95_lo" in r.metrics:
-            v.value, v.score, v.score_hi = (r.metrics[name], r.metrics[f"{name}_ci95_lo"],
-                                            r.metrics[f"{name}_ci95_hi"])
+            v.value, v.score, v.score_hi = (r.metrics[name], r.metrics[f"{name}_ci95_lo"], r.metrics[f"{name}_ci95_hi"])
     out = Recommendation("cannot decide", None, None, "", name, threshold, list(verdicts.values()))
-    ranked = sorted((verdicts[r.label] for r in competing if verdicts[r.label].score is not None),
-                    key=lambda v: v.score, reverse=True)
+    ranked = sorted(
+        (verdicts[r.label] for r in competing if verdicts[r.label].score is not None),
+        key=lambda v: v.score,
+        reverse=True,
+    )
     fmt = ".3f" if by_speedup else ".1f"
     aa = control.check(recs)
     out.control = aa.status
@@ -124,10 +136,12 @@ def recommend(recs: list[JobRecord], threshold: float = STABLE_MAX) -> Recommend
         noisy = sum(not v.stable for v in verdicts.values())
         perf = sum(v.performance_only for v in verdicts.values())
         lossy = sum(v.stable and not v.performance_only and not v.competes for v in verdicts.values())
-        out.reason = (f"no stable cell: {noisy} of {len(verdicts)} noisy (> {100 * threshold:.0f}%)"
-                      + (f", {perf} performance-only" if perf else "")
-                      + (f", {lossy} failed the lossless check" if lossy else "")
-                      + "; rerun with more runs or on a quieter machine")
+        out.reason = (
+            f"no stable cell: {noisy} of {len(verdicts)} noisy (> {100 * threshold:.0f}%)"
+            + (f", {perf} performance-only" if perf else "")
+            + (f", {lossy} failed the lossless check" if lossy else "")
+            + "; rerun with more runs or on a quieter machine"
+        )
         return out
     best = ranked[0]
     # The rival is the other competing cell whose CI reaches highest (not the second-best lower bound:
@@ -137,25 +151,35 @@ def recommend(recs: list[JobRecord], threshold: float = STABLE_MAX) -> Recommend
     rivals = [v for v in ranked[1:] if frozenset((best.cell, v.cell)) not in twins]
     rival = max(rivals, key=lambda v: v.score_hi) if rivals else None
     if rival is not None and rival.score_hi >= best.score:
-        out.reason = (f"the best and another stable cell overlap: {best.cell} {name} 95% CI "
-                      f"[{best.score:{fmt}}, {best.score_hi:{fmt}}] vs {rival.cell} "
-                      f"[{rival.score:{fmt}}, {rival.score_hi:{fmt}}]")
+        out.reason = (
+            f"the best and another stable cell overlap: {best.cell} {name} 95% CI "
+            f"[{best.score:{fmt}}, {best.score_hi:{fmt}}] vs {rival.cell} "
+            f"[{rival.score:{fmt}}, {rival.score_hi:{fmt}}]"
+        )
         return out
     out.decision, out.cell, out.steps = "recommend", best.cell, best.steps
-    beaten = (f"; its CI lies above every other competing cell's (highest upper bound: {rival.cell} "
-              f"{rival.score_hi:{fmt}})" if rival is not None else "; the only competing cell")
-    out.reason = (f"highest {name} 95% CI lower bound {best.score:{fmt}} among {len(ranked)} competing "
-                  f"cell(s){beaten}")
+    beaten = (
+        f"; its CI lies above every other competing cell's (highest upper bound: {rival.cell} {rival.score_hi:{fmt}})"
+        if rival is not None
+        else "; the only competing cell"
+    )
+    out.reason = f"highest {name} 95% CI lower bound {best.score:{fmt}} among {len(ranked)} competing cell(s){beaten}"
     return out
 
 
 def describe(rec: Recommendation) -> str:
     """A few lines: the decision and every cell's verdict."""
-    head = (f"recommendation: steps={rec.steps} ({rec.cell})" if rec.decision == "recommend"
-            else "recommendation: cannot decide")
-    lines = [f"{head} -- {rec.reason}", f"  A/A control: {rec.control}",
-             f"  score: the 95% CI lower bound of {rec.score_name}; a cell competes when its runs' spread "
-             f"is <= {100 * rec.threshold:.0f}%"]
+    head = (
+        f"recommendation: steps={rec.steps} ({rec.cell})"
+        if rec.decision == "recommend"
+        else "recommendation: cannot decide"
+    )
+    lines = [
+        f"{head} -- {rec.reason}",
+        f"  A/A control: {rec.control}",
+        f"  score: the 95% CI lower bound of {rec.score_name}; a cell competes when its runs' spread "
+        f"is <= {100 * rec.threshold:.0f}%",
+    ]
     for v in sorted(rec.verdicts, key=lambda v: (v.nccl or "", v.steps or 0, v.cell)):
         score = "-" if v.score is None else format(v.score, ".3f" if rec.score_name.startswith("speedup") else ".1f")
         lines.append(f"  {v.cell}: {'competes' if v.competes else 'excluded'}, {v.reason}; score {score}")

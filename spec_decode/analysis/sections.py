@@ -45,7 +45,8 @@ def throughput(runs: Sequence[RunRecord], launches: int) -> Section:
     if s.cv > stats.CV_WARN:
         out.warnings.append(
             f"run-to-run CV {100 * s.cv:.1f}% > {100 * stats.CV_WARN:.0f}%: differences below "
-            f"~{out.metrics['mde_pct']:.1f}% are not detectable with {s.n} runs")
+            f"~{out.metrics['mde_pct']:.1f}% are not detectable with {s.n} runs"
+        )
     if launches > 1:
         groups = [[r.throughput_tok_s for r in runs if r.launch == i] for i in range(launches)]
         out.fields["variance_components"] = stats.variance_components(groups)
@@ -60,42 +61,67 @@ def server_start(launches: Sequence[dict]) -> Section:
 
 def acceptance_counters(runs: Sequence[RunRecord], num_draft_tokens: int) -> Section:
     """Accept length and draft accept rate from the runs' meta_info counters (run-scoped)."""
+
     def total(key: str) -> int | None:
         vals = [getattr(r, key) for r in runs]
         return None if vals[0] is None else sum(v or 0 for v in vals)
 
-    acc = stats.acceptance(sum(r.completion_tokens for r in runs), total("spec_verify_ct") or 0,
-                           total("spec_num_correct_drafts"), total("spec_num_proposed_drafts"), num_draft_tokens)
-    return Section({"acceptance": {**acc, "accept_len_source": "meta_info counters (run-scoped)",
-                                   "per_run_accept_len": [r.completion_tokens / r.spec_verify_ct
-                                                          for r in runs if r.spec_verify_ct]}},
-                   {k: v for k, v in acc.items() if v is not None})
+    acc = stats.acceptance(
+        sum(r.completion_tokens for r in runs),
+        total("spec_verify_ct") or 0,
+        total("spec_num_correct_drafts"),
+        total("spec_num_proposed_drafts"),
+        num_draft_tokens,
+    )
+    return Section(
+        {
+            "acceptance": {
+                **acc,
+                "accept_len_source": "meta_info counters (run-scoped)",
+                "per_run_accept_len": [r.completion_tokens / r.spec_verify_ct for r in runs if r.spec_verify_ct],
+            }
+        },
+        {k: v for k, v in acc.items() if v is not None},
+    )
 
 
-def profiler_cost(profile_pass: dict | None, profiled_runs: Sequence[RunRecord],
-                  runs: Sequence[RunRecord]) -> Section:
+def profiler_cost(profile_pass: dict | None, profiled_runs: Sequence[RunRecord], runs: Sequence[RunRecord]) -> Section:
     """The profiled pass's account with the profiler's measured effect on tok/s (its on/dormant pairs)."""
     if profile_pass is None:
         return Section()
-    effect = profiler_effect.effect([r.throughput_tok_s for r in profiled_runs],
-                                    profile_pass.get("dormant_tok_s") or [], [r.throughput_tok_s for r in runs])
+    effect = profiler_effect.effect(
+        [r.throughput_tok_s for r in profiled_runs],
+        profile_pass.get("dormant_tok_s") or [],
+        [r.throughput_tok_s for r in runs],
+    )
     return Section({"profile_pass": {**profile_pass, "effect": effect}}, profiler_effect.metrics_of(effect))
 
 
-def phase_profile(path: Path, prof_runs: Sequence[RunRecord], timed_runs: bool, profile_on: bool,
-                  any_runs: bool, host_stamps_na: str | None = None) -> tuple[Section, list[list[dict]] | None]:
+def phase_profile(
+    path: Path,
+    prof_runs: Sequence[RunRecord],
+    timed_runs: bool,
+    profile_on: bool,
+    any_runs: bool,
+    host_stamps_na: str | None = None,
+) -> tuple[Section, list[list[dict]] | None]:
     """The phase profile inside the profiled runs' windows (the profiled pass's, or with ``timed_runs``
     the timed runs' of an older protocol): rank 0's cycles, the other ranks compared with it, the time
     outside the cycles per request, and whether every verify has its cycle. Also returns each run's
     cycles (the per-request acceptance reads them)."""
     where = "timed runs" if timed_runs else "profiled pass"
-    summary, per_run = profile.summarize_run_windows(path, [(r.start_wall, r.end_wall) for r in prof_runs],
-                                                     requests=[(r.rid, r.spec_verify_ct) for r in prof_runs])
+    summary, per_run = profile.summarize_run_windows(
+        path, [(r.start_wall, r.end_wall) for r in prof_runs], requests=[(r.rid, r.spec_verify_ct) for r in prof_runs]
+    )
     if summary is None:
-        why = "profiling off (benchmark.profile=false)" if not profile_on else \
-            f"no profile lines from rank 0 in the {where} (plugin not loaded?)"
-        return Section({"profile": {"missing": why}},
-                       warnings=[f"phase profile missing: {why}"] if profile_on and any_runs else []), per_run
+        why = (
+            "profiling off (benchmark.profile=false)"
+            if not profile_on
+            else f"no profile lines from rank 0 in the {where} (plugin not loaded?)"
+        )
+        return Section(
+            {"profile": {"missing": why}}, warnings=[f"phase profile missing: {why}"] if profile_on and any_runs else []
+        ), per_run
     out = Section({"profile": summary})
     # Per request: tok/s inside the decode on the wall clock vs from the cycle durations, and the time
     # outside the cycles (prefill, HTTP, gaps between cycles) as its own figure.
@@ -111,30 +137,51 @@ def phase_profile(path: Path, prof_runs: Sequence[RunRecord], timed_runs: bool, 
     # Every verify is one cycle: a complete profile has exactly the runs' verify count.
     verify_ct = sum(r.spec_verify_ct or 0 for r in prof_runs)
     summary["spec_verify_ct"] = verify_ct
-    summary["measured_in"] = ("the timed runs (profiler on)" if timed_runs
-                              else "the profiled pass (profiler on; the timed runs ran it dormant)")
+    summary["measured_in"] = (
+        "the timed runs (profiler on)"
+        if timed_runs
+        else "the profiled pass (profiler on; the timed runs ran it dormant)"
+    )
     summary["measured_in_tok_s"] = stats.summarize([r.throughput_tok_s for r in prof_runs]).mean
     summary["complete"] = summary["cycles"] == verify_ct
     if not summary["complete"]:
-        out.warnings.append(f"phase profile incomplete: {summary['cycles']} cycles from rank 0 in the {where}, "
-                            f"but the runs' meta_info says {verify_ct} verifies")
+        out.warnings.append(
+            f"phase profile incomplete: {summary['cycles']} cycles from rank 0 in the {where}, "
+            f"but the runs' meta_info says {verify_ct} verifies"
+        )
     agreement = summary.get("rank_agreement")
     if agreement and not agreement["ok"]:
         out.warnings.append(
             f"phase profiles of the {summary['ranks']} ranks disagree (cycle counts differ or a rank's mean "
             f"cycle is more than {agreement['tolerance_pct']:.0f}% from rank 0's): "
-            + ", ".join(f"rank {r}: {a['cycles']} cycles, {a['cycle_ms_diff_pct']:+.1f}%"
-                        for r, a in agreement["ranks"].items()))
+            + ", ".join(
+                f"rank {r}: {a['cycles']} cycles, {a['cycle_ms_diff_pct']:+.1f}%" for r, a in agreement["ranks"].items()
+            )
+        )
     if host_stamps_na:
         summary["host_stamps_na"] = host_stamps_na
-    for k in ("cycle_ms", "draft_ms", "verify_ms", "extend_ms", "other_ms",
-              "draft_pct", "verify_pct", "extend_pct", "other_pct"):
+    for k in (
+        "cycle_ms",
+        "draft_ms",
+        "verify_ms",
+        "extend_ms",
+        "other_ms",
+        "draft_pct",
+        "verify_pct",
+        "extend_pct",
+        "other_pct",
+    ):
         out.metrics[k] = summary[k]
     return out, per_run
 
 
-def request_acceptance(steps: int, runs: Sequence[RunRecord], run_cycles: list[list[dict]] | None,
-                       requests: list[dict] | None, counters: dict | None) -> Section:
+def request_acceptance(
+    steps: int,
+    runs: Sequence[RunRecord],
+    run_cycles: list[list[dict]] | None,
+    requests: list[dict] | None,
+    counters: dict | None,
+) -> Section:
     """Acceptance per draft position and per request: from the profile's cycles where it has them, else
     from the runs' meta_info histograms; merged into the counters' ``acceptance``."""
     per_request = acceptance.summarize(steps, runs, run_cycles, requests or None)
@@ -142,21 +189,31 @@ def request_acceptance(steps: int, runs: Sequence[RunRecord], run_cycles: list[l
         return Section()
     out = Section({"acceptance": {**(counters or {}), **per_request}}, acceptance.metrics_of(per_request))
     if per_request.get("profile_matches_meta_info") is False:
-        out.warnings.append("acceptance histogram: the profile's cycles and the runs' meta_info "
-                            "spec_correct_drafts_histogram disagree (the profile's is used)")
+        out.warnings.append(
+            "acceptance histogram: the profile's cycles and the runs' meta_info "
+            "spec_correct_drafts_histogram disagree (the profile's is used)"
+        )
     return out
 
 
 def decode_log_summary(lines: list[str]) -> Section:
     """The engine's own ``Decode batch`` lines inside the timed windows."""
     dl = decode_log.summarize(decode_log.parse_lines(lines))
-    metrics = {} if dl.gen_throughput_tok_s_median is None else \
-        {"decode_log_gen_throughput_tok_s": dl.gen_throughput_tok_s_median}
+    metrics = (
+        {}
+        if dl.gen_throughput_tok_s_median is None
+        else {"decode_log_gen_throughput_tok_s": dl.gen_throughput_tok_s_median}
+    )
     return Section({"decode_log": dl.__dict__}, metrics)
 
 
-def speedup(runs: Sequence[RunRecord], paired_runs: Sequence[RunRecord], pairings: list[str],
-            job_runs: Sequence[RunRecord] | None, job_summary: dict | None) -> tuple[Section, dict | None]:
+def speedup(
+    runs: Sequence[RunRecord],
+    paired_runs: Sequence[RunRecord],
+    pairings: list[str],
+    job_runs: Sequence[RunRecord] | None,
+    job_summary: dict | None,
+) -> tuple[Section, dict | None]:
     """Speedup against the job's one baseline: per pair when its runs were interleaved with ours
     (``paired_runs``, the paired strategy), else the ratio of two independent means (Welch CI) against
     the baseline job's runs. Also returns the baseline's tok/s summary it was measured against."""
@@ -165,18 +222,31 @@ def speedup(runs: Sequence[RunRecord], paired_runs: Sequence[RunRecord], pairing
         spec_tput = [r.throughput_tok_s for r in runs[:n]]
         base_tput = [r.throughput_tok_s for r in paired_runs[:n]]
         ratio, base_summary = stats.paired_ratio(spec_tput, base_tput), stats.summarize(base_tput).as_dict()
-        sp = {**ratio.as_dict(), "method": "paired", "pairs": n, "pairing": ",".join(pairings) or "interleaved",
-              "per_pair": [x / y for x, y in zip(spec_tput, base_tput)]}
+        sp = {
+            **ratio.as_dict(),
+            "method": "paired",
+            "pairs": n,
+            "pairing": ",".join(pairings) or "interleaved",
+            "per_pair": [x / y for x, y in zip(spec_tput, base_tput)],
+        }
     elif job_runs and runs:
-        ratio, base_summary = stats.ratio_of_means([r.throughput_tok_s for r in runs],
-                                                   [r.throughput_tok_s for r in job_runs]), job_summary
+        ratio, base_summary = (
+            stats.ratio_of_means([r.throughput_tok_s for r in runs], [r.throughput_tok_s for r in job_runs]),
+            job_summary,
+        )
         sp = {**ratio.as_dict(), "method": "welch"}
     else:
         return Section(), None
-    return Section({"speedup_vs_baseline": sp}, {
-        "baseline_throughput_tok_s": (base_summary or {})["mean"], "speedup_vs_baseline": ratio.ratio,
-        "speedup_vs_baseline_ci95_lo": ratio.ci95_lo, "speedup_vs_baseline_ci95_hi": ratio.ci95_hi,
-        "speedup_ci95_halfwidth_pct": 100 * (ratio.ci95_hi - ratio.ci95_lo) / 2 / ratio.ratio}), base_summary
+    return Section(
+        {"speedup_vs_baseline": sp},
+        {
+            "baseline_throughput_tok_s": (base_summary or {})["mean"],
+            "speedup_vs_baseline": ratio.ratio,
+            "speedup_vs_baseline_ci95_lo": ratio.ci95_lo,
+            "speedup_vs_baseline_ci95_hi": ratio.ci95_hi,
+            "speedup_ci95_halfwidth_pct": 100 * (ratio.ci95_hi - ratio.ci95_lo) / 2 / ratio.ratio,
+        },
+    ), base_summary
 
 
 def latency_percentiles(runs: Sequence[RunRecord]) -> Section:

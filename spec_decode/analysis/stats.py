@@ -64,8 +64,9 @@ def summarize(values: list[float], confidence: float = 0.95) -> Summary:
         return Summary(n, mean, median, 0.0, 0.0, mean, mean)
     std = statistics.stdev(values)
     half = st.t.ppf(0.5 + confidence / 2, n - 1) * std / math.sqrt(n)
-    return Summary(n, mean, median, std, std / mean if mean else float("nan"), mean - half, mean + half,
-                   robust_cv(values))
+    return Summary(
+        n, mean, median, std, std / mean if mean else float("nan"), mean - half, mean + half, robust_cv(values)
+    )
 
 
 @dataclass
@@ -87,8 +88,7 @@ def ratio_of_means(a: list[float], b: list[float], confidence: float = 0.95) -> 
     return ratio_from_summary(statistics.fmean(a), sa, len(a), statistics.fmean(b), sb, len(b), confidence)
 
 
-def ratio_from_summary(ma: float, sa: float, na: int, mb: float, sb: float, nb: int,
-                       confidence: float = 0.95) -> Ratio:
+def ratio_from_summary(ma: float, sa: float, na: int, mb: float, sb: float, nb: int, confidence: float = 0.95) -> Ratio:
     """The same ratio and CI from summary statistics (mean, std, n of each arm)."""
     r = ma / mb
     if na < 2 or nb < 2:
@@ -143,13 +143,16 @@ def variance_components(groups: list[list[float]]) -> dict:
     var_between = max(0.0, (msb - msw) / n_bar)
     total = var_between + msw
     return {
-        "launches": k, "std_within": math.sqrt(msw), "std_between": math.sqrt(var_between),
+        "launches": k,
+        "std_within": math.sqrt(msw),
+        "std_between": math.sqrt(var_between),
         "between_share": var_between / total if total > 0 else 0.0,
     }
 
 
-def acceptance(completion: int, verify_ct: int, correct: int | None, proposed: int | None,
-               num_draft_tokens: int) -> dict:
+def acceptance(
+    completion: int, verify_ct: int, correct: int | None, proposed: int | None, num_draft_tokens: int
+) -> dict:
     """Acceptance from raw counters, each convention named (SGLang changed its 'accept rate').
 
     - accept_len: tokens committed per verify, incl. the bonus (and the prefill token), as SGLang's

@@ -99,8 +99,10 @@ class SpecConfig:
         if self.steps < 1:
             raise ConfigError(f"spec.steps={self.steps}: must be >= 1 (use drafter=none for the baseline)")
         if self.simulate_token_mode not in SIMULATE_TOKEN_MODES:
-            raise ConfigError(f"spec.simulate_token_mode={self.simulate_token_mode!r}: use one of "
-                              f"{', '.join(SIMULATE_TOKEN_MODES)} (SGLANG_SIMULATE_ACC_TOKEN_MODE)")
+            raise ConfigError(
+                f"spec.simulate_token_mode={self.simulate_token_mode!r}: use one of "
+                f"{', '.join(SIMULATE_TOKEN_MODES)} (SGLANG_SIMULATE_ACC_TOKEN_MODE)"
+            )
         x = self.simulate_accept_len
         if x is not None and not (math.isfinite(x) and 1.0 <= x <= self.steps + 1):
             raise ConfigError(
@@ -200,16 +202,22 @@ class BenchmarkConfig:
 
     def __post_init__(self) -> None:
         if self.concurrency < 1:
-            raise ConfigError(f"benchmark.concurrency={self.concurrency}: must be >= 1 (1 = one request at a "
-                              "time, the default protocol)")
+            raise ConfigError(
+                f"benchmark.concurrency={self.concurrency}: must be >= 1 (1 = one request at a "
+                "time, the default protocol)"
+            )
         rate = self.request_rate
         if rate is not None and not (math.isfinite(rate) and rate > 0):
-            raise ConfigError(f"benchmark.request_rate={rate}: must be > 0 requests/s (Poisson arrivals), or "
-                              "null for closed-loop clients")
+            raise ConfigError(
+                f"benchmark.request_rate={rate}: must be > 0 requests/s (Poisson arrivals), or "
+                "null for closed-loop clients"
+            )
         if self.load_requests is not None and self.load_requests < self.concurrency:
-            raise ConfigError(f"benchmark.load_requests={self.load_requests} is below benchmark.concurrency="
-                              f"{self.concurrency}: the clients could never hold {self.concurrency} requests "
-                              "in flight; raise it or leave it null (4 x concurrency)")
+            raise ConfigError(
+                f"benchmark.load_requests={self.load_requests} is below benchmark.concurrency="
+                f"{self.concurrency}: the clients could never hold {self.concurrency} requests "
+                "in flight; raise it or leave it null (4 x concurrency)"
+            )
         if self.pairing not in PAIRINGS:
             raise ConfigError(f"benchmark.pairing={self.pairing}: must be one of {', '.join(PAIRINGS)}")
         if self.server_nice is not None and not -20 <= self.server_nice <= 19:
@@ -362,8 +370,10 @@ def resolve_accept_table(cfg: ExperimentConfig) -> None:
     if s.simulate_accept_table is None:
         return
     if s.simulate_accept_len is not None:
-        raise ConfigError(f"spec.simulate_accept_table={s.simulate_accept_table} and spec.simulate_accept_len="
-                          f"{s.simulate_accept_len}: set one of them")
+        raise ConfigError(
+            f"spec.simulate_accept_table={s.simulate_accept_table} and spec.simulate_accept_len="
+            f"{s.simulate_accept_len}: set one of them"
+        )
     try:
         s.simulate_accept_len = load_table(s.simulate_accept_table).at(s.steps).accept_len
     except SyntheticError as e:
@@ -381,6 +391,8 @@ def check_forced_acceptance(cfg: ExperimentConfig) -> None:
             "speculative decoding (a drafter); drop spec.simulate_accept_len for the baseline"
         )
     if cfg.spec.simulate_token_mode != "fixed" and x is None:
-        raise ConfigError(f"spec.simulate_token_mode={cfg.spec.simulate_token_mode} without "
-                          "spec.simulate_accept_len: the token mode only applies to forced acceptance; "
-                          "set spec.simulate_accept_len (or spec.simulate_accept_table), or drop the mode")
+        raise ConfigError(
+            f"spec.simulate_token_mode={cfg.spec.simulate_token_mode} without "
+            "spec.simulate_accept_len: the token mode only applies to forced acceptance; "
+            "set spec.simulate_accept_len (or spec.simulate_accept_table), or drop the mode"
+        )

@@ -151,38 +151,48 @@ def problems(dcfg: dict, tcfg: dict | None, where: str, trained_ids: list[int] |
     out: list[str] = []
     arch = dcfg.get("architectures")
     if not (isinstance(arch, list) and len(arch) == 1 and arch[0] in ARCHITECTURES):
-        out.append(f"{where}: architectures is {arch!r}; SGLang 0.5.23 loads an EAGLE-3 drafter only as one "
-                   f"of {sorted(ARCHITECTURES)} (it does not rewrite the name)")
+        out.append(
+            f"{where}: architectures is {arch!r}; SGLang 0.5.23 loads an EAGLE-3 drafter only as one "
+            f"of {sorted(ARCHITECTURES)} (it does not rewrite the name)"
+        )
     n = num_layers(tcfg)
     ids = configured_layer_ids(dcfg)
     count = aux_layer_count(dcfg)
     if ids is not None and len(ids) != count:
-        out.append(f"{where}: {len(ids)} layer ids {ids} ({LAYER_IDS_KEY}) but the drafter reads {count} "
-                   "target layers (num_aux_hidden_states); make them agree")
+        out.append(
+            f"{where}: {len(ids)} layer ids {ids} ({LAYER_IDS_KEY}) but the drafter reads {count} "
+            "target layers (num_aux_hidden_states); make them agree"
+        )
     family = target_family(tcfg)
     cap = captured_layers(ids, n, family)
     if n and cap is not None and not all(isinstance(c, int) and 0 <= c <= n - 1 for c in cap):
         rule = f"ids in 0..{n - 2} under the +1 rule" if family == LLAMA else "ids that capture layers of it"
-        out.append(f"{where}: {describe(ids, tcfg)}, but the {n}-layer target has layers 0..{n - 1}; "
-                   f"use {rule} ({FAMILY_SOURCES.get(family or '', '')})")
+        out.append(
+            f"{where}: {describe(ids, tcfg)}, but the {n}-layer target has layers 0..{n - 1}; "
+            f"use {rule} ({FAMILY_SOURCES.get(family or '', '')})"
+        )
     if ids is None and n and count != DEFAULT_AUX_LAYERS:
-        out.append(f"{where}: names no layer ids, so the target captures {DEFAULT_AUX_LAYERS} layers "
-                   f"{default_captured(n)}, but the drafter reads {count}")
+        out.append(
+            f"{where}: names no layer ids, so the target captures {DEFAULT_AUX_LAYERS} layers "
+            f"{default_captured(n)}, but the drafter reads {count}"
+        )
     if (m := trained_mismatch(trained_ids, ids, where, tcfg)) is not None:
         out.append(m)
     lm = language_model(tcfg)
     if "hidden_size" in lm:  # the target's full config.json is here: check the shapes
         hidden = lm.get("hidden_size")
         if hidden not in (dcfg.get("hidden_size"), dcfg.get("target_hidden_size")):
-            out.append(f"{where}: drafter hidden size {dcfg.get('hidden_size')} does not fit the target's "
-                       f"{hidden}{' (text_config.hidden_size)' if lm is not tcfg else ''}")
+            out.append(
+                f"{where}: drafter hidden size {dcfg.get('hidden_size')} does not fit the target's "
+                f"{hidden}{' (text_config.hidden_size)' if lm is not tcfg else ''}"
+            )
         if dcfg.get("vocab_size") != lm.get("vocab_size"):
-            out.append(f"{where}: drafter vocab_size {dcfg.get('vocab_size')} != target vocab_size "
-                       f"{lm.get('vocab_size')}")
+            out.append(
+                f"{where}: drafter vocab_size {dcfg.get('vocab_size')} != target vocab_size {lm.get('vocab_size')}"
+            )
         dv = dcfg.get("draft_vocab_size", dcfg.get("vocab_size"))
         if not (isinstance(dv, int) and dv <= (lm.get("vocab_size") or 0)):
-            out.append(f"{where}: drafter draft_vocab_size {dv} exceeds the target vocab "
-                       f"({lm.get('vocab_size')})")
+            out.append(f"{where}: drafter draft_vocab_size {dv} exceeds the target vocab ({lm.get('vocab_size')})")
     return out
 
 
@@ -198,16 +208,19 @@ def same_layers(a: list[int] | None, b: list[int] | None, tcfg: dict | None) -> 
     return a == b if (a is None or b is None) else list(a) == list(b)
 
 
-def trained_mismatch(trained_ids: list[int] | None, served: list[int] | None, where: str,
-                     tcfg: dict | None = None) -> str | None:
+def trained_mismatch(
+    trained_ids: list[int] | None, served: list[int] | None, where: str, tcfg: dict | None = None
+) -> str | None:
     """The message for a drafter served on other target layers than it was trained on (the seed's bug:
     output stays lossless, acceptance collapses), or None. ``served``: the checkpoint's ids (None =
     SGLang's default); compared as captured layers under the target's rule."""
     if trained_ids is None or same_layers(trained_ids, served, tcfg):
         return None
-    return (f"{where}: trained on {describe(list(trained_ids), tcfg)} (training.json) but served with "
-            f"{describe(served, tcfg)} (eagle_config.{LAYER_IDS_KEY}): acceptance would collapse; "
-            "serve it with the ids it was trained on or retrain it")
+    return (
+        f"{where}: trained on {describe(list(trained_ids), tcfg)} (training.json) but served with "
+        f"{describe(served, tcfg)} (eagle_config.{LAYER_IDS_KEY}): acceptance would collapse; "
+        "serve it with the ids it was trained on or retrain it"
+    )
 
 
 def trained_layer_ids(checkpoint: Path) -> list[int] | None:

@@ -37,24 +37,33 @@ class EngineConfig:
         if self.name not in ENGINES:
             raise ConfigError(f"engine.name={self.name!r}: use engine=embedded or engine=sglang")
         if not isinstance(self, ENGINES[self.name]):
-            raise ConfigError(f"engine.name={self.name!r} but conf/engine/<option>.yaml does not select the "
-                              f"schema base_{self.name} in its defaults list")
+            raise ConfigError(
+                f"engine.name={self.name!r} but conf/engine/<option>.yaml does not select the "
+                f"schema base_{self.name} in its defaults list"
+            )
         if not self.launcher:
             raise ConfigError("engine.launcher is empty: it is the command that starts the server")
         if "SGLANG_SIMULATE_ACC_LEN" in self.env:
-            raise ConfigError("engine.env.SGLANG_SIMULATE_ACC_LEN: set spec.simulate_accept_len instead, so that "
-                              "the job passes it and labels its results performance-only")
+            raise ConfigError(
+                "engine.env.SGLANG_SIMULATE_ACC_LEN: set spec.simulate_accept_len instead, so that "
+                "the job passes it and labels its results performance-only"
+            )
         if "SGLANG_SIMULATE_ACC_TOKEN_MODE" in self.env:
-            raise ConfigError("engine.env.SGLANG_SIMULATE_ACC_TOKEN_MODE: set spec.simulate_token_mode="
-                              "fixed|real-draft-token instead, so that the record says which mode ran")
+            raise ConfigError(
+                "engine.env.SGLANG_SIMULATE_ACC_TOKEN_MODE: set spec.simulate_token_mode="
+                "fixed|real-draft-token instead, so that the record says which mode ran"
+            )
         if "SGLANG_ENABLE_PCIE_IPC_ALLREDUCE" in self.env:
-            raise ConfigError("engine.env.SGLANG_ENABLE_PCIE_IPC_ALLREDUCE: set engine.pcie_ipc_allreduce=true|false "
-                              "instead (engine=sglang), so that the all-reduce choice is recorded and sweepable")
+            raise ConfigError(
+                "engine.env.SGLANG_ENABLE_PCIE_IPC_ALLREDUCE: set engine.pcie_ipc_allreduce=true|false "
+                "instead (engine=sglang), so that the all-reduce choice is recorded and sweepable"
+            )
         if not 0 <= self.port <= 65535:
             raise ConfigError(f"engine.port={self.port}: must be in 0..65535")
         if self.startup_timeout_s <= 0 or self.request_timeout_s <= 0 or self.shutdown_grace_s <= 0:
-            raise ConfigError("engine.startup_timeout_s, engine.request_timeout_s and engine.shutdown_grace_s "
-                              "must be > 0")
+            raise ConfigError(
+                "engine.startup_timeout_s, engine.request_timeout_s and engine.shutdown_grace_s must be > 0"
+            )
         if self.decode_log_interval < 1:
             raise ConfigError(f"engine.decode_log_interval={self.decode_log_interval}: must be >= 1")
 
@@ -78,14 +87,20 @@ class EmbeddedEngineConfig(EngineConfig):
 
     def check(self, spec: SpecConfig, hardware: HardwareConfig) -> None:
         if self.max_running_requests < 1:
-            raise ConfigError(f"engine.max_running_requests={self.max_running_requests}: must be >= 1 "
-                              "(requests decoded together; the rest queue)")
+            raise ConfigError(
+                f"engine.max_running_requests={self.max_running_requests}: must be >= 1 "
+                "(requests decoded together; the rest queue)"
+            )
         if self.cuda_graph_max_bs_decode is not None and self.cuda_graph_max_bs_decode < 1:
-            raise ConfigError(f"engine.cuda_graph_max_bs_decode={self.cuda_graph_max_bs_decode}: must be >= 1 "
-                              "(or null: engine.max_running_requests)")
+            raise ConfigError(
+                f"engine.cuda_graph_max_bs_decode={self.cuda_graph_max_bs_decode}: must be >= 1 "
+                "(or null: engine.max_running_requests)"
+            )
         if spec.topk != 1:
-            raise ConfigError(f"spec.topk={spec.topk}: engine=embedded drafts chains only (topk 1); "
-                              "use engine=sglang for tree drafting")
+            raise ConfigError(
+                f"spec.topk={spec.topk}: engine=embedded drafts chains only (topk 1); "
+                "use engine=sglang for tree drafting"
+            )
 
 
 @dataclass

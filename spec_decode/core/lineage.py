@@ -32,12 +32,22 @@ def resolve_uri(uri: str | None) -> str | None:
 def training_params(rec: dict) -> dict[str, str]:
     data = rec.get("data", {})
     return {
-        "data.file_md5": data.get("file_md5"), "data.samples": data.get("samples"),
-        "data.samples_available": data.get("samples_available"), "data.path": data.get("path"),
-        "data.train_subset_sha256": data.get("train_subset_sha256"), "data.temperature": data.get("temperature"),
-        "layer_ids": ",".join(map(str, rec["trained_aux_layer_ids"])), "steps": rec["steps"],
-        "batch": rec["batch"], "seq": rec["seq"], "ttt_steps": rec["ttt_steps"], "lr": rec.get("lr"),
-        "seed": rec["seed"], "threads": rec["threads"], "epochs": rec.get("epochs"), "params": rec["params"],
+        "data.file_md5": data.get("file_md5"),
+        "data.samples": data.get("samples"),
+        "data.samples_available": data.get("samples_available"),
+        "data.path": data.get("path"),
+        "data.train_subset_sha256": data.get("train_subset_sha256"),
+        "data.temperature": data.get("temperature"),
+        "layer_ids": ",".join(map(str, rec["trained_aux_layer_ids"])),
+        "steps": rec["steps"],
+        "batch": rec["batch"],
+        "seq": rec["seq"],
+        "ttt_steps": rec["ttt_steps"],
+        "lr": rec.get("lr"),
+        "seed": rec["seed"],
+        "threads": rec["threads"],
+        "epochs": rec.get("epochs"),
+        "params": rec["params"],
     }
 
 
@@ -71,8 +81,10 @@ def _log(uri: str, model_dir: Path, rec: dict, history: list[dict], heldout: dic
     data = rec.get("data", {})
     name = f"{model_dir.name} n={data.get('samples')} ids={','.join(map(str, rec['trained_aux_layer_ids']))}"
     tags = {
-        "weights_sha256": rec["weights_sha256"], "data.file_md5": str(data.get("file_md5")),
-        "target_weights_sha256": rec["target_weights_sha256"], "model_dir": str(model_dir),
+        "weights_sha256": rec["weights_sha256"],
+        "data.file_md5": str(data.get("file_md5")),
+        "target_weights_sha256": rec["target_weights_sha256"],
+        "model_dir": str(model_dir),
         "mlflow.runName": name,
     }
     run = client.create_run(exp_id, run_name=name, tags=tags)
@@ -88,8 +100,12 @@ def _log(uri: str, model_dir: Path, rec: dict, history: list[dict], heldout: dic
     metrics.append(Metric("train_wall_s", wall_s, now, 0))
     params = [Param(k, str(v)) for k, v in training_params(rec).items()]
     for i in range(0, len(metrics), 900):  # MLflow's batch limit is 1000 metrics
-        client.log_batch(rid, metrics=metrics[i : i + 900], params=params if i == 0 else [],
-                         tags=[RunTag("heldout_positions", str(heldout["positions"]))] if i == 0 else [])
+        client.log_batch(
+            rid,
+            metrics=metrics[i : i + 900],
+            params=params if i == 0 else [],
+            tags=[RunTag("heldout_positions", str(heldout["positions"]))] if i == 0 else [],
+        )
     client.log_artifact(rid, str(model_dir / "training.json"))
     client.set_terminated(rid, "FINISHED")
     print(f"drafter training logged: MLflow {uri} experiment {EXPERIMENT} run {rid}", flush=True)
@@ -108,9 +124,12 @@ def training_run_id(weights_sha256: str, uri: str | None) -> str | None:
         exp = client.get_experiment_by_name(EXPERIMENT)
         if exp is None:
             return None
-        runs = client.search_runs([exp.experiment_id], f"tags.weights_sha256 = '{weights_sha256}' "
-                                  "and attributes.status = 'FINISHED'", order_by=["attributes.start_time DESC"],
-                                  max_results=1)
+        runs = client.search_runs(
+            [exp.experiment_id],
+            f"tags.weights_sha256 = '{weights_sha256}' and attributes.status = 'FINISHED'",
+            order_by=["attributes.start_time DESC"],
+            max_results=1,
+        )
         return runs[0].info.run_id if runs else None
     except Exception as e:  # noqa: BLE001 -- lineage is a link, never a reason to fail a job
         print(f"WARNING: drafter training run not looked up in {uri}: {type(e).__name__}: {e}", flush=True)

@@ -50,8 +50,12 @@ def _unknown(key: str, value: str, how: str, known: dict[str, object]) -> str:
     head, _, last = key.rpartition(".")
     where = f"{head} has no key {last!r}" if head else f"the config has no key {last!r}"
     close = difflib.get_close_matches(key, [k for k in known if known[k] is not OPEN], n=1, cutoff=0.6)
-    hint = f"; did you mean {close[0]}={value}?" if close else f"; keys of {head or 'the config'}: " + ", ".join(
-        sorted(k.rpartition(".")[2] for k in known if k.rpartition(".")[0] == head))
+    hint = (
+        f"; did you mean {close[0]}={value}?"
+        if close
+        else f"; keys of {head or 'the config'}: "
+        + ", ".join(sorted(k.rpartition(".")[2] for k in known if k.rpartition(".")[0] == head))
+    )
     return f"{how}: {where}{hint}"
 
 
@@ -73,8 +77,10 @@ def check_argv(argv: list[str]) -> None:
             line = ov.input_line or key
             errors.append(_unknown(key, line.partition("=")[2], line, known))
     if errors:
-        raise ConfigError("\n".join(errors) + "\n(typed groups take no added keys: '+' adds only below "
-                          "nccl.env / engine.env; python run.py --cfg job shows every key)")
+        raise ConfigError(
+            "\n".join(errors) + "\n(typed groups take no added keys: '+' adds only below "
+            "nccl.env / engine.env; python run.py --cfg job shows every key)"
+        )
 
 
 def check_composed(cfg: DictConfig) -> None:

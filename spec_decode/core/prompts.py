@@ -38,16 +38,18 @@ def load_prompt_set(path: Path) -> list[Prompt]:
         except json.JSONDecodeError as e:
             raise ValueError(f"{path}:{i}: not a JSON line ({e.msg})") from None
         if not isinstance(item, dict):
-            raise ValueError(f"{path}:{i}: each line needs a \"text\" string")
+            raise ValueError(f'{path}:{i}: each line needs a "text" string')
         text = item.get("text")
         if text is None and isinstance(item.get("turns"), list) and item["turns"]:
             text = item["turns"][0]
         if not isinstance(text, str) or not text:
-            raise ValueError(f"{path}:{i}: each line needs a \"text\" string (or MT-Bench's \"turns\" list)")
+            raise ValueError(f'{path}:{i}: each line needs a "text" string (or MT-Bench\'s "turns" list)')
         category = item.get("category", UNCATEGORIZED)
         if not isinstance(category, str) or not _CATEGORY.match(category):
-            raise ValueError(f"{path}:{i}: \"category\" must be 1-40 letters, digits, _ or - (it names "
-                             f"metrics such as category_<name>_accept_len); got {category!r:.60}")
+            raise ValueError(
+                f'{path}:{i}: "category" must be 1-40 letters, digits, _ or - (it names '
+                f"metrics such as category_<name>_accept_len); got {category!r:.60}"
+            )
         out.append(Prompt(len(out), text, category))
     if not out:
         raise ValueError(f"{path}: no prompts")

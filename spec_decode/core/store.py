@@ -20,13 +20,13 @@ class StoreMissing(FileNotFoundError):
 
 def store_uri(flag: str | None = None, root: Path | None = None) -> str:
     uri = flag or os.environ.get("MLFLOW_TRACKING_URI") or DEFAULT_URI
-    if uri.startswith(SQLITE) and not uri[len(SQLITE):].startswith("/"):
-        return SQLITE + str(((root or Path.cwd()) / uri[len(SQLITE):]).resolve())
+    if uri.startswith(SQLITE) and not uri[len(SQLITE) :].startswith("/"):
+        return SQLITE + str(((root or Path.cwd()) / uri[len(SQLITE) :]).resolve())
     return uri
 
 
 def sqlite_file(uri: str) -> Path | None:
-    return Path(uri[len(SQLITE):]) if uri.startswith(SQLITE) else None
+    return Path(uri[len(SQLITE) :]) if uri.startswith(SQLITE) else None
 
 
 def readable(uri: str) -> str:
@@ -35,5 +35,6 @@ def readable(uri: str) -> str:
     if path is not None and not path.is_file():
         raise StoreMissing(
             f"no MLflow store at {path} (from {uri}); nothing was created. Point to the sweep's store: "
-            "export MLFLOW_TRACKING_URI=sqlite:////abs/path/to/mlflow.db, or pass --uri sqlite:////abs/path/to/mlflow.db")
+            "export MLFLOW_TRACKING_URI=sqlite:////abs/path/to/mlflow.db, or pass --uri sqlite:////abs/path/to/mlflow.db"
+        )
     return uri

@@ -55,16 +55,27 @@ class SyntheticConfig:
     def __post_init__(self) -> None:
         if self.dtype not in DTYPES:
             raise SyntheticError(f"synthetic.dtype={self.dtype!r}: use one of {', '.join(DTYPES)}")
-        for key in ("vocab_size", "hidden_size", "num_hidden_layers", "num_attention_heads",
-                    "num_key_value_heads", "intermediate_size", "max_position_embeddings"):
+        for key in (
+            "vocab_size",
+            "hidden_size",
+            "num_hidden_layers",
+            "num_attention_heads",
+            "num_key_value_heads",
+            "intermediate_size",
+            "max_position_embeddings",
+        ):
             if getattr(self, key) < 1:
                 raise SyntheticError(f"synthetic.{key}={getattr(self, key)}: must be >= 1")
         if self.hidden_size % self.num_attention_heads:
-            raise SyntheticError(f"synthetic.hidden_size={self.hidden_size}: must be a multiple of "
-                                 f"num_attention_heads={self.num_attention_heads} (head_dim)")
+            raise SyntheticError(
+                f"synthetic.hidden_size={self.hidden_size}: must be a multiple of "
+                f"num_attention_heads={self.num_attention_heads} (head_dim)"
+            )
         if self.num_attention_heads % self.num_key_value_heads:
-            raise SyntheticError(f"synthetic.num_key_value_heads={self.num_key_value_heads}: must divide "
-                                 f"num_attention_heads={self.num_attention_heads}")
+            raise SyntheticError(
+                f"synthetic.num_key_value_heads={self.num_key_value_heads}: must divide "
+                f"num_attention_heads={self.num_attention_heads}"
+            )
 
     def spec(self) -> dict[str, Any]:
         """What decides the weights (``source`` is a note, not an input)."""
@@ -119,9 +130,11 @@ class AcceptLenTable:
 
     def at(self, steps: int) -> AcceptLenEntry:
         if steps not in self.by_steps:
-            raise SyntheticError(f"spec.simulate_accept_table={self.name}: no accept length for spec.steps={steps} "
-                                 f"(conf/accept_len/{self.name}.yaml has steps {sorted(self.by_steps)}); "
-                                 "add the entry with its source, or set spec.simulate_accept_len")
+            raise SyntheticError(
+                f"spec.simulate_accept_table={self.name}: no accept length for spec.steps={steps} "
+                f"(conf/accept_len/{self.name}.yaml has steps {sorted(self.by_steps)}); "
+                "add the entry with its source, or set spec.simulate_accept_len"
+            )
         return self.by_steps[steps]
 
 
@@ -131,20 +144,26 @@ def load_table(name: str, tables_dir: Path = TABLES_DIR) -> AcceptLenTable:
     path = tables_dir / f"{name}.yaml"
     if not path.is_file():
         have = sorted(p.stem for p in tables_dir.glob("*.yaml"))
-        raise SyntheticError(f"spec.simulate_accept_table={name}: no {path.name} in conf/accept_len/ "
-                             f"(tables: {', '.join(have) or 'none'})")
+        raise SyntheticError(
+            f"spec.simulate_accept_table={name}: no {path.name} in conf/accept_len/ "
+            f"(tables: {', '.join(have) or 'none'})"
+        )
     raw = yaml.safe_load(path.read_text()) or {}
     try:
         entries = {int(k): AcceptLenEntry(**v) for k, v in (raw.get("by_steps") or {}).items()}
-        table = AcceptLenTable(name=name, model=raw["model"], drafter=raw["drafter"],
-                               measured_on=raw["measured_on"], by_steps=entries)
+        table = AcceptLenTable(
+            name=name, model=raw["model"], drafter=raw["drafter"], measured_on=raw["measured_on"], by_steps=entries
+        )
     except (KeyError, TypeError, ValueError) as e:
-        raise SyntheticError(f"conf/accept_len/{name}.yaml: malformed ({e}); each by_steps entry needs "
-                             "accept_len, source and published") from None
+        raise SyntheticError(
+            f"conf/accept_len/{name}.yaml: malformed ({e}); each by_steps entry needs accept_len, source and published"
+        ) from None
     for steps, entry in entries.items():
         if not 1.0 <= entry.accept_len <= steps + 1:
-            raise SyntheticError(f"conf/accept_len/{name}.yaml: by_steps.{steps}.accept_len={entry.accept_len} "
-                                 f"must be in [1, {steps + 1}]")
+            raise SyntheticError(
+                f"conf/accept_len/{name}.yaml: by_steps.{steps}.accept_len={entry.accept_len} "
+                f"must be in [1, {steps + 1}]"
+            )
         if not entry.source.strip():
             raise SyntheticError(f"conf/accept_len/{name}.yaml: by_steps.{steps} has no source")
     return table

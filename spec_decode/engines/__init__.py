@@ -30,15 +30,28 @@ def common_flags(cfg: ExperimentConfig, port: int) -> list[str]:
     if cfg.speculative:
         s = cfg.spec
         flags += [
-            "--speculative-algorithm", "EAGLE3",
-            "--speculative-draft-model-path", str(cfg.drafter.path),
-            "--speculative-num-steps", str(s.steps),
-            "--speculative-eagle-topk", str(s.topk),
-            "--speculative-num-draft-tokens", str(s.num_draft_tokens),
+            "--speculative-algorithm",
+            "EAGLE3",
+            "--speculative-draft-model-path",
+            str(cfg.drafter.path),
+            "--speculative-num-steps",
+            str(s.steps),
+            "--speculative-eagle-topk",
+            str(s.topk),
+            "--speculative-num-draft-tokens",
+            str(s.num_draft_tokens),
         ]
     flags += [
-        "--host", e.host, "--port", str(port), "--random-seed", str(e.random_seed),
-        "--tp-size", str(cfg.hardware.tp_size), "--decode-log-interval", str(e.decode_log_interval),
+        "--host",
+        e.host,
+        "--port",
+        str(port),
+        "--random-seed",
+        str(e.random_seed),
+        "--tp-size",
+        str(cfg.hardware.tp_size),
+        "--decode-log-interval",
+        str(e.decode_log_interval),
     ]
     return flags
 
@@ -46,7 +59,6 @@ def common_flags(cfg: ExperimentConfig, port: int) -> list[str]:
 def server_command(cfg: ExperimentConfig, port: int) -> list[str]:
     flags = sglang.engine_flags if cfg.engine.name == "sglang" else embedded_launch.engine_flags
     return launcher(cfg) + common_flags(cfg, port) + flags(cfg) + list(cfg.engine.extra_args)
-
 
 
 def server_extra_env(cfg: ExperimentConfig, profile_path: str | None) -> dict[str, str]:
@@ -84,8 +96,9 @@ def rank_nccl_env(cfg: ExperimentConfig) -> dict[str, str]:
     return env
 
 
-def start_server(cfg: ExperimentConfig, extra_env: dict[str, str], log_path: Path, attempts: int = 3,
-                 any_port: bool = False):
+def start_server(
+    cfg: ExperimentConfig, extra_env: dict[str, str], log_path: Path, attempts: int = 3, any_port: bool = False
+):
     """Start the engine's server on the configured port (any free one with ``any_port``: a paired
     baseline beside the spec server), or a free one when it is taken (also when another sweep takes it
     between our check and the server's bind). Returns the started ``server.ServerProcess``."""
@@ -95,9 +108,15 @@ def start_server(cfg: ExperimentConfig, extra_env: dict[str, str], log_path: Pat
     wanted = 0 if any_port else cfg.engine.port
     for attempt in range(attempts):
         port = choose_port(cfg.engine.host, wanted if attempt == 0 else 0)
-        srv = ServerProcess(server_command(cfg, port), env=extra_env, log_path=log_path,
-                            host=cfg.engine.host, port=port, startup_timeout_s=cfg.engine.startup_timeout_s,
-                            shutdown_grace_s=cfg.engine.shutdown_grace_s)
+        srv = ServerProcess(
+            server_command(cfg, port),
+            env=extra_env,
+            log_path=log_path,
+            host=cfg.engine.host,
+            port=port,
+            startup_timeout_s=cfg.engine.startup_timeout_s,
+            shutdown_grace_s=cfg.engine.shutdown_grace_s,
+        )
         try:
             return srv.start()
         except PortTaken:

@@ -78,19 +78,23 @@ def _wrap(original, hook, hook_type):
             return hook
         call = lambda *a, **k: hook(*a, **k)  # noqa: E731
     elif hook_type is _HookType.BEFORE:
+
         def call(*a, **k):
             changed = hook(*a, **k)
             if changed is not None:
                 a, k = changed
             return original(*a, **k)
     elif hook_type is _HookType.AFTER:
+
         def call(*a, **k):
             result = original(*a, **k)
             new = hook(result, *a, **k)
             return result if new is None else new
     else:
+
         def call(*a, **k):
             return hook(original, *a, **k)
+
     wrapper = functools.wraps(original)(call)
     wrapper.__wrapped__ = original
     return wrapper

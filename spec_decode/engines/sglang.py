@@ -44,8 +44,9 @@ SIMULATE_ACC_TOKEN_MODE = "SGLANG_SIMULATE_ACC_TOKEN_MODE"
 def simulate_acc_env(accept_len: float, token_mode: str, method: str = "match-expected") -> dict[str, str]:
     """The server env of a forced run; every knob explicit (SGLang's defaults are match-expected and
     fixed), so the record's server env says which semantics ran."""
-    return {SIMULATE_ACC_LEN: repr(float(accept_len)), SIMULATE_ACC_METHOD: method,
-            SIMULATE_ACC_TOKEN_MODE: token_mode}
+    return {SIMULATE_ACC_LEN: repr(float(accept_len)), SIMULATE_ACC_METHOD: method, SIMULATE_ACC_TOKEN_MODE: token_mode}
+
+
 # Flags 0.5.23 parses but nothing reads (in the wheel only srt/arg_groups/fields/schedule.py 200 and
 # field_order.py 68 name it; the contract tier re-greps the installed package).
 # --max-running-requests when not given and speculative decoding is on (server_args.py 1088-1093)
@@ -53,8 +54,9 @@ SPEC_MAX_RUNNING_DEFAULT = 48
 DEAD_FLAGS = {"--num-continuous-decode-steps": "parsed by 0.5.23 but read by nothing (a no-op): drop it"}
 
 
-def rank_nccl_env(profile: dict[str, str], tp_size: int, extra_args: list[str],
-                  inherited: dict[str, str] | None = None) -> dict[str, str]:
+def rank_nccl_env(
+    profile: dict[str, str], tp_size: int, extra_args: list[str], inherited: dict[str, str] | None = None
+) -> dict[str, str]:
     """The NCCL variables SGLang's ranks run with: the NCCL profile (plus inherited variables our
     server env keeps, e.g. NCCL_NVLS_ENABLE), then what the launcher writes where they are unset, then
     the deterministic-inference overwrites. The NCCL probe runs with exactly this."""
@@ -91,19 +93,26 @@ def installed_version() -> str | None:
 def version_warning(v: str | None = None) -> str | None:
     v = v or installed_version()
     if v is not None and v != TESTED_VERSION:
-        return (f"sglang {v} is installed; spec-decode-bench is tested against sglang {TESTED_VERSION} "
-                "(flags, log lines and meta_info fields may differ)")
+        return (
+            f"sglang {v} is installed; spec-decode-bench is tested against sglang {TESTED_VERSION} "
+            "(flags, log lines and meta_info fields may differ)"
+        )
     return None
 
 
 def config_warnings(cfg: ExperimentConfig, environ: dict[str, str]) -> list[str]:
     """What preflight says about this job's SGLang choices (never silent): dead flags in
     engine.extra_args, an inherited PCIe-IPC all-reduce switch (dropped: the config decides)."""
-    out = [f"engine.extra_args has {flag}: {why}" for flag, why in DEAD_FLAGS.items()
-           if any(a == flag or a.startswith(flag + "=") for a in cfg.engine.extra_args)]
+    out = [
+        f"engine.extra_args has {flag}: {why}"
+        for flag, why in DEAD_FLAGS.items()
+        if any(a == flag or a.startswith(flag + "=") for a in cfg.engine.extra_args)
+    ]
     if PCIE_IPC_ALLREDUCE in environ:
         chosen = "1" if getattr(cfg.engine, "pcie_ipc_allreduce", False) else "0"
-        out.append(f"{PCIE_IPC_ALLREDUCE}={environ[PCIE_IPC_ALLREDUCE]} in this shell is dropped from the server's "
-                   f"environment: engine.pcie_ipc_allreduce decides which all-reduce runs (this job: "
-                   f"{PCIE_IPC_ALLREDUCE}={chosen}, recorded in server_env)")
+        out.append(
+            f"{PCIE_IPC_ALLREDUCE}={environ[PCIE_IPC_ALLREDUCE]} in this shell is dropped from the server's "
+            f"environment: engine.pcie_ipc_allreduce decides which all-reduce runs (this job: "
+            f"{PCIE_IPC_ALLREDUCE}={chosen}, recorded in server_env)"
+        )
     return out

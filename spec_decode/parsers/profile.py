@@ -118,8 +118,10 @@ def run_timing(cycles: list[dict], start_wall: float, end_wall: float, wall_s: f
         ratios = [(b["t"] - a["t"]) * 1e3 / b["cycle_ms"] for a, b in zip(cycles, later) if b["cycle_ms"] > 0]
     return {
         "interval_over_cycle": statistics.median(ratios) if ratios else None,
-        "cycles": len(cycles), "accepted": sum(c.get("accepted") or 0 for c in cycles),
-        "cycle_ms_sum": cycle_ms_sum, "span_ms": span_ms,
+        "cycles": len(cycles),
+        "accepted": sum(c.get("accepted") or 0 for c in cycles),
+        "cycle_ms_sum": cycle_ms_sum,
+        "span_ms": span_ms,
         "span_tok_s": later_tokens / (span_ms / 1e3) if span_ms > 0 else None,
         "cycle_tok_s": later_tokens / (later_cycle_ms / 1e3) if later_cycle_ms > 0 else None,
         "head_ms": (first["t"] - start_wall) * 1e3 - first["cycle_ms"],
@@ -146,15 +148,15 @@ def phase_summary(cycles: list[dict]) -> dict | None:
     # per request and cycle: a batch of k requests commits k accept lengths in one cycle
     req_cycles = sum(len(c["accept_lens"]) if c.get("accept_lens") else 1 for c in cycles)
     # A request's view of a batch cycle (_for_request) carries the batch size it ran in.
-    out["batch_size_mean"] = sum(c.get("batch_size") or (len(c["accept_lens"]) if c.get("accept_lens") else 1)
-                                 for c in cycles) / n
+    out["batch_size_mean"] = (
+        sum(c.get("batch_size") or (len(c["accept_lens"]) if c.get("accept_lens") else 1) for c in cycles) / n
+    )
     out["accept_len"] = accepted / req_cycles if req_cycles else 0.0
     out["tok_s_from_profile"] = accepted / (sum(c["cycle_ms"] for c in cycles) / 1e3)
     return out
 
 
-def rank_agreement(per_rank: dict[int, dict], ref: int = 0,
-                   tolerance_pct: float = AGREEMENT_TOLERANCE_PCT) -> dict:
+def rank_agreement(per_rank: dict[int, dict], ref: int = 0, tolerance_pct: float = AGREEMENT_TOLERANCE_PCT) -> dict:
     """How the other ranks' summaries compare with the reference rank's: cycle counts must be equal
     (every rank runs every cycle) and mean cycle times within ``tolerance_pct``."""
     base = per_rank[ref]
@@ -165,14 +167,19 @@ def rank_agreement(per_rank: dict[int, dict], ref: int = 0,
             continue
         diff = 100.0 * (s["cycle_ms"] - base["cycle_ms"]) / base["cycle_ms"] if base["cycle_ms"] else 0.0
         same_count = s["cycles"] == base["cycles"]
-        ranks[str(r)] = {"cycles": s["cycles"], "cycle_ms": s["cycle_ms"], "cycle_ms_diff_pct": diff,
-                         **{f"{p}_ms": s[f"{p}_ms"] for p in PHASES}}
+        ranks[str(r)] = {
+            "cycles": s["cycles"],
+            "cycle_ms": s["cycle_ms"],
+            "cycle_ms_diff_pct": diff,
+            **{f"{p}_ms": s[f"{p}_ms"] for p in PHASES},
+        }
         ok = ok and same_count and abs(diff) <= tolerance_pct
     return {"reference_rank": ref, "tolerance_pct": tolerance_pct, "ok": ok, "ranks": ranks}
 
 
-def counted_in_windows(per_window: list[list[dict]], requests: list[tuple[str | None, int | None]]
-                       ) -> tuple[list[list[dict]], int]:
+def counted_in_windows(
+    per_window: list[list[dict]], requests: list[tuple[str | None, int | None]]
+) -> tuple[list[list[dict]], int]:
     """Each window's cycles that its request counted (``attribute``; ``requests[i]`` = (rid,
     spec_verify_ct) of window i's request): the in-flight extras dropped and numbered. Cycles
     without rids, or a request without a rid, are kept as they are."""
@@ -209,9 +216,12 @@ def _counted(per_window: list[list[dict]], requests) -> list[list[dict]]:
     return per_window if requests is None else counted_in_windows(per_window, requests)[0]
 
 
-def summarize_run_windows(path: str | Path, windows: list[tuple[float, float]], ref: int = 0,
-                          requests: list[tuple[str | None, int | None]] | None = None
-                          ) -> tuple[dict | None, list[list[dict]]]:
+def summarize_run_windows(
+    path: str | Path,
+    windows: list[tuple[float, float]],
+    ref: int = 0,
+    requests: list[tuple[str | None, int | None]] | None = None,
+) -> tuple[dict | None, list[list[dict]]]:
     """The job's profile: the logging rank's (tp ``ref``) cycles in the windows -- of every replica,
     whose cycles are different requests' -- (summary + per-window cycles), and, with several ranks,
     each replica's other ranks' agreement with its own tp ``ref``. With ``requests`` ((rid,
@@ -237,9 +247,12 @@ def summarize_run_windows(path: str | Path, windows: list[tuple[float, float]], 
         agreement = {"reference_rank": ref, "tolerance_pct": AGREEMENT_TOLERANCE_PCT, "ok": True, "ranks": {}}
         missing = []
         for d in sorted({d for d, _ in reps}):
-            mine = {t: s for (dd, t), cs in reps.items() if dd == d
-                    if (s := phase_summary([c for w in _counted(in_windows(cs, windows), requests) for c in w]))
-                    is not None}
+            mine = {
+                t: s
+                for (dd, t), cs in reps.items()
+                if dd == d
+                if (s := phase_summary([c for w in _counted(in_windows(cs, windows), requests) for c in w])) is not None
+            }
             missing += [f"dp{d}.tp{t}" if len(dps) > 1 else t for (dd, t) in reps if dd == d and t not in mine]
             if ref not in mine:
                 continue
@@ -283,7 +296,13 @@ def attribute(cycles: list[dict], verify_ct: dict[str, int]) -> dict:
             else:
                 req["extra"] += 1
         (counted if any_counted else extra).append(c)
-    return {"counted": counted, "extra": extra, "extra_cycles": len(extra), "without_rids": without,
-            "per_request": per_request,
-            "matches_verify_ct": all(r["counted"] == r["spec_verify_ct"] for r in per_request.values()
-                                     if r["spec_verify_ct"] is not None)}
+    return {
+        "counted": counted,
+        "extra": extra,
+        "extra_cycles": len(extra),
+        "without_rids": without,
+        "per_request": per_request,
+        "matches_verify_ct": all(
+            r["counted"] == r["spec_verify_ct"] for r in per_request.values() if r["spec_verify_ct"] is not None
+        ),
+    }

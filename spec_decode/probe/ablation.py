@@ -34,8 +34,14 @@ def arms(profile: dict[str, str]) -> list[tuple[str, dict[str, str]]]:
     return out
 
 
-def ablate(world_size: int, backend: str, sizes: list[int], profile: dict[str, str],
-           sglang_launcher: bool = False, **probe_kwargs) -> dict:
+def ablate(
+    world_size: int,
+    backend: str,
+    sizes: list[int],
+    profile: dict[str, str],
+    sglang_launcher: bool = False,
+    **probe_kwargs,
+) -> dict:
     """Probe every arm (each distinct set of variables once); per arm: its variables, the NCCL_*
     variables its rank processes really held, and per size the figure and its ratio to default."""
     measured: dict[tuple, dict] = {}
@@ -48,15 +54,29 @@ def ablate(world_size: int, backend: str, sizes: list[int], profile: dict[str, s
             measured[key] = probe(world_size, backend, sizes, env=env, **probe_kwargs)
         res = measured[key]
         field = "device_median_us" if backend == "nccl" else "median_us"
-        rows.append({"arm": label, "env": env, "rank_env": res.get("machine", {}).get("nccl_env", {}),
-                     "transports": res.get("transports"), "choices": res.get("choices", {}),
-                     "us": {s: v.get(field) for s, v in res["sizes"].items()}, "correct": res["correct"]})
+        rows.append(
+            {
+                "arm": label,
+                "env": env,
+                "rank_env": res.get("machine", {}).get("nccl_env", {}),
+                "transports": res.get("transports"),
+                "choices": res.get("choices", {}),
+                "us": {s: v.get(field) for s, v in res["sizes"].items()},
+                "correct": res["correct"],
+            }
+        )
     base = rows[0]["us"]
     for r in rows:
         r["vs_default"] = {s: (v / base[s] if v and base.get(s) else None) for s, v in r["us"].items()}
-    return {"backend": backend, "world_size": world_size, "profile": profile, "sglang_launcher": sglang_launcher,
-            "figure": "device median us" if backend == "nccl" else "eager median us",
-            "probes": len(measured), "arms": rows}
+    return {
+        "backend": backend,
+        "world_size": world_size,
+        "profile": profile,
+        "sglang_launcher": sglang_launcher,
+        "figure": "device median us" if backend == "nccl" else "eager median us",
+        "probes": len(measured),
+        "arms": rows,
+    }
 
 
 def table(result: dict) -> str:
@@ -64,16 +84,22 @@ def table(result: dict) -> str:
     head = "| arm | " + " | ".join(f"{s} B {result['figure']} (x default)" for s in sizes) + " | NCCL choice |"
     lines = [head, "|---" * (len(sizes) + 2) + "|"]
     for r in result["arms"]:
-        cells = [("-" if r["us"][s] is None else f"{r['us'][s]:.1f}")
-                 + ("" if r["vs_default"][s] is None else f" ({r['vs_default'][s]:.2f})") for s in sizes]
+        cells = [
+            ("-" if r["us"][s] is None else f"{r['us'][s]:.1f}")
+            + ("" if r["vs_default"][s] is None else f" ({r['vs_default'][s]:.2f})")
+            for s in sizes
+        ]
         choice = ", ".join(f"{c['algorithm']}/{c['protocol']}" for c in r["choices"].values()) or "-"
         lines.append(f"| {r['arm']} | " + " | ".join(cells) + f" | {choice} |")
     return "\n".join(lines)
 
 
 def main(argv: list[str] | None = None) -> None:
-    ap = argparse.ArgumentParser(prog="python -m spec_decode.probe.ablation", description=__doc__,
-                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap = argparse.ArgumentParser(
+        prog="python -m spec_decode.probe.ablation",
+        description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
     ap.add_argument("--world-size", type=int, default=2)
     ap.add_argument("--backend", choices=["nccl", "gloo"], default="nccl")
     ap.add_argument("--sizes", default=",".join(map(str, DEFAULT_SIZES)), help="bytes, comma-separated")
@@ -98,10 +124,21 @@ def main(argv: list[str] | None = None) -> None:
     profile.update(dict(kv.split("=", 1) for kv in args.env))
     if not profile:
         ap.error("nothing to ablate: give --nccl PROFILE or --env NCCL_NAME=VALUE")
-    res = ablate(args.world_size, args.backend, sizes, profile, args.sglang_launcher, iters=args.iters,
-                 warmup=args.warmup, rounds=args.rounds, timeout_s=args.timeout_s)
-    print(f"backend={args.backend} world_size={args.world_size} profile={args.nccl or '-'} {profile} "
-          f"sglang_launcher={args.sglang_launcher} probes={res['probes']}")
+    res = ablate(
+        args.world_size,
+        args.backend,
+        sizes,
+        profile,
+        args.sglang_launcher,
+        iters=args.iters,
+        warmup=args.warmup,
+        rounds=args.rounds,
+        timeout_s=args.timeout_s,
+    )
+    print(
+        f"backend={args.backend} world_size={args.world_size} profile={args.nccl or '-'} {profile} "
+        f"sglang_launcher={args.sglang_launcher} probes={res['probes']}"
+    )
     print(table(res))
     if args.json:
         args.json.write_text(json.dumps(res, indent=2))

@@ -93,8 +93,7 @@ def _spin_cycles_per_us(torch) -> float:
     return 1e7 / (a.elapsed_time(b) * 1e3)
 
 
-def _time_size(torch, dist, cuda: bool, y, iters: int, warmup: int, rounds: int,
-               cycles_per_us: float) -> dict:
+def _time_size(torch, dist, cuda: bool, y, iters: int, warmup: int, rounds: int, cycles_per_us: float) -> dict:
     sync = torch.cuda.synchronize if cuda else (lambda: None)
     for _ in range(warmup):
         dist.all_reduce(y)
@@ -128,8 +127,19 @@ def _time_size(torch, dist, cuda: bool, y, iters: int, warmup: int, rounds: int,
     return {"eager_us": eager, "device_us": device, "host_ahead": host_ahead}
 
 
-def _rank_main(rank: int, world: int, backend: str, sizes: list[int], iters: int, warmup: int,
-               rounds: int, env: dict[str, str], port: int, out_dir: str, mode: str) -> None:
+def _rank_main(
+    rank: int,
+    world: int,
+    backend: str,
+    sizes: list[int],
+    iters: int,
+    warmup: int,
+    rounds: int,
+    env: dict[str, str],
+    port: int,
+    out_dir: str,
+    mode: str,
+) -> None:
     os.environ.update(env)  # the profile's variables: in the probe's processes only
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
     import torch  # lazy: a rank process only; importing torch costs seconds where the probe is not run
@@ -171,8 +181,9 @@ def _rank_main(rank: int, world: int, backend: str, sizes: list[int], iters: int
             }
         else:
             out["meta"] = {}
-        out["meta"]["nccl_env"] = {k: v for k, v in sorted(os.environ.items())
-                                   if k.startswith("NCCL_") and k not in DEBUG_VARS}
+        out["meta"]["nccl_env"] = {
+            k: v for k, v in sorted(os.environ.items()) if k.startswith("NCCL_") and k not in DEBUG_VARS
+        }
     finally:
         dist.destroy_process_group()
     Path(out_dir, f"rank{rank}.json").write_text(json.dumps(out))
@@ -192,8 +203,10 @@ def _spawn(args: tuple, world: int, timeout_s: float, what: str) -> None:
                     p.kill()
             for p in ctx.processes:
                 p.join(5)
-            raise TimeoutError(f"nccl probe ({what}): ranks still running after {timeout_s:.0f} s, killed "
-                               "(a hang in NCCL? rerun with --debug-log to see how far it got)")
+            raise TimeoutError(
+                f"nccl probe ({what}): ranks still running after {timeout_s:.0f} s, killed "
+                "(a hang in NCCL? rerun with --debug-log to see how far it got)"
+            )
 
 
 # ---------------------------------------------------------------------------------------------
@@ -204,9 +217,18 @@ def _summary(xs: list[float]) -> tuple[float, float]:
     return statistics.median(xs), _percentile(xs, 0.9)
 
 
-def probe(world_size: int, backend: str = "gloo", sizes: list[int] | None = None, iters: int = 200,
-          warmup: int = 20, env: dict[str, str] | None = None, rounds: int = 10, debug: bool = True,
-          debug_log: str | Path | None = None, timeout_s: float = 300.0) -> dict:
+def probe(
+    world_size: int,
+    backend: str = "gloo",
+    sizes: list[int] | None = None,
+    iters: int = 200,
+    warmup: int = 20,
+    env: dict[str, str] | None = None,
+    rounds: int = 10,
+    debug: bool = True,
+    debug_log: str | Path | None = None,
+    timeout_s: float = 300.0,
+) -> dict:
     """Run the probe. Per size: eager per-call median/p90 (``median_us``/``p90_us``), with NCCL also
     the device latency (``device_median_us``/``device_p90_us`` over the rounds in which the host was
     ahead), and whether every rank saw the right sum. With NCCL and ``debug``: a short NCCL_DEBUG=INFO
@@ -215,26 +237,46 @@ def probe(world_size: int, backend: str = "gloo", sizes: list[int] | None = None
     env = dict(env or {})
     if iters < 1 or rounds < 1 or warmup < 0:
         raise ValueError(f"iters={iters}, rounds={rounds}, warmup={warmup}: need iters, rounds >= 1, warmup >= 0")
-    out: dict = {"backend": backend, "world_size": world_size, "env": env, "iters": iters, "rounds": rounds,
-                 "method": {"eager": "wall clock of iters back-to-back calls / iters",
-                            "device": "iters all-reduces queued behind a GPU spin, CUDA events around them"
-                                      if backend == "nccl" else None},
-                 "sizes": {}}
+    out: dict = {
+        "backend": backend,
+        "world_size": world_size,
+        "env": env,
+        "iters": iters,
+        "rounds": rounds,
+        "method": {
+            "eager": "wall clock of iters back-to-back calls / iters",
+            "device": "iters all-reduces queued behind a GPU spin, CUDA events around them"
+            if backend == "nccl"
+            else None,
+        },
+        "sizes": {},
+    }
     with tempfile.TemporaryDirectory(prefix="nccl_probe_") as tmp:
         if backend == "nccl" and debug:
-            dbg_env = {**env, "NCCL_DEBUG": "INFO", "NCCL_DEBUG_SUBSYS": DEBUG_SUBSYS,
-                       "NCCL_DEBUG_FILE": str(Path(tmp) / "nccl.%h.%p.log")}
-            _spawn((world_size, backend, sizes, iters, warmup, rounds, dbg_env, _free_port(), tmp, "debug"),
-                   world_size, timeout_s, "debug pass")
-            text = "".join(f"# {p.name}\n{p.read_text(errors='replace')}"
-                           for p in sorted(Path(tmp).glob("nccl.*.log")))
+            dbg_env = {
+                **env,
+                "NCCL_DEBUG": "INFO",
+                "NCCL_DEBUG_SUBSYS": DEBUG_SUBSYS,
+                "NCCL_DEBUG_FILE": str(Path(tmp) / "nccl.%h.%p.log"),
+            }
+            _spawn(
+                (world_size, backend, sizes, iters, warmup, rounds, dbg_env, _free_port(), tmp, "debug"),
+                world_size,
+                timeout_s,
+                "debug pass",
+            )
+            text = "".join(f"# {p.name}\n{p.read_text(errors='replace')}" for p in sorted(Path(tmp).glob("nccl.*.log")))
             if debug_log:
                 Path(debug_log).write_text(text)
             out.update(parse_nccl_debug(text))
         # Timing without per-call log lines, unless the profile itself asks for NCCL_DEBUG.
         time_env = {"NCCL_DEBUG": "WARN", **env} if backend == "nccl" else env
-        _spawn((world_size, backend, sizes, iters, warmup, rounds, time_env, _free_port(), tmp, "time"),
-               world_size, timeout_s, "timing")
+        _spawn(
+            (world_size, backend, sizes, iters, warmup, rounds, time_env, _free_port(), tmp, "time"),
+            world_size,
+            timeout_s,
+            "timing",
+        )
         ranks = [json.loads(Path(tmp, f"rank{r}.json").read_text()) for r in range(world_size)]
     out["machine"] = ranks[0].get("meta", {})
     out["sizes"] = combine(ranks, sizes, rounds, iters, backend)
@@ -259,8 +301,10 @@ def combine(ranks: list[dict], sizes: list[int], rounds: int, iters: int, backen
                 rec["device_median_us"], rec["device_p90_us"] = _summary(dev)
             else:
                 rec["device_median_us"] = rec["device_p90_us"] = None
-                rec["device_note"] = ("the host was not done queueing before the GPU spin ended in any round "
-                                      "(launch queue full?): no device figure")
+                rec["device_note"] = (
+                    "the host was not done queueing before the GPU spin ended in any round "
+                    "(launch queue full?): no device figure"
+                )
         out[s] = rec
     return out
 
@@ -269,8 +313,13 @@ def metrics_of(result: dict) -> dict[str, float]:
     """MLflow metrics: eager per-call median (``nccl_allreduce_us_<bytes>``, the name since the first
     probe) and, with NCCL, the device median (``nccl_allreduce_device_us_<bytes>``)."""
     m = {f"nccl_allreduce_us_{s}": v["median_us"] for s, v in result["sizes"].items()}
-    m.update({f"nccl_allreduce_device_us_{s}": v["device_median_us"] for s, v in result["sizes"].items()
-              if v.get("device_median_us") is not None})
+    m.update(
+        {
+            f"nccl_allreduce_device_us_{s}": v["device_median_us"]
+            for s, v in result["sizes"].items()
+            if v.get("device_median_us") is not None
+        }
+    )
     return m
 
 
@@ -280,13 +329,19 @@ def _fmt(x: float | None) -> str:
 
 def table(result: dict) -> str:
     """Markdown table of a probe result."""
-    lines = ["| bytes | device median us | device p90 us | eager median us | eager p90 us | NCCL choice | correct |",
-             "|---|---|---|---|---|---|---|"]
+    lines = [
+        "| bytes | device median us | device p90 us | eager median us | eager p90 us | NCCL choice | correct |",
+        "|---|---|---|---|---|---|---|",
+    ]
     for s, v in result["sizes"].items():
         c = result.get("choices", {}).get(s)
-        choice = f"{c['algorithm']}/{c['protocol']}" + (f" x{c['channels']}ch" if c.get("channels") else "") if c else "-"
-        lines.append(f"| {s} | {_fmt(v.get('device_median_us'))} | {_fmt(v.get('device_p90_us'))} | "
-                     f"{_fmt(v['median_us'])} | {_fmt(v['p90_us'])} | {choice} | {v['correct']} |")
+        choice = (
+            f"{c['algorithm']}/{c['protocol']}" + (f" x{c['channels']}ch" if c.get("channels") else "") if c else "-"
+        )
+        lines.append(
+            f"| {s} | {_fmt(v.get('device_median_us'))} | {_fmt(v.get('device_p90_us'))} | "
+            f"{_fmt(v['median_us'])} | {_fmt(v['p90_us'])} | {choice} | {v['correct']} |"
+        )
     return "\n".join(lines)
 
 
@@ -295,14 +350,19 @@ def profile_env(name: str, conf_dir: Path = Path("conf")) -> dict[str, str]:
     path = Path(conf_dir) / "nccl" / f"{name}.yaml"
     if not path.exists():
         opts = sorted(p.stem for p in (Path(conf_dir) / "nccl").glob("*.yaml"))
-        raise ValueError(f"--nccl {name}: no {path} (profiles there: {', '.join(opts) or 'none'}; "
-                         "--conf-dir points at the conf/ folder)")
+        raise ValueError(
+            f"--nccl {name}: no {path} (profiles there: {', '.join(opts) or 'none'}; "
+            "--conf-dir points at the conf/ folder)"
+        )
     return {k: str(v) for k, v in (yaml.safe_load(path.read_text()).get("env") or {}).items()}
 
 
 def main(argv: list[str] | None = None) -> None:
-    ap = argparse.ArgumentParser(prog="python -m spec_decode.probe.nccl", description=__doc__,
-                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap = argparse.ArgumentParser(
+        prog="python -m spec_decode.probe.nccl",
+        description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
     ap.add_argument("--world-size", type=int, default=2)
     ap.add_argument("--backend", choices=["nccl", "gloo"], default=None, help="default: nccl if CUDA, else gloo")
     ap.add_argument("--sizes", default=",".join(map(str, DEFAULT_SIZES)), help="bytes, comma-separated")
@@ -340,16 +400,28 @@ def main(argv: list[str] | None = None) -> None:
     except ValueError as e:
         ap.error(str(e))
     env.update(dict(kv.split("=", 1) for kv in args.env))
-    res = probe(args.world_size, backend, sizes, args.iters, args.warmup, env, rounds=args.rounds,
-                debug=not args.no_debug, debug_log=args.debug_log, timeout_s=args.timeout_s)
+    res = probe(
+        args.world_size,
+        backend,
+        sizes,
+        args.iters,
+        args.warmup,
+        env,
+        rounds=args.rounds,
+        debug=not args.no_debug,
+        debug_log=args.debug_log,
+        timeout_s=args.timeout_s,
+    )
     res["profile"] = args.nccl
     m = res.get("machine", {})
-    print(f"backend={backend} world_size={args.world_size} profile={args.nccl or '-'} env={env or '{}'}\n"
-          f"NCCL_* in the ranks: {m.get('nccl_env', {})}\n"
-          f"nccl={res.get('nccl_version') or m.get('torch_nccl_version')} gpu={m.get('gpu')} "
-          f"p2p_access={m.get('p2p_access')} transports={res.get('transports')} "
-          f"algo={res.get('algorithms')} proto={res.get('protocols')} "
-          f"iters={args.iters} rounds={args.rounds}")
+    print(
+        f"backend={backend} world_size={args.world_size} profile={args.nccl or '-'} env={env or '{}'}\n"
+        f"NCCL_* in the ranks: {m.get('nccl_env', {})}\n"
+        f"nccl={res.get('nccl_version') or m.get('torch_nccl_version')} gpu={m.get('gpu')} "
+        f"p2p_access={m.get('p2p_access')} transports={res.get('transports')} "
+        f"algo={res.get('algorithms')} proto={res.get('protocols')} "
+        f"iters={args.iters} rounds={args.rounds}"
+    )
     print(table(res))
     if args.json:
         args.json.write_text(json.dumps(res, indent=2))

@@ -9,9 +9,18 @@ import re
 from collections import Counter
 
 # NCCL's ids (enqueue.cc: ncclAlgoToString / ncclProtoToString) -> the spelling of NCCL_ALGO/NCCL_PROTO
-ALGO_NAMES = {"TREE": "Tree", "RING": "Ring", "COLLNET_DIRECT": "CollNetDirect", "COLLNETDIRECT": "CollNetDirect",
-              "COLLNET_CHAIN": "CollNetChain", "COLLNETCHAIN": "CollNetChain", "NVLS": "NVLS",
-              "NVLS_TREE": "NVLSTree", "NVLSTREE": "NVLSTree", "PAT": "PAT"}
+ALGO_NAMES = {
+    "TREE": "Tree",
+    "RING": "Ring",
+    "COLLNET_DIRECT": "CollNetDirect",
+    "COLLNETDIRECT": "CollNetDirect",
+    "COLLNET_CHAIN": "CollNetChain",
+    "COLLNETCHAIN": "CollNetChain",
+    "NVLS": "NVLS",
+    "NVLS_TREE": "NVLSTree",
+    "NVLSTREE": "NVLSTree",
+    "PAT": "PAT",
+}
 PROTO_NAMES = {"LL": "LL", "LL128": "LL128", "SIMPLE": "Simple"}
 # NCCL <= 2.18 printed numbers ("4096 Bytes -> Algo 1 proto 0 time 10.5"): these orders.
 ALGOS = ("Tree", "Ring", "CollNetDirect", "CollNetChain", "NVLS", "NVLSTree", "PAT")
@@ -19,8 +28,10 @@ PROTOS = ("LL", "LL128", "Simple")
 
 _VERSION = re.compile(r"NCCL version ([\w.+\-]+)")
 # NCCL >= 2.19, rank 0 only: "AllReduce: 4096 Bytes -> Algo RING proto LL channel{Lo..Hi}={0..1}"
-_TUNING = re.compile(r"\bAllReduce: (\d+) Bytes -> Algo (\w+) proto (\w+)"
-                     r"(?: channel\{Lo\.\.Hi\}=\{(\d+)\.\.(\d+)\})?")
+_TUNING = re.compile(
+    r"\bAllReduce: (\d+) Bytes -> Algo (\w+) proto (\w+)"
+    r"(?: channel\{Lo\.\.Hi\}=\{(\d+)\.\.(\d+)\})?"
+)
 _TUNING_OLD = re.compile(r"\b(\d+) Bytes -> Algo (\d+) proto (\d+)")
 # Symmetric-memory kernels (registered windows; torch does not use them by default)
 _TUNING_SYM = re.compile(r"\bAllReduce \[Symmetric\]: (\d+) Bytes -> Kernel (\S+) nchannels (\d+)")
@@ -52,8 +63,13 @@ def parse_nccl_debug(text: str) -> dict:
             choose(int(m.group(1)), "Symmetric", m.group(2), int(m.group(3)), line)
         elif m := _TUNING_OLD.search(line):
             a, p = int(m.group(2)), int(m.group(3))
-            choose(int(m.group(1)), ALGOS[a] if a < len(ALGOS) else f"algo{a}",
-                   PROTOS[p] if p < len(PROTOS) else f"proto{p}", None, line)
+            choose(
+                int(m.group(1)),
+                ALGOS[a] if a < len(ALGOS) else f"algo{a}",
+                PROTOS[p] if p < len(PROTOS) else f"proto{p}",
+                None,
+                line,
+            )
         elif m := _CHANNEL.search(line):
             transports.add(m.group(1))
         elif m := _ENV.search(line):

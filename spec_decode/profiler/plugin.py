@@ -119,9 +119,16 @@ def make_timer(path: str, rank: int | dict = 0):
     # Seconds between the flusher's passes; 0 turns it off (then only SIGTERM/exit write the tail).
     flush_s = float(os.environ.get("SPEC_DECODE_PROFILE_FLUSH_S", "0.05"))
     logging_rank = ranks["tp"] == 0 and ranks["dp"] == 0
-    return PhaseTimer(rank_path(path, ranks["tp"], ranks["dp"]), clock=clock, rank=ranks["tp"],
-                      dp=ranks["dp"], attn_dp=ranks["attn_dp"], summary_every=every if logging_rank else 0,
-                      merge_us=float(merge) if merge else None, flush_s=flush_s or None)
+    return PhaseTimer(
+        rank_path(path, ranks["tp"], ranks["dp"]),
+        clock=clock,
+        rank=ranks["tp"],
+        dp=ranks["dp"],
+        attn_dp=ranks["attn_dp"],
+        summary_every=every if logging_rank else 0,
+        merge_us=float(merge) if merge else None,
+        flush_s=flush_s or None,
+    )
 
 
 class Profiler:
@@ -140,8 +147,12 @@ class Profiler:
             with self._lock:
                 if self.timer is None:
                     self.timer = make_timer(self.path, current_ranks(args[0] if args else None))
-                    log.info("spec_decode profiler: dp %d tp %d timing phases -> %s", self.timer.dp,
-                             self.timer.rank, self.timer.path)
+                    log.info(
+                        "spec_decode profiler: dp %d tp %d timing phases -> %s",
+                        self.timer.dp,
+                        self.timer.rank,
+                        self.timer.path,
+                    )
         return self.timer
 
     def around_cycle(self, original, *args, **kwargs):

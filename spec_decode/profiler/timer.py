@@ -154,9 +154,18 @@ class PhaseTimer:
     within ``flush_s`` of completing -- so a run's cycles are on disk once the server goes idle --
     and on SIGTERM/exit (the plugin's handler calls ``drain(wait=True)``)."""
 
-    def __init__(self, path: str, clock=None, summary_every: int = 200, rank: int = 0,
-                 merge_us: float | None = None, flush_s: float | None = 0.05, max_pending: int = 1024,
-                 dp: int = 0, attn_dp: int = 0):
+    def __init__(
+        self,
+        path: str,
+        clock=None,
+        summary_every: int = 200,
+        rank: int = 0,
+        merge_us: float | None = None,
+        flush_s: float | None = 0.05,
+        max_pending: int = 1024,
+        dp: int = 0,
+        attn_dp: int = 0,
+    ):
         self.path = path
         self.rank = rank  # the TP rank
         self.dp, self.attn_dp = dp, attn_dp
@@ -175,8 +184,9 @@ class PhaseTimer:
         self._window: list[dict] = []
         self._stop = threading.Event()
         if flush_s:
-            threading.Thread(target=self._flusher, args=(flush_s,), daemon=True,
-                             name="spec_decode-profile-flusher").start()
+            threading.Thread(
+                target=self._flusher, args=(flush_s,), daemon=True, name="spec_decode-profile-flusher"
+            ).start()
 
     def _flusher(self, every_s: float) -> None:
         device = getattr(self.clock, "device", None)
@@ -289,8 +299,14 @@ class PhaseTimer:
         self.drain(wait=True)
 
     def _resolve(self, c: _Cycle) -> dict:
-        rec = {"t": round(c.t, 6), "t0": round(c.t0, 6), "rank": self.rank, "tp": self.rank, "dp": self.dp,
-               "attn_dp": self.attn_dp}
+        rec = {
+            "t": round(c.t, 6),
+            "t0": round(c.t0, 6),
+            "rank": self.rank,
+            "tp": self.rank,
+            "dp": self.dp,
+            "attn_dp": self.attn_dp,
+        }
         if c.rids is not None:
             rec["rids"] = c.rids
         for p in PHASES:

@@ -22,8 +22,23 @@ from functools import lru_cache
 from pathlib import Path
 
 # The flags that decide which kernels a CPU engine (torch / oneDNN) can use; the rest is noise in a diff.
-ISA_FLAGS = ("sse4_2", "avx", "avx2", "fma", "f16c", "avx512f", "avx512bw", "avx512_vnni", "avx512_bf16",
-             "avx512_fp16", "amx_tile", "amx_bf16", "amx_int8", "asimd", "sve")
+ISA_FLAGS = (
+    "sse4_2",
+    "avx",
+    "avx2",
+    "fma",
+    "f16c",
+    "avx512f",
+    "avx512bw",
+    "avx512_vnni",
+    "avx512_bf16",
+    "avx512_fp16",
+    "amx_tile",
+    "amx_bf16",
+    "amx_int8",
+    "asimd",
+    "sve",
+)
 # /proc/stat "cpu" line: user nice system idle iowait irq softirq steal (guest time is inside user)
 _FIELDS = ("user", "nice", "system", "idle", "iowait", "irq", "softirq", "steal")
 GPU_QUERY = "name,driver_version,clocks.sm,clocks.max.sm,clocks.mem"
@@ -60,8 +75,13 @@ def cpu_facts(cpuinfo: str) -> dict:
             phys = core = None
     if phys is not None and core is not None:
         cores.add((phys, core))
-    return {"cpu_model": model, "cpu_vendor": vendor, "isa": [f for f in ISA_FLAGS if f in flags],
-            "hypervisor": "hypervisor" in flags, "physical_cores": len(cores) or None}
+    return {
+        "cpu_model": model,
+        "cpu_vendor": vendor,
+        "isa": [f for f in ISA_FLAGS if f in flags],
+        "hypervisor": "hypervisor" in flags,
+        "physical_cores": len(cores) or None,
+    }
 
 
 def gpu_facts() -> list[dict] | None:
@@ -79,8 +99,13 @@ def fingerprint() -> dict:
     try:
         cpu = cpu_facts(Path("/proc/cpuinfo").read_text())
     except OSError:
-        cpu = {"cpu_model": platform.processor() or None, "cpu_vendor": None, "isa": [], "hypervisor": None,
-               "physical_cores": None}
+        cpu = {
+            "cpu_model": platform.processor() or None,
+            "cpu_vendor": None,
+            "isa": [],
+            "hypervisor": None,
+            "physical_cores": None,
+        }
     try:
         mem_kb = int(Path("/proc/meminfo").read_text().split("\n", 1)[0].split()[1])
     except (OSError, ValueError, IndexError):
@@ -89,10 +114,15 @@ def fingerprint() -> dict:
     nccl = None
     if gpus:  # the NCCL torch loads; the runner does not import torch, so a child answers
         nccl = _run([sys.executable, "-c", "import torch; print('.'.join(map(str, torch.cuda.nccl.version())))"])
-    return {**cpu, "logical_cores": os.cpu_count(),
-            "usable_cores": len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else None,
-            "mem_gib": round(mem_kb / 2**20, 1) if mem_kb else None, "kernel": platform.release(),
-            "gpus": gpus, "nccl_version": nccl}
+    return {
+        **cpu,
+        "logical_cores": os.cpu_count(),
+        "usable_cores": len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else None,
+        "mem_gib": round(mem_kb / 2**20, 1) if mem_kb else None,
+        "kernel": platform.release(),
+        "gpus": gpus,
+        "nccl_version": nccl,
+    }
 
 
 def sample() -> dict:
@@ -101,7 +131,7 @@ def sample() -> dict:
     load: list[float] = []
     try:
         first = Path("/proc/stat").read_text().split("\n", 1)[0].split()
-        times = [int(x) for x in first[1:1 + len(_FIELDS)]]
+        times = [int(x) for x in first[1 : 1 + len(_FIELDS)]]
         load = [float(x) for x in Path("/proc/loadavg").read_text().split()[:3]]
     except (OSError, ValueError):
         pass
@@ -110,15 +140,20 @@ def sample() -> dict:
 
 def window(a: dict, b: dict) -> dict:
     """How busy the host was between two samples (shares of all cores' time, in %)."""
-    out: dict = {"s": round(b["t"] - a["t"], 3),
-                 "load1_start": a["loadavg"][0] if a["loadavg"] else None,
-                 "load1_end": b["loadavg"][0] if b["loadavg"] else None}
+    out: dict = {
+        "s": round(b["t"] - a["t"], 3),
+        "load1_start": a["loadavg"][0] if a["loadavg"] else None,
+        "load1_end": b["loadavg"][0] if b["loadavg"] else None,
+    }
     if len(a["cpu"]) == len(b["cpu"]) == len(_FIELDS):
         d = dict(zip(_FIELDS, (y - x for x, y in zip(a["cpu"], b["cpu"]))))
         total = sum(d.values())
         if total > 0:
-            out.update(busy_pct=round(100 * (total - d["idle"] - d["iowait"]) / total, 2),
-                       steal_pct=round(100 * d["steal"] / total, 2), iowait_pct=round(100 * d["iowait"] / total, 2))
+            out.update(
+                busy_pct=round(100 * (total - d["idle"] - d["iowait"]) / total, 2),
+                steal_pct=round(100 * d["steal"] / total, 2),
+                iowait_pct=round(100 * d["iowait"] / total, 2),
+            )
     return out
 
 
@@ -143,8 +178,13 @@ def describe(fp: dict | None) -> str:
     if not fp:
         return "host: unknown (recorded before the host fingerprint)"
     gpus = fp.get("gpus") or []
-    gpu = (f"; {len(gpus)} x {gpus[0].get('name')} (driver {gpus[0].get('driver_version')}, SM "
-           f"{gpus[0].get('clocks.sm')}/{gpus[0].get('clocks.max.sm')} MHz), NCCL {fp.get('nccl_version')}"
-           if gpus else "; no GPU")
-    return (f"host: {fp.get('cpu_model')}, {fp.get('logical_cores')} cores ({fp.get('usable_cores')} usable), "
-            f"ISA {' '.join(fp.get('isa') or []) or '?'}" + (", VM" if fp.get("hypervisor") else "") + gpu)
+    gpu = (
+        f"; {len(gpus)} x {gpus[0].get('name')} (driver {gpus[0].get('driver_version')}, SM "
+        f"{gpus[0].get('clocks.sm')}/{gpus[0].get('clocks.max.sm')} MHz), NCCL {fp.get('nccl_version')}"
+        if gpus
+        else "; no GPU"
+    )
+    return (
+        f"host: {fp.get('cpu_model')}, {fp.get('logical_cores')} cores ({fp.get('usable_cores')} usable), "
+        f"ISA {' '.join(fp.get('isa') or []) or '?'}" + (", VM" if fp.get("hypervisor") else "") + gpu
+    )

@@ -21,8 +21,16 @@ from spec_decode.analysis.sections import Section
 from spec_decode.probe import nccl as nccl_probe
 from spec_decode.record import host
 
-ENV_PREFIXES = ("NCCL_", "SGLANG_", "CUDA_", "TORCH_", "HF_HUB_OFFLINE", "TRANSFORMERS_OFFLINE",
-                "SPEC_DECODE_", "OMP_NUM_THREADS")
+ENV_PREFIXES = (
+    "NCCL_",
+    "SGLANG_",
+    "CUDA_",
+    "TORCH_",
+    "HF_HUB_OFFLINE",
+    "TRANSFORMERS_OFFLINE",
+    "SPEC_DECODE_",
+    "OMP_NUM_THREADS",
+)
 SECRET = re.compile(r"(TOKEN|_KEY|SECRET|PASSWORD|PASSWD|CREDENTIAL)", re.IGNORECASE)
 REDACTED = "***redacted***"
 # libyaml's parser where PyYAML has it: dvc.lock is read for every job, and the pure-Python parser
@@ -62,8 +70,7 @@ def scrub(text: str, secrets: list[str]) -> str:
 
 def _run(argv: list[str], cwd: str | None = None) -> str | None:
     try:
-        return subprocess.run(argv, capture_output=True, text=True, timeout=10, cwd=cwd,
-                              check=True).stdout.strip()
+        return subprocess.run(argv, capture_output=True, text=True, timeout=10, cwd=cwd, check=True).stdout.strip()
     except (OSError, subprocess.SubprocessError):
         return None
 
@@ -104,8 +111,11 @@ def machine() -> dict:
     except OSError:
         pass
     return {
-        "python": sys.version.split()[0], "platform": platform.platform(), "cpu": cpu,
-        "cpu_count": os.cpu_count(), "hostname": platform.node(),
+        "python": sys.version.split()[0],
+        "platform": platform.platform(),
+        "cpu": cpu,
+        "cpu_count": os.cpu_count(),
+        "hostname": platform.node(),
     }
 
 
@@ -116,8 +126,7 @@ def gpu_facts() -> dict | None:
         return None
     # The NCCL version torch loads (torch is not imported by the runner itself: ask a child).
     nccl = _run([sys.executable, "-c", "import torch; print('.'.join(map(str, torch.cuda.nccl.version())))"])
-    return {"gpus": names.splitlines(), "topology": _run(["nvidia-smi", "topo", "-m"]),
-            "torch_nccl_version": nccl}
+    return {"gpus": names.splitlines(), "topology": _run(["nvidia-smi", "topo", "-m"]), "torch_nccl_version": nccl}
 
 
 def sha256_file(path: Path) -> str:
@@ -215,15 +224,22 @@ def rank_environment(tree: dict, launcher_pid: int | None) -> dict:
     ranks = {pid: env for pid, env in envs.items() if pid != str(launcher_pid)} or {str(launcher_pid): launcher}
     first = next(iter(ranks.values()), {})
     names = sorted({k for env in ranks.values() for k in env})
-    differing = {k: {pid: env.get(k) for pid, env in ranks.items()} for k in names
-                 if len({env.get(k) for env in ranks.values()}) > 1}
+    differing = {
+        k: {pid: env.get(k) for pid, env in ranks.items()}
+        for k in names
+        if len({env.get(k) for env in ranks.values()}) > 1
+    }
     set_by_engine = {k: v for k, v in first.items() if launcher.get(k) != v and k not in differing}
-    return {"env": first, "set_by_engine": set_by_engine if launcher_pid is not None and len(envs) > 1 else {},
-            "differing": differing}
+    return {
+        "env": first,
+        "set_by_engine": set_by_engine if launcher_pid is not None and len(envs) > 1 else {},
+        "differing": differing,
+    }
 
 
-def server_env_section(live_env: dict[str, str] | None, live_env_tree: dict | None, launcher_pid: int | None,
-                       nccl: str, nccl_env: dict) -> Section:
+def server_env_section(
+    live_env: dict[str, str] | None, live_env_tree: dict | None, launcher_pid: int | None, nccl: str, nccl_env: dict
+) -> Section:
     """The record's ``server_env`` (filtered) from the first launch's server process, and with its whole
     tree (pid -> env) every process's (``server_env_processes``), the ranks' as ``server_env`` and what the
     engine's launcher wrote for them (``server_env_set_by_engine``). Warns when the ranks do not share one
@@ -234,15 +250,20 @@ def server_env_section(live_env: dict[str, str] | None, live_env_tree: dict | No
     # Every process of the server read back. The ranks (the launcher's children) are what ran: the
     # launcher's own /proc environ misses what it wrote into os.environ before spawning them.
     ranks = rank_environment(live_env_tree, launcher_pid)
-    out.fields.update(server_env_processes={str(pid): filter_env(env) for pid, env in live_env_tree.items()},
-                      server_env=ranks["env"], server_env_set_by_engine=ranks["set_by_engine"])
+    out.fields.update(
+        server_env_processes={str(pid): filter_env(env) for pid, env in live_env_tree.items()},
+        server_env=ranks["env"],
+        server_env_set_by_engine=ranks["set_by_engine"],
+    )
     differing = {k: v for k, v in ranks["differing"].items() if k.startswith("NCCL_")}
     if differing:
         out.warnings.append(f"the server's rank processes do not share one NCCL environment: {differing}")
     for k, v in nccl_env.items():
         if ranks["env"].get(k) != str(v):
-            out.warnings.append(f"nccl={nccl} sets {k}={v} but the server's ranks ran with {k}={ranks['env'].get(k)} "
-                                "(the engine's launcher rewrote it: server_env_set_by_engine)")
+            out.warnings.append(
+                f"nccl={nccl} sets {k}={v} but the server's ranks ran with {k}={ranks['env'].get(k)} "
+                "(the engine's launcher rewrote it: server_env_set_by_engine)"
+            )
     return out
 
 
@@ -257,11 +278,14 @@ def nccl_section(probe_result: dict | None, prov: dict) -> Section:
 def topology_links(topo: str | None, n: int) -> set[str]:
     """The link kinds between the first ``n`` GPUs in ``nvidia-smi topo -m``: ``nvlink`` (NV#) and/or
     ``pcie`` (PIX, PXB, PHB, NODE, SYS); empty when the matrix is not there."""
-    rows = [line.split() for line in (topo or "").splitlines()
-            if re.match(r"GPU\d+\s", line) and not re.match(r"GPU\d+\s+GPU\d+", line)]  # not the header
+    rows = [
+        line.split()
+        for line in (topo or "").splitlines()
+        if re.match(r"GPU\d+\s", line) and not re.match(r"GPU\d+\s+GPU\d+", line)
+    ]  # not the header
     kinds: set[str] = set()
     for i, row in enumerate(rows[:n]):
-        for j, cell in enumerate(row[1:n + 1]):
+        for j, cell in enumerate(row[1 : n + 1]):
             if j == i:
                 continue
             if re.fullmatch(r"NV\d+", cell):
@@ -279,10 +303,14 @@ def hardware_mismatches(gpu_type: str | None, interconnect: str, tp_size: int, f
     out = []
     names = sorted({g.split(",")[0].strip() for g in facts["gpus"]})
     if gpu_type and not any(gpu_type.lower() in n.lower() or n.lower() in gpu_type.lower() for n in names):
-        out.append(f"hardware.gpu_type={gpu_type!r} but nvidia-smi reports {names}: fix the hardware profile "
-                   "(its label goes into every record)")
+        out.append(
+            f"hardware.gpu_type={gpu_type!r} but nvidia-smi reports {names}: fix the hardware profile "
+            "(its label goes into every record)"
+        )
     links = topology_links(facts.get("topology"), tp_size)
     if links and interconnect in ("pcie", "nvlink") and links != {interconnect}:
-        out.append(f"hardware.interconnect={interconnect} but `nvidia-smi topo -m` shows {sorted(links)} links "
-                   f"between the first {tp_size} GPUs: fix the hardware profile")
+        out.append(
+            f"hardware.interconnect={interconnect} but `nvidia-smi topo -m` shows {sorted(links)} links "
+            f"between the first {tp_size} GPUs: fix the hardware profile"
+        )
     return out

@@ -156,11 +156,12 @@ class JobRecord:
         known = {k: d.pop(k) for k in list(d) if k in names and k != "extra"}
         run_fields = {f.name for f in dataclasses.fields(RunRecord)}
         for key in RUN_LISTS:
-            known[key] = [RunRecord(**{k: v for k, v in r.items() if k in run_fields})
-                          for r in known.get(key) or []]
+            known[key] = [RunRecord(**{k: v for k, v in r.items() if k in run_fields}) for r in known.get(key) or []]
         known["engine"] = EngineInfo(**(known.get("engine") or {"name": "unknown"}))
-        known["checks"] = [Check(**{k: c.get(k) for k in ("name", "ok", "value", "expected", "message")})
-                           for c in known.get("checks") or []]
+        known["checks"] = [
+            Check(**{k: c.get(k) for k in ("name", "ok", "value", "expected", "message")})
+            for c in known.get("checks") or []
+        ]
         if known.get("drift"):
             dr = known["drift"]
             known["drift"] = Drift(**{f.name: dr.get(f.name) for f in dataclasses.fields(Drift)})
@@ -188,8 +189,10 @@ def write(out_dir: Path, rec: JobRecord) -> Path:
     path = out_dir / FILENAME
     earlier = read(out_dir)
     if earlier is not None and earlier.record_id == rec.record_id:
-        raise WrittenTwice(f"{path}: record {rec.record_id} is already written (status {earlier.status}); "
-                           "compute everything before results.write")
+        raise WrittenTwice(
+            f"{path}: record {rec.record_id} is already written (status {earlier.status}); "
+            "compute everything before results.write"
+        )
     tmp = path.with_suffix(".tmp")
     tmp.write_text(provenance.dumps_clean(rec.to_dict(), provenance.secret_values()) + "\n")
     os.replace(tmp, path)
@@ -247,8 +250,11 @@ def performance_only(rec: JobRecord) -> bool:
 def job_summary(rec: JobRecord) -> str:
     """A few console lines for one finished job."""
     m = rec.metrics
-    label = f", {PERFORMANCE_ONLY} (accept len forced to {rec.config['spec']['simulate_accept_len']})" \
-        if performance_only(rec) else ""
+    label = (
+        f", {PERFORMANCE_ONLY} (accept len forced to {rec.config['spec']['simulate_accept_len']})"
+        if performance_only(rec)
+        else ""
+    )
     lines = [f"[{rec.status}] {rec.label} ({rec.role}, engine={rec.engine.name}{label})"]
     if rec.error:
         lines.append(f"  error: {rec.error}")
@@ -259,13 +265,22 @@ def job_summary(rec: JobRecord) -> str:
             f"({len(rec.runs)} runs)"
         )
     if "accept_len" in m:
-        lines.append(f"  accept len {m['accept_len']:.2f}  draft accept rate {m.get('accept_rate_draft', float('nan')):.2f}")
+        lines.append(
+            f"  accept len {m['accept_len']:.2f}  draft accept rate {m.get('accept_rate_draft', float('nan')):.2f}"
+        )
     acc = rec.acceptance or {}
     if acc.get("per_position"):
-        lines.append("  acceptance by draft position " + " ".join("-" if r is None else f"{r:.2f}" for r in acc["per_position"])
-                     + f" ({acc.get('source')})" + ("" if acc.get("accept_len_weighted") is None else
-                     f"; accept len per request: {acc['accept_len_weighted']:.2f} weighted by verifies, "
-                     f"{acc['accept_len_unweighted']:.2f} unweighted"))
+        lines.append(
+            "  acceptance by draft position "
+            + " ".join("-" if r is None else f"{r:.2f}" for r in acc["per_position"])
+            + f" ({acc.get('source')})"
+            + (
+                ""
+                if acc.get("accept_len_weighted") is None
+                else f"; accept len per request: {acc['accept_len_weighted']:.2f} weighted by verifies, "
+                f"{acc['accept_len_unweighted']:.2f} unweighted"
+            )
+        )
     if "cycle_ms" in m:
         lines.append(
             f"  cycle {m['cycle_ms']:.2f} ms = draft {m['draft_ms']:.2f} ({m['draft_pct']:.0f}%) + verify "
@@ -275,8 +290,12 @@ def job_summary(rec: JobRecord) -> str:
     if "speedup_vs_baseline" in m:
         method = (rec.speedup_vs_baseline or {}).get("method", "welch")
         sp = rec.speedup_vs_baseline or {}
-        how = (f"paired: {sp.get('pairs')} {sp.get('pairing', 'interleaved')} pairs, baseline "
-               f"{m['baseline_throughput_tok_s']:.1f} tok/s" if method == "paired" else "vs a separate baseline job")
+        how = (
+            f"paired: {sp.get('pairs')} {sp.get('pairing', 'interleaved')} pairs, baseline "
+            f"{m['baseline_throughput_tok_s']:.1f} tok/s"
+            if method == "paired"
+            else "vs a separate baseline job"
+        )
         lines.append(
             f"  speedup vs baseline {m['speedup_vs_baseline']:.3f}x  95% CI "
             f"[{m['speedup_vs_baseline_ci95_lo']:.3f}, {m['speedup_vs_baseline_ci95_hi']:.3f}] "

@@ -42,9 +42,12 @@ def run_from_hydra(cfg: DictConfig) -> float | None:
     multirun = hc.mode == RunMode.MULTIRUN
     if not multirun and hc.sweeper.get("params"):  # Hydra would run one job at the defaults, silently
         axes = " ".join(f"{k}={v}" for k, v in hc.sweeper.params.items())
-        print(f"error: experiment={exp.name} defines a sweep ({axes}); without -m only one job at the defaults "
-              f"would run. Run the sweep: python run.py -m experiment={exp.name}  (one point: add its value, "
-              f"e.g. -m experiment={exp.name} {next(iter(hc.sweeper.params))}=...)", file=sys.stderr)
+        print(
+            f"error: experiment={exp.name} defines a sweep ({axes}); without -m only one job at the defaults "
+            f"would run. Run the sweep: python run.py -m experiment={exp.name}  (one point: add its value, "
+            f"e.g. -m experiment={exp.name} {next(iter(hc.sweeper.params))}=...)",
+            file=sys.stderr,
+        )
         raise SystemExit(2)
     root = Path(hc.runtime.cwd)
     ctx = JobContext(

@@ -98,7 +98,9 @@ class Client:
         return {
             "text": prompt,
             "sampling_params": {
-                "max_new_tokens": max_new_tokens, "temperature": temperature, "ignore_eos": ignore_eos,
+                "max_new_tokens": max_new_tokens,
+                "temperature": temperature,
+                "ignore_eos": ignore_eos,
             },
         }
 
@@ -114,7 +116,11 @@ class Client:
         meta = data.get("meta_info", {})
         ids = data.get("output_ids")
         return RunRecord(
-            launch=launch, run=run, start_wall=start_wall, end_wall=time.time(), wall_s=wall,
+            launch=launch,
+            run=run,
+            start_wall=start_wall,
+            end_wall=time.time(),
+            wall_s=wall,
             prompt_tokens=int(meta.get("prompt_tokens", 0)),
             completion_tokens=int(meta.get("completion_tokens", len(ids or []))),
             e2e_latency_s=meta.get("e2e_latency"),
@@ -122,7 +128,8 @@ class Client:
             spec_num_correct_drafts=meta.get("spec_num_correct_drafts"),
             spec_num_proposed_drafts=meta.get("spec_num_proposed_drafts"),
             output_ids=list(ids) if isinstance(ids, list) else None,
-            spec_correct_drafts_histogram=meta.get("spec_correct_drafts_histogram"), rid=meta.get("id"),
+            spec_correct_drafts_histogram=meta.get("spec_correct_drafts_histogram"),
+            rid=meta.get("id"),
         )
 
     def _generate_stream(self, body: dict, launch: int, run: int) -> RunRecord:
@@ -132,8 +139,10 @@ class Client:
         try:
             ctype = r.headers.get("Content-Type", "")
             if not ctype.startswith("text/event-stream"):
-                raise ClientError(f"POST /generate with \"stream\": true: the server answered {ctype or 'no Content-Type'}, "
-                                  f"not text/event-stream (it does not stream): {r.text[:200]}")
+                raise ClientError(
+                    f'POST /generate with "stream": true: the server answered {ctype or "no Content-Type"}, '
+                    f"not text/event-stream (it does not stream): {r.text[:200]}"
+                )
             r.raw.decode_content = True
             tokens, ids, ids_ok = 0, [], True
             ttft = t_last = None
@@ -164,23 +173,32 @@ class Client:
                     tokens = now
                 wall = time.perf_counter() - t0  # at [DONE]
             except (requests.Timeout, urllib3.exceptions.ReadTimeoutError, TimeoutError):
-                raise ClientError(f"POST /generate (stream): no data within {self.timeout_s:.0f}s "
-                                  "(engine.request_timeout_s)") from None
+                raise ClientError(
+                    f"POST /generate (stream): no data within {self.timeout_s:.0f}s (engine.request_timeout_s)"
+                ) from None
             except (requests.RequestException, urllib3.exceptions.HTTPError, OSError) as e:
                 # a read timeout (engine.request_timeout_s between two chunks) or a dropped connection
                 raise ClientError(f"POST /generate (stream): {type(e).__name__}: {e}") from None
         finally:
             r.close()
         return RunRecord(
-            launch=launch, run=run, start_wall=start_wall, end_wall=time.time(), wall_s=wall,
-            prompt_tokens=int(meta.get("prompt_tokens", 0)), completion_tokens=tokens,
+            launch=launch,
+            run=run,
+            start_wall=start_wall,
+            end_wall=time.time(),
+            wall_s=wall,
+            prompt_tokens=int(meta.get("prompt_tokens", 0)),
+            completion_tokens=tokens,
             e2e_latency_s=meta.get("e2e_latency"),
             spec_verify_ct=meta.get("spec_verify_ct"),
             spec_num_correct_drafts=meta.get("spec_num_correct_drafts"),
             spec_num_proposed_drafts=meta.get("spec_num_proposed_drafts"),
             output_ids=ids if ids_ok and len(ids) == tokens else None,
             spec_correct_drafts_histogram=meta.get("spec_correct_drafts_histogram"),
-            ttft_s=ttft, token_gaps_s=gaps if ttft is not None else None, stream=True, rid=meta.get("id"),
+            ttft_s=ttft,
+            token_gaps_s=gaps if ttft is not None else None,
+            stream=True,
+            rid=meta.get("id"),
         )
 
     def flush_cache(self, wait_s: float = 30.0) -> None:
@@ -194,8 +212,9 @@ class Client:
                 return
             except ClientError as e:
                 if "HTTP 400" not in str(e) or time.monotonic() > deadline:
-                    raise ClientError(f"{e} -- the server did not become idle for /flush_cache within "
-                                      f"{wait_s:.0f}s after the warmup") from None
+                    raise ClientError(
+                        f"{e} -- the server did not become idle for /flush_cache within {wait_s:.0f}s after the warmup"
+                    ) from None
                 time.sleep(0.2)
 
     def server_info(self) -> dict:

@@ -45,11 +45,19 @@ ENTRY_POINT = "spec_decode_profiler"
 # The leading parameters each hooked method must take (our hooks pass *args through, but the phase
 # meaning depends on them: batch in, verify result into the re-extend).
 SIGNATURES = {
-    "sglang": {"forward_batch_generation": ["self", "batch"], "draft": ["self", "batch"],
-               "verify": ["self", "batch"], "_draft_extend_for_decode": ["self", "batch", "batch_result"]},
+    "sglang": {
+        "forward_batch_generation": ["self", "batch"],
+        "draft": ["self", "batch"],
+        "verify": ["self", "batch"],
+        "_draft_extend_for_decode": ["self", "batch", "batch_result"],
+    },
     # our Decoder takes SGLang's batch in every hooked method (docs/embedded-engine.md, hook contract)
-    "embedded": {"cycle": ["self", "batch"], "draft": ["self", "batch"], "verify": ["self", "batch"],
-                 "extend": ["self", "batch"]},
+    "embedded": {
+        "cycle": ["self", "batch"],
+        "draft": ["self", "batch"],
+        "verify": ["self", "batch"],
+        "extend": ["self", "batch"],
+    },
 }
 
 PROFILE_ITEM = "profile from rank 0"  # the live item that waits for the profile's flush
@@ -73,9 +81,14 @@ def check_version(engine: str) -> Item:
     v = installed_version()
     if v is None:
         return Item("engine version", False, NO_SGLANG, "pip install -e '.[sglang]' on the GPU box")
-    return Item("engine version", v == TESTED_VERSION, f"sglang {v} (tested: {TESTED_VERSION})",
-                "" if v == TESTED_VERSION else
-                f"pip install sglang=={TESTED_VERSION}, or expect other hook targets and log lines")
+    return Item(
+        "engine version",
+        v == TESTED_VERSION,
+        f"sglang {v} (tested: {TESTED_VERSION})",
+        ""
+        if v == TESTED_VERSION
+        else f"pip install sglang=={TESTED_VERSION}, or expect other hook targets and log lines",
+    )
 
 
 def check_entry_point(entry_points: list, allowed: str | None) -> Item:
@@ -83,15 +96,21 @@ def check_entry_point(entry_points: list, allowed: str | None) -> Item:
     ours = [ep for ep in entry_points if ep.name == ENTRY_POINT]
     if not ours:
         names = ", ".join(sorted(ep.name for ep in entry_points)) or "none"
-        return Item("profiler plugin installed", False,
-                    f"no `{ENTRY_POINT}` entry point in group sglang.srt.plugins (found: {names})",
-                    "pip install -e . in the environment that runs the server (the entry point "
-                    "comes from our package's metadata)")
+        return Item(
+            "profiler plugin installed",
+            False,
+            f"no `{ENTRY_POINT}` entry point in group sglang.srt.plugins (found: {names})",
+            "pip install -e . in the environment that runs the server (the entry point "
+            "comes from our package's metadata)",
+        )
     names = {n.strip() for n in (allowed or "").split(",") if n.strip()}
     if names and ENTRY_POINT not in names:
-        return Item("profiler plugin installed", False,
-                    f"`{ENTRY_POINT}` is installed but SGLANG_PLUGINS={allowed!r} excludes it",
-                    f"add {ENTRY_POINT} to SGLANG_PLUGINS, or unset it")
+        return Item(
+            "profiler plugin installed",
+            False,
+            f"`{ENTRY_POINT}` is installed but SGLANG_PLUGINS={allowed!r} excludes it",
+            f"add {ENTRY_POINT} to SGLANG_PLUGINS, or unset it",
+        )
     return Item("profiler plugin installed", True, f"{ours[0].value} (group sglang.srt.plugins)")
 
 
@@ -145,20 +164,27 @@ def check_hook_targets(engine: str, targets=None) -> Item:
         if params[: len(want)] != want:
             problems.append(f"{target}({', '.join(params)}): expected parameters starting {want}")
     if problems:
-        return Item("hook targets", False, "; ".join(problems),
-                    "the installed engine moved its EAGLE-3 phases: update TARGETS in "
-                    "spec_decode/profiler/plugin.py for this version (or install the tested one)")
+        return Item(
+            "hook targets",
+            False,
+            "; ".join(problems),
+            "the installed engine moved its EAGLE-3 phases: update TARGETS in "
+            "spec_decode/profiler/plugin.py for this version (or install the tested one)",
+        )
     return Item("hook targets", True, f"{len(targets)} targets resolve ({engine})")
 
 
 def static_checks(engine: str) -> list[Item]:
-    return [check_version(engine),
-            check_entry_point(list(entry_points(group="sglang.srt.plugins")), os.environ.get("SGLANG_PLUGINS")),
-            check_hook_targets(engine)]
+    return [
+        check_version(engine),
+        check_entry_point(list(entry_points(group="sglang.srt.plugins")), os.environ.get("SGLANG_PLUGINS")),
+        check_hook_targets(engine),
+    ]
 
 
-def live_checks(profile_path: Path, window: tuple[float, float], meta: dict, log_lines: list[str],
-                speculative: bool = True) -> list[Item]:
+def live_checks(
+    profile_path: Path, window: tuple[float, float], meta: dict, log_lines: list[str], speculative: bool = True
+) -> list[Item]:
     """After one request (its wall-clock window, its meta_info, the server log lines meanwhile) and
     after the profile's flush (idle or SIGTERM)."""
     items = []
@@ -167,12 +193,21 @@ def live_checks(profile_path: Path, window: tuple[float, float], meta: dict, log
         cycles = profile.in_windows(ranks.get(0, []), [window])[0]
         verify_ct = meta.get("spec_verify_ct")
         if not cycles:
-            where = (f"found ranks {sorted(ranks)}" if ranks else
-                     f"no {Path(profile.rank_path(profile_path, 0)).name} at all")
-            items.append(Item(PROFILE_ITEM, False, f"no profile lines in the request's window ({where})",
-                              "the plugin did not run in the rank processes: check the items above, "
-                              "SPEC_DECODE_PROFILE in the server env (benchmark.profile=true) and the "
-                              "server log for 'spec_decode profiler'"))
+            where = (
+                f"found ranks {sorted(ranks)}"
+                if ranks
+                else f"no {Path(profile.rank_path(profile_path, 0)).name} at all"
+            )
+            items.append(
+                Item(
+                    PROFILE_ITEM,
+                    False,
+                    f"no profile lines in the request's window ({where})",
+                    "the plugin did not run in the rank processes: check the items above, "
+                    "SPEC_DECODE_PROFILE in the server env (benchmark.profile=true) and the "
+                    "server log for 'spec_decode profiler'",
+                )
+            )
         else:
             phases = [p for p in ("draft", "verify", "extend") if not any(c.get(f"{p}_ms", 0) > 0 for c in cycles)]
             # One request: its counted verifies, plus at most one in-flight cycle after its finishing
@@ -183,22 +218,43 @@ def live_checks(profile_path: Path, window: tuple[float, float], meta: dict, log
                 detail += f"; phases never timed: {phases}"
             if verify_ct is not None and not verify_ct <= len(cycles) <= verify_ct + 1:
                 detail += f"; but meta_info says {verify_ct} verifies (+ at most 1 in-flight cycle)"
-            items.append(Item(PROFILE_ITEM, ok, detail,
-                              "" if ok else "a hook target is not called on this engine's path "
-                              "(check the hook targets item and the server log)"))
+            items.append(
+                Item(
+                    PROFILE_ITEM,
+                    ok,
+                    detail,
+                    ""
+                    if ok
+                    else "a hook target is not called on this engine's path "
+                    "(check the hook targets item and the server log)",
+                )
+            )
         counters = [k for k in ("spec_verify_ct", "completion_tokens") if meta.get(k) is None]
-        items.append(Item("meta_info spec counters", not counters,
-                          f"missing {counters}" if counters else
-                          f"spec_verify_ct={meta['spec_verify_ct']}, completion_tokens={meta.get('completion_tokens')}",
-                          "" if not counters else "speculation is not on in this server: check the "
-                          "--speculative-* flags in server.log"))
+        items.append(
+            Item(
+                "meta_info spec counters",
+                not counters,
+                f"missing {counters}"
+                if counters
+                else f"spec_verify_ct={meta['spec_verify_ct']}, completion_tokens={meta.get('completion_tokens')}",
+                ""
+                if not counters
+                else "speculation is not on in this server: check the --speculative-* flags in server.log",
+            )
+        )
     parsed = decode_log.parse_lines(log_lines)
     decodes = [x for x in parsed if x.kind == "Decode"]
-    items.append(Item("decode-log lines", bool(decodes),
-                      f"{len(decodes)} `Decode batch` lines parsed" if decodes else
-                      "no `Decode batch` line our parser reads",
-                      "" if decodes else "lower engine.decode_log_interval, or send a golden sample of "
-                      "this version's log line to tests/data/logs"))
+    items.append(
+        Item(
+            "decode-log lines",
+            bool(decodes),
+            f"{len(decodes)} `Decode batch` lines parsed" if decodes else "no `Decode batch` line our parser reads",
+            ""
+            if decodes
+            else "lower engine.decode_log_interval, or send a golden sample of "
+            "this version's log line to tests/data/logs",
+        )
+    )
     return items
 
 
@@ -217,8 +273,7 @@ def as_records(items: list[Item]) -> list[dict]:
     return [asdict(it) for it in items]
 
 
-def request_checks(run, profile_path: Path, log_path: Path, log_start: int,
-                   speculative: bool) -> list[Item]:
+def request_checks(run, profile_path: Path, log_path: Path, log_start: int, speculative: bool) -> list[Item]:
     """The live items for one measured request (a client.RunRecord): its window in the profile, its
     meta_info counters, the server log written since ``log_start``."""
     with open(log_path, "rb") as f:
@@ -228,8 +283,15 @@ def request_checks(run, profile_path: Path, log_path: Path, log_start: int,
     return live_checks(profile_path, (run.start_wall, run.end_wall), meta, lines, speculative)
 
 
-def warmup_checks(warmup, profile_path: Path, log_path: Path, log_start: int,
-                  speculative: bool, wait_s: float = 1.0, poll_s: float = 0.02) -> list[Item]:
+def warmup_checks(
+    warmup,
+    profile_path: Path,
+    log_path: Path,
+    log_start: int,
+    speculative: bool,
+    wait_s: float = 1.0,
+    poll_s: float = 0.02,
+) -> list[Item]:
     """The live items on a job's own warmup request (no extra server, no extra request). The plugin's
     flusher writes completed cycles within 50 ms of idle: asked again every ``poll_s`` while the profile
     item fails, for at most ``wait_s``; the other items read lines the server wrote before it answered
@@ -254,16 +316,23 @@ def run(overrides: list[str], root: Path, static_only: bool = False, max_new_tok
     if static_only:
         return items
     if cfg.engine.name == "sglang" and installed_version() is None:  # nothing to launch: say so, no traceback
-        return items + [Item("live request", False, "not run: sglang is not installed, so no server can start",
-                             "pip install -e '.[sglang]' on the GPU box, or --static-only here")]
+        return items + [
+            Item(
+                "live request",
+                False,
+                "not run: sglang is not installed, so no server can start",
+                "pip install -e '.[sglang]' on the GPU box, or --static-only here",
+            )
+        ]
     prompt = load_prompts(root / cfg.benchmark.prompts)[cfg.benchmark.prompt_index]
     with tempfile.TemporaryDirectory(prefix="spec_decode_doctor_") as tmp:
         prof, log_path = Path(tmp) / "profile.jsonl", Path(tmp) / "server.log"
         try:
             srv = start_server(cfg, server_extra_env(cfg, str(prof)), log_path)
         except ServerError as e:  # the server's own last lines say why
-            return items + [Item("live request", False, f"not run: {e}",
-                                 "fix what the server log says, then run the doctor again")]
+            return items + [
+                Item("live request", False, f"not run: {e}", "fix what the server log says, then run the doctor again")
+            ]
         try:
             client = Client(srv.base_url, cfg.engine.request_timeout_s)
             start = log_path.stat().st_size
@@ -275,8 +344,11 @@ def run(overrides: list[str], root: Path, static_only: bool = False, max_new_tok
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="python -m spec_decode.runner.doctor", description=__doc__,
-                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = argparse.ArgumentParser(
+        prog="python -m spec_decode.runner.doctor",
+        description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
     p.add_argument("--static-only", action="store_true", help="no server: install and hook checks only")
     p.add_argument("overrides", nargs="*", help="Hydra overrides, as for run.py (engine=sglang ...)")
     args = p.parse_args(argv)

@@ -26,5 +26,7 @@ def dry_run(cfg: ExperimentConfig, ctx: JobContext) -> None:
     print("# server command:")
     print(shlex.join(argv))
     if cfg.baseline_strategy != "none":
-        print(f"# + baseline ({cfg.baseline_strategy}): the same command without the --speculative-* flags, "
-              + ("a server beside this one" if cfg.baseline_strategy == "paired" else "a separate job"))
+        print(
+            f"# + baseline ({cfg.baseline_strategy}): the same command without the --speculative-* flags, "
+            + ("a server beside this one" if cfg.baseline_strategy == "paired" else "a separate job")
+        )

@@ -46,8 +46,7 @@ def _on_sigint(signum: int, frame: Any) -> None:
         print(f"\n{MESSAGE}: nothing had started", file=sys.stderr)
         os._exit(EXIT_CODE)  # no run, no server, no file yet: no cleanup to wait for
     if _state["interrupted"]:
-        print(f"\n{MESSAGE} again: still ending the runs as KILLED and stopping servers; one moment",
-              file=sys.stderr)
+        print(f"\n{MESSAGE} again: still ending the runs as KILLED and stopping servers; one moment", file=sys.stderr)
         return
     mark()
     if _state["deferred"]:

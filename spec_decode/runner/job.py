@@ -124,8 +124,9 @@ def run_job(cfg: ExperimentConfig, ctx: JobContext) -> JobRecord | None:
     # One baseline strategy per job (cfg.baseline_strategy): a paired server beside the spec server
     # (measure), or a separate baseline job measured here -- never both.
     baseline = ensure_baseline(cfg, ctx) if cfg.baseline_strategy == "job" else None
-    return measure(cfg, ctx, role="spec" if cfg.speculative else "baseline", baseline=baseline,
-                   warnings=warnings, probe=probe)
+    return measure(
+        cfg, ctx, role="spec" if cfg.speculative else "baseline", baseline=baseline, warnings=warnings, probe=probe
+    )
 
 
 def record_refusal(cfg: ExperimentConfig, ctx: JobContext, error: str) -> JobRecord:
@@ -151,14 +152,30 @@ def earlier_baselines(cfg: ExperimentConfig, ctx: JobContext, rec: JobRecord) ->
     refs = []
     for d in cfg.tracking.results_dirs:
         for other in results.collect(_abs(ctx.root, d)):
-            if (other.role == "baseline" and other.status == "FINISHED" and other.record_id != rec.record_id
-                    and "throughput_tok_s" in other.metrics and drift.identity(other.config) == want):
+            if (
+                other.role == "baseline"
+                and other.status == "FINISHED"
+                and other.record_id != rec.record_id
+                and "throughput_tok_s" in other.metrics
+                and drift.identity(other.config) == want
+            ):
                 m = other.metrics
-                ci = (m["throughput_tok_s_ci95_lo"], m["throughput_tok_s_ci95_hi"]) \
-                    if "throughput_tok_s_ci95_lo" in m else None
-                refs.append(drift.Reference(other.record_id, m["throughput_tok_s"], other.started_at, ci,
-                                            other.server_env or {}, drift.data_hashes_of(other.provenance),
-                                            other.engine.version))
+                ci = (
+                    (m["throughput_tok_s_ci95_lo"], m["throughput_tok_s_ci95_hi"])
+                    if "throughput_tok_s_ci95_lo" in m
+                    else None
+                )
+                refs.append(
+                    drift.Reference(
+                        other.record_id,
+                        m["throughput_tok_s"],
+                        other.started_at,
+                        ci,
+                        other.server_env or {},
+                        drift.data_hashes_of(other.provenance),
+                        other.engine.version,
+                    )
+                )
     return refs
 
 
@@ -171,20 +188,32 @@ def run_nccl_probe(cfg: ExperimentConfig, ctx: JobContext) -> dict:
         sizes.append(n)  # hidden x the checkpoint's dtype (the tiny target is fp32)
     world = cfg.hardware.tp_size if cuda else max(2, cfg.hardware.tp_size)  # the server's ranks
     _say(ctx, f"[nccl probe] {'nccl' if cuda else 'gloo'} x{world}, nccl={cfg.nccl.name}, sizes {sorted(set(sizes))}")
-    return probe(world, "nccl" if cuda else "gloo", sizes, iters=cfg.preflight.nccl_probe_iters,
-                 env=rank_nccl_env(cfg))  # the ranks' NCCL variables: the profile + the engine launcher's
+    return probe(
+        world, "nccl" if cuda else "gloo", sizes, iters=cfg.preflight.nccl_probe_iters, env=rank_nccl_env(cfg)
+    )  # the ranks' NCCL variables: the profile + the engine launcher's
 
 
-def measure(cfg: ExperimentConfig, ctx: JobContext, role: str, baseline: JobRecord | None = None,
-            warnings: list[str] | None = None, probe: dict | None = None) -> JobRecord:
+def measure(
+    cfg: ExperimentConfig,
+    ctx: JobContext,
+    role: str,
+    baseline: JobRecord | None = None,
+    warnings: list[str] | None = None,
+    probe: dict | None = None,
+) -> JobRecord:
     """Launch, run the protocol, collect; results.json whatever happens."""
     warnings = list(warnings or [])
     out = ctx.out_dir
     out.mkdir(parents=True, exist_ok=True)
     profile_path = out / "profile.jsonl"
     log_path = out / "server.log"
-    for stale in (profile_path, log_path, out / OUTPUTS_FILE, out / PAIRED_OUTPUTS_FILE,
-                  *rank_files(profile_path).values()):
+    for stale in (
+        profile_path,
+        log_path,
+        out / OUTPUTS_FILE,
+        out / PAIRED_OUTPUTS_FILE,
+        *rank_files(profile_path).values(),
+    ):
         stale.unlink(missing_ok=True)
     prompt = load_prompts(_abs(ctx.root, cfg.benchmark.prompts))[cfg.benchmark.prompt_index]
     extra_env = server_extra_env(cfg, str(profile_path) if cfg.benchmark.profile else None)
@@ -209,7 +238,7 @@ def measure(cfg: ExperimentConfig, ctx: JobContext, role: str, baseline: JobReco
             if cfg.hardware.device == "cuda":
                 extra_env["CUDA_VISIBLE_DEVICES"] = ",".join(mine[: cfg.hardware.tp_size])
                 if pair is not None:
-                    pair.env["CUDA_VISIBLE_DEVICES"] = ",".join(mine[cfg.hardware.tp_size:])
+                    pair.env["CUDA_VISIBLE_DEVICES"] = ",".join(mine[cfg.hardware.tp_size :])
             for launch in range(cfg.benchmark.launches):
                 _one_launch(cfg, ctx, launch, prompt, extra_env, rec, measured, pair)
     except KeyboardInterrupt as e:  # Ctrl-C, or SIGTERM (cli.Terminated: scancel, time limit, kill)
@@ -222,8 +251,11 @@ def measure(cfg: ExperimentConfig, ctx: JobContext, role: str, baseline: JobReco
         raise
     finally:
         recording.finish(rec, cfg, status, error, measured, baseline)
-        load_lines = load.finish(rec, cfg, baseline, log_path, pair.log_path if pair else None) \
-            if cfg.benchmark.under_load else []  # benchmark.concurrency / request_rate (issue 28)
+        load_lines = (
+            load.finish(rec, cfg, baseline, log_path, pair.log_path if pair else None)
+            if cfg.benchmark.under_load
+            else []
+        )  # benchmark.concurrency / request_rate (issue 28)
         rec.metrics.update(host.metrics_of([x["host"] for x in rec.launches if "host" in x]))
         if rec.role == "baseline" and rec.status == "FINISHED":
             recording.add_drift(rec, earlier_baselines(cfg, ctx, rec))
@@ -242,8 +274,10 @@ def where_to_look(rec: JobRecord, ctx: JobContext) -> str:
     lines = [f"  results: {ctx.out_dir} (results.json, run.log, server.log)"]
     if rec.mlflow_run_id and ctx.tracker is not None:
         try:
-            lines.append(f"  MLflow run {rec.mlflow_run_id}: {ctx.tracker.ui_command()}, then "
-                         f"{ctx.tracker.ui_url(rec.mlflow_run_id)}")
+            lines.append(
+                f"  MLflow run {rec.mlflow_run_id}: {ctx.tracker.ui_command()}, then "
+                f"{ctx.tracker.ui_url(rec.mlflow_run_id)}"
+            )
         except Exception:  # noqa: BLE001 - a store gone since the run was logged: the id still helps
             lines.append(f"  MLflow run {rec.mlflow_run_id}")
     if not ctx.sweep_dir:
@@ -278,9 +312,16 @@ class Pair:
     log_path: Path
 
 
-def _one_launch(cfg: ExperimentConfig, ctx: JobContext, launch: int, prompt: str,
-                extra_env: dict[str, str], rec: JobRecord, measured: recording.Measured,
-                pair: Pair | None = None) -> None:
+def _one_launch(
+    cfg: ExperimentConfig,
+    ctx: JobContext,
+    launch: int,
+    prompt: str,
+    extra_env: dict[str, str],
+    rec: JobRecord,
+    measured: recording.Measured,
+    pair: Pair | None = None,
+) -> None:
     """One server launch: warmup, /flush_cache, the timed runs. With ``pair``, the baseline server runs
     beside ours and each timed run is paired with one of its own (benchmark.pairing: interleaved or
     concurrent, see spec_decode/runner/pairing.py)."""
@@ -302,8 +343,7 @@ def _one_launch(cfg: ExperimentConfig, ctx: JobContext, launch: int, prompt: str
     with contextlib.ExitStack() as stack:
         stack.enter_context(srv)
         client = Client(srv.base_url, cfg.engine.request_timeout_s)
-        rec.launches.append({"launch": launch, "port": port, "pid": srv.pid,
-                             "server_start_s": srv.start_s})
+        rec.launches.append({"launch": launch, "port": port, "pid": srv.pid, "server_start_s": srv.start_s})
         if nice is not None:  # benchmark.server_nice, read back from the server
             pairing.set_group_nice(srv.pid, nice)
             rec.launches[-1]["server_nice"] = pairing.group_nice(srv.pid)
@@ -311,8 +351,9 @@ def _one_launch(cfg: ExperimentConfig, ctx: JobContext, launch: int, prompt: str
         if pair is not None:
             bsrv = stack.enter_context(start_server(pair.cfg, pair.env, pair.log_path, any_port=True))
             bclient = Client(bsrv.base_url, cfg.engine.request_timeout_s)
-            rec.launches[-1].update(baseline_port=bsrv.port, baseline_pid=bsrv.pid,
-                                    baseline_server_start_s=bsrv.start_s, pairing=b.pairing)
+            rec.launches[-1].update(
+                baseline_port=bsrv.port, baseline_pid=bsrv.pid, baseline_server_start_s=bsrv.start_s, pairing=b.pairing
+            )
             if nice is not None:
                 pairing.set_group_nice(bsrv.pid, nice)
                 rec.launches[-1]["baseline_server_nice"] = pairing.group_nice(bsrv.pid)
@@ -354,8 +395,10 @@ def _one_launch(cfg: ExperimentConfig, ctx: JobContext, launch: int, prompt: str
                     bar.update()
                     continue
                 spec_run, base_run, info = pairer.run(
-                    run, functools.partial(gen, launch, run, stream=b.stream),
-                    functools.partial(bgen, launch, run, stream=b.stream))
+                    run,
+                    functools.partial(gen, launch, run, stream=b.stream),
+                    functools.partial(bgen, launch, run, stream=b.stream),
+                )
                 rec.runs.append(spec_run)
                 rec.baseline_runs.append(base_run)
                 rec.launches[-1].setdefault("pairs", []).append(info)
@@ -375,13 +418,17 @@ def _one_launch(cfg: ExperimentConfig, ctx: JobContext, launch: int, prompt: str
             bar.close()
 
 
-def run_request_pass(cfg: ExperimentConfig, ctx: JobContext, client: Client, launch: int, out: Path,
-                     name: str) -> list[dict]:
+def run_request_pass(
+    cfg: ExperimentConfig, ctx: JobContext, client: Client, launch: int, out: Path, name: str
+) -> list[dict]:
     """After the timed runs (outside their windows, so their numbers cannot change): one greedy request
     per prompt of benchmark.request_prompts -> its entries (returned), the output ids -> ``out/name``."""
     b = cfg.benchmark
     prompts = load_prompt_set(_abs(ctx.root, b.request_prompts))
-    _say(ctx, f"[request pass] {len(prompts)} prompts of {b.request_prompts}, {b.request_max_new_tokens} tokens each -> {name}")
+    _say(
+        ctx,
+        f"[request pass] {len(prompts)} prompts of {b.request_prompts}, {b.request_max_new_tokens} tokens each -> {name}",
+    )
     runs = []
     for p in prompts:
         body = client.generate_body(p.text, b.request_max_new_tokens, b.temperature, b.ignore_eos)

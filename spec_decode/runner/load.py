@@ -60,15 +60,15 @@ def run_seed(seed: int, launch: int, run: int) -> int:
 class LoadRunner:
     """The load protocol against one server: ``reference`` (bs 1 pass) and ``__call__`` (one timed run)."""
 
-    def __init__(self, cfg: ExperimentConfig, root: Path, client: Client, rec: JobRecord, arm: str,
-                 log_path: Path):
+    def __init__(self, cfg: ExperimentConfig, root: Path, client: Client, rec: JobRecord, arm: str, log_path: Path):
         b = cfg.benchmark
         path = Path(b.load_prompts) if Path(b.load_prompts).is_absolute() else root / b.load_prompts
         self.prompts: list[Prompt] = load_prompt_set(path)
         self.cfg, self.client, self.rec, self.arm, self.log_path = cfg, client, rec, arm, log_path
         self.n = b.requests_per_run
-        self.bodies = [client.generate_body(p.text, b.max_new_tokens, b.temperature, b.ignore_eos)
-                       for p in self.prompts]
+        self.bodies = [
+            client.generate_body(p.text, b.max_new_tokens, b.temperature, b.ignore_eos) for p in self.prompts
+        ]
         if not hasattr(rec, _MEMORY):
             setattr(rec, _MEMORY, {SELF: [], PAIRED: []})
 
@@ -88,14 +88,27 @@ class LoadRunner:
         ``timed=False`` (the profiled pass): the same load, kept out of the timed runs' load figures
         and guard; its requests are in ``last_requests``."""
         b = self.cfg.benchmark
-        arrivals = poisson_arrivals(b.request_rate, self.n, run_seed(b.load_seed, launch, run)) \
-            if b.request_rate is not None else None
+        arrivals = (
+            poisson_arrivals(b.request_rate, self.n, run_seed(b.load_seed, launch, run))
+            if b.request_rate is not None
+            else None
+        )
         lo = self.log_path.stat().st_size if self.log_path.exists() else 0
         done: dict[int, RunRecord] = {}
         sent: dict[int, float] = {}
         t0 = time.perf_counter()
-        _drive(self.client, self.bodies, [self.prompt_of(i) for i in range(self.n)], b.concurrency, arrivals,
-               launch, run, stream, done, sent)
+        _drive(
+            self.client,
+            self.bodies,
+            [self.prompt_of(i) for i in range(self.n)],
+            b.concurrency,
+            arrivals,
+            launch,
+            run,
+            stream,
+            done,
+            sent,
+        )
         wall = time.perf_counter() - t0  # first send -> last answer
         time.sleep(0.05)  # the last decode-log line reaches the file
         hi = self.log_path.stat().st_size if self.log_path.exists() else lo
@@ -109,25 +122,49 @@ class LoadRunner:
             p = str(self.prompt_of(i))
             ref = refs.get(p)
             same = None if ref is None or r.output_ids is None else r.output_sha256 == output_sha256(ref)
-            e = {"i": i, "prompt_index": int(p), "sent_s": round(sent[i], 5),
-                 "scheduled_s": round(arrivals[i], 5) if arrivals else None, "wall_s": round(r.wall_s, 5),
-                 "completion_tokens": r.completion_tokens, "prompt_tokens": r.prompt_tokens,
-                 "spec_verify_ct": r.spec_verify_ct, "tok_s": round(r.throughput_tok_s, 3),
-                 "accept_len": figures.request_accept_len(r), "ttft_s": r.ttft_s,
-                 "output_sha256": r.output_sha256, "equals_reference": same}
+            e = {
+                "i": i,
+                "prompt_index": int(p),
+                "sent_s": round(sent[i], 5),
+                "scheduled_s": round(arrivals[i], 5) if arrivals else None,
+                "wall_s": round(r.wall_s, 5),
+                "completion_tokens": r.completion_tokens,
+                "prompt_tokens": r.prompt_tokens,
+                "spec_verify_ct": r.spec_verify_ct,
+                "tok_s": round(r.throughput_tok_s, 3),
+                "accept_len": figures.request_accept_len(r),
+                "ttft_s": r.ttft_s,
+                "output_sha256": r.output_sha256,
+                "equals_reference": same,
+            }
             if same is False:
                 e["output_ids"] = r.output_ids  # only a diverging request's ids (the guard names the position)
             entries.append(e)
         getattr(self.rec, _MEMORY)[self.arm].append(reqs)
         self.rec.launches[-1].setdefault("load_runs", []).append(
-            {"arm": self.arm, "run": run, "log_window": [lo, hi], **figures.run_figures(reqs, wall),
-             "request_entries": entries})
+            {
+                "arm": self.arm,
+                "run": run,
+                "log_window": [lo, hi],
+                **figures.run_figures(reqs, wall),
+                "request_entries": entries,
+            }
+        )
         return _aggregate(reqs, launch, run, wall)
 
 
-def _drive(client: Client, bodies: list[dict], prompt_of: list[int], concurrency: int,
-           arrivals: list[float] | None, launch: int, run: int, stream: bool,
-           done: dict[int, RunRecord], sent: dict[int, float]) -> None:
+def _drive(
+    client: Client,
+    bodies: list[dict],
+    prompt_of: list[int],
+    concurrency: int,
+    arrivals: list[float] | None,
+    launch: int,
+    run: int,
+    stream: bool,
+    done: dict[int, RunRecord],
+    sent: dict[int, float],
+) -> None:
     """Send the requests: closed loop (N workers, each taking the next request when its last returned)
     or open loop (each at its arrival time, at most N in flight). Raises the first request's error."""
     errors: list[BaseException] = []
@@ -184,6 +221,7 @@ def _drive(client: Client, bodies: list[dict], prompt_of: list[int], concurrency
 
 def _aggregate(reqs: list[RunRecord], launch: int, run: int, wall_s: float) -> RunRecord:
     """The run's requests as one record: sums over the run's wall time (so tok/s is the aggregate)."""
+
     def total(key: str) -> int | None:
         vals = [getattr(r, key) for r in reqs]
         return None if any(v is None for v in vals) else sum(vals)
@@ -193,12 +231,19 @@ def _aggregate(reqs: list[RunRecord], launch: int, run: int, wall_s: float) -> R
     if hists and all(h is not None for h in hists):
         width = max(len(h) for h in hists)
         hist = [sum(h[k] for h in hists if k < len(h)) for k in range(width)]
-    return RunRecord(launch=launch, run=run, start_wall=min(r.start_wall for r in reqs),
-                     end_wall=max(r.end_wall for r in reqs), wall_s=wall_s,
-                     prompt_tokens=sum(r.prompt_tokens for r in reqs),
-                     completion_tokens=sum(r.completion_tokens for r in reqs),
-                     spec_verify_ct=total("spec_verify_ct"), spec_num_correct_drafts=total("spec_num_correct_drafts"),
-                     spec_num_proposed_drafts=total("spec_num_proposed_drafts"), spec_correct_drafts_histogram=hist)
+    return RunRecord(
+        launch=launch,
+        run=run,
+        start_wall=min(r.start_wall for r in reqs),
+        end_wall=max(r.end_wall for r in reqs),
+        wall_s=wall_s,
+        prompt_tokens=sum(r.prompt_tokens for r in reqs),
+        completion_tokens=sum(r.completion_tokens for r in reqs),
+        spec_verify_ct=total("spec_verify_ct"),
+        spec_num_correct_drafts=total("spec_num_correct_drafts"),
+        spec_num_proposed_drafts=total("spec_num_proposed_drafts"),
+        spec_correct_drafts_histogram=hist,
+    )
 
 
 def _running(log_path: Path, windows: list[list[int]], concurrency: int) -> dict | None:
@@ -212,8 +257,9 @@ def _running(log_path: Path, windows: list[list[int]], concurrency: int) -> dict
     return figures.running_batch(decode_log.parse_lines(lines), concurrency)
 
 
-def finish(rec: JobRecord, cfg: ExperimentConfig, baseline: JobRecord | None, log_path: Path,
-           paired_log_path: Path | None) -> list[str]:
+def finish(
+    rec: JobRecord, cfg: ExperimentConfig, baseline: JobRecord | None, log_path: Path, paired_log_path: Path | None
+) -> list[str]:
     """After ``results.finish``: the record's ``load`` section and metrics, the lossless guard of every
     request under load against the baseline's bs-1 outputs; console lines. Forgets the in-memory requests."""
     memory = rec.__dict__.pop(_MEMORY, None) or {SELF: [], PAIRED: []}
@@ -227,18 +273,26 @@ def finish(rec: JobRecord, cfg: ExperimentConfig, baseline: JobRecord | None, lo
         for x in mine:
             x["running"] = _running(path, [x["log_window"]], b.concurrency)
         reqs = [r for batch in memory[arm] for r in batch]
-        s = figures.summarize([{k: v for k, v in x.items() if k != "request_entries"} for x in mine], reqs,
-                              b.concurrency, b.request_rate, _running(path, [x["log_window"] for x in mine], b.concurrency))
+        s = figures.summarize(
+            [{k: v for k, v in x.items() if k != "request_entries"} for x in mine],
+            reqs,
+            b.concurrency,
+            b.request_rate,
+            _running(path, [x["log_window"] for x in mine], b.concurrency),
+        )
         entries = [e for x in mine for e in x["request_entries"]]
-        s["batch_invariance"] = {"requests": sum(e["equals_reference"] is not None for e in entries),
-                                 "equal": sum(e["equals_reference"] is True for e in entries),
-                                 "what": "each request's output vs its prompt decoded alone (bs 1) on the same server"}
+        s["batch_invariance"] = {
+            "requests": sum(e["equals_reference"] is not None for e in entries),
+            "equal": sum(e["equals_reference"] is True for e in entries),
+            "what": "each request's output vs its prompt decoded alone (bs 1) on the same server",
+        }
         section[arm] = s
     if SELF not in section:
         return []
     s = section[SELF]
-    s["profile_note"] = ("the phase profile comes from the profiled pass (the protocol request at bs 1), "
-                         "not from the runs under load")
+    s["profile_note"] = (
+        "the phase profile comes from the profiled pass (the protocol request at bs 1), not from the runs under load"
+    )
     if PAIRED in section:
         s["paired_baseline"] = section[PAIRED]
     rec.extra["load"] = s
@@ -246,7 +300,9 @@ def finish(rec: JobRecord, cfg: ExperimentConfig, baseline: JobRecord | None, lo
     if rec.role == "spec":
         _guard(rec, cfg, baseline, runs)
     inv = s["batch_invariance"]
-    lines = figures.describe(s) + [f"  outputs under load equal bs 1 on this server: {inv['equal']} of {inv['requests']}"]
+    lines = figures.describe(s) + [
+        f"  outputs under load equal bs 1 on this server: {inv['equal']} of {inv['requests']}"
+    ]
     return lines
 
 
@@ -268,9 +324,14 @@ def _guard(rec: JobRecord, cfg: ExperimentConfig, baseline: JobRecord | None, ru
                 p = str(e["prompt_index"])
                 ids = e.get("output_ids") if e["equals_reference"] is False else mine.get(p)
                 comparisons.append(lossless.Comparison(f"load:{p}", ids, base.get(p), b.max_new_tokens))
-    verdict = lossless.guard(comparisons, rec.engine.name, b.temperature, performance_only(rec),
-                             has_baseline=bool(job_ref) or any("load_reference" in x and PAIRED in x["load_reference"]
-                                                               for x in rec.launches))
+    verdict = lossless.guard(
+        comparisons,
+        rec.engine.name,
+        b.temperature,
+        performance_only(rec),
+        has_baseline=bool(job_ref)
+        or any("load_reference" in x and PAIRED in x["load_reference"] for x in rec.launches),
+    )
     verdict["what"] = "every request under load vs the baseline's output of its prompt at bs 1"
     rec.lossless = verdict
     rec.checks = [c for c in rec.checks if c.name != "lossless_vs_baseline"]

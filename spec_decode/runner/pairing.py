@@ -51,7 +51,7 @@ def core_halves(cores: list[int]) -> tuple[set[int], set[int]]:
     if len(cores) < 2:
         raise ValueError(f"concurrent pairing needs 2 CPU cores, got {cores}")
     half = len(cores) // 2
-    return set(cores[:half]), set(cores[half: 2 * half])
+    return set(cores[:half]), set(cores[half : 2 * half])
 
 
 def tree_threads(pid: int) -> list[int]:
@@ -150,8 +150,9 @@ class Pairer:
         pin_tree(self.base_pid, base_cores)
         return {SPEC: tree_affinity(self.spec_pid), BASE: tree_affinity(self.base_pid)}
 
-    def run(self, i: int, spec: Callable[[], RunRecord], base: Callable[[], RunRecord]
-            ) -> tuple[RunRecord, RunRecord, dict]:
+    def run(
+        self, i: int, spec: Callable[[], RunRecord], base: Callable[[], RunRecord]
+    ) -> tuple[RunRecord, RunRecord, dict]:
         """Pair i: (spec record, baseline record, what was done: order or cores, delays, overlap)."""
         calls = {SPEC: spec, BASE: base}
         if self.pairing == INTERLEAVED:
@@ -162,8 +163,7 @@ class Pairer:
             affinity = self._pin(i)
             delays = centered_delays(self.expected_s) if len(self.expected_s) == 2 else {SPEC: 0.0, BASE: 0.0}
             out = _concurrently(calls, delays)
-            info = {"pair": i, "cores": affinity, "delay_s": delays,
-                    "overlap_s": overlap_s(out[SPEC], out[BASE])}
+            info = {"pair": i, "cores": affinity, "delay_s": delays, "overlap_s": overlap_s(out[SPEC], out[BASE])}
         if not self._seen:
             self._seen = {arm: [s] for arm, s in self.expected_s.items()}
         for arm, r in out.items():

@@ -83,8 +83,9 @@ def has_weights(model_dir: Path) -> bool:
 def _git_tracked(root: Path, path: str) -> bool:
     """Whether git tracks files under ``path`` (the index still lists what was deleted from the tree)."""
     try:
-        out = subprocess.run(["git", "-C", str(root), "ls-files", "--", path], capture_output=True,
-                             text=True, timeout=30)
+        out = subprocess.run(
+            ["git", "-C", str(root), "ls-files", "--", path], capture_output=True, text=True, timeout=30
+        )
     except (OSError, subprocess.SubprocessError):
         return False
     return out.returncode == 0 and bool(out.stdout.strip())
@@ -95,8 +96,10 @@ def _missing_weights(root: Path, path: str, flag: str) -> str:
         return f"{flag}={path}: weights not found (config.json + *.safetensors); run `git checkout -- {path}`"
     hint = f"run `dvc pull {path}`"
     if not _dvc_tracked(root, path):
-        hint += (" (this repo has no DVC pointer for it yet: where the weights live, "
-                 f"`dvc add {path} && dvc push`, and commit {path}.dvc)")
+        hint += (
+            " (this repo has no DVC pointer for it yet: where the weights live, "
+            f"`dvc add {path} && dvc push`, and commit {path}.dvc)"
+        )
     return f"{flag}={path}: weights not found (config.json + *.safetensors); {hint}"
 
 
@@ -116,12 +119,16 @@ def check(cfg: ExperimentConfig, root: Path) -> Preflight:
 
     # NCCL names: a typo is silently ignored by NCCL and the tuning is gone.
     for name in cfg.nccl.env:
-        pf.need(name in NCCL_VARIABLES,
-                f"nccl={cfg.nccl.name}: {name} is not an NCCL variable (typo?); see the NCCL user "
-                "guide's environment variables")
+        pf.need(
+            name in NCCL_VARIABLES,
+            f"nccl={cfg.nccl.name}: {name} is not an NCCL variable (typo?); see the NCCL user "
+            "guide's environment variables",
+        )
     if cfg.nccl.env and cfg.hardware.device == "cpu":
-        pf.warnings.append(f"nccl={cfg.nccl.name} sets NCCL variables on a CPU profile: they reach the "
-                           "server but nothing there uses NCCL")
+        pf.warnings.append(
+            f"nccl={cfg.nccl.name} sets NCCL variables on a CPU profile: they reach the "
+            "server but nothing there uses NCCL"
+        )
 
     # Target weights.
     model_dir = Path(cfg.model.path)
@@ -131,10 +138,16 @@ def check(cfg: ExperimentConfig, root: Path) -> Preflight:
         tcfg = _read_json(model_dir / "config.json", pf, "the model's config.json")
     if has_weights(model_dir):
         pass  # the weights are here
-    elif cfg.engine.name == "sglang" and not model_dir.exists() and cfg.model.path.count("/") == 1 \
-            and not cfg.model.path.startswith((".", "/")):
-        pf.warnings.append(f"model.path={cfg.model.path} is not a local directory: SGLang must find it in "
-                           "the Hugging Face cache (HF_HUB_OFFLINE=1, nothing is downloaded)")
+    elif (
+        cfg.engine.name == "sglang"
+        and not model_dir.exists()
+        and cfg.model.path.count("/") == 1
+        and not cfg.model.path.startswith((".", "/"))
+    ):
+        pf.warnings.append(
+            f"model.path={cfg.model.path} is not a local directory: SGLang must find it in "
+            "the Hugging Face cache (HF_HUB_OFFLINE=1, nothing is downloaded)"
+        )
     elif cfg.model.synthetic is None:
         pf.need(False, _missing_weights(root, cfg.model.path, "model.path"), local=True, dry_run=dry)
     _check_synthetic(cfg, root, pf)
@@ -146,23 +159,33 @@ def check(cfg: ExperimentConfig, root: Path) -> Preflight:
         _check_drafter(cfg, root, pf, tcfg, n_layers)
 
     # Prompts.
-    prompts = root / cfg.benchmark.prompts if not Path(cfg.benchmark.prompts).is_absolute() \
-        else Path(cfg.benchmark.prompts)
+    prompts = (
+        root / cfg.benchmark.prompts if not Path(cfg.benchmark.prompts).is_absolute() else Path(cfg.benchmark.prompts)
+    )
     if pf.need(prompts.is_file(), f"benchmark.prompts={cfg.benchmark.prompts}: file not found"):
         try:
             items = load_prompts(prompts)
         except ValueError as e:
             pf.errors.append(str(e))
             items = []
-        if items and pf.need(cfg.benchmark.prompt_index < len(items),
-                             f"benchmark.prompt_index={cfg.benchmark.prompt_index}: {prompts.name} has "
-                             f"{len(items)} prompts (0..{len(items) - 1})") and tcfg:
+        if (
+            items
+            and pf.need(
+                cfg.benchmark.prompt_index < len(items),
+                f"benchmark.prompt_index={cfg.benchmark.prompt_index}: {prompts.name} has "
+                f"{len(items)} prompts (0..{len(items) - 1})",
+            )
+            and tcfg
+        ):
             ctx = lm.get("max_position_embeddings", 0)
             need = len(items[cfg.benchmark.prompt_index].encode()) + cfg.benchmark.max_new_tokens
             need += (cfg.spec.steps + 1) if cfg.speculative else 0
             if cfg.engine.name == "embedded":
-                pf.need(need <= ctx, f"benchmark.max_new_tokens={cfg.benchmark.max_new_tokens}: prompt + "
-                        f"new tokens + draft = {need} tokens exceed the model's context of {ctx}")
+                pf.need(
+                    need <= ctx,
+                    f"benchmark.max_new_tokens={cfg.benchmark.max_new_tokens}: prompt + "
+                    f"new tokens + draft = {need} tokens exceed the model's context of {ctx}",
+                )
 
     if cfg.benchmark.request_pass:
         _check_request_prompts(cfg, root, pf, tcfg)
@@ -176,72 +199,108 @@ def check(cfg: ExperimentConfig, root: Path) -> Preflight:
         for key in ("num_attention_heads", "num_key_value_heads", "intermediate_size"):
             n = lm.get(key)
             if isinstance(n, int):
-                pf.need(n % tp == 0, f"hardware.tp_size={tp}: the target's {key} is {n}, which tp "
-                        f"{tp} does not divide; use a tp size that divides {n}")
+                pf.need(
+                    n % tp == 0,
+                    f"hardware.tp_size={tp}: the target's {key} is {n}, which tp "
+                    f"{tp} does not divide; use a tp size that divides {n}",
+                )
     if cfg.hardware.device == "cpu" and tp > 1:
         cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
         useful = max(1, (cores or 1) - 1)  # one core goes to the runner, the client and the HTTP front
         if tp > useful:
-            pf.warnings.append(f"hardware.tp_size={tp} ranks on {cores} CPU cores ({useful} useful beside the "
-                               "runner): the ranks share cores, so tok/s measures gloo all-reduce and contention, "
-                               "not speculation; use hardware.tp_size=1 here")
+            pf.warnings.append(
+                f"hardware.tp_size={tp} ranks on {cores} CPU cores ({useful} useful beside the "
+                "runner): the ranks share cores, so tok/s measures gloo all-reduce and contention, "
+                "not speculation; use hardware.tp_size=1 here"
+            )
     # Concurrent pairing pins the spec server and its baseline to disjoint halves of our cores.
     if cfg.paired and cfg.benchmark.pairing == pairing.CONCURRENT:
         cores = pairing.usable_cores()
         need = 2 * (tp if cfg.hardware.device == "cpu" else 1)
-        pf.need(len(cores) >= need,
-                f"benchmark.pairing=concurrent runs the spec and the baseline server at once, each pinned "
-                f"to its own CPU cores: that needs {need} cores (2 x hardware.tp_size={tp} ranks on CPU), "
-                f"but this job may use {len(cores)} ({cores}); use benchmark.pairing=interleaved "
-                f"(or benchmark.paired=false)", local=True, dry_run=dry)
+        pf.need(
+            len(cores) >= need,
+            f"benchmark.pairing=concurrent runs the spec and the baseline server at once, each pinned "
+            f"to its own CPU cores: that needs {need} cores (2 x hardware.tp_size={tp} ranks on CPU), "
+            f"but this job may use {len(cores)} ({cores}); use benchmark.pairing=interleaved "
+            f"(or benchmark.paired=false)",
+            local=True,
+            dry_run=dry,
+        )
     nice = cfg.benchmark.server_nice
     if nice is not None:
-        pf.need(pairing.autogroups_enabled(),
-                f"benchmark.server_nice={nice}: needs Linux scheduler autogroups ({pairing.AUTOGROUP_SWITCH} = 1); "
-                "leave benchmark.server_nice=null here", local=True, dry_run=dry)
-        pf.need(nice >= 0 or os.geteuid() == 0,
-                f"benchmark.server_nice={nice}: a negative nice needs root (CAP_SYS_NICE); use a value >= 0 or "
-                "null", local=True, dry_run=dry)
+        pf.need(
+            pairing.autogroups_enabled(),
+            f"benchmark.server_nice={nice}: needs Linux scheduler autogroups ({pairing.AUTOGROUP_SWITCH} = 1); "
+            "leave benchmark.server_nice=null here",
+            local=True,
+            dry_run=dry,
+        )
+        pf.need(
+            nice >= 0 or os.geteuid() == 0,
+            f"benchmark.server_nice={nice}: a negative nice needs root (CAP_SYS_NICE); use a value >= 0 or null",
+            local=True,
+            dry_run=dry,
+        )
     # GPUs.
     if cfg.hardware.device == "cuda":
         n = visible_gpus()
-        pf.need(n is not None and n >= cfg.hardware.tp_size,
-                f"hardware={cfg.hardware.name} needs {cfg.hardware.tp_size} GPU(s) for tp "
-                f"{cfg.hardware.tp_size}; {n or 0} visible here", local=True, dry_run=dry)
+        pf.need(
+            n is not None and n >= cfg.hardware.tp_size,
+            f"hardware={cfg.hardware.name} needs {cfg.hardware.tp_size} GPU(s) for tp "
+            f"{cfg.hardware.tp_size}; {n or 0} visible here",
+            local=True,
+            dry_run=dry,
+        )
         if n:  # the profile's labels against what the box reports (GPU names, nvidia-smi topo -m)
-            pf.warnings.extend(provenance.hardware_mismatches(cfg.hardware.gpu_type, cfg.hardware.interconnect,
-                                                              cfg.hardware.tp_size, provenance.gpu_facts()))
+            pf.warnings.extend(
+                provenance.hardware_mismatches(
+                    cfg.hardware.gpu_type, cfg.hardware.interconnect, cfg.hardware.tp_size, provenance.gpu_facts()
+                )
+            )
     # Forced acceptance: real speed, outputs not lossless -- the record says so (results.PERFORMANCE_ONLY).
     if cfg.speculative and cfg.spec.simulate_accept_len is not None:
-        pf.warnings.append(f"{PERFORMANCE_ONLY} (spec.simulate_accept_len={cfg.spec.simulate_accept_len}: "
-                           "every verify commits the forced count, SGLANG_SIMULATE_ACC_LEN)")
+        pf.warnings.append(
+            f"{PERFORMANCE_ONLY} (spec.simulate_accept_len={cfg.spec.simulate_accept_len}: "
+            "every verify commits the forced count, SGLANG_SIMULATE_ACC_LEN)"
+        )
     # A reported experiment from a dirty tree cannot be rebuilt from its commit.
     if cfg.name != "adhoc":
         if git_state(root).get("code_dirty"):
-            pf.warnings.append(f"experiment={cfg.name} runs from a dirty git tree: commit first, or the "
-                               "result's git.commit does not rebuild it")
+            pf.warnings.append(
+                f"experiment={cfg.name} runs from a dirty git tree: commit first, or the "
+                "result's git.commit does not rebuild it"
+            )
     if cfg.engine.name == "sglang":
         pf.warnings.extend(sglang.config_warnings(cfg, dict(os.environ)))  # dead flags, inherited switches
     if cfg.engine.name == "sglang":
-        pf.need(installed_version() is not None,
-                "engine=sglang: sglang is not installed; pip install -e '.[sglang]' on the GPU box",
-                local=True, dry_run=dry)
+        pf.need(
+            installed_version() is not None,
+            "engine=sglang: sglang is not installed; pip install -e '.[sglang]' on the GPU box",
+            local=True,
+            dry_run=dry,
+        )
         if (w := version_warning()) is not None:
             pf.warnings.append(w)
         if cfg.benchmark.profile and cfg.speculative and installed_version() is not None:
             # First contact: our profiler must be installed and its hook targets must exist in this
             # sglang, or every phase number of the sweep would be missing.
             for item in doctor.static_checks("sglang")[1:]:
-                pf.need(item.ok, f"self-check: {item.name}: {item.detail}; what to do: {item.fix} "
-                        "(or benchmark.profile=false to run without the phase profile)",
-                        local=True, dry_run=dry)
+                pf.need(
+                    item.ok,
+                    f"self-check: {item.name}: {item.detail}; what to do: {item.fix} "
+                    "(or benchmark.profile=false to run without the phase profile)",
+                    local=True,
+                    dry_run=dry,
+                )
     # The profiler under DP attention (issue 27): a request is served by one attention-DP rank while
     # the others run IDLE batches (skipped); the serving rank is not found per request yet, so the
     # job's profile (tp 0 of each replica) could be a rank that served nothing.
-    pf.need(not (cfg.benchmark.profile and cfg.speculative and "--enable-dp-attention" in cfg.engine.extra_args),
-            "engine.extra_args has --enable-dp-attention with benchmark.profile=true: the phase profile does "
-            "not yet find the attention-DP rank that served each request, so its phases could be an idle "
-            "rank's; use benchmark.profile=false for this job (or drop --enable-dp-attention)")
+    pf.need(
+        not (cfg.benchmark.profile and cfg.speculative and "--enable-dp-attention" in cfg.engine.extra_args),
+        "engine.extra_args has --enable-dp-attention with benchmark.profile=true: the phase profile does "
+        "not yet find the attention-DP rank that served each request, so its phases could be an idle "
+        "rank's; use benchmark.profile=false for this job (or drop --enable-dp-attention)",
+    )
     return pf
 
 
@@ -254,28 +313,35 @@ def _check_synthetic(cfg: ExperimentConfig, root: Path, pf: Preflight) -> None:
     if table is not None and cfg.speculative:
         entry = load_table(table).at(cfg.spec.steps)  # to_experiment has resolved it: it exists
         if not entry.published:
-            pf.warnings.append(f"spec.simulate_accept_table={table} at spec.steps={cfg.spec.steps}: accept length "
-                               f"{entry.accept_len} is not a published number ({entry.source})")
+            pf.warnings.append(
+                f"spec.simulate_accept_table={table} at spec.steps={cfg.spec.steps}: accept length "
+                f"{entry.accept_len} is not a published number ({entry.source})"
+            )
     if not parts:
         return
     names = " and ".join(f"{group}={c.name}" for group, c in parts)
     if cfg.speculative:
-        pf.need(cfg.spec.simulate_accept_len is not None,
-                f"{names} has random (synthetic) weights, so its acceptance means nothing: set "
-                "spec.simulate_accept_len=<x> or spec.simulate_accept_table=<name> (forced acceptance, "
-                "performance-only)")
+        pf.need(
+            cfg.spec.simulate_accept_len is not None,
+            f"{names} has random (synthetic) weights, so its acceptance means nothing: set "
+            "spec.simulate_accept_len=<x> or spec.simulate_accept_table=<name> (forced acceptance, "
+            "performance-only)",
+        )
     command = f"python -m spec_decode build synthetic --model {cfg.model.name}"
     if cfg.speculative and cfg.drafter.synthetic is not None:
         command += f" --drafter {cfg.drafter.name}"
     for group, c in parts:
         path = Path(str(c.path))
         why = generated_matches(path if path.is_absolute() else root / path, c.synthetic)
-        pf.need(why is None, f"{group}.path={c.path}: {why}; run `{command} --device {cfg.hardware.device}`",
-                local=True, dry_run=cfg.dry_run)
+        pf.need(
+            why is None,
+            f"{group}.path={c.path}: {why}; run `{command} --device {cfg.hardware.device}`",
+            local=True,
+            dry_run=cfg.dry_run,
+        )
 
 
-def _check_drafter(cfg: ExperimentConfig, root: Path, pf: Preflight, tcfg: dict | None,
-                   n_layers: int | None) -> None:
+def _check_drafter(cfg: ExperimentConfig, root: Path, pf: Preflight, tcfg: dict | None, n_layers: int | None) -> None:
     d = cfg.drafter
     path = Path(str(d.path))
     full = path if path.is_absolute() else root / path
@@ -296,9 +362,11 @@ def _check_drafter(cfg: ExperimentConfig, root: Path, pf: Preflight, tcfg: dict 
     mismatches = pf.warnings if allow else pf.errors
     note = "allowed by preflight.allow_layer_id_mismatch=true: " if allow else ""
     if d.layer_ids is not None and not drafter.same_layers(served, list(d.layer_ids), target):
-        mismatches.append(f"{note}drafter={d.name}: the checkpoint has {drafter.describe(served, target)} "
-                          f"(eagle_config.{drafter.LAYER_IDS_KEY}) but drafter.layer_ids is "
-                          f"{drafter.describe(list(d.layer_ids), target)}; fix whichever is wrong")
+        mismatches.append(
+            f"{note}drafter={d.name}: the checkpoint has {drafter.describe(served, target)} "
+            f"(eagle_config.{drafter.LAYER_IDS_KEY}) but drafter.layer_ids is "
+            f"{drafter.describe(list(d.layer_ids), target)}; fix whichever is wrong"
+        )
     try:
         trained = drafter.trained_layer_ids(full)
     except ValueError as e:
@@ -322,8 +390,10 @@ def _check_request_prompts(cfg: ExperimentConfig, root: Path, pf: Preflight, tcf
     """benchmark.request_prompts loads (categories valid) and each prompt fits the context."""
     b = cfg.benchmark
     path = Path(b.request_prompts) if Path(b.request_prompts).is_absolute() else root / b.request_prompts
-    if not pf.need(path.is_file(), f"benchmark.request_prompts={b.request_prompts}: file not found "
-                   "(benchmark.request_pass=true needs it)"):
+    if not pf.need(
+        path.is_file(),
+        f"benchmark.request_prompts={b.request_prompts}: file not found (benchmark.request_pass=true needs it)",
+    ):
         return
     try:
         items = load_prompt_set(path)
@@ -334,8 +404,11 @@ def _check_request_prompts(cfg: ExperimentConfig, root: Path, pf: Preflight, tcf
         ctx = tcfg.get("max_position_embeddings", 0)
         extra = b.request_max_new_tokens + ((cfg.spec.steps + 1) if cfg.speculative else 0)
         too_long = [p.index for p in items if len(p.text.encode()) + extra > ctx]
-        pf.need(not too_long, f"benchmark.request_max_new_tokens={b.request_max_new_tokens}: prompts "
-                f"{too_long[:5]} of {path.name} + new tokens + draft exceed the model's context of {ctx}")
+        pf.need(
+            not too_long,
+            f"benchmark.request_max_new_tokens={b.request_max_new_tokens}: prompts "
+            f"{too_long[:5]} of {path.name} + new tokens + draft exceed the model's context of {ctx}",
+        )
 
 
 def _check_load(cfg: ExperimentConfig, root: Path, pf: Preflight, tcfg: dict | None) -> None:
@@ -348,24 +421,35 @@ def _check_load(cfg: ExperimentConfig, root: Path, pf: Preflight, tcfg: dict | N
     if cap is None and e.name == "sglang" and cfg.speculative:
         cap, key = sglang.SPEC_MAX_RUNNING_DEFAULT, "engine.max_running_requests (null: SGLang's 48 with speculation)"
     if cap is not None:
-        pf.need(n <= cap, f"benchmark.concurrency={n} is above {key}={cap}: the server runs at most {cap} requests "
-                f"at once and queues the rest, so the running batch never reaches {n}; raise "
-                f"engine.max_running_requests to >= {n} or lower benchmark.concurrency")
+        pf.need(
+            n <= cap,
+            f"benchmark.concurrency={n} is above {key}={cap}: the server runs at most {cap} requests "
+            f"at once and queues the rest, so the running batch never reaches {n}; raise "
+            f"engine.max_running_requests to >= {n} or lower benchmark.concurrency",
+        )
     cuda = cfg.hardware.device == "cuda"
     max_bs = getattr(e, "cuda_graph_max_bs_decode", None)
     if cuda and e.name == "embedded" and not e.cuda_eager_batching and max_bs is not None and n > max_bs:
-        pf.warnings.append(f"benchmark.concurrency={n} is above engine.cuda_graph_max_bs_decode={max_bs}: the "
-                           f"embedded engine's batches of more than {max_bs} requests run its static shapes eagerly "
-                           "(no CUDA graph), so the figure measures that fallback; raise "
-                           f"engine.cuda_graph_max_bs_decode to >= {n} (or null) to measure graphs")
+        pf.warnings.append(
+            f"benchmark.concurrency={n} is above engine.cuda_graph_max_bs_decode={max_bs}: the "
+            f"embedded engine's batches of more than {max_bs} requests run its static shapes eagerly "
+            "(no CUDA graph), so the figure measures that fallback; raise "
+            f"engine.cuda_graph_max_bs_decode to >= {n} (or null) to measure graphs"
+        )
     if cuda and e.name == "sglang" and max_bs is not None and "--disable-cuda-graph" not in e.extra_args:
-        pf.need(n <= max_bs, f"benchmark.concurrency={n} is above engine.cuda_graph_max_bs_decode={max_bs}: batches "
-                f"of more than {max_bs} requests decode without CUDA graphs, so the figure would measure eager "
-                f"decoding; raise engine.cuda_graph_max_bs_decode to >= {n} (or add --disable-cuda-graph to "
-                "engine.extra_args to measure eager on purpose)")
+        pf.need(
+            n <= max_bs,
+            f"benchmark.concurrency={n} is above engine.cuda_graph_max_bs_decode={max_bs}: batches "
+            f"of more than {max_bs} requests decode without CUDA graphs, so the figure would measure eager "
+            f"decoding; raise engine.cuda_graph_max_bs_decode to >= {n} (or add --disable-cuda-graph to "
+            "engine.extra_args to measure eager on purpose)",
+        )
     path = Path(b.load_prompts) if Path(b.load_prompts).is_absolute() else root / b.load_prompts
-    if not pf.need(path.is_file(), f"benchmark.load_prompts={b.load_prompts}: file not found (the load "
-                   f"protocol of benchmark.concurrency={n} sends its prompts)"):
+    if not pf.need(
+        path.is_file(),
+        f"benchmark.load_prompts={b.load_prompts}: file not found (the load "
+        f"protocol of benchmark.concurrency={n} sends its prompts)",
+    ):
         return
     try:
         items = load_prompt_set(path)
@@ -376,5 +460,8 @@ def _check_load(cfg: ExperimentConfig, root: Path, pf: Preflight, tcfg: dict | N
         ctx = tcfg.get("max_position_embeddings", 0)
         extra = b.max_new_tokens + ((cfg.spec.steps + 1) if cfg.speculative else 0)
         too_long = [p.index for p in items if len(p.text.encode()) + extra > ctx]
-        pf.need(not too_long, f"benchmark.max_new_tokens={b.max_new_tokens}: prompts {too_long[:5]} of "
-                f"{path.name} + new tokens + draft exceed the model's context of {ctx}")
+        pf.need(
+            not too_long,
+            f"benchmark.max_new_tokens={b.max_new_tokens}: prompts {too_long[:5]} of "
+            f"{path.name} + new tokens + draft exceed the model's context of {ctx}",
+        )

@@ -33,26 +33,39 @@ def arm(extra_env: dict[str, str]) -> None:
         set_switch(path, True)
 
 
-def after_warmup(rec: JobRecord, cfg: ExperimentConfig, warmup, log_path: Path, log_start: int,
-                 launch: int, extra_env: dict[str, str]) -> None:
+def after_warmup(
+    rec: JobRecord,
+    cfg: ExperimentConfig,
+    warmup,
+    log_path: Path,
+    log_start: int,
+    launch: int,
+    extra_env: dict[str, str],
+) -> None:
     """The doctor's live items on the first launch's warmup request (profile lines from rank 0 with
     every phase, meta_info counters, decode-log lines; a failure is a warning, the job still
     measures), then the switch off: the timed runs run with dormant hooks."""
     b = cfg.benchmark
     if launch == 0 and b.warmup and b.profile and warmup is not None:
-        items = doctor.warmup_checks(warmup, log_path.parent / "profile.jsonl", log_path, log_start,
-                                     cfg.speculative)
+        items = doctor.warmup_checks(warmup, log_path.parent / "profile.jsonl", log_path, log_start, cfg.speculative)
         rec.doctor = doctor.as_records(items)
         for it in items:
             if not it.ok:
-                rec.warnings.append(f"self-check failed: {it.name}: {it.detail}"
-                                    + (f" -- what to do: {it.fix}" if it.fix else ""))
+                rec.warnings.append(
+                    f"self-check failed: {it.name}: {it.detail}" + (f" -- what to do: {it.fix}" if it.fix else "")
+                )
     if path := extra_env.get(ENV):
         set_switch(path, False)
 
 
-def run(cfg: ExperimentConfig, gen: Callable[..., RunRecord], rec: JobRecord, launch: int,
-        extra_env: dict[str, str], check_alive) -> None:
+def run(
+    cfg: ExperimentConfig,
+    gen: Callable[..., RunRecord],
+    rec: JobRecord,
+    launch: int,
+    extra_env: dict[str, str],
+    check_alive,
+) -> None:
     """After the timed runs of the last launch: ``benchmark.profile_pairs`` pairs of the timed
     protocol's run (``gen(launch, run, stream=)``: the one request, or under load the whole load at the
     job's concurrency, so the profile sees the batches the timed runs ran), one with the profiler on and
@@ -66,7 +79,7 @@ def run(cfg: ExperimentConfig, gen: Callable[..., RunRecord], rec: JobRecord, la
     on_runs, off_runs = [], []
     try:
         for i in range(b.profile_pairs):
-            for on in ((True, False) if i % 2 == 0 else (False, True)):
+            for on in (True, False) if i % 2 == 0 else (False, True):
                 set_switch(path, on)
                 r = gen(launch, i, stream=b.stream, **({"timed": False} if b.under_load else {}))
                 (on_runs if on else off_runs).append(r)
@@ -76,5 +89,9 @@ def run(cfg: ExperimentConfig, gen: Callable[..., RunRecord], rec: JobRecord, la
     finally:
         set_switch(path, False)
     rec.profiled_runs = on_runs
-    rec.profile_pass = {"pairs": len(on_runs), "order": "ABBA: (on, dormant), (dormant, on), ...",
-                        "launch": launch, "dormant_tok_s": [r.throughput_tok_s for r in off_runs]}
+    rec.profile_pass = {
+        "pairs": len(on_runs),
+        "order": "ABBA: (on, dormant), (dormant, on), ...",
+        "launch": launch,
+        "dormant_tok_s": [r.throughput_tok_s for r in off_runs],
+    }

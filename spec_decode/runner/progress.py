@@ -15,8 +15,15 @@ def on_terminal() -> bool:
 
 
 def job_bar(label: str, total: int, quiet: bool = False) -> tqdm:
-    return tqdm(total=total, desc=label, unit="run", disable=quiet or not on_terminal(), file=sys.stderr,
-                leave=False, bar_format="{desc} {n_fmt}/{total_fmt} [{elapsed}<{remaining}]{postfix}")
+    return tqdm(
+        total=total,
+        desc=label,
+        unit="run",
+        disable=quiet or not on_terminal(),
+        file=sys.stderr,
+        leave=False,
+        bar_format="{desc} {n_fmt}/{total_fmt} [{elapsed}<{remaining}]{postfix}",
+    )
 
 
 def phase(bar: tqdm, label: str, what: str, tok_s: list[float] | None = None) -> None:
@@ -28,5 +35,12 @@ def phase(bar: tqdm, label: str, what: str, tok_s: list[float] | None = None) ->
 
 
 def sweep_bar(total: int) -> tqdm:
-    return tqdm(total=total, desc="sweep", unit="job", disable=not on_terminal(), file=sys.stderr, position=0,
-                bar_format="{desc}: job {n_fmt}/{total_fmt} done, elapsed {elapsed}, ETA {remaining}{postfix}")
+    return tqdm(
+        total=total,
+        desc="sweep",
+        unit="job",
+        disable=not on_terminal(),
+        file=sys.stderr,
+        position=0,
+        bar_format="{desc}: job {n_fmt}/{total_fmt} done, elapsed {elapsed}, ETA {remaining}{postfix}",
+    )

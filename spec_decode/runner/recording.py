@@ -24,17 +24,24 @@ from spec_decode.runner import request_pass
 from spec_decode.runner.context import JobContext
 
 # Why a profile of an overlap scheduler on a GPU has no meaningful host stamps (the profile notes it).
-HOST_STAMPS_NA = ("SGLang's overlap scheduler: a cycle's host stamps span its enqueue, not its GPU work "
-                  "(scheduler.py 2107-2120); no GPU timeline yet")
-EMBEDDED_HOST_STAMPS_NA = ("the embedded engine's overlap loop on CUDA: a cycle's host stamps span its launch, "
-                           "not its GPU work (cycle_ms: CUDA events)")
+HOST_STAMPS_NA = (
+    "SGLang's overlap scheduler: a cycle's host stamps span its enqueue, not its GPU work "
+    "(scheduler.py 2107-2120); no GPU timeline yet"
+)
+EMBEDDED_HOST_STAMPS_NA = (
+    "the embedded engine's overlap loop on CUDA: a cycle's host stamps span its launch, "
+    "not its GPU work (cycle_ms: CUDA events)"
+)
 
 
 def host_stamps_na(cfg: ExperimentConfig) -> str | None:
     if cfg.engine.name == "sglang" and "--disable-overlap-schedule" not in cfg.engine.extra_args:
         return HOST_STAMPS_NA
-    if (cfg.engine.name == "embedded" and cfg.hardware.device == "cuda"
-            and not getattr(cfg.engine, "disable_overlap_schedule", True)):
+    if (
+        cfg.engine.name == "embedded"
+        and cfg.hardware.device == "cuda"
+        and not getattr(cfg.engine, "disable_overlap_schedule", True)
+    ):
         return EMBEDDED_HOST_STAMPS_NA
     return None
 
@@ -51,29 +58,56 @@ class Measured:
     live_env_tree: dict = field(default_factory=dict)
 
 
-def new_record(cfg: ExperimentConfig, ctx: JobContext, role: str, extra_env: dict[str, str],
-               warnings: list[str]) -> JobRecord:
+def new_record(
+    cfg: ExperimentConfig, ctx: JobContext, role: str, extra_env: dict[str, str], warnings: list[str]
+) -> JobRecord:
     """The job's record as it starts (RUNNING): config, names, provenance."""
     conf = resolved_dict(cfg)
     return JobRecord(
-        role=role, name=ctx.run_name, experiment=cfg.name, overrides=list(ctx.overrides), config=conf,
-        config_hash=config_hash(conf), engine=EngineInfo(cfg.engine.name), speculative=cfg.speculative,
-        server_env_extra=provenance.redact_env(extra_env), warnings=list(warnings), out_dir=str(ctx.out_dir),
-        provenance=provenance.collect(ctx.root, {
-            "target": cfg.model.path, "drafter": cfg.drafter.path, "prompts": cfg.benchmark.prompts,
-            "request_prompts": cfg.benchmark.request_prompts if cfg.benchmark.request_pass else None,
-        }),
+        role=role,
+        name=ctx.run_name,
+        experiment=cfg.name,
+        overrides=list(ctx.overrides),
+        config=conf,
+        config_hash=config_hash(conf),
+        engine=EngineInfo(cfg.engine.name),
+        speculative=cfg.speculative,
+        server_env_extra=provenance.redact_env(extra_env),
+        warnings=list(warnings),
+        out_dir=str(ctx.out_dir),
+        provenance=provenance.collect(
+            ctx.root,
+            {
+                "target": cfg.model.path,
+                "drafter": cfg.drafter.path,
+                "prompts": cfg.benchmark.prompts,
+                "request_prompts": cfg.benchmark.request_prompts if cfg.benchmark.request_pass else None,
+            },
+        ),
     )
 
 
-def finish(rec: JobRecord, cfg: ExperimentConfig, status: str, error: str | None, measured: Measured,
-           baseline: JobRecord | None) -> None:
+def finish(
+    rec: JobRecord,
+    cfg: ExperimentConfig,
+    status: str,
+    error: str | None,
+    measured: Measured,
+    baseline: JobRecord | None,
+) -> None:
     """Every section computed from what was measured, in order (later ones read earlier metrics). Writes nothing."""
     rec.status, rec.error, rec.ended_at = status, error, time.time()
     metrics: dict[str, float] = {}
     take = functools.partial(_take, rec, metrics)
-    take(provenance.server_env_section(measured.live_env, measured.live_env_tree,
-                                       rec.launches[0]["pid"] if rec.launches else None, cfg.nccl.name, cfg.nccl.env))
+    take(
+        provenance.server_env_section(
+            measured.live_env,
+            measured.live_env_tree,
+            rec.launches[0]["pid"] if rec.launches else None,
+            cfg.nccl.name,
+            cfg.nccl.env,
+        )
+    )
     rec.engine.version = (rec.server_info or {}).get("version")
     runs, prof_runs, spec = rec.runs, _profile_windows(rec), cfg.speculative
     take(sections.throughput(runs, cfg.benchmark.launches))
@@ -83,12 +117,19 @@ def finish(rec: JobRecord, cfg: ExperimentConfig, status: str, error: str | None
     take(sections.profiler_cost(rec.profile_pass, rec.profiled_runs, runs))
     run_cycles = _phase_profile(rec, cfg, measured.out_dir / "profile.jsonl", take) if spec else None
     if spec and runs:
-        take(sections.request_acceptance(cfg.spec.steps, prof_runs if run_cycles else runs, run_cycles,
-                                         rec.requests, rec.acceptance))
+        take(
+            sections.request_acceptance(
+                cfg.spec.steps, prof_runs if run_cycles else runs, run_cycles, rec.requests, rec.acceptance
+            )
+        )
     take(sections.decode_log_summary(decode_log.read_windows(measured.log_path, measured.log_windows)))
-    sp, base_summary = sections.speedup(runs, rec.baseline_runs, _pairings(rec.launches),
-                                        baseline.runs if baseline is not None else None,
-                                        baseline.throughput_tok_s if baseline is not None else None)
+    sp, base_summary = sections.speedup(
+        runs,
+        rec.baseline_runs,
+        _pairings(rec.launches),
+        baseline.runs if baseline is not None else None,
+        baseline.throughput_tok_s if baseline is not None else None,
+    )
     if take(sp).fields:
         rec.baseline = BaselineRef(baseline and baseline.out_dir, baseline and baseline.mlflow_run_id, base_summary)
     take(provenance.nccl_section(rec.nccl_probe, rec.provenance))
@@ -97,8 +138,14 @@ def finish(rec: JobRecord, cfg: ExperimentConfig, status: str, error: str | None
     take(request_pass.categories_section(rec.requests))
     take(lossless_section(rec, cfg, measured.out_dir, baseline))
     rec.metrics = {k: float(v) for k, v in metrics.items() if v is not None}
-    rec.checks = run_checks(rec.metrics, [r.as_dict() for r in runs], rec.profile, rec.speculative,
-                            cfg.spec.steps if spec else 0, [r.as_dict() for r in prof_runs])
+    rec.checks = run_checks(
+        rec.metrics,
+        [r.as_dict() for r in runs],
+        rec.profile,
+        rec.speculative,
+        cfg.spec.steps if spec else 0,
+        [r.as_dict() for r in prof_runs],
+    )
     if (check := lossless.check_of(rec.lossless)) is not None:
         rec.checks.append(check)
     elif rec.lossless["verdict"] == "warn":
@@ -107,8 +154,9 @@ def finish(rec: JobRecord, cfg: ExperimentConfig, status: str, error: str | None
 
 def _phase_profile(rec: JobRecord, cfg: ExperimentConfig, path: Path, take) -> list[list[dict]] | None:
     """The phase profile section (``analysis.sections.phase_profile``); returns each profiled run's cycles."""
-    section, run_cycles = sections.phase_profile(path, _profile_windows(rec), not rec.profiled_runs,
-                                                 cfg.benchmark.profile, bool(rec.runs), host_stamps_na(cfg))
+    section, run_cycles = sections.phase_profile(
+        path, _profile_windows(rec), not rec.profiled_runs, cfg.benchmark.profile, bool(rec.runs), host_stamps_na(cfg)
+    )
     take(section)
     return run_cycles
 
@@ -142,17 +190,32 @@ def lossless_section(rec: JobRecord, cfg: ExperimentConfig, out_dir: Path, basel
     b = cfg.benchmark
     base_runs = rec.baseline_runs or (baseline.runs if baseline is not None else [])
     base_ids = next((r.output_ids for r in base_runs if r.output_ids is not None), None)
-    comparisons = [lossless.Comparison(f"timed:{b.prompt_index}", r.output_ids, base_ids, b.max_new_tokens)
-                   for r in rec.runs]
+    comparisons = [
+        lossless.Comparison(f"timed:{b.prompt_index}", r.output_ids, base_ids, b.max_new_tokens) for r in rec.runs
+    ]
     if rec.requests:
         mine = request_pass.read_outputs(out_dir)
-        theirs = request_pass.read_outputs(baseline.out_dir) if baseline is not None else \
-            request_pass.read_outputs(out_dir, request_pass.PAIRED_OUTPUTS_FILE)  # the paired server's
-        comparisons += [lossless.Comparison(str(e["prompt_index"]), mine.get(e["prompt_index"]),
-                                            theirs.get(e["prompt_index"]), b.request_max_new_tokens)
-                        for e in rec.requests]
-    verdict = lossless.guard(comparisons, rec.engine.name, b.temperature, performance_only(rec),
-                             has_baseline=bool(base_runs) or baseline is not None)
+        theirs = (
+            request_pass.read_outputs(baseline.out_dir)
+            if baseline is not None
+            else request_pass.read_outputs(out_dir, request_pass.PAIRED_OUTPUTS_FILE)
+        )  # the paired server's
+        comparisons += [
+            lossless.Comparison(
+                str(e["prompt_index"]),
+                mine.get(e["prompt_index"]),
+                theirs.get(e["prompt_index"]),
+                b.request_max_new_tokens,
+            )
+            for e in rec.requests
+        ]
+    verdict = lossless.guard(
+        comparisons,
+        rec.engine.name,
+        b.temperature,
+        performance_only(rec),
+        has_baseline=bool(base_runs) or baseline is not None,
+    )
     return Section({"lossless": verdict}, {"lossless_match_rate": verdict["match_rate"]} if verdict["checked"] else {})
 
 
@@ -160,7 +223,12 @@ def add_drift(rec: JobRecord, earlier: list[Reference]) -> None:
     """The drift guard's finding for a finished baseline (a warning when it found something)."""
     if rec.role != "baseline" or rec.status != "FINISHED" or "throughput_tok_s" not in rec.metrics:
         return
-    rec.drift = drift.check(rec.metrics["throughput_tok_s"], rec.server_env or {}, earlier,
-                            drift.data_hashes_of(rec.provenance), rec.engine.version)
+    rec.drift = drift.check(
+        rec.metrics["throughput_tok_s"],
+        rec.server_env or {},
+        earlier,
+        drift.data_hashes_of(rec.provenance),
+        rec.engine.version,
+    )
     if rec.drift is not None and rec.drift.message:
         rec.warnings.append(rec.drift.message)

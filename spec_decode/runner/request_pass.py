@@ -27,10 +27,14 @@ PAIRED_OUTPUTS_FILE = "baseline.outputs.jsonl"
 def entry(prompt: Prompt, r: RunRecord) -> dict:
     """One request's entry (contract ``requests``)."""
     return {
-        "prompt_index": prompt.index, "category": prompt.category,
-        "completion_tokens": r.completion_tokens, "wall_s": r.wall_s, "throughput_tok_s": r.throughput_tok_s,
+        "prompt_index": prompt.index,
+        "category": prompt.category,
+        "completion_tokens": r.completion_tokens,
+        "wall_s": r.wall_s,
+        "throughput_tok_s": r.throughput_tok_s,
         "accept_len": r.completion_tokens / r.spec_verify_ct if r.spec_verify_ct else None,
-        "verify_ct": r.spec_verify_ct, "correct_drafts": r.spec_num_correct_drafts,
+        "verify_ct": r.spec_verify_ct,
+        "correct_drafts": r.spec_num_correct_drafts,
         "histogram": r.spec_correct_drafts_histogram,
         "ttft_ms": 1e3 * r.ttft_s if r.ttft_s is not None else None,
         "output_sha256": r.output_sha256,
@@ -46,10 +50,12 @@ def categories(entries: list[dict]) -> dict[str, dict]:
     out = {}
     for name, es in groups.items():
         verify = [e["verify_ct"] for e in es]
-        accept = (sum(e["completion_tokens"] for e in es) / sum(verify)
-                  if all(v for v in verify) else None)
-        out[name] = {"n": len(es), "accept_len": accept,
-                     "throughput_tok_s": statistics.median(e["throughput_tok_s"] for e in es)}
+        accept = sum(e["completion_tokens"] for e in es) / sum(verify) if all(v for v in verify) else None
+        out[name] = {
+            "n": len(es),
+            "accept_len": accept,
+            "throughput_tok_s": statistics.median(e["throughput_tok_s"] for e in es),
+        }
     return out
 
 
@@ -74,8 +80,17 @@ def write_outputs(out_dir: Path, prompts: list[Prompt], runs: list[RunRecord], n
     path = Path(out_dir) / name
     with open(path, "w") as f:
         for p, r in zip(prompts, runs):
-            f.write(json.dumps({"prompt_index": p.index, "category": p.category,
-                                "output_sha256": r.output_sha256, "output_ids": r.output_ids}) + "\n")
+            f.write(
+                json.dumps(
+                    {
+                        "prompt_index": p.index,
+                        "category": p.category,
+                        "output_sha256": r.output_sha256,
+                        "output_ids": r.output_ids,
+                    }
+                )
+                + "\n"
+            )
     return path
 
 

@@ -128,8 +128,9 @@ def gpu_pids() -> set[int] | None:
     if smi is None:
         return None
     try:
-        out = subprocess.run([smi, "--query-compute-apps=pid", "--format=csv,noheader"], capture_output=True,
-                             text=True, timeout=30).stdout
+        out = subprocess.run(
+            [smi, "--query-compute-apps=pid", "--format=csv,noheader"], capture_output=True, text=True, timeout=30
+        ).stdout
     except (OSError, subprocess.TimeoutExpired):
         return None
     return {int(x) for x in out.split() if x.strip().isdigit()}
@@ -150,8 +151,13 @@ def _sigkill(pid: int, procs: list[psutil.Process]) -> list[int]:
     return sorted(alive)
 
 
-def shutdown(pid: int, grace_s: float = SHUTDOWN_GRACE_S, kill_wait_s: float = KILL_WAIT_S,
-             gpu_wait_s: float = GPU_WAIT_S, reap=None) -> dict:
+def shutdown(
+    pid: int,
+    grace_s: float = SHUTDOWN_GRACE_S,
+    kill_wait_s: float = KILL_WAIT_S,
+    gpu_wait_s: float = GPU_WAIT_S,
+    reap=None,
+) -> dict:
     """Stop a server started in its own session (pgid = ``pid``) as SGLang stops itself: SIGCONT to the
     group (a stopped process cannot act on SIGTERM), SIGTERM to the launcher only, wait up to
     ``grace_s`` until the launcher and every process of its tree and group have exited (its drain),
@@ -278,8 +284,12 @@ class ServerProcess:
         t0 = time.monotonic()
         try:
             self.proc = subprocess.Popen(
-                self.argv, env=server_env(self.extra_env), stdout=log, stderr=subprocess.STDOUT,
-                stdin=subprocess.DEVNULL, start_new_session=True,
+                self.argv,
+                env=server_env(self.extra_env),
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                stdin=subprocess.DEVNULL,
+                start_new_session=True,
             )
         except OSError as e:
             log.close()

@@ -39,8 +39,9 @@ def _locked(path: Path):
 
 
 @contextmanager
-def allocate(pool_name: str, slots: list[str], need: int, slots_dir: Path, timeout_s: float = 24 * 3600,
-             poll_s: float = 0.2):
+def allocate(
+    pool_name: str, slots: list[str], need: int, slots_dir: Path, timeout_s: float = 24 * 3600, poll_s: float = 0.2
+):
     """Yield the list of slot ids this process holds; release on exit (also on error/Ctrl-C)."""
     if need > len(slots):
         raise ValueError(f"need {need} slots but the pool {pool_name!r} has only {len(slots)}")

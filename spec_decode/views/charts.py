@@ -23,8 +23,14 @@ def acceptance_figures(recs: list[JobRecord], fits: dict | None = None) -> dict:
     import matplotlib.pyplot as plt
     from matplotlib.ticker import MaxNLocator
 
-    have = sorted((r for r in recs if r.speculative and r.acceptance and r.acceptance.get("histogram")
-                   and sum(r.acceptance["histogram"])), key=lambda r: (r.choice("nccl") or "", r.steps or 0))
+    have = sorted(
+        (
+            r
+            for r in recs
+            if r.speculative and r.acceptance and r.acceptance.get("histogram") and sum(r.acceptance["histogram"])
+        ),
+        key=lambda r: (r.choice("nccl") or "", r.steps or 0),
+    )
     if not have:
         return {}
     out = {}
@@ -35,8 +41,12 @@ def acceptance_figures(recs: list[JobRecord], fits: dict | None = None) -> dict:
         h = r.acceptance["histogram"]
         total = sum(h)
         xs = [a - 0.4 + width * (i + 0.5) for a in range(len(h))]
-        ax.bar(xs, [n / total for n in h], width=width, label=f"{_series(r, have)} ({total} verifies, "
-               f"{r.acceptance.get('source')})")
+        ax.bar(
+            xs,
+            [n / total for n in h],
+            width=width,
+            label=f"{_series(r, have)} ({total} verifies, {r.acceptance.get('source')})",
+        )
     ax.set_xlabel("draft tokens accepted in a verify")
     ax.xaxis.set_major_locator(MaxNLocator(integer=True))
     ax.set_ylabel("share of verifies")
@@ -53,8 +63,13 @@ def acceptance_figures(recs: list[JobRecord], fits: dict | None = None) -> dict:
     for prof, f in (fits or {}).items():
         if prof in profiles:
             depth = max(len(r.acceptance["histogram"]) - 1 for r in have)
-            ax.plot(range(1, depth + 1), [fitted_rate(f, i) for i in range(1, depth + 1)], ls=":", color="grey",
-                    label=f"cost model's fit, nccl={prof}: {f.alpha:.3f} x {f.decay:.3f}^(i-1)")
+            ax.plot(
+                range(1, depth + 1),
+                [fitted_rate(f, i) for i in range(1, depth + 1)],
+                ls=":",
+                color="grey",
+                label=f"cost model's fit, nccl={prof}: {f.alpha:.3f} x {f.decay:.3f}^(i-1)",
+            )
     ax.set_xlabel("draft position i")
     ax.xaxis.set_major_locator(MaxNLocator(integer=True))
     ax.set_ylabel("P(accepted >= i | accepted >= i-1)")
@@ -86,8 +101,15 @@ def concurrency_figures(recs: list[JobRecord]) -> dict:
         ys = [p["speedup"] for p in pts]
         x = concurrency.crossover(pts)
         name = f"steps={steps}" + (f" nccl={nccl}" if len(profiles) > 1 else "")
-        ax.errorbar(xs, ys, yerr=[[y - p["lo"] for y, p in zip(ys, pts)], [p["hi"] - y for y, p in zip(ys, pts)]],
-                    marker="o", capsize=4, color=color, label=f"{name}: crossover {concurrency.describe_crossover(x)}")
+        ax.errorbar(
+            xs,
+            ys,
+            yerr=[[y - p["lo"] for y, p in zip(ys, pts)], [p["hi"] - y for y, p in zip(ys, pts)]],
+            marker="o",
+            capsize=4,
+            color=color,
+            label=f"{name}: crossover {concurrency.describe_crossover(x)}",
+        )
         if x["reached"]:
             ax.axvline(x["concurrency"], color=color, ls=":", lw=1)
         if x["lo"] is not None:
@@ -115,9 +137,17 @@ def _perf_note(recs: list[JobRecord]) -> str:
 def legend_outside(ax) -> None:
     """The legend right of the axes, never over the data; measured series first, then baselines, models."""
     handles, labels = ax.get_legend_handles_labels()
-    order = sorted(range(len(labels)), key=lambda i: (not labels[i].startswith(("EAGLE", "nccl=", "steps=")), labels[i]))
-    ax.legend([handles[i] for i in order], [labels[i] for i in order], fontsize=8, loc="upper left",
-              bbox_to_anchor=(1.01, 1.0), borderaxespad=0.0)
+    order = sorted(
+        range(len(labels)), key=lambda i: (not labels[i].startswith(("EAGLE", "nccl=", "steps=")), labels[i])
+    )
+    ax.legend(
+        [handles[i] for i in order],
+        [labels[i] for i in order],
+        fontsize=8,
+        loc="upper left",
+        bbox_to_anchor=(1.01, 1.0),
+        borderaxespad=0.0,
+    )
 
 
 def save(fig, path: Path) -> Path:

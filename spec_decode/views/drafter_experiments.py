@@ -50,8 +50,10 @@ def check_scaling_paths(root: Path) -> list[str]:
     want = [f"models/tiny/drafter_scaling/n{n}" for n in params["samples"]]
     got = sweep_params("drafter_data_scaling", root)["drafter.path"].split(",")
     if got != want:
-        raise SystemExit(f"conf/experiment/drafter_data_scaling.yaml: drafter.path is {got} but params.yaml "
-                         f"build.drafter_scaling.samples builds {want}; make them the same")
+        raise SystemExit(
+            f"conf/experiment/drafter_data_scaling.yaml: drafter.path is {got} but params.yaml "
+            f"build.drafter_scaling.samples builds {want}; make them the same"
+        )
     return want
 
 
@@ -72,8 +74,12 @@ def make_served_copies(root: Path) -> None:
         cfg["eagle_config"]["eagle_aux_hidden_state_layer_ids"] = ids
         (dst / "config.json").write_text(json.dumps(cfg, indent=2, sort_keys=True) + "\n")
         shutil.copy2(src / "model.safetensors", dst / "model.safetensors")
-        note = {"copy_of": "models/tiny/drafter", "trained_aux_layer_ids": trained, "served_aux_layer_ids": ids,
-                "why": "layer-id mismatch experiment: no training.json here, so preflight does not refuse it"}
+        note = {
+            "copy_of": "models/tiny/drafter",
+            "trained_aux_layer_ids": trained,
+            "served_aux_layer_ids": ids,
+            "why": "layer-id mismatch experiment: no training.json here, so preflight does not refuse it",
+        }
         (dst / "served_as.json").write_text(json.dumps(note, indent=2) + "\n")
 
 
@@ -111,8 +117,14 @@ def job_metrics(r: dict) -> dict:
     for k in ("ci95_lo", "ci95_hi", "std", "n"):
         if k in t:
             e[f"throughput_tok_s_{k}"] = round(t[k], 3)
-    for k in ("accept_len", "accept_rate_draft", "speedup_vs_baseline", "speedup_vs_baseline_ci95_lo",
-              "speedup_vs_baseline_ci95_hi", "cycle_ms"):
+    for k in (
+        "accept_len",
+        "accept_rate_draft",
+        "speedup_vs_baseline",
+        "speedup_vs_baseline_ci95_lo",
+        "speedup_vs_baseline_ci95_hi",
+        "cycle_ms",
+    ):
         if k in m:
             e[k] = round(m[k], 4)
     return e
@@ -139,15 +151,24 @@ def bench(name: str, root: Path, extra: list[str]) -> Path:
             continue
         path = root / r["config"]["drafter"]["path"]
         rec = training_record(path, root)
-        key = (f"n{rec['data']['samples']}" if name == "drafter_data_scaling"
-               else "ids_" + "-".join(map(str, served_ids(path))))
-        entry = out["drafters"].setdefault(key, {
-            "path": r["config"]["drafter"]["path"], "served_ids": served_ids(path),
-            "trained_ids": rec.get("trained_aux_layer_ids"), "lineage": lineage_tags(path, None) or lineage_tags(
-                root / "models" / "tiny" / "drafter", None),
-            "data_samples": rec.get("data", {}).get("samples"), "epochs": rec.get("epochs"),
-            "steps": {}, "_recs": [],
-        })
+        key = (
+            f"n{rec['data']['samples']}"
+            if name == "drafter_data_scaling"
+            else "ids_" + "-".join(map(str, served_ids(path)))
+        )
+        entry = out["drafters"].setdefault(
+            key,
+            {
+                "path": r["config"]["drafter"]["path"],
+                "served_ids": served_ids(path),
+                "trained_ids": rec.get("trained_aux_layer_ids"),
+                "lineage": lineage_tags(path, None) or lineage_tags(root / "models" / "tiny" / "drafter", None),
+                "data_samples": rec.get("data", {}).get("samples"),
+                "epochs": rec.get("epochs"),
+                "steps": {},
+                "_recs": [],
+            },
+        )
         if name == "drafter_data_scaling":
             h = rec["heldout"]
             entry["heldout_accept_len"] = h["accept_len"]
@@ -176,32 +197,47 @@ def _ci(lo: float | None, hi: float | None, spec: str = ".2f") -> str:
 
 def _ordered(metrics: dict) -> list[tuple[str, dict]]:
     """By sample count; the drafter as trained before the re-labelled copies."""
-    return sorted(metrics["drafters"].items(), key=lambda kv: (
-        kv[1].get("data_samples") or 0, kv[1]["served_ids"] != kv[1]["trained_ids"], kv[0]))
+    return sorted(
+        metrics["drafters"].items(),
+        key=lambda kv: (kv[1].get("data_samples") or 0, kv[1]["served_ids"] != kv[1]["trained_ids"], kv[0]),
+    )
 
 
 def table(name: str, metrics: dict) -> str:
     base = metrics.get("baseline") or {}
-    lines = [f"baseline: {base.get('throughput_tok_s', float('nan')):.1f} tok/s "
-             f"{_ci(base.get('throughput_tok_s_ci95_lo'), base.get('throughput_tok_s_ci95_hi'), '.1f')}"]
-    head = ("drafter" if name == "drafter_data_scaling" else "served ids")
-    lines.append(f"{head:<16} steps  accept len  draft accept rate  held-out accept len [95% CI]  "
-                 "tok/s [95% CI]            speedup [95% CI]         best steps (cost model)")
+    lines = [
+        f"baseline: {base.get('throughput_tok_s', float('nan')):.1f} tok/s "
+        f"{_ci(base.get('throughput_tok_s_ci95_lo'), base.get('throughput_tok_s_ci95_hi'), '.1f')}"
+    ]
+    head = "drafter" if name == "drafter_data_scaling" else "served ids"
+    lines.append(
+        f"{head:<16} steps  accept len  draft accept rate  held-out accept len [95% CI]  "
+        "tok/s [95% CI]            speedup [95% CI]         best steps (cost model)"
+    )
     for key, e in _ordered(metrics):
         for k, j in sorted(e["steps"].items(), key=lambda kv: int(kv[0])):
             h = e.get("heldout_accept_len") or []
             hci = e.get("heldout_accept_len_ci95") or []
             held = f"{h[int(k) - 1]:.2f} {_ci(*hci[int(k) - 1])}" if len(h) >= int(k) else "-"
-            label = key if name == "drafter_data_scaling" else (
-                ",".join(map(str, e["served_ids"])) + (" (trained)" if e["served_ids"] == e["trained_ids"] else ""))
-            best = (f"{e['costmodel_best_steps']} ({e['costmodel_best_tok_s'][0]:.0f} tok/s)"
-                    if "costmodel_best_steps" in e else "-")
+            label = (
+                key
+                if name == "drafter_data_scaling"
+                else (
+                    ",".join(map(str, e["served_ids"])) + (" (trained)" if e["served_ids"] == e["trained_ids"] else "")
+                )
+            )
+            best = (
+                f"{e['costmodel_best_steps']} ({e['costmodel_best_tok_s'][0]:.0f} tok/s)"
+                if "costmodel_best_steps" in e
+                else "-"
+            )
             lines.append(
                 f"{label:<16} {k:>5}  {j.get('accept_len', float('nan')):10.2f}  "
                 f"{j.get('accept_rate_draft', float('nan')):17.2f}  {held:<28}  "
                 f"{j['throughput_tok_s']:6.1f} {_ci(j.get('throughput_tok_s_ci95_lo'), j.get('throughput_tok_s_ci95_hi'), '.1f'):<18}  "
                 f"{j.get('speedup_vs_baseline', float('nan')):.3f} "
-                f"{_ci(j.get('speedup_vs_baseline_ci95_lo'), j.get('speedup_vs_baseline_ci95_hi'), '.3f'):<16}  {best}")
+                f"{_ci(j.get('speedup_vs_baseline_ci95_lo'), j.get('speedup_vs_baseline_ci95_hi'), '.3f'):<16}  {best}"
+            )
     return "\n".join(lines)
 
 
@@ -222,14 +258,28 @@ def plot(name: str, metrics: dict, path: Path) -> None:
         ci = [(e.get("heldout_accept_len_ci95") or [[float("nan")] * 2] * 8)[k - 1] for _, e in items]
         err = [[max(0.0, h - c[0]) for h, c in zip(held, ci)], [max(0.0, c[1] - h) for h, c in zip(held, ci)]]
         line = axes[0].plot(xs, acc, "o-", label=f"served, steps={k}")[0]
-        axes[0].errorbar(xs, held, yerr=err, fmt="s--", color=line.get_color(), alpha=0.6, capsize=3,
-                         label=f"held-out (offline), steps={k}")
+        axes[0].errorbar(
+            xs,
+            held,
+            yerr=err,
+            fmt="s--",
+            color=line.get_color(),
+            alpha=0.6,
+            capsize=3,
+            label=f"held-out (offline), steps={k}",
+        )
         sp = [e["steps"].get(str(k), {}) for _, e in items]
         y = [s.get("speedup_vs_baseline", float("nan")) for s in sp]
         lo = [s.get("speedup_vs_baseline_ci95_lo", v) for s, v in zip(sp, y)]
         hi = [s.get("speedup_vs_baseline_ci95_hi", v) for s, v in zip(sp, y)]
-        axes[1].errorbar(xs, y, yerr=[[max(0.0, v - a) for v, a in zip(y, lo)], [max(0.0, b - v) for v, b in zip(y, hi)]], fmt="o-",
-                         capsize=3, label=f"steps={k}")
+        axes[1].errorbar(
+            xs,
+            y,
+            yerr=[[max(0.0, v - a) for v, a in zip(y, lo)], [max(0.0, b - v) for v, b in zip(y, hi)]],
+            fmt="o-",
+            capsize=3,
+            label=f"steps={k}",
+        )
     for ax, ylabel in zip(axes, ("accept length (tokens/cycle)", "speedup vs baseline (95% CI)")):
         ax.set_ylabel(ylabel)
         ax.grid(alpha=0.3)
@@ -266,8 +316,11 @@ def report(name: str, root: Path) -> None:
 
 
 def main(argv: list[str] | None = None) -> None:
-    ap = argparse.ArgumentParser(prog="python -m spec_decode.views.drafter_experiments", description=__doc__,
-                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap = argparse.ArgumentParser(
+        prog="python -m spec_decode.views.drafter_experiments",
+        description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
     ap.add_argument("cmd", choices=["bench", "report"])
     ap.add_argument("name", choices=["drafter_data_scaling", "drafter_layer_ids"])
     ap.add_argument("overrides", nargs="*", help="extra Hydra overrides for bench (e.g. tracking=off)")

@@ -40,17 +40,38 @@ ROOT = Path(__file__).resolve().parents[2]
 BEGIN, END = "<!-- table:begin (python -m spec_decode.views.experiment report) -->", "<!-- table:end -->"
 FACTS_BEGIN, FACTS_END = "<!-- facts:begin (python -m spec_decode.views.experiment report) -->", "<!-- facts:end -->"
 SUMMARY = ("mean", "std", "n", "ci95_lo", "ci95_hi", "cv", "robust_cv")
-METRICS = ("accept_len", "accept_rate_draft", "speedup_vs_baseline", "speedup_vs_baseline_ci95_lo",
-           "speedup_vs_baseline_ci95_hi", "speedup_ci95_halfwidth_pct", "non_cycle_pct", "cycle_ms", "draft_ms", "verify_ms", "extend_ms", "other_ms",
-           "draft_pct", "verify_pct", "extend_pct", "other_pct", "baseline_throughput_tok_s",
-           "host_load1", "host_load1_max", "host_steal_pct", "host_busy_pct")  # host_*: record/host.py
+METRICS = (
+    "accept_len",
+    "accept_rate_draft",
+    "speedup_vs_baseline",
+    "speedup_vs_baseline_ci95_lo",
+    "speedup_vs_baseline_ci95_hi",
+    "speedup_ci95_halfwidth_pct",
+    "non_cycle_pct",
+    "cycle_ms",
+    "draft_ms",
+    "verify_ms",
+    "extend_ms",
+    "other_ms",
+    "draft_pct",
+    "verify_pct",
+    "extend_pct",
+    "other_pct",
+    "baseline_throughput_tok_s",
+    "host_load1",
+    "host_load1_max",
+    "host_steal_pct",
+    "host_busy_pct",
+)  # host_*: record/host.py
 AXES = ("hardware", "model", "engine", "nccl", "drafter")
 # Issue 21's flat metrics, kept by name pattern (their count depends on the steps and the categories):
 # acceptance per draft position and per request, token latency percentiles, the lossless match rate,
 # per-category acceptance and tok/s.
-ISSUE21_METRICS = re.compile(r"^(accept_rate_pos\d+|accept_len_request_(weighted|mean)|(ttft|itl|tpot|e2e)_ms_p\d+"
-                             r"|lossless_match_rate|category_.+_(accept_len|throughput_tok_s)"
-                             r"|concurrency|request_(tok_s|accept_len)_p\d+|running_req_(median|max)|load_\w+_ms_p\d+)$")
+ISSUE21_METRICS = re.compile(
+    r"^(accept_rate_pos\d+|accept_len_request_(weighted|mean)|(ttft|itl|tpot|e2e)_ms_p\d+"
+    r"|lossless_match_rate|category_.+_(accept_len|throughput_tok_s)"
+    r"|concurrency|request_(tok_s|accept_len)_p\d+|running_req_(median|max)|load_\w+_ms_p\d+)$"
+)
 SECTIONS = ("latency", "categories", "lossless")  # issue 21's record sections kept whole (small dicts)
 
 
@@ -91,8 +112,13 @@ def to_metrics(recs: list[JobRecord]) -> dict:
         jobs[key] = _entry(i, r)
     git = recs[0].provenance.get("git", {}) if recs else {}
     hosts = [r.provenance.get("host") for r in recs if r.provenance.get("host")]
-    out = {"jobs": jobs, "git_commit": git.get("commit"), "git_dirty": git.get("dirty"),
-           "host": hosts[0] if hosts else None, "interval": blocks.interval_label(recs)}
+    out = {
+        "jobs": jobs,
+        "git_commit": git.get("commit"),
+        "git_dirty": git.get("dirty"),
+        "host": hosts[0] if hosts else None,
+        "interval": blocks.interval_label(recs),
+    }
     if any(h != hosts[0] for h in hosts):  # a sweep spread over machines (submitit): say so
         out["hosts_differ"] = True
     if blocks.has_blocks(recs):
@@ -103,11 +129,22 @@ def to_metrics(recs: list[JobRecord]) -> dict:
 def _entry(i: int, r: JobRecord) -> dict:
     m, t = r.metrics, r.throughput_tok_s or {}
     bench = r.config.get("benchmark") or {}
-    entry: dict = {"index": i, "status": r.status, "role": r.role, "engine": r.engine.name,
-                   "out_dir": Path(r.out_dir).name,
-                   "axes": {**{g: r.choice(g) for g in AXES}, "spec.steps": r.steps,
-                            **{f"benchmark.{k}": bench[k] for k in ("block", "replicate", "concurrency",
-                                                                     "request_rate") if bench.get(k)}}}
+    entry: dict = {
+        "index": i,
+        "status": r.status,
+        "role": r.role,
+        "engine": r.engine.name,
+        "out_dir": Path(r.out_dir).name,
+        "axes": {
+            **{g: r.choice(g) for g in AXES},
+            "spec.steps": r.steps,
+            **{
+                f"benchmark.{k}": bench[k]
+                for k in ("block", "replicate", "concurrency", "request_rate")
+                if bench.get(k)
+            },
+        },
+    }
     if r.error:
         entry["error"] = r.error
     for k in SUMMARY:
@@ -137,8 +174,10 @@ def _entry(i: int, r: JobRecord) -> dict:
 def _axes_from_key(key: str) -> dict:
     """Schema-1 metrics.json entries carry no axes: read them from the key (``nccl=tuned,spec.steps=2``)."""
     pairs = dict(p.split("=", 1) for p in key.split(",") if "=" in p)
-    return {"nccl": pairs.get("nccl", "default"),
-            "spec.steps": int(pairs["spec.steps"]) if "spec.steps" in pairs else None}
+    return {
+        "nccl": pairs.get("nccl", "default"),
+        "spec.steps": int(pairs["spec.steps"]) if "spec.steps" in pairs else None,
+    }
 
 
 def records_from_metrics(metrics: dict) -> list[JobRecord]:
@@ -149,30 +188,51 @@ def records_from_metrics(metrics: dict) -> list[JobRecord]:
         role = e.get("role") or ("baseline" if key.startswith("baseline") else "spec")
         config = {g: {"name": axes.get(g)} for g in AXES}
         config["spec"] = {"steps": axes.get("spec.steps"), "simulate_accept_len": axes.get("spec.simulate_accept_len")}
-        config["benchmark"] = {k: axes.get(f"benchmark.{k}", d) for k, d in (("block", 0), ("replicate", 0),
-                                                                            ("concurrency", 1))}
+        config["benchmark"] = {
+            k: axes.get(f"benchmark.{k}", d) for k, d in (("block", 0), ("replicate", 0), ("concurrency", 1))
+        }
         m = {k: e[k] for k in ("throughput_tok_s", *METRICS) if isinstance(e.get(k), (int, float))}
         m.update({k: v for k, v in e.items() if ISSUE21_METRICS.match(k) and isinstance(v, (int, float))})
         acc = None
         if e.get("acceptance"):
-            acc = {**e["acceptance"], "per_position": rates_from_metrics(m) or None,
-                   "accept_len_weighted": m.get("accept_len_request_weighted"),
-                   "accept_len_unweighted": m.get("accept_len_request_mean")}
+            acc = {
+                **e["acceptance"],
+                "per_position": rates_from_metrics(m) or None,
+                "accept_len_weighted": m.get("accept_len_request_weighted"),
+                "accept_len_unweighted": m.get("accept_len_request_mean"),
+            }
         for p in ("draft", "verify", "extend", "other"):  # schema 1 kept the ms, not the shares
             if f"{p}_pct" not in m and f"{p}_ms" in m and m.get("cycle_ms"):
                 m[f"{p}_pct"] = 100 * m[f"{p}_ms"] / m["cycle_ms"]
         for k in SUMMARY[1:]:
             if f"throughput_tok_s_{k}" in e:
                 m[f"throughput_tok_s_{k}"] = e[f"throughput_tok_s_{k}"]
-        summary = {k: e["throughput_tok_s" if k == "mean" else f"throughput_tok_s_{k}"] for k in SUMMARY
-                   if ("throughput_tok_s" if k == "mean" else f"throughput_tok_s_{k}") in e}
-        out.append(JobRecord(
-            role=role, name=key, experiment="", config=config, config_hash="", engine=EngineInfo(e.get("engine", "?")),
-            speculative=role == "spec", status=e.get("status", "?"), error=e.get("error"), metrics=m,
-            throughput_tok_s=summary or None, started_at=float(n), out_dir=e.get("out_dir", ""),
-            checks=[Check(c, ok, None, "", "") for c, ok in (e.get("checks") or {}).items()],
-            speedup_vs_baseline={"method": e["speedup_method"]} if "speedup_method" in e else None,
-            acceptance=acc, extra={k: e[k] for k in SECTIONS if e.get(k)}))
+        summary = {
+            k: e["throughput_tok_s" if k == "mean" else f"throughput_tok_s_{k}"]
+            for k in SUMMARY
+            if ("throughput_tok_s" if k == "mean" else f"throughput_tok_s_{k}") in e
+        }
+        out.append(
+            JobRecord(
+                role=role,
+                name=key,
+                experiment="",
+                config=config,
+                config_hash="",
+                engine=EngineInfo(e.get("engine", "?")),
+                speculative=role == "spec",
+                status=e.get("status", "?"),
+                error=e.get("error"),
+                metrics=m,
+                throughput_tok_s=summary or None,
+                started_at=float(n),
+                out_dir=e.get("out_dir", ""),
+                checks=[Check(c, ok, None, "", "") for c, ok in (e.get("checks") or {}).items()],
+                speedup_vs_baseline={"method": e["speedup_method"]} if "speedup_method" in e else None,
+                acceptance=acc,
+                extra={k: e[k] for k in SECTIONS if e.get(k)},
+            )
+        )
     return out
 
 
@@ -188,20 +248,30 @@ def facts(metrics: dict) -> list[str]:
         mine = sorted((r for r in spec if r.choice("nccl") == prof), key=lambda r: r.steps)
         with_ci = [r for r in mine if "speedup_vs_baseline_ci95_lo" in r.metrics]
         if with_ci:
-            lines.append(f"- `nccl={prof}` speedup vs its baseline (95% CI): " + ", ".join(
-                f"{r.metrics['speedup_vs_baseline']:.2f}x [{r.metrics['speedup_vs_baseline_ci95_lo']:.2f}, "
-                f"{r.metrics['speedup_vs_baseline_ci95_hi']:.2f}] at {r.steps}" for r in with_ci) + " steps")
+            lines.append(
+                f"- `nccl={prof}` speedup vs its baseline (95% CI): "
+                + ", ".join(
+                    f"{r.metrics['speedup_vs_baseline']:.2f}x [{r.metrics['speedup_vs_baseline_ci95_lo']:.2f}, "
+                    f"{r.metrics['speedup_vs_baseline_ci95_hi']:.2f}] at {r.steps}"
+                    for r in with_ci
+                )
+                + " steps"
+            )
         best = max(mine, key=lambda r: r.metrics["throughput_tok_s"])
-        lines.append(f"- `nccl={prof}` best measured: {best.steps} steps at {best.metrics['throughput_tok_s']:.1f} "
-                     f"tok/s [{best.metrics['throughput_tok_s_ci95_lo']:.1f}, {best.metrics['throughput_tok_s_ci95_hi']:.1f}]")
+        lines.append(
+            f"- `nccl={prof}` best measured: {best.steps} steps at {best.metrics['throughput_tok_s']:.1f} "
+            f"tok/s [{best.metrics['throughput_tok_s_ci95_lo']:.1f}, {best.metrics['throughput_tok_s_ci95_hi']:.1f}]"
+        )
         phased = [r for r in mine if "verify_ms" in r.metrics]
         if len({r.steps for r in phased}) >= 2:  # costs >= 0 (costmodel.nonneg_line), with the fit quality
             va, vb, vq = nonneg_line([r.steps + 1 for r in phased], [r.metrics["verify_ms"] for r in phased])
             da, db, dq = nonneg_line([r.steps for r in phased], [r.metrics["draft_ms"] for r in phased])
             r2 = " / ".join("-" if q["r2"] is None else f"{q['r2']:.2f}" for q in (vq, dq))
-            lines.append(f"- `nccl={prof}` verify = {va:.2f} + {vb:.3f} ms per verified token; "
-                         f"draft = {da:.2f} + {db:.3f} ms per step (least squares with costs >= 0 over "
-                         f"{len(phased)} jobs; R^2 {r2})")
+            lines.append(
+                f"- `nccl={prof}` verify = {va:.2f} + {vb:.3f} ms per verified token; "
+                f"draft = {da:.2f} + {db:.3f} ms per step (least squares with costs >= 0 over "
+                f"{len(phased)} jobs; R^2 {r2})"
+            )
     paid = [r for r in spec if "speedup_vs_baseline_ci95_lo" in r.metrics]
     if paid:
         above = [r for r in paid if r.metrics["speedup_vs_baseline_ci95_lo"] > 1.0]
@@ -212,23 +282,34 @@ def facts(metrics: dict) -> list[str]:
             by_steps.setdefault(r.steps, []).append(r.metrics["accept_len"])
     if by_steps:
         ks = sorted(by_steps)
-        lines.append("- accept length " + " / ".join(f"{statistics.fmean(by_steps[k]):.2f}" for k in ks)
-                     + " at " + " / ".join(str(k) for k in ks) + " steps")
+        lines.append(
+            "- accept length "
+            + " / ".join(f"{statistics.fmean(by_steps[k]):.2f}" for k in ks)
+            + " at "
+            + " / ".join(str(k) for k in ks)
+            + " steps"
+        )
     base = [r for r in recs if not r.speculative]
     if base:
         vals = [r.metrics["throughput_tok_s"] for r in base]
         spread = f" (max/min {max(vals) / min(vals):.3f})" if len(vals) > 1 else ""
-        lines.append("- baselines: " + ", ".join(f"`{r.label}` {r.metrics['throughput_tok_s']:.1f} tok/s"
-                                                 for r in base) + spread)
+        lines.append(
+            "- baselines: " + ", ".join(f"`{r.label}` {r.metrics['throughput_tok_s']:.1f} tok/s" for r in base) + spread
+        )
     everything = records_from_metrics(metrics)
     checked = [r for r in everything if r.status == "FINISHED" and r.checks]
     ok = [r for r in checked if not r.failed_checks]
     failed = sorted({c for r in checked for c in r.failed_checks})
     done = len([r for r in everything if r.status == "FINISHED"])
-    lines.append(f"- {len(everything)} jobs, {done} finished; " + (
-        f"{len(ok)} of the {len(checked)} checked pass every consistency check"
-        + (f" (failed: {', '.join(failed)})" if failed else "") if checked
-        else "no consistency checks in this metrics.json (written before it kept them)"))
+    lines.append(
+        f"- {len(everything)} jobs, {done} finished; "
+        + (
+            f"{len(ok)} of the {len(checked)} checked pass every consistency check"
+            + (f" (failed: {', '.join(failed)})" if failed else "")
+            if checked
+            else "no consistency checks in this metrics.json (written before it kept them)"
+        )
+    )
     return lines
 
 
@@ -268,22 +349,45 @@ def headline(metrics: dict, name: str) -> str:
         ci = f"[{m['throughput_tok_s_ci95_lo']:.0f}, {m['throughput_tok_s_ci95_hi']:.0f}]"
         speedup = "-"
         if "speedup_vs_baseline" in m:
-            speedup = (f"{m['speedup_vs_baseline']:.2f}x [{m['speedup_vs_baseline_ci95_lo']:.2f}, "
-                       f"{m['speedup_vs_baseline_ci95_hi']:.2f}] ({e.get('speedup_method', 'welch')})")
-        rows.append([("baseline" if not r.speculative else f"steps={r.steps}"), r.choice("nccl"),
-                     f"{m['throughput_tok_s']:.0f} {ci}", speedup,
-                     f"{m['accept_len']:.2f}" if "accept_len" in m else "-",
-                     f"{m['accept_rate_draft']:.2f}" if "accept_rate_draft" in m else "-",
-                     f"{m['cycle_ms']:.2f}" if "cycle_ms" in m else "-",
-                     " / ".join(f"{m[k]:.2f}" for k in ("draft_ms", "verify_ms", "extend_ms")) if "cycle_ms" in m else "-",
-                     "ok" if not r.failed_checks else "FAILED: " + ", ".join(r.failed_checks)])
-    table = tabulate(rows, headers=["job", "nccl", "tok/s [95% CI]", "speedup [95% CI] (method)", "accept len",
-                                    "draft accept rate", "cycle ms", "draft / verify / re-extend ms", "checks"],
-                     tablefmt="github", disable_numparse=True)
+            speedup = (
+                f"{m['speedup_vs_baseline']:.2f}x [{m['speedup_vs_baseline_ci95_lo']:.2f}, "
+                f"{m['speedup_vs_baseline_ci95_hi']:.2f}] ({e.get('speedup_method', 'welch')})"
+            )
+        rows.append(
+            [
+                ("baseline" if not r.speculative else f"steps={r.steps}"),
+                r.choice("nccl"),
+                f"{m['throughput_tok_s']:.0f} {ci}",
+                speedup,
+                f"{m['accept_len']:.2f}" if "accept_len" in m else "-",
+                f"{m['accept_rate_draft']:.2f}" if "accept_rate_draft" in m else "-",
+                f"{m['cycle_ms']:.2f}" if "cycle_ms" in m else "-",
+                " / ".join(f"{m[k]:.2f}" for k in ("draft_ms", "verify_ms", "extend_ms")) if "cycle_ms" in m else "-",
+                "ok" if not r.failed_checks else "FAILED: " + ", ".join(r.failed_checks),
+            ]
+        )
+    table = tabulate(
+        rows,
+        headers=[
+            "job",
+            "nccl",
+            "tok/s [95% CI]",
+            "speedup [95% CI] (method)",
+            "accept len",
+            "draft accept rate",
+            "cycle ms",
+            "draft / verify / re-extend ms",
+            "checks",
+        ],
+        tablefmt="github",
+        disable_numparse=True,
+    )
     commit = (metrics.get("git_commit") or "?")[:10] + (" (dirty tree)" if metrics.get("git_dirty") else "")
-    return (f"`python run.py -m experiment={name}` (5 runs x 500 greedy tokens per job, 1 warmup; "
-            f"[experiments/{name}/](experiments/{name}/); code {commit}; generated from its metrics.json by "
-            f"`python -m spec_decode.views.experiment headline {name}`):\n\n{table}")
+    return (
+        f"`python run.py -m experiment={name}` (5 runs x 500 greedy tokens per job, 1 warmup; "
+        f"[experiments/{name}/](experiments/{name}/); code {commit}; generated from its metrics.json by "
+        f"`python -m spec_decode.views.experiment headline {name}`):\n\n{table}"
+    )
 
 
 def write_headline(name: str, root: Path, readme: Path) -> str:
@@ -304,9 +408,12 @@ def compare(a: dict, b: dict, names: tuple[str, str] = ("A", "B")) -> tuple[list
     """Per cell: the speedup intervals overlap or not, accept length equal or not; the hosts' differences
     and loads; the verdict (spec_decode.analysis.compare). Returns (lines, differ)."""
     rows = cmp.compare(a, b)
-    table = tabulate([[r.cell, r.a, r.b, r.accept, r.verdict] for r in rows],
-                     headers=["cell", f"{names[0]}: speedup (tok/s for baselines) [95% CI]", f"{names[1]}",
-                              "accept len", "verdict"], tablefmt="plain", disable_numparse=True).splitlines()
+    table = tabulate(
+        [[r.cell, r.a, r.b, r.accept, r.verdict] for r in rows],
+        headers=["cell", f"{names[0]}: speedup (tok/s for baselines) [95% CI]", f"{names[1]}", "accept len", "verdict"],
+        tablefmt="plain",
+        disable_numparse=True,
+    ).splitlines()
     notes = [n.replace("A: ", f"{names[0]}: ", 1).replace("B: ", f"{names[1]}: ", 1) for n in cmp.host_notes(a, b)]
     verdict = cmp.verdict(rows)
     cover = cmp.coverage(rows)
@@ -328,9 +435,11 @@ def same_metrics_warning(rebuilt: dict, reported: dict, name: str, rev: str) -> 
     up-to-date stage): every verdict would be "within noise" by construction. Say so."""
     if rebuilt != reported:
         return None
-    return (f"warning: experiments/{name}/metrics.json in the workspace is the one committed at {rev}: "
-            f"nothing was rebuilt, so this compares the committed numbers with themselves. Rerun the "
-            f"experiment first: dvc repro -s -f bench@{name} (then compare again)")
+    return (
+        f"warning: experiments/{name}/metrics.json in the workspace is the one committed at {rev}: "
+        f"nothing was rebuilt, so this compares the committed numbers with themselves. Rerun the "
+        f"experiment first: dvc repro -s -f bench@{name} (then compare again)"
+    )
 
 
 def committed_metrics(path: Path, rev: str, root: Path) -> dict:
@@ -342,8 +451,11 @@ def committed_metrics(path: Path, rev: str, root: Path) -> dict:
 
 
 def main(argv: list[str] | None = None) -> None:
-    ap = argparse.ArgumentParser(prog="python -m spec_decode.views.experiment", description=__doc__,
-                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap = argparse.ArgumentParser(
+        prog="python -m spec_decode.views.experiment",
+        description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
     sub = ap.add_subparsers(dest="cmd", required=True)
     b = sub.add_parser("bench", help="run the experiment's sweep and write metrics.json")
     b.add_argument("name")
@@ -353,10 +465,13 @@ def main(argv: list[str] | None = None) -> None:
     h = sub.add_parser("headline", help="metrics.json -> the headline table in README.md (between its markers)")
     h.add_argument("name")
     h.add_argument("--readme", type=Path, default=None, help="default: README.md of the project")
-    c = sub.add_parser("compare", help="two sweeps cell by cell with a verdict (exit 1 when a cell differs)",
-                       description="compare NAME: the rebuilt metrics.json (workspace) vs the committed one; "
-                                   "compare A B: any two sweeps (metrics.json, experiment or multirun dirs, "
-                                   "MLflow parent run ids)")
+    c = sub.add_parser(
+        "compare",
+        help="two sweeps cell by cell with a verdict (exit 1 when a cell differs)",
+        description="compare NAME: the rebuilt metrics.json (workspace) vs the committed one; "
+        "compare A B: any two sweeps (metrics.json, experiment or multirun dirs, "
+        "MLflow parent run ids)",
+    )
     c.add_argument("sources", nargs="+", metavar="NAME | A B")
     c.add_argument("--rev", default="HEAD", help="git revision holding the reported metrics (compare NAME)")
     c.add_argument("--uri", default=None, help="MLflow store for run ids (default: MLFLOW_TRACKING_URI)")
@@ -394,6 +509,7 @@ def compare_experiment(ap: argparse.ArgumentParser, name: str, rev: str, root: P
     if (w := same_metrics_warning(rebuilt, reported, name, rev)) is not None:
         print(w, file=sys.stderr)
     return reported, rebuilt, (f"reported ({rev})", "rebuilt")
+
 
 if __name__ == "__main__":
     main()

@@ -36,8 +36,22 @@ from spec_decode.record import host
 from spec_decode.record.results import JobRecord, collect, performance_only, section
 from spec_decode.views.charts import acceptance_figures, concurrency_figures, legend_outside, save
 
-COLUMNS = ("job", "status", "tok/s", "95% CI", "CV%", "speedup", "speedup 95% CI", "accept len",
-           "cycle ms", "draft%", "verify%", "extend%", "other%", "checks")
+COLUMNS = (
+    "job",
+    "status",
+    "tok/s",
+    "95% CI",
+    "CV%",
+    "speedup",
+    "speedup 95% CI",
+    "accept len",
+    "cycle ms",
+    "draft%",
+    "verify%",
+    "extend%",
+    "other%",
+    "checks",
+)
 
 
 def _fmt(v, spec: str = ".1f") -> str:
@@ -68,12 +82,18 @@ def row(rec: JobRecord) -> dict:
         "job": job_label(rec),
         "status": rec.status,
         "tok/s": _fmt(m.get("throughput_tok_s")),
-        "95% CI": (f"[{m['throughput_tok_s_ci95_lo']:.1f}, {m['throughput_tok_s_ci95_hi']:.1f}]"
-                   if "throughput_tok_s_ci95_lo" in m else "-"),
+        "95% CI": (
+            f"[{m['throughput_tok_s_ci95_lo']:.1f}, {m['throughput_tok_s_ci95_hi']:.1f}]"
+            if "throughput_tok_s_ci95_lo" in m
+            else "-"
+        ),
         "CV%": _fmt(100 * m["throughput_tok_s_cv"] if "throughput_tok_s_cv" in m else None),
         "speedup": _fmt(m.get("speedup_vs_baseline"), ".3f"),
-        "speedup 95% CI": (f"[{m['speedup_vs_baseline_ci95_lo']:.3f}, {m['speedup_vs_baseline_ci95_hi']:.3f}]"
-                           if "speedup_vs_baseline_ci95_lo" in m else "-"),
+        "speedup 95% CI": (
+            f"[{m['speedup_vs_baseline_ci95_lo']:.3f}, {m['speedup_vs_baseline_ci95_hi']:.3f}]"
+            if "speedup_vs_baseline_ci95_lo" in m
+            else "-"
+        ),
         "accept len": _fmt(m.get("accept_len"), ".2f"),
         "cycle ms": _fmt(m.get("cycle_ms"), ".2f"),
         "draft%": _fmt(m.get("draft_pct"), ".0f"),
@@ -92,17 +112,31 @@ def acceptance_table(recs: list[JobRecord]) -> str | None:
     if not spec:
         return None
     depth = max(len(r.acceptance["histogram"]) - 1 for r in spec)
-    headers = ["job", *(f"pos{i}" for i in range(1, depth + 1)), "histogram (verifies by accepted drafts 0..k)",
-               "source", "accept len (verify-weighted)", "accept len (request mean)"]
+    headers = [
+        "job",
+        *(f"pos{i}" for i in range(1, depth + 1)),
+        "histogram (verifies by accepted drafts 0..k)",
+        "source",
+        "accept len (verify-weighted)",
+        "accept len (request mean)",
+    ]
     rows = []
     for r in spec:
         a = r.acceptance
         rates = list(a.get("per_position") or [])
-        rows.append([job_label(r), *(_fmt(x, ".3f") for x in rates + [None] * (depth - len(rates))),
-                     " ".join(str(n) for n in a["histogram"]), a.get("source") or "-",
-                     _fmt(a.get("accept_len_weighted"), ".3f"), _fmt(a.get("accept_len_unweighted"), ".3f")])
-    return ("acceptance rate by draft position: P(accepted >= i | accepted >= i-1)\n"
-            + tabulate(rows, headers=headers, tablefmt="simple", disable_numparse=True))
+        rows.append(
+            [
+                job_label(r),
+                *(_fmt(x, ".3f") for x in rates + [None] * (depth - len(rates))),
+                " ".join(str(n) for n in a["histogram"]),
+                a.get("source") or "-",
+                _fmt(a.get("accept_len_weighted"), ".3f"),
+                _fmt(a.get("accept_len_unweighted"), ".3f"),
+            ]
+        )
+    return "acceptance rate by draft position: P(accepted >= i | accepted >= i-1)\n" + tabulate(
+        rows, headers=headers, tablefmt="simple", disable_numparse=True
+    )
 
 
 def latency_table(recs: list[JobRecord]) -> str | None:
@@ -120,8 +154,9 @@ def latency_table(recs: list[JobRecord]) -> str | None:
         n = (lat.get("itl_ms") or {}).get("n")
         rows.append([job_label(r), *cells, n if n is not None else "-"])
     headers = ["job", *(f"{name} ms p50 / p90 / p99" for _, name in LATENCY), "tokens (ITL n)"]
-    return ("token latency (streamed requests; a chunk of n tokens spreads its gap over its n tokens)\n"
-            + tabulate(rows, headers=headers, tablefmt="simple", disable_numparse=True))
+    return "token latency (streamed requests; a chunk of n tokens spreads its gap over its n tokens)\n" + tabulate(
+        rows, headers=headers, tablefmt="simple", disable_numparse=True
+    )
 
 
 def category_table(recs: list[JobRecord]) -> str | None:
@@ -129,12 +164,14 @@ def category_table(recs: list[JobRecord]) -> str | None:
     rows = []
     for r in recs:
         for name, c in sorted((section(r, "categories") or {}).items()):
-            rows.append([job_label(r), name, c.get("n", "-"), _fmt(c.get("accept_len"), ".2f"),
-                         _fmt(c.get("throughput_tok_s"))])
+            rows.append(
+                [job_label(r), name, c.get("n", "-"), _fmt(c.get("accept_len"), ".2f"), _fmt(c.get("throughput_tok_s"))]
+            )
     if not rows:
         return None
-    return ("per prompt category\n" + tabulate(rows, headers=["job", "category", "requests", "accept len", "tok/s"],
-                                                tablefmt="simple", disable_numparse=True))
+    return "per prompt category\n" + tabulate(
+        rows, headers=["job", "category", "requests", "accept len", "tok/s"], tablefmt="simple", disable_numparse=True
+    )
 
 
 def sweep_summary(recs: list[JobRecord]) -> tuple[str, dict[str, list]]:
@@ -143,8 +180,11 @@ def sweep_summary(recs: list[JobRecord]) -> tuple[str, dict[str, list]]:
     rows = [row(r) for r in recs]
     # the lossless column only where a job checked it (older records and sweeps without a baseline arm)
     columns = COLUMNS + (("lossless",) if any(r["lossless"] != "-" for r in rows) else ())
-    lines = [tabulate([[r[c] for c in columns] for r in rows], headers=columns, tablefmt="simple",
-                      disable_numparse=True)] if rows else []
+    lines = (
+        [tabulate([[r[c] for c in columns] for r in rows], headers=columns, tablefmt="simple", disable_numparse=True)]
+        if rows
+        else []
+    )
     counts: dict[str, int] = {}
     for r in recs:
         counts[r.status] = counts.get(r.status, 0) + 1
@@ -163,9 +203,13 @@ def sweep_summary(recs: list[JobRecord]) -> tuple[str, dict[str, list]]:
             lines += ["", part]
     cells = blocks.cells(recs)  # the block design's cells (issue 25); the records themselves otherwise
     if cells is not recs:
-        lines += ["", f"cells over blocks ({blocks.interval_label(recs)}):",
-                  tabulate([[row(r)[c] for c in COLUMNS] for r in cells], headers=COLUMNS, tablefmt="simple",
-                           disable_numparse=True)]
+        lines += [
+            "",
+            f"cells over blocks ({blocks.interval_label(recs)}):",
+            tabulate(
+                [[row(r)[c] for c in COLUMNS] for r in cells], headers=COLUMNS, tablefmt="simple", disable_numparse=True
+            ),
+        ]
     lines += ["", f"intervals: {blocks.interval_label(recs)}"]
     for prof, f in cost_models(cells).items():
         lines += ["", f"[nccl={prof}] " + describe(f)]
@@ -175,13 +219,17 @@ def sweep_summary(recs: list[JobRecord]) -> tuple[str, dict[str, list]]:
     rec = recommend.recommend(cells)
     if rec is not None:
         lines += ["", recommend.describe(rec)]
-    fps = {json.dumps((r.provenance or {}).get("host"), sort_keys=True) for r in recs if (r.provenance or {}).get("host")}
+    fps = {
+        json.dumps((r.provenance or {}).get("host"), sort_keys=True) for r in recs if (r.provenance or {}).get("host")
+    }
     lines += [host.describe(json.loads(fp)) for fp in sorted(fps)]
     loads = [r.metrics["host_load1"] for r in recs if "host_load1" in r.metrics]
     if loads:
-        lines.append(f"load (1 min) during the timed runs: median {statistics.median(loads):.1f}, max "
-                     f"{max(r.metrics.get('host_load1_max', 0) for r in recs):.1f}; CPU steal "
-                     f"{max(r.metrics.get('host_steal_pct', 0) for r in recs):.1f}% at most")
+        lines.append(
+            f"load (1 min) during the timed runs: median {statistics.median(loads):.1f}, max "
+            f"{max(r.metrics.get('host_load1_max', 0) for r in recs):.1f}; CPU steal "
+            f"{max(r.metrics.get('host_steal_pct', 0) for r in recs):.1f}% at most"
+        )
     return "\n".join(lines), table
 
 
@@ -193,7 +241,8 @@ def cost_models(recs: list[JobRecord]) -> dict:
             pts = points_from_records([r for r in recs if concurrency.concurrency_of(r) == c], nccl=prof)
             if len(pts) >= 2:
                 out[prof if not concurrency.swept(recs) else f"{prof}, concurrency={c}"] = fit(
-                    pts, max_steps=max(8, max(p.steps for p in pts)))
+                    pts, max_steps=max(8, max(p.steps for p in pts))
+                )
     return out
 
 
@@ -227,21 +276,30 @@ def figures(recs: list[JobRecord]) -> dict:
             pts = sorted(((r.steps, r.metrics) for r in spec if r.choice("nccl") == prof), key=lambda p: p[0])
             xs = [p[0] for p in pts]
             ys = [p[1]["throughput_tok_s"] for p in pts]
-            err = [[y - p[1].get("throughput_tok_s_ci95_lo", y) for y, p in zip(ys, pts)],
-                   [p[1].get("throughput_tok_s_ci95_hi", y) - y for y, p in zip(ys, pts)]]
+            err = [
+                [y - p[1].get("throughput_tok_s_ci95_lo", y) for y, p in zip(ys, pts)],
+                [p[1].get("throughput_tok_s_ci95_hi", y) - y for y, p in zip(ys, pts)],
+            ]
             ax.errorbar(xs, ys, yerr=err, marker="o", capsize=4, color=colors[prof], label=f"EAGLE-3, nccl={prof}")
             for b in base:
                 if b.choice("nccl") == prof:
-                    ax.axhline(b.metrics["throughput_tok_s"], ls="--", lw=1, color=colors[prof],
-                               label=f"baseline, nccl={prof}")
+                    ax.axhline(
+                        b.metrics["throughput_tok_s"], ls="--", lw=1, color=colors[prof], label=f"baseline, nccl={prof}"
+                    )
                     break
             if prof in fits:  # the model's curve, in the series' colour, one step beyond what was measured
                 f = fits[prof]
                 pred = [p for p in f.predictions if p["steps"] <= max(xs) + 1]
-                ax.plot([p["steps"] for p in pred], [p["predicted_tok_s"] for p in pred], ls=":", marker="x",
-                        color=colors[prof], label=f"cost model, nccl={prof} (best within measured steps: "
-                        f"{f.best_steps}" + (f"; {f.best_outside['steps']} by EXTRAPOLATION, not measured)"
-                                             if f.best_outside else ")"))
+                ax.plot(
+                    [p["steps"] for p in pred],
+                    [p["predicted_tok_s"] for p in pred],
+                    ls=":",
+                    marker="x",
+                    color=colors[prof],
+                    label=f"cost model, nccl={prof} (best within measured steps: "
+                    f"{f.best_steps}"
+                    + (f"; {f.best_outside['steps']} by EXTRAPOLATION, not measured)" if f.best_outside else ")"),
+                )
         ax.set_xlabel("speculative steps (draft tokens per cycle)")
         ax.xaxis.set_major_locator(MaxNLocator(integer=True))
         ax.set_ylabel("throughput (tok/s), mean with 95% CI")
@@ -260,11 +318,21 @@ def figures(recs: list[JobRecord]) -> dict:
                     continue
                 xs = [r.steps + offsets[prof] for r in pts]  # side by side, not on top of each other
                 ys = [r.metrics["speedup_vs_baseline"] for r in pts]
-                err = [[y - r.metrics.get("speedup_vs_baseline_ci95_lo", y) for y, r in zip(ys, pts)],
-                       [r.metrics.get("speedup_vs_baseline_ci95_hi", y) - y for y, r in zip(ys, pts)]]
+                err = [
+                    [y - r.metrics.get("speedup_vs_baseline_ci95_lo", y) for y, r in zip(ys, pts)],
+                    [r.metrics.get("speedup_vs_baseline_ci95_hi", y) - y for y, r in zip(ys, pts)],
+                ]
                 methods = sorted({(r.speedup_vs_baseline or {}).get("method", "welch") for r in pts})
-                ax.errorbar(xs, ys, yerr=err, marker="o", capsize=4, ls="-", color=colors[prof],
-                            label=f"nccl={prof} ({'/'.join(methods)} 95% CI)")
+                ax.errorbar(
+                    xs,
+                    ys,
+                    yerr=err,
+                    marker="o",
+                    capsize=4,
+                    ls="-",
+                    color=colors[prof],
+                    label=f"nccl={prof} ({'/'.join(methods)} 95% CI)",
+                )
             ax.axhline(1.0, color="grey", lw=1, ls="--", label="no speedup")
             ax.set_xlabel("speculative steps")
             ax.xaxis.set_major_locator(MaxNLocator(integer=True))
@@ -280,8 +348,9 @@ def figures(recs: list[JobRecord]) -> dict:
         for i, prof in enumerate(sorted({p[0][1] for p in pts})):
             sel = [(k[0], v) for k, v in pts if k[1] == prof]
             marker, ls = styles[i % len(styles)]
-            ax.plot([s for s, _ in sel], [v for _, v in sel], marker=marker, ls=ls, color=colors[prof],
-                    label=f"nccl={prof}")
+            ax.plot(
+                [s for s, _ in sel], [v for _, v in sel], marker=marker, ls=ls, color=colors[prof], label=f"nccl={prof}"
+            )
         if pts:
             top = max(p[0][0] for p in pts)
             ax.plot([1, top], [2, top + 1], ls=":", color="grey", label="ideal (all drafts accepted)")
@@ -298,8 +367,12 @@ def figures(recs: list[JobRecord]) -> dict:
             fig, ax = plt.subplots(figsize=(max(7.5, 0.9 * len(prof) + 2.5), 4.5))
             labels = [_bar_label(r, prof) for r in prof]
             bottom = [0.0] * len(prof)
-            for phase, label in (("draft", "draft"), ("verify", "target verify"),
-                                 ("extend", "draft re-extend"), ("other", "other")):
+            for phase, label in (
+                ("draft", "draft"),
+                ("verify", "target verify"),
+                ("extend", "draft re-extend"),
+                ("other", "other"),
+            ):
                 vals = [r.metrics[f"{phase}_ms"] for r in prof]
                 ax.bar(range(len(prof)), vals, bottom=bottom, label=label)
                 bottom = [b + v for b, v in zip(bottom, vals)]
@@ -324,8 +397,11 @@ def _bar_label(rec: JobRecord, group: list[JobRecord]) -> str:
 
 def _short(label: str, n: int = 32) -> str:
     """Axis labels: the job's distinguishing overrides, cut to fit."""
-    parts = [p for p in label.split(",") if not p.startswith(("tracking.", "hydra.", "benchmark.max_new",
-                                                              "benchmark.runs", "benchmark.warmup"))]
+    parts = [
+        p
+        for p in label.split(",")
+        if not p.startswith(("tracking.", "hydra.", "benchmark.max_new", "benchmark.runs", "benchmark.warmup"))
+    ]
     text = ",".join(parts) or label
     return text if len(text) <= n else text[: n - 1] + "~"
 
@@ -356,29 +432,43 @@ def records_of(src: str, uri: str | None) -> list[JobRecord]:
         try:
             recs = collect(from_mlflow(src, uri, Path(tempfile.mkdtemp(prefix=f"spec_decode_{src[:8]}_"))))
         except Exception as e:  # noqa: BLE001 - whatever MLflow raises, the answer is the same
-            raise SystemExit(f"{src!r} is neither a directory nor a parent run in {uri}: {type(e).__name__}: {e}") from e
+            raise SystemExit(
+                f"{src!r} is neither a directory nor a parent run in {uri}: {type(e).__name__}: {e}"
+            ) from e
     if not recs:
         raise SystemExit(f"no results.json in {src}")
     return recs
 
 
 def main(argv: list[str] | None = None) -> None:
-    ap = argparse.ArgumentParser(prog="python -m spec_decode.views.report", description=__doc__,
-                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap = argparse.ArgumentParser(
+        prog="python -m spec_decode.views.report",
+        description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
     ap.add_argument("path", nargs="?", type=Path, help="a sweep dir or experiment dir")
-    ap.add_argument("--plots", type=Path, default=None,
-                    help="where to write PNGs (default: PATH, or the named download dir of --mlflow-run)")
+    ap.add_argument(
+        "--plots",
+        type=Path,
+        default=None,
+        help="where to write PNGs (default: PATH, or the named download dir of --mlflow-run)",
+    )
     ap.add_argument("--mlflow-run", default=None, help="a sweep's parent run id (downloads its children)")
-    ap.add_argument("--uri", default=None, help="the MLflow store of --mlflow-run (default: $MLFLOW_TRACKING_URI, "
-                    "else sqlite:///mlflow.db in the current directory)")
+    ap.add_argument(
+        "--uri",
+        default=None,
+        help="the MLflow store of --mlflow-run (default: $MLFLOW_TRACKING_URI, "
+        "else sqlite:///mlflow.db in the current directory)",
+    )
     args = ap.parse_args(argv)
     if args.mlflow_run:
         try:
             uri = store.readable(store.store_uri(args.uri))
         except store.StoreMissing as e:
             ap.error(str(e))
-        root = from_mlflow(args.mlflow_run, uri,
-                           Path(tempfile.mkdtemp(prefix=f"spec_decode_report_{args.mlflow_run[:8]}_")))
+        root = from_mlflow(
+            args.mlflow_run, uri, Path(tempfile.mkdtemp(prefix=f"spec_decode_report_{args.mlflow_run[:8]}_"))
+        )
         print(f"downloaded the sweep's results.json files to {root}", file=sys.stderr)
     elif args.path is not None:
         if not args.path.is_dir():

@@ -32,8 +32,11 @@ from spec_decode.views.tracking import PARENT_ENV, Tracker, experiment_tags
 def markdown_summary(table: dict[str, list], sweep_dir: str) -> str:
     cols = list(table)
     rows = [[table[c][i] for c in cols] for i in range(len(table[cols[0]]) if cols else 0)]
-    return (f"Sweep `{sweep_dir}`\n\n" + tabulate(rows, headers=cols, tablefmt="github", disable_numparse=True)
-            + "\n\nPlots: Artifacts > plots. Per job: its child run (results.json, server.log, profile/).")
+    return (
+        f"Sweep `{sweep_dir}`\n\n"
+        + tabulate(rows, headers=cols, tablefmt="github", disable_numparse=True)
+        + "\n\nPlots: Artifacts > plots. Per job: its child run (results.json, server.log, profile/)."
+    )
 
 
 def where_to_look(sweep_dir: str, parent_run_id: str | None, tracker: Tracker | None) -> str:
@@ -42,8 +45,10 @@ def where_to_look(sweep_dir: str, parent_run_id: str | None, tracker: Tracker | 
     if parent_run_id and tracker is not None:
         lines.append(f"MLflow parent run: {parent_run_id}")
         lines.append(f"  open: {tracker.ui_command()}  ->  {tracker.ui_url()}")
-    lines.append(f"report: python -m spec_decode.views.report {sweep_dir}"
-                 + (f"   (or: python -m spec_decode.views.report --mlflow-run {parent_run_id})" if parent_run_id else ""))
+    lines.append(
+        f"report: python -m spec_decode.views.report {sweep_dir}"
+        + (f"   (or: python -m spec_decode.views.report --mlflow-run {parent_run_id})" if parent_run_id else "")
+    )
     return "\n".join(lines)
 
 
@@ -82,8 +87,9 @@ def headline(recs: list, jobs: list[str] | None) -> tuple[dict[str, float], dict
     if done:
         metrics["best_throughput_tok_s"] = max(r.metrics.get("throughput_tok_s", 0.0) for r in done)
         params.update({g: str(done[0].choice(g)) for g in ("hardware", "engine", "model")})
-    base = [r.metrics["throughput_tok_s"] for r in done if r.role == "baseline" and "throughput_tok_s" in r.metrics] \
-        or [r.metrics["baseline_throughput_tok_s"] for r in spec if "baseline_throughput_tok_s" in r.metrics]  # paired
+    base = [
+        r.metrics["throughput_tok_s"] for r in done if r.role == "baseline" and "throughput_tok_s" in r.metrics
+    ] or [r.metrics["baseline_throughput_tok_s"] for r in spec if "baseline_throughput_tok_s" in r.metrics]  # paired
     if base:
         metrics["baseline_throughput_tok_s"] = base[0]
     if spec:
@@ -132,18 +138,26 @@ class SweepCallback(Callback):
         atexit.register(self._finalize)  # before the parent exists: a Ctrl-C from here on still closes it
         tracker = Tracker.from_config(tcfg, root)
         if tracker is not None:
-            tags = {"spec_decode.role": "sweep", "spec_decode.sweep_dir": self.sweep_dir,
-                    "sweep.overrides": " ".join(OmegaConf.select(config, "hydra.overrides.task") or []),
-                    "experiment": str(config.get("name"))}
+            tags = {
+                "spec_decode.role": "sweep",
+                "spec_decode.sweep_dir": self.sweep_dir,
+                "sweep.overrides": " ".join(OmegaConf.select(config, "hydra.overrides.task") or []),
+                "experiment": str(config.get("name")),
+            }
             try:
-                run = tracker.client.create_run(tracker.experiment_id(),
-                                                run_name=f"sweep {config.get('name')} {Path(self.sweep_dir).name}",
-                                                tags=tags)
+                run = tracker.client.create_run(
+                    tracker.experiment_id(),
+                    run_name=f"sweep {config.get('name')} {Path(self.sweep_dir).name}",
+                    tags=tags,
+                )
                 self.parent_run_id = run.info.run_id
                 self._tracker = tracker
             except Exception as e:  # noqa: BLE001
-                print(f"warning: MLflow store {tracker.uri} unreachable ({e}); jobs keep results.json; "
-                      "upload later: python -m spec_decode.views.tracking sync " + self.sweep_dir, file=sys.stderr)
+                print(
+                    f"warning: MLflow store {tracker.uri} unreachable ({e}); jobs keep results.json; "
+                    "upload later: python -m spec_decode.views.tracking sync " + self.sweep_dir,
+                    file=sys.stderr,
+                )
 
     def on_job_start(self, config, **kwargs) -> None:
         # Read by run.py in the job's process (also under joblib/submitit: the callback is pickled).
@@ -178,7 +192,11 @@ class SweepCallback(Callback):
         print(text, file=sys.stderr)
         Path(self.sweep_dir, "sweep_summary.txt").write_text(text + "\n")
         statuses = {r.status for r in recs}
-        status = "KILLED" if "KILLED" in statuses or interrupt.interrupted() else ("FAILED" if statuses - {"FINISHED"} else "FINISHED")
+        status = (
+            "KILLED"
+            if "KILLED" in statuses or interrupt.interrupted()
+            else ("FAILED" if statuses - {"FINISHED"} else "FINISHED")
+        )
         if not recs:
             status = "FAILED"
         if self._tracker is not None and self.parent_run_id:
@@ -192,8 +210,11 @@ class SweepCallback(Callback):
                 for k, v in params.items():
                     c.log_param(self.parent_run_id, k, v)
                 # The run's description (shown on its page without a click) is the table.
-                c.set_tag(self.parent_run_id, "mlflow.note.content", markdown_summary(table, self.sweep_dir)
-                          + "".join(f"\n\n**{x.strip()}**" for x in missing))
+                c.set_tag(
+                    self.parent_run_id,
+                    "mlflow.note.content",
+                    markdown_summary(table, self.sweep_dir) + "".join(f"\n\n**{x.strip()}**" for x in missing),
+                )
                 if interrupt.interrupted():
                     c.set_tag(self.parent_run_id, "spec_decode.interrupted", interrupt.MESSAGE)
                 # The saved view opens with this sweep's children unfolded.
@@ -218,5 +239,8 @@ class SweepCallback(Callback):
         if recs and not interrupt.interrupted() and not any(r.status == "FINISHED" for r in recs):
             global EXIT_STATUS
             EXIT_STATUS = 1  # run.py exits with it: a script or CI must not read an all-failed sweep as done
-            print(f"error: no job of the sweep finished ({len(recs)} recorded, none FINISHED): exit status 1; "
-                  f"each job's error is in the summary above and in its run.log", file=sys.stderr)
+            print(
+                f"error: no job of the sweep finished ({len(recs)} recorded, none FINISHED): exit status 1; "
+                f"each job's error is in the summary above and in its run.log",
+                file=sys.stderr,
+            )

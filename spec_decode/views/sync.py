@@ -33,9 +33,15 @@ def sync(directory: Path, tracker: Tracker) -> tuple[int, int]:
             run_id = found[0].info.run_id
         else:
             run_id = tracker.client.create_run(
-                tracker.experiment_id(), run_name=display_name(rec),
-                tags={RECORD_TAG: rec.record_id, "spec_decode.role": rec.role, "spec_decode.synced": "true",
-                      "spec_decode.out_dir": rec.out_dir}).info.run_id
+                tracker.experiment_id(),
+                run_name=display_name(rec),
+                tags={
+                    RECORD_TAG: rec.record_id,
+                    "spec_decode.role": rec.role,
+                    "spec_decode.synced": "true",
+                    "spec_decode.out_dir": rec.out_dir,
+                },
+            ).info.run_id
         log_record(tracker.client, run_id, rec, Path(rec.out_dir))
         tracker.client.set_terminated(run_id, status=_status(rec.status))
         uploaded += 1
@@ -43,8 +49,9 @@ def sync(directory: Path, tracker: Tracker) -> tuple[int, int]:
 
 
 def main(argv: list[str] | None = None) -> None:
-    ap = argparse.ArgumentParser(prog="python -m spec_decode.views.tracking",
-                                 description="Upload job results that never reached MLflow.")
+    ap = argparse.ArgumentParser(
+        prog="python -m spec_decode.views.tracking", description="Upload job results that never reached MLflow."
+    )
     sub = ap.add_subparsers(dest="cmd", required=True)
     s = sub.add_parser("sync", help="log every results.json under DIR not yet in the store")
     s.add_argument("dir", type=Path)

@@ -49,7 +49,7 @@ DESCRIPTION = (
     "Speculative-decoding benchmarks from spec-decode-bench. One parent run per sweep (its description "
     "holds the sweep's table; plots under Artifacts > plots); one child per job, named by what varies "
     "(`steps=3 nccl=default`, `baseline nccl=default`). Each job's results.json (artifact) is the "
-    "authoritative record. Views > \"speedup by steps\" shows the key metrics side by side."
+    'authoritative record. Views > "speedup by steps" shows the key metrics side by side.'
 )
 # What the 3.17.2 UI obeys (its JS bundle): the URL's workflowType, else localStorage (default genai:
 # Overview + "Detect Issues"), not experimentKind; a shared view drops runsExpanded, and a first visit
@@ -60,13 +60,30 @@ CHILD_TAGS = {"mlflow.runType": "evaluation"}
 # the columns a performance engineer compares, in order; opened by ?viewStateShareKey=<key>.
 VIEW_KEY = "spec-decode-speedup"
 VIEW_NAME = "speedup by steps"
-VIEW_METRICS = ("throughput_tok_s", "speedup_vs_baseline", "speedup_vs_baseline_ci95_lo",
-                "speedup_vs_baseline_ci95_hi", "accept_len", "cycle_ms", "non_cycle_pct", "throughput_tok_s_cv")
+VIEW_METRICS = (
+    "throughput_tok_s",
+    "speedup_vs_baseline",
+    "speedup_vs_baseline_ci95_lo",
+    "speedup_vs_baseline_ci95_hi",
+    "accept_len",
+    "cycle_ms",
+    "non_cycle_pct",
+    "throughput_tok_s_cv",
+)
 VIEW_PARAMS = ("spec.steps", "nccl")
 VIEW_TAGS = ("checks.failed",)
 # Precision kept when logging (MLflow shows every digit it is given): decimals by the metric's unit.
-DECIMALS = (("_tok_s", 1), ("_ms", 3), ("_pct", 2), ("_cv", 4), ("_s", 3), ("speedup", 4), ("accept", 4),
-            ("ratio", 4), ("_us", 2))
+DECIMALS = (
+    ("_tok_s", 1),
+    ("_ms", 3),
+    ("_pct", 2),
+    ("_cv", 4),
+    ("_s", 3),
+    ("speedup", 4),
+    ("accept", 4),
+    ("ratio", 4),
+    ("_us", 2),
+)
 
 
 def _quiet_mlflow() -> None:
@@ -77,8 +94,8 @@ def _quiet_mlflow() -> None:
 def resolve_uri(uri: str, root: Path) -> str:
     """Relative sqlite paths resolve against the project root (not the job dir)."""
     prefix = "sqlite:///"
-    if uri.startswith(prefix) and not uri[len(prefix):].startswith("/"):
-        return prefix + str((root / uri[len(prefix):]).resolve())
+    if uri.startswith(prefix) and not uri[len(prefix) :].startswith("/"):
+        return prefix + str((root / uri[len(prefix) :]).resolve())
     return uri
 
 
@@ -93,7 +110,7 @@ def _store_lock(uri: str):
     once race ("duplicate column name", "table already exists")."""
     if not uri.startswith("sqlite:///"):
         return nullcontext()
-    path = Path(uri[len("sqlite:///"):] + ".lock")
+    path = Path(uri[len("sqlite:///") :] + ".lock")
     path.parent.mkdir(parents=True, exist_ok=True)
     return FileLock(path)
 
@@ -176,7 +193,6 @@ class Tracker:
                 raise
             return exp.experiment_id
 
-
     # ---- a job's run --------------------------------------------------------------------------------
     def start(self, rec: JobRecord, ctx: JobContext) -> str | None:
         """Create the job's run (RUNNING) so the UI shows it while it runs. None if unreachable (the
@@ -198,8 +214,10 @@ class Tracker:
     def earlier_baselines(self, rec: JobRecord) -> list[drift.Reference] | None:
         """Earlier FINISHED baselines with the same identity (drift.identity); None if unreachable."""
         ident = drift.identity(rec.config)
-        filt = " and ".join(["params.role = 'baseline'", "attributes.status = 'FINISHED'"] + [
-            f"params.`{k}` = '{v}'" for k, v in ident.items()])
+        filt = " and ".join(
+            ["params.role = 'baseline'", "attributes.status = 'FINISHED'"]
+            + [f"params.`{k}` = '{v}'" for k, v in ident.items()]
+        )
         try:
             found = self.client.search_runs([self.experiment_id()], filt, max_results=50)
         except Exception as e:  # noqa: BLE001
@@ -210,12 +228,28 @@ class Tracker:
             m = r.data.metrics
             if r.info.run_id == rec.mlflow_run_id or "throughput_tok_s" not in m:
                 continue
-            ci = (m["throughput_tok_s_ci95_lo"], m["throughput_tok_s_ci95_hi"]) if "throughput_tok_s_ci95_lo" in m else None
-            env = {k[len(ENV_PARAM):]: v for k, v in r.data.params.items() if k.startswith(ENV_PARAM)}
-            hashes = {k[len("data."):-len(".hash")]: v for k, v in r.data.tags.items()
-                      if k.startswith("data.") and k.endswith(".hash")}
-            refs.append(drift.Reference(r.info.run_id, m["throughput_tok_s"], r.info.start_time / 1e3, ci, env,
-                                        hashes, r.data.tags.get("engine.version")))
+            ci = (
+                (m["throughput_tok_s_ci95_lo"], m["throughput_tok_s_ci95_hi"])
+                if "throughput_tok_s_ci95_lo" in m
+                else None
+            )
+            env = {k[len(ENV_PARAM) :]: v for k, v in r.data.params.items() if k.startswith(ENV_PARAM)}
+            hashes = {
+                k[len("data.") : -len(".hash")]: v
+                for k, v in r.data.tags.items()
+                if k.startswith("data.") and k.endswith(".hash")
+            }
+            refs.append(
+                drift.Reference(
+                    r.info.run_id,
+                    m["throughput_tok_s"],
+                    r.info.start_time / 1e3,
+                    ci,
+                    env,
+                    hashes,
+                    r.data.tags.get("engine.version"),
+                )
+            )
         return refs
 
     def finish(self, run_id: str | None, rec: JobRecord, out_dir: Path) -> None:
@@ -233,8 +267,10 @@ class Tracker:
             print(f"warning: {self._unreachable(e)}", file=sys.stderr)
 
     def _unreachable(self, e: Exception) -> str:
-        msg = (f"MLflow store {self.uri} unreachable ({type(e).__name__}: {str(e)[:200]}); results stay "
-               f"in results.json; upload later: python -m spec_decode.views.tracking sync <dir>")
+        msg = (
+            f"MLflow store {self.uri} unreachable ({type(e).__name__}: {str(e)[:200]}); results stay "
+            f"in results.json; upload later: python -m spec_decode.views.tracking sync <dir>"
+        )
         print(f"warning: {msg}", file=sys.stderr)
         return msg
 
@@ -245,17 +281,30 @@ def _status(status: str) -> str:
 
 def experiment_tags(expanded: list[str] | tuple = ()) -> dict[str, str]:
     """The experiment's kind, description and saved view (``expanded``: kept, though 3.17.2 ignores it)."""
-    cols = ([f"params.`{p}`" for p in VIEW_PARAMS] + [f"metrics.`{m}`" for m in VIEW_METRICS]
-            + [f"tags.`{t}`" for t in VIEW_TAGS])
+    cols = (
+        [f"params.`{p}`" for p in VIEW_PARAMS]
+        + [f"metrics.`{m}`" for m in VIEW_METRICS]
+        + [f"tags.`{t}`" for t in VIEW_TAGS]
+    )
     widths = {c: 120 for c in cols}  # wide enough for a metric's name and value
     widths.update({f"metrics.`{m}`": 190 for m in VIEW_METRICS if m.startswith("speedup")})
-    state = {"selectedColumns": cols, "columnOrder": cols, "columnWidths": widths,
-             "orderByKey": "attributes.start_time", "orderByAsc": False, "runsHiddenMode": "SHOW_ALL", "searchFilter": "",
-             "runsExpanded": {run_id: True for run_id in expanded}}
+    state = {
+        "selectedColumns": cols,
+        "columnOrder": cols,
+        "columnWidths": widths,
+        "orderByKey": "attributes.start_time",
+        "orderByAsc": False,
+        "runsHiddenMode": "SHOW_ALL",
+        "searchFilter": "",
+        "runsExpanded": {run_id: True for run_id in expanded},
+    }
     now = int(time.time() * 1000)
     view = {"name": VIEW_NAME, "createdAt": now, "updatedAt": now, "state": json.dumps(state)}
-    return {"mlflow.experimentKind": EXPERIMENT_KIND, "mlflow.note.content": DESCRIPTION,
-            f"mlflow.sharedViewState.{VIEW_KEY}": json.dumps(view, separators=(",", ":"))}
+    return {
+        "mlflow.experimentKind": EXPERIMENT_KIND,
+        "mlflow.note.content": DESCRIPTION,
+        f"mlflow.sharedViewState.{VIEW_KEY}": json.dumps(view, separators=(",", ":")),
+    }
 
 
 def display_name(rec: JobRecord) -> str:
@@ -296,9 +345,12 @@ def tags_of(rec: JobRecord) -> dict[str, str]:
     prov = rec.provenance
     git = prov.get("git", {})
     tags = {
-        "git.commit": str(git.get("commit")), "git.dirty": str(git.get("dirty")),
-        "config_hash": rec.config_hash, "engine": rec.engine.name,
-        "engine.version": str(rec.engine.version), "experiment": rec.experiment,
+        "git.commit": str(git.get("commit")),
+        "git.dirty": str(git.get("dirty")),
+        "config_hash": rec.config_hash,
+        "engine": rec.engine.name,
+        "engine.version": str(rec.engine.version),
+        "experiment": rec.experiment,
         "status_detail": rec.status + (f": {rec.error[:4000]}" if rec.error else ""),
         LOGGED_TAG: "true",
     }
@@ -309,8 +361,14 @@ def tags_of(rec: JobRecord) -> dict[str, str]:
             tags[f"dvc.{name}.md5"] = h["dvc_md5"]
     tags.update(prov.get("drafter_lineage") or {})  # drafter.training_run_id, drafter.data_md5, ...
     fp = prov.get("host") or {}  # the host fingerprint (record/host.py); its load figures are metrics
-    tags.update({"host.cpu": str(fp.get("cpu_model")), "host.cores": str(fp.get("logical_cores")),
-                 "host.isa": " ".join(fp.get("isa") or []), "host.gpu": str((fp.get("gpus") or [{}])[0].get("name"))})
+    tags.update(
+        {
+            "host.cpu": str(fp.get("cpu_model")),
+            "host.cores": str(fp.get("logical_cores")),
+            "host.isa": " ".join(fp.get("isa") or []),
+            "host.gpu": str((fp.get("gpus") or [{}])[0].get("name")),
+        }
+    )
     tags["checks.failed"] = ",".join(rec.failed_checks) or "none"
     if rec.warnings:
         tags["warnings"] = " | ".join(rec.warnings)[:4000]
@@ -326,14 +384,16 @@ def log_record(client, run_id: str, rec: JobRecord, out_dir: Path, plots: bool =
 
     now = int(time.time() * 1000)
     metrics = [Metric(k, rounded(k, v), now, 0) for k, v in rec.metrics.items() if math.isfinite(v)]
-    metrics += [Metric("run_throughput_tok_s", rounded("_tok_s", r.throughput_tok_s), now, i)
-                for i, r in enumerate(rec.runs)]
+    metrics += [
+        Metric("run_throughput_tok_s", rounded("_tok_s", r.throughput_tok_s), now, i) for i, r in enumerate(rec.runs)
+    ]
     params = [Param(k, v) for k, v in params_of(rec).items()]
     params += [Param(f"{ENV_PARAM}{k}", v) for k, v in (rec.server_env or {}).items()]
     tags = [RunTag(k, v) for k, v in tags_of(rec).items()]
     for i in range(0, max(len(params), 1), 100):  # MLflow caps a batch at 100 params
-        client.log_batch(run_id, metrics=metrics if i == 0 else [], params=params[i : i + 100],
-                         tags=tags if i == 0 else [])
+        client.log_batch(
+            run_id, metrics=metrics if i == 0 else [], params=params[i : i + 100], tags=tags if i == 0 else []
+        )
     for name in ARTIFACTS:
         if (out_dir / name).exists():
             client.log_artifact(run_id, str(out_dir / name))

@@ -31,11 +31,16 @@ def sglang_args():
     assert version("sglang") == "0.5.23", f"contract tests pin sglang 0.5.23, found {version('sglang')}"
 
     def parse(argvs: list[list[str]]) -> list[dict]:
-        p = subprocess.run([sys.executable, str(Path(__file__).parent / "sglang_probe.py")],
-                           input=json.dumps(argvs), capture_output=True, text=True, timeout=300)
+        p = subprocess.run(
+            [sys.executable, str(Path(__file__).parent / "sglang_probe.py")],
+            input=json.dumps(argvs),
+            capture_output=True,
+            text=True,
+            timeout=300,
+        )
         line = [x for x in p.stdout.splitlines() if x.startswith("PROBE_RESULT ")]
         assert p.returncode == 0 and line, p.stderr[-3000:]
-        return json.loads(line[0][len("PROBE_RESULT "):])
+        return json.loads(line[0][len("PROBE_RESULT ") :])
 
     return parse
 

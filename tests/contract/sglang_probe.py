@@ -14,10 +14,22 @@ sys.path.insert(0, str(Path(__file__).parent / "stubs"))
 
 from sglang.srt.server_args import prepare_server_args  # noqa: E402
 
-FIELDS = ("tp_size", "random_seed", "speculative_algorithm", "speculative_num_steps",
-          "speculative_eagle_topk", "speculative_num_draft_tokens", "host", "port", "decode_log_interval",
-          "enable_metrics", "model_path", "speculative_draft_model_path", "max_running_requests",
-          "cuda_graph_max_bs_decode")
+FIELDS = (
+    "tp_size",
+    "random_seed",
+    "speculative_algorithm",
+    "speculative_num_steps",
+    "speculative_eagle_topk",
+    "speculative_num_draft_tokens",
+    "host",
+    "port",
+    "decode_log_interval",
+    "enable_metrics",
+    "model_path",
+    "speculative_draft_model_path",
+    "max_running_requests",
+    "cuda_graph_max_bs_decode",
+)
 
 out = []
 for argv in json.load(sys.stdin):

@@ -26,14 +26,28 @@ def all_sglang_jobs():
     opts = lambda g: sorted(p.stem for p in (CONF / g).glob("*.yaml"))  # noqa: E731
     with initialize_config_dir(config_dir=str(CONF), version_base="1.3"):
         gpu_profiles = [h for h in opts("hardware") if h != "cpu"]  # SGLang is refused on CPU
-        for hw, nccl, drafter, steps in itertools.product(gpu_profiles, opts("nccl"), opts("drafter"),
-                                                          (1, 2, 3, 5)):
+        for hw, nccl, drafter, steps in itertools.product(gpu_profiles, opts("nccl"), opts("drafter"), (1, 2, 3, 5)):
             paired = drafter.removesuffix("_eagle3")  # a synthetic drafter's own target (same shapes)
-            model = ("kimi_k25" if drafter.startswith("kimi_k25")
-                     else paired if (CONF / "model" / f"{paired}.yaml").exists() else "tiny_llama")
-            yield to_experiment(compose("config", overrides=[
-                "engine=sglang", f"hardware={hw}", f"nccl={nccl}", f"drafter={drafter}", f"model={model}",
-                f"spec.steps={steps}"]))
+            model = (
+                "kimi_k25"
+                if drafter.startswith("kimi_k25")
+                else paired
+                if (CONF / "model" / f"{paired}.yaml").exists()
+                else "tiny_llama"
+            )
+            yield to_experiment(
+                compose(
+                    "config",
+                    overrides=[
+                        "engine=sglang",
+                        f"hardware={hw}",
+                        f"nccl={nccl}",
+                        f"drafter={drafter}",
+                        f"model={model}",
+                        f"spec.steps={steps}",
+                    ],
+                )
+            )
 
 
 def test_every_generated_argv_passes_sglangs_own_parser(sglang_args):
@@ -50,8 +64,11 @@ def test_every_generated_argv_passes_sglangs_own_parser(sglang_args):
         assert got["random_seed"] == cfg.engine.random_seed
         if cfg.speculative:
             assert got["speculative_algorithm"] == "EAGLE3"
-            assert (got["speculative_num_steps"], got["speculative_eagle_topk"],
-                    got["speculative_num_draft_tokens"]) == (cfg.spec.steps, 1, cfg.spec.steps + 1)
+            assert (
+                got["speculative_num_steps"],
+                got["speculative_eagle_topk"],
+                got["speculative_num_draft_tokens"],
+            ) == (cfg.spec.steps, 1, cfg.spec.steps + 1)
         else:
             assert got["speculative_algorithm"] is None
 
@@ -60,9 +77,18 @@ def test_the_load_axis_argv_passes_sglangs_parser_with_its_caps(sglang_args):
     """benchmark.concurrency needs the server's running cap and graph cap (issue 28): SGLang's own parser
     reads our --max-running-requests and --cuda-graph-max-bs-decode as the values preflight checked."""
     with initialize_config_dir(config_dir=str(CONF), version_base="1.3"):
-        cfg = to_experiment(compose("config", overrides=[
-            "engine=sglang", "hardware=h200x1", "benchmark.concurrency=32", "engine.max_running_requests=32",
-            "engine.cuda_graph_max_bs_decode=32"]))
+        cfg = to_experiment(
+            compose(
+                "config",
+                overrides=[
+                    "engine=sglang",
+                    "hardware=h200x1",
+                    "benchmark.concurrency=32",
+                    "engine.max_running_requests=32",
+                    "engine.cuda_graph_max_bs_decode=32",
+                ],
+            )
+        )
     (got,) = sglang_args([server_command(cfg, 30000)[3:]])
     assert "exit" not in got, got
     assert (got["max_running_requests"], got["cuda_graph_max_bs_decode"]) == (32, 32)
@@ -132,10 +158,14 @@ print(json.dumps({"wrapped": EAGLEWorkerV2.verify.__name__}))
 
 def test_plugin_registers_through_sglangs_hook_registry_and_records(sglang_args, tmp_path):
     out = tmp_path / "profile.jsonl"
-    env = {**os.environ, "SPEC_DECODE_PROFILE": str(out),
-           "PYTHONPATH": os.pathsep.join([str(Path(__file__).parent / "stubs"), str(ROOT)])}
-    p = subprocess.run([sys.executable, "-c", HOOK_SCRIPT, str(ROOT)], env=env, capture_output=True,
-                       text=True, timeout=120)
+    env = {
+        **os.environ,
+        "SPEC_DECODE_PROFILE": str(out),
+        "PYTHONPATH": os.pathsep.join([str(Path(__file__).parent / "stubs"), str(ROOT)]),
+    }
+    p = subprocess.run(
+        [sys.executable, "-c", HOOK_SCRIPT, str(ROOT)], env=env, capture_output=True, text=True, timeout=120
+    )
     assert p.returncode == 0, p.stderr[-3000:]
     lines = [json.loads(x) for x in (tmp_path / "profile.dp0.tp0.jsonl").read_text().splitlines()]
     assert len(lines) == 3 and {x["rank"] for x in lines} == {0}
@@ -159,7 +189,8 @@ print("HOOKS", sum(len(v) for v in HookRegistry._hooks.values()))
 def test_plugin_is_inert_without_the_env_var(sglang_args):
     env = {k: v for k, v in os.environ.items() if k != "SPEC_DECODE_PROFILE"}
     env["PYTHONPATH"] = os.pathsep.join([str(Path(__file__).parent / "stubs"), str(ROOT)])
-    p = subprocess.run([sys.executable, "-c", INERT_SCRIPT, str(ROOT)], env=env, capture_output=True,
-                       text=True, timeout=120)
+    p = subprocess.run(
+        [sys.executable, "-c", INERT_SCRIPT, str(ROOT)], env=env, capture_output=True, text=True, timeout=120
+    )
     assert p.returncode == 0, p.stderr[-2000:]
     assert "HOOKS 0" in p.stdout

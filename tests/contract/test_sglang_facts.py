@@ -52,24 +52,33 @@ def test_eagle3_drafter_architectures_are_exactly_sglangs_entry_classes(srt):
 
 
 def captured_by_sglang(path: Path, cls: str, ids, n: int):
-    self = SimpleNamespace(pp_group=SimpleNamespace(is_last_rank=True), config=SimpleNamespace(num_hidden_layers=n),
-                           model=SimpleNamespace())
+    self = SimpleNamespace(
+        pp_group=SimpleNamespace(is_last_rank=True),
+        config=SimpleNamespace(num_hidden_layers=n),
+        model=SimpleNamespace(),
+    )
     function(path, "set_eagle3_layers_to_capture", cls)(self, ids)
     return self.model.layers_to_capture
 
 
-@pytest.mark.parametrize("module,cls,family", [("llama", "LlamaForCausalLM", drafter.LLAMA),
-                                               ("deepseek_v2", "DeepseekV2ForCausalLM", drafter.DEEPSEEK)])
+@pytest.mark.parametrize(
+    "module,cls,family",
+    [("llama", "LlamaForCausalLM", drafter.LLAMA), ("deepseek_v2", "DeepseekV2ForCausalLM", drafter.DEEPSEEK)],
+)
 def test_capture_rule_per_family_is_sglangs_own(srt, module, cls, family):
     for ids in (None, [1, 29, 57], [0, 29, 57], [2, 30, 58], [1, 3, 4], [5, 1, 9]):
-        assert captured_by_sglang(srt / "models" / f"{module}.py", cls, ids, 61) == \
-            drafter.captured_layers(ids, 61, family), ids
+        assert captured_by_sglang(srt / "models" / f"{module}.py", cls, ids, 61) == drafter.captured_layers(
+            ids, 61, family
+        ), ids
 
 
 def test_target_families_follow_sglangs_classes(srt):
     models = srt / "models"
-    v3 = next(n for n in ast.parse((models / "deepseek_v2.py").read_text()).body
-              if isinstance(n, ast.ClassDef) and n.name == "DeepseekV3ForCausalLM")
+    v3 = next(
+        n
+        for n in ast.parse((models / "deepseek_v2.py").read_text()).body
+        if isinstance(n, ast.ClassDef) and n.name == "DeepseekV3ForCausalLM"
+    )
     assert [b.id for b in v3.bases] == ["DeepseekV2ForCausalLM"]  # same capture rule
     kimi = (models / "kimi_k25.py").read_text()
     assert "self.language_model = DeepseekV3ForCausalLM(" in kimi
@@ -78,9 +87,12 @@ def test_target_families_follow_sglangs_classes(srt):
 
 def test_aux_layer_count_is_sglangs(srt):
     count = function(srt / "models" / "kimi_k25_eagle3.py", "_get_eagle_aux_layer_count")
-    for dcfg in ({"eagle_config": {drafter.LAYER_IDS_KEY: [1, 29, 57]}},
-                 {"eagle_config": {drafter.LAYER_IDS_KEY: [1, 15, 29, 57]}}, {"eagle_config": None},
-                 {drafter.LAYER_IDS_KEY: [1, 29]}):
+    for dcfg in (
+        {"eagle_config": {drafter.LAYER_IDS_KEY: [1, 29, 57]}},
+        {"eagle_config": {drafter.LAYER_IDS_KEY: [1, 15, 29, 57]}},
+        {"eagle_config": None},
+        {drafter.LAYER_IDS_KEY: [1, 29]},
+    ):
         full = {"architectures": ["Eagle3DeepseekV2ForCausalLM"], **dcfg}
         assert count(SimpleNamespace(**dcfg)) == drafter.aux_layer_count(full), dcfg
     llama = (srt / "models" / "llama_eagle3.py").read_text()
@@ -90,7 +102,10 @@ def test_aux_layer_count_is_sglangs(srt):
 
 def test_the_target_reads_layer_ids_only_from_eagle_config(srt):
     text = (srt / "model_executor" / "model_runner_components" / "spec_aux_hidden_state.py").read_text()
-    assert 'config.eagle_aux_hidden_state_layer_ids = eagle_config[\n                "eagle_aux_hidden_state_layer_ids"' in text
+    assert (
+        'config.eagle_aux_hidden_state_layer_ids = eagle_config[\n                "eagle_aux_hidden_state_layer_ids"'
+        in text
+    )
 
 
 def test_launcher_env_writes_are_sglangs(srt):
@@ -101,7 +116,9 @@ def test_launcher_env_writes_are_sglangs(srt):
     assert f'os.environ.setdefault("{sglang.GRAPH_REGISTER[0]}", "{sglang.GRAPH_REGISTER[1]}")' in hook
     det = (srt / "arg_groups" / "attention_hook.py").read_text()
     assert f'os.environ["NCCL_ALGO"] = "{sglang.DETERMINISTIC_WRITES["NCCL_ALGO"]}"' in det
-    assert 'os.environ["NCCL_MIN_NCHANNELS"] = nchannels' in det and 'os.environ["NCCL_MAX_NCHANNELS"] = nchannels' in det
+    assert (
+        'os.environ["NCCL_MIN_NCHANNELS"] = nchannels' in det and 'os.environ["NCCL_MAX_NCHANNELS"] = nchannels' in det
+    )
     env = (srt / "environ.py").read_text()
     assert f"SGLANG_DETERMINISTIC_NCCL_NCHANNELS = EnvInt({sglang.DETERMINISTIC_WRITES['NCCL_MAX_NCHANNELS']})" in env
 

@@ -21,8 +21,7 @@ import pytest
 import requests
 
 torch = pytest.importorskip("torch")
-pytestmark = [pytest.mark.gpu,
-              pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")]
+pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")]
 
 from spec_decode.parsers.decode_log import read_log  # noqa: E402
 from spec_decode.runner.server import ServerProcess, free_port  # noqa: E402
@@ -35,20 +34,49 @@ TOKENS = 64
 
 def bodies() -> list[dict]:
     texts = [json.loads(line)["text"] for line in LOAD.read_text().splitlines() if line.strip()]
-    return [{"text": t, "sampling_params": {"max_new_tokens": TOKENS, "temperature": 0, "ignore_eos": True}}
-            for t in texts]
+    return [
+        {"text": t, "sampling_params": {"max_new_tokens": TOKENS, "temperature": 0, "ignore_eos": True}} for t in texts
+    ]
 
 
 def server(tmp_path, name: str, steps: int, *flags: str) -> ServerProcess:
     port = free_port()
-    spec = ["--speculative-algorithm", "EAGLE3", "--speculative-draft-model-path", str(DRAFTER),
-            "--speculative-num-steps", str(steps), "--speculative-eagle-topk", "1",
-            "--speculative-num-draft-tokens", str(steps + 1)] if steps else []
-    argv = [sys.executable, "-m", "spec_decode.engines.embedded", "--model-path", str(TARGET), *spec,
-            "--device", "cuda", "--port", str(port), "--decode-log-interval", "1", "--max-running-requests", "16",
-            *flags]
-    return ServerProcess(argv, env={}, log_path=tmp_path / f"{name}.log", host="127.0.0.1", port=port,
-                         startup_timeout_s=300)
+    spec = (
+        [
+            "--speculative-algorithm",
+            "EAGLE3",
+            "--speculative-draft-model-path",
+            str(DRAFTER),
+            "--speculative-num-steps",
+            str(steps),
+            "--speculative-eagle-topk",
+            "1",
+            "--speculative-num-draft-tokens",
+            str(steps + 1),
+        ]
+        if steps
+        else []
+    )
+    argv = [
+        sys.executable,
+        "-m",
+        "spec_decode.engines.embedded",
+        "--model-path",
+        str(TARGET),
+        *spec,
+        "--device",
+        "cuda",
+        "--port",
+        str(port),
+        "--decode-log-interval",
+        "1",
+        "--max-running-requests",
+        "16",
+        *flags,
+    ]
+    return ServerProcess(
+        argv, env={}, log_path=tmp_path / f"{name}.log", host="127.0.0.1", port=port, startup_timeout_s=300
+    )
 
 
 def all_at_once(url: str, work: list[dict]) -> list[list[int]]:

@@ -20,8 +20,7 @@ import time
 import pytest
 
 torch = pytest.importorskip("torch")
-pytestmark = [pytest.mark.gpu,
-              pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")]
+pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")]
 
 from spec_decode.engines.embedded.decoding import Decoder  # noqa: E402
 from spec_decode.engines.embedded.graphs import StaticRunner  # noqa: E402
@@ -99,27 +98,57 @@ def test_graph_baseline_throughput_is_printed(models):
             torch.cuda.synchronize()
             rates.append(500 / (time.perf_counter() - t0))
         rows[name] = sorted(rates)[2]
-    print(f"\nembedded baseline on {torch.cuda.get_device_name()}: graph {rows['graph']:.0f} tok/s, "
-          f"eager {rows['eager']:.0f} tok/s ({rows['graph'] / rows['eager']:.1f}x), median of 5 x 500 tokens")
+    print(
+        f"\nembedded baseline on {torch.cuda.get_device_name()}: graph {rows['graph']:.0f} tok/s, "
+        f"eager {rows['eager']:.0f} tok/s ({rows['graph'] / rows['eager']:.1f}x), median of 5 x 500 tokens"
+    )
     assert rows["graph"] > 0
 
 
 def serve_and_generate(tmp_path, tp: int, steps: int, graph: bool) -> list[list[int]]:
     port = free_port()
-    spec = (["--speculative-algorithm", "EAGLE3", "--speculative-draft-model-path", str(DRAFTER),
-             "--speculative-num-steps", str(steps), "--speculative-eagle-topk", "1",
-             "--speculative-num-draft-tokens", str(steps + 1)] if steps else [])
-    argv = [sys.executable, "-m", "spec_decode.engines.embedded", "--model-path", str(TARGET),
-            "--device", "cuda", "--tp-size", str(tp), "--port", str(port), *spec,
-            *([] if graph else ["--disable-cuda-graph"])]
+    spec = (
+        [
+            "--speculative-algorithm",
+            "EAGLE3",
+            "--speculative-draft-model-path",
+            str(DRAFTER),
+            "--speculative-num-steps",
+            str(steps),
+            "--speculative-eagle-topk",
+            "1",
+            "--speculative-num-draft-tokens",
+            str(steps + 1),
+        ]
+        if steps
+        else []
+    )
+    argv = [
+        sys.executable,
+        "-m",
+        "spec_decode.engines.embedded",
+        "--model-path",
+        str(TARGET),
+        "--device",
+        "cuda",
+        "--tp-size",
+        str(tp),
+        "--port",
+        str(port),
+        *spec,
+        *([] if graph else ["--disable-cuda-graph"]),
+    ]
     log = tmp_path / f"server_tp{tp}_s{steps}_{'graph' if graph else 'eager'}.log"
     with ServerProcess(argv, env={}, log_path=log, host="127.0.0.1", port=port, startup_timeout_s=300) as srv:
         import requests
 
         outs = []
         for ids in prompts():
-            r = requests.post(srv.base_url + "/generate", timeout=120, json={
-                "input_ids": ids, "sampling_params": {"max_new_tokens": 200, "temperature": 0}})
+            r = requests.post(
+                srv.base_url + "/generate",
+                timeout=120,
+                json={"input_ids": ids, "sampling_params": {"max_new_tokens": 200, "temperature": 0}},
+            )
             assert r.status_code == 200, r.text
             outs.append(r.json()["output_ids"])
     text = log.read_text()
@@ -168,8 +197,9 @@ def test_a_capture_that_fails_falls_back_to_eager_and_says_so(models, monkeypatc
     assert Decoder(target, drafter, 3, runner).generate(ids, 100).output_ids == eager.output_ids
 
 
-@pytest.mark.parametrize("tp", [1, pytest.param(2, marks=pytest.mark.skipif(
-    torch.cuda.device_count() < 2, reason="needs 2 GPUs"))])
+@pytest.mark.parametrize(
+    "tp", [1, pytest.param(2, marks=pytest.mark.skipif(torch.cuda.device_count() < 2, reason="needs 2 GPUs"))]
+)
 def test_16_concurrent_requests_on_cuda_with_graphs_give_the_batch_size_1_outputs(tmp_path, tp):
     """The lossless-at-load check on the GPU with graphs (issue 26): the static path batches the 16
     requests in its graph buckets (1, 2, 4, 8, 16: /server_info ``cuda_graph_bs``), padded rows and
@@ -183,16 +213,40 @@ def test_16_concurrent_requests_on_cuda_with_graphs_give_the_batch_size_1_output
     texts = [json.loads(line)["text"] for line in PROMPTS.read_text().splitlines()]
     work = [(encode(texts[i % len(texts)])[: 12 + 5 * i], 9 + 5 * i) for i in range(16)]
     port = free_port()
-    argv = [sys.executable, "-m", "spec_decode.engines.embedded", "--model-path", str(TARGET), "--device", "cuda",
-            "--port", str(port), "--speculative-algorithm", "EAGLE3", "--speculative-draft-model-path", str(DRAFTER),
-            "--speculative-num-steps", "3", "--speculative-eagle-topk", "1", "--speculative-num-draft-tokens", "4",
-            "--max-running-requests", "16", "--tp-size", str(tp), "--decode-log-interval", "1"]
+    argv = [
+        sys.executable,
+        "-m",
+        "spec_decode.engines.embedded",
+        "--model-path",
+        str(TARGET),
+        "--device",
+        "cuda",
+        "--port",
+        str(port),
+        "--speculative-algorithm",
+        "EAGLE3",
+        "--speculative-draft-model-path",
+        str(DRAFTER),
+        "--speculative-num-steps",
+        "3",
+        "--speculative-eagle-topk",
+        "1",
+        "--speculative-num-draft-tokens",
+        "4",
+        "--max-running-requests",
+        "16",
+        "--tp-size",
+        str(tp),
+        "--decode-log-interval",
+        "1",
+    ]
 
     def body(ids, n):
         return {"input_ids": ids, "sampling_params": {"max_new_tokens": n, "temperature": 0, "ignore_eos": True}}
 
-    with ServerProcess(argv, env={}, log_path=tmp_path / "server.log", host="127.0.0.1", port=port,
-                       startup_timeout_s=300) as srv:
+    with ServerProcess(
+        argv, env={}, log_path=tmp_path / "server.log", host="127.0.0.1", port=port, startup_timeout_s=300
+    ) as srv:
         info = requests.get(srv.base_url + "/server_info", timeout=10).json()
         assert info["cuda_graph"] is True and info["cuda_graph_error"] is None, info
         assert info["cuda_graph_bs"] == [1, 2, 4, 8, 16], info

@@ -9,8 +9,7 @@ import time
 import pytest
 
 torch = pytest.importorskip("torch")
-pytestmark = [pytest.mark.gpu,
-              pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")]
+pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")]
 
 
 class Counting:
@@ -61,8 +60,11 @@ def test_hooks_make_no_host_device_sync_and_counts_arrive(tmp_path):
     assert type(timer.clock).__name__ == "CudaClock"
     _workload(timer, x, 3)  # warm the event pool and the pinned host allocator
     timer.drain(wait=True)
-    with Counting(torch.cuda.Event, "synchronize") as ev_sync, \
-            Counting(torch.Tensor, "item") as item, Counting(torch.cuda, "synchronize") as dev_sync:
+    with (
+        Counting(torch.cuda.Event, "synchronize") as ev_sync,
+        Counting(torch.Tensor, "item") as item,
+        Counting(torch.cuda, "synchronize") as dev_sync,
+    ):
         torch.cuda.set_sync_debug_mode("error")  # any synchronizing CUDA call raises
         try:
             _workload(timer, x, 200)

@@ -15,8 +15,11 @@ from ..conftest import run_py, small
 
 # Put into the headline sweep's environment; tests/integration/test_reliability.py then proves that none
 # of them reaches a file, the MLflow store or an artifact.
-SECRETS = {"HF_TOKEN": "hf_SeCrEtVaLuE_123456", "AWS_SECRET_ACCESS_KEY": "aws/SeCrEt+KeY/987654",
-           "MY_PASSWORD": "pw-SeCrEt-42424242"}
+SECRETS = {
+    "HF_TOKEN": "hf_SeCrEtVaLuE_123456",
+    "AWS_SECRET_ACCESS_KEY": "aws/SeCrEt+KeY/987654",
+    "MY_PASSWORD": "pw-SeCrEt-42424242",
+}
 # A stray shell variable: no server of the sweep may see it (the NCCL profile alone decides NCCL_*).
 STRAY_NCCL = {"NCCL_PROTO": "Simple"}
 
@@ -41,6 +44,15 @@ def headline_sweep(tmp_path_factory) -> Sweep:
     uri = f"sqlite:///{root / 'mlflow.db'}"
     env = {**STRAY_NCCL, **SECRETS, "MLFLOW_TRACKING_URI": uri}
     sweep = root / "sweep"
-    proc = run_py(["-m", "spec.steps=1,3", "nccl=tuned,default", *small(),
-                   f"tracking.artifact_location={root / 'mlartifacts'}", f"hydra.sweep.dir={sweep}"], env=env)
+    proc = run_py(
+        [
+            "-m",
+            "spec.steps=1,3",
+            "nccl=tuned,default",
+            *small(),
+            f"tracking.artifact_location={root / 'mlartifacts'}",
+            f"hydra.sweep.dir={sweep}",
+        ],
+        env=env,
+    )
     return Sweep(root=root, dir=sweep, uri=uri, proc=proc, env=env)

@@ -25,25 +25,45 @@ STEPS = 5  # deep enough that positions 4-5 (past the drafter's 3 training steps
 def test_profile_histogram_equals_the_servers_counters_per_request(tmp_path):
     prompts = [json.loads(line)["text"] for line in PROMPTS.read_text().splitlines()[:3]]
     runs, metas = [], []
-    with embedded_server(tmp_path / "server.log", *spec_flags(STEPS),
-                         env={"SPEC_DECODE_PROFILE": str(tmp_path / "profile.jsonl")}, startup_timeout_s=60) as srv:
+    with embedded_server(
+        tmp_path / "server.log",
+        *spec_flags(STEPS),
+        env={"SPEC_DECODE_PROFILE": str(tmp_path / "profile.jsonl")},
+        startup_timeout_s=60,
+    ) as srv:
         for i, text in enumerate(prompts):
             t0 = time.time()
-            out = requests.post(srv.base_url + "/generate", timeout=60, json={
-                "text": text, "sampling_params": {"max_new_tokens": 96, "temperature": 0, "ignore_eos": True}}).json()
+            out = requests.post(
+                srv.base_url + "/generate",
+                timeout=60,
+                json={"text": text, "sampling_params": {"max_new_tokens": 96, "temperature": 0, "ignore_eos": True}},
+            ).json()
             meta = out["meta_info"]
             metas.append(meta)
-            runs.append(RunRecord(launch=0, run=i, start_wall=t0, end_wall=time.time(), wall_s=time.time() - t0,
-                                  prompt_tokens=meta["prompt_tokens"], completion_tokens=meta["completion_tokens"],
-                                  spec_verify_ct=meta["spec_verify_ct"], rid=meta["id"]))
+            runs.append(
+                RunRecord(
+                    launch=0,
+                    run=i,
+                    start_wall=t0,
+                    end_wall=time.time(),
+                    wall_s=time.time() - t0,
+                    prompt_tokens=meta["prompt_tokens"],
+                    completion_tokens=meta["completion_tokens"],
+                    spec_verify_ct=meta["spec_verify_ct"],
+                    rid=meta["id"],
+                )
+            )
         want = sum(m["spec_verify_ct"] for m in metas)
         deadline = time.monotonic() + 10  # the plugin's flusher writes within ~50 ms of a cycle
         while time.monotonic() < deadline and len(read_ranks(tmp_path / "profile.jsonl").get(0, [])) < want:
             time.sleep(0.1)
     # as the record does: each window's cycles that its request counted (the overlap scheduler's
     # in-flight extra cycle after a finished request is set apart, as SGLang's counters skip it)
-    _, per_run = summarize_run_windows(tmp_path / "profile.jsonl", [(r.start_wall, r.end_wall) for r in runs],
-                                       requests=[(r.rid, r.spec_verify_ct) for r in runs])
+    _, per_run = summarize_run_windows(
+        tmp_path / "profile.jsonl",
+        [(r.start_wall, r.end_wall) for r in runs],
+        requests=[(r.rid, r.spec_verify_ct) for r in runs],
+    )
     acc = acceptance.summarize(STEPS, runs, per_run)
     assert acc["source"] == "profile"
     # request by request, the profiler's cycles and the server's own counters tell the same story
@@ -64,8 +84,16 @@ def test_profile_histogram_equals_the_servers_counters_per_request(tmp_path):
 
 def test_sweep_records_and_logs_acceptance_and_the_recommendation(tmp_path, tmp_store):
     sweep = tmp_path / "sweep"
-    run_py(["-m", "spec.steps=1,3", "benchmark.baseline_arm=false", *small(), *tmp_store["overrides"],
-            f"hydra.sweep.dir={sweep}"])
+    run_py(
+        [
+            "-m",
+            "spec.steps=1,3",
+            "benchmark.baseline_arm=false",
+            *small(),
+            *tmp_store["overrides"],
+            f"hydra.sweep.dir={sweep}",
+        ]
+    )
     recs = {r.steps: r for r in results.collect(sweep)}
     for k, rec in recs.items():
         acc = rec.acceptance
@@ -91,7 +119,8 @@ def test_sweep_records_and_logs_acceptance_and_the_recommendation(tmp_path, tmp_
     assert {"plots/acceptance_histogram.png", "plots/accept_rate_by_position.png"} <= plots
     # two runs per job: no spread can be judged, so no cell competes -- and the tag says so
     assert parent.data.tags["recommendation"] == (
-        "cannot decide: no stable cell: 2 of 2 noisy (> 5%); rerun with more runs or on a quieter machine")
+        "cannot decide: no stable cell: 2 of 2 noisy (> 5%); rerun with more runs or on a quieter machine"
+    )
     doc = json.loads(open(c.download_artifacts(parent.info.run_id, "recommendation.json", str(tmp_path))).read())
     assert {v["reason"] for v in doc["verdicts"]} == {"noisy: unknown spread with 2 run(s) (< 3)"}
     summary = (sweep / "sweep_summary.txt").read_text()

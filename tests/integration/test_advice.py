@@ -22,8 +22,9 @@ pytestmark = pytest.mark.integration
 def sh(cmd: str, cwd: Path) -> None:
     # this interpreter's bin first: dvc is the one installed beside it (an unactivated venv works too)
     path = os.pathsep.join([str(Path(sys.executable).parent), os.environ.get("PATH", "")])
-    subprocess.run(cmd, shell=True, cwd=cwd, check=True, capture_output=True, timeout=300,
-                   env={**os.environ, "PATH": path})
+    subprocess.run(
+        cmd, shell=True, cwd=cwd, check=True, capture_output=True, timeout=300, env={**os.environ, "PATH": path}
+    )
 
 
 def advice(cfg, root: Path) -> str:
@@ -51,8 +52,12 @@ def test_dvc_tracked_weights_say_dvc_pull_and_that_restores_them(tmp_path):
     repo, remote = tmp_path / "repo", tmp_path / "remote"
     repo.mkdir()
     shutil.copytree(DRAFTER, repo / "weights/drafter")
-    sh("git init -q && dvc init -q && dvc remote add -d local " + str(remote) +
-       " && dvc add -q weights/drafter && dvc push -q && git add -A && git commit -qm w", repo)
+    sh(
+        "git init -q && dvc init -q && dvc remote add -d local "
+        + str(remote)
+        + " && dvc add -q weights/drafter && dvc push -q && git add -A && git commit -qm w",
+        repo,
+    )
     shutil.rmtree(repo / "weights/drafter")
     sh("rm -rf .dvc/cache", repo)  # as on another machine: only the remote has them
     cfg = compose_experiment(f"benchmark.prompts={PROMPTS}", f"model.path={TARGET}", "drafter.path=weights/drafter")
@@ -75,8 +80,19 @@ def test_doctor_says_sglang_is_absent_not_moved_and_the_extra_it_names_exists():
 def test_doctor_reports_a_server_that_cannot_start_as_a_fail_line_not_a_traceback():
     """The doctor's live part on a server that dies at start-up (the fault wrapper): one [FAIL] line with
     the server log's last lines and what to do, exit 1, no traceback."""
-    p = subprocess.run([sys.executable, "-m", "spec_decode.runner.doctor", "engine.launcher=[python,tests/fault_server.py]",
-                        "+engine.env.FAULT=start_crash"], cwd=ROOT, capture_output=True, text=True, timeout=300)
+    p = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "spec_decode.runner.doctor",
+            "engine.launcher=[python,tests/fault_server.py]",
+            "+engine.env.FAULT=start_crash",
+        ],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert p.returncode == 1, p.stdout + p.stderr
     assert "Traceback" not in p.stdout + p.stderr
     assert re.search(r"\[FAIL\] live request: not run: server exited with code 3 during start-up", p.stdout), p.stdout

@@ -20,8 +20,13 @@ def servers(rec: dict) -> set[int]:
 
 
 def test_default_run_starts_two_servers_and_the_job_strategy_the_same_record_fields(tmp_path):
-    common = [*small(), "tracking=off", "benchmark.request_pass=true", "benchmark.request_max_new_tokens=16",
-              "benchmark.ignore_eos=false"]
+    common = [
+        *small(),
+        "tracking=off",
+        "benchmark.request_pass=true",
+        "benchmark.request_max_new_tokens=16",
+        "benchmark.ignore_eos=false",
+    ]
     run_py([*common, f"hydra.run.dir={tmp_path / 'paired'}"])
     paired = json.loads((tmp_path / "paired" / "results.json").read_text())
     assert not (tmp_path / "paired" / "baseline").exists()  # no baseline job

@@ -16,14 +16,34 @@ pytestmark = pytest.mark.integration
 
 
 def baseline(tp: int, tput: float, out_dir, warnings=()) -> JobRecord:
-    cfg = {"hardware": {"name": "cpu", "tp_size": tp}, "model": {"name": "tiny_llama"}, "engine": {"name": "embedded"},
-           "nccl": {"name": "default"}, "drafter": {"name": "none"}, "spec": {"steps": 2},
-           "benchmark": {"max_new_tokens": 48, "prompts": "data/prompts.jsonl", "prompt_index": 0}}
-    m = {"throughput_tok_s": tput, "throughput_tok_s_ci95_lo": tput - 5, "throughput_tok_s_ci95_hi": tput + 5,
-         "throughput_tok_s_cv": 0.01}
-    return JobRecord(role="baseline", name=f"baseline,tp={tp}", experiment="e", config=cfg, config_hash=f"h{tp}",
-                     engine=EngineInfo("embedded"), speculative=False, status="FINISHED", metrics=m,
-                     out_dir=str(out_dir), warnings=list(warnings))
+    cfg = {
+        "hardware": {"name": "cpu", "tp_size": tp},
+        "model": {"name": "tiny_llama"},
+        "engine": {"name": "embedded"},
+        "nccl": {"name": "default"},
+        "drafter": {"name": "none"},
+        "spec": {"steps": 2},
+        "benchmark": {"max_new_tokens": 48, "prompts": "data/prompts.jsonl", "prompt_index": 0},
+    }
+    m = {
+        "throughput_tok_s": tput,
+        "throughput_tok_s_ci95_lo": tput - 5,
+        "throughput_tok_s_ci95_hi": tput + 5,
+        "throughput_tok_s_cv": 0.01,
+    }
+    return JobRecord(
+        role="baseline",
+        name=f"baseline,tp={tp}",
+        experiment="e",
+        config=cfg,
+        config_hash=f"h{tp}",
+        engine=EngineInfo("embedded"),
+        speculative=False,
+        status="FINISHED",
+        metrics=m,
+        out_dir=str(out_dir),
+        warnings=list(warnings),
+    )
 
 
 def test_earlier_baselines_are_those_of_the_same_tp(tmp_path):

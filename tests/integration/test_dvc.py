@@ -29,8 +29,13 @@ def clone(tmp_path_factory):
         pytest.skip("not a git checkout")
     d = tmp_path_factory.mktemp("clone") / "repo"
     sh(["git", "clone", "-q", str(ROOT), str(d)], cwd=ROOT)
-    env = {**os.environ, "PYTHONPATH": str(d), "PATH": f"{Path(sys.executable).parent}:{os.environ['PATH']}",
-           "DVC_NO_ANALYTICS": "1", "HF_HUB_OFFLINE": "1"}
+    env = {
+        **os.environ,
+        "PYTHONPATH": str(d),
+        "PATH": f"{Path(sys.executable).parent}:{os.environ['PATH']}",
+        "DVC_NO_ANALYTICS": "1",
+        "HF_HUB_OFFLINE": "1",
+    }
     return d, env
 
 
@@ -83,7 +88,8 @@ def test_repro_rebuilds_the_experiment_and_compare_judges_it(clone):
     for key in ("spec.steps=1", "spec.steps=3"):  # each verdict follows the two speedup intervals
         a, b = committed["jobs"][f"nccl=default,{key}"], metrics["jobs"][f"nccl=default,{key}"]
         overlap = max(a["speedup_vs_baseline_ci95_lo"], b["speedup_vs_baseline_ci95_lo"]) <= min(
-            a["speedup_vs_baseline_ci95_hi"], b["speedup_vs_baseline_ci95_hi"])
+            a["speedup_vs_baseline_ci95_hi"], b["speedup_vs_baseline_ci95_hi"]
+        )
         assert ("agree" in rows[key]) == overlap and ("DIFFERS" in rows[key]) != overlap, rows[key]
         differ |= not overlap
     assert p.returncode == (1 if differ else 0), out
@@ -110,8 +116,9 @@ def test_missing_drafter_weights_name_git_checkout_and_nothing_runs(clone, tmp_p
     weights = d / "models/tiny/drafter/model.safetensors"
     shutil.move(weights, tmp_path / "w")
     try:
-        p = sh([sys.executable, "run.py", "tracking=off", f"hydra.run.dir={tmp_path / 'job'}"], cwd=d, env=env,
-               check=False)
+        p = sh(
+            [sys.executable, "run.py", "tracking=off", f"hydra.run.dir={tmp_path / 'job'}"], cwd=d, env=env, check=False
+        )
         assert p.returncode == 2
         assert "git checkout -- models/tiny/drafter" in p.stderr  # git tracks it: dvc pull would do nothing
         assert not (tmp_path / "job" / "server.log").exists()

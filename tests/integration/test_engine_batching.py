@@ -87,10 +87,24 @@ def body(ids: list[int], n: int) -> dict:
 @pytest.mark.parametrize("tp", [1, 2])
 def test_16_concurrent_requests_give_the_batch_size_1_outputs(tmp_path, bs1, tp):
     port = free_port()
-    argv = ENGINE + ["--model-path", str(TARGET), *SPEC, "--port", str(port), "--tp-size", str(tp),
-                     "--decode-log-interval", "1", "--max-running-requests", "16", "--random-seed", "0"]
-    with ServerProcess(argv, env={}, log_path=tmp_path / "server.log", host="127.0.0.1", port=port,
-                       startup_timeout_s=120) as srv:
+    argv = ENGINE + [
+        "--model-path",
+        str(TARGET),
+        *SPEC,
+        "--port",
+        str(port),
+        "--tp-size",
+        str(tp),
+        "--decode-log-interval",
+        "1",
+        "--max-running-requests",
+        "16",
+        "--random-seed",
+        "0",
+    ]
+    with ServerProcess(
+        argv, env={}, log_path=tmp_path / "server.log", host="127.0.0.1", port=port, startup_timeout_s=120
+    ) as srv:
         outs = post_all(srv.base_url, [body(ids, n) for ids, n in workload()], stagger_s=0.01)
     for i, (out, ref) in enumerate(zip(outs, bs1)):
         meta = out["meta_info"]
@@ -110,11 +124,21 @@ def test_16_concurrent_requests_give_the_batch_size_1_outputs(tmp_path, bs1, tp)
 
 def test_max_running_requests_queues_the_rest(tmp_path, bs1):
     port = free_port()
-    argv = ENGINE + ["--model-path", str(TARGET), *SPEC, "--port", str(port), "--decode-log-interval", "1",
-                     "--max-running-requests", "3"]
+    argv = ENGINE + [
+        "--model-path",
+        str(TARGET),
+        *SPEC,
+        "--port",
+        str(port),
+        "--decode-log-interval",
+        "1",
+        "--max-running-requests",
+        "3",
+    ]
     work = workload()[:8]
-    with ServerProcess(argv, env={}, log_path=tmp_path / "server.log", host="127.0.0.1", port=port,
-                       startup_timeout_s=120) as srv:
+    with ServerProcess(
+        argv, env={}, log_path=tmp_path / "server.log", host="127.0.0.1", port=port, startup_timeout_s=120
+    ) as srv:
         outs = post_all(srv.base_url, [body(ids, n) for ids, n in work], stagger_s=0.0)
     assert [o["output_ids"] for o in outs] == [g.output_ids for g in bs1[:8]]
     lines = [x for x in read_log(tmp_path / "server.log") if x.kind == "Decode"]
@@ -126,9 +150,14 @@ def test_max_running_requests_queues_the_rest(tmp_path, bs1):
 def profile_server(tmp_path, name: str, *flags: str):
     port = free_port()
     argv = ENGINE + ["--model-path", str(TARGET), *SPEC, "--port", str(port), *flags]
-    return ServerProcess(argv, env={"SPEC_DECODE_PROFILE": str(tmp_path / f"{name}.jsonl"),
-                                    "SPEC_DECODE_PROFILE_FLUSH_S": "0.02"},
-                         log_path=tmp_path / f"{name}.log", host="127.0.0.1", port=port, startup_timeout_s=120)
+    return ServerProcess(
+        argv,
+        env={"SPEC_DECODE_PROFILE": str(tmp_path / f"{name}.jsonl"), "SPEC_DECODE_PROFILE_FLUSH_S": "0.02"},
+        log_path=tmp_path / f"{name}.log",
+        host="127.0.0.1",
+        port=port,
+        startup_timeout_s=120,
+    )
 
 
 def cycles_per_request(tmp_path, name: str, srv, work) -> list[tuple[dict, list[int]]]:
@@ -180,8 +209,14 @@ def test_the_hooked_cycle_gets_sglangs_batch_and_the_in_flight_cycle(models, mon
 
     def observe(self, batch):
         result = original(self, batch)
-        seen.append((batch.forward_mode.is_decode(), batch.forward_mode.is_idle(),
-                     [r.rid for r in batch.reqs], list(result.accept_lens)))
+        seen.append(
+            (
+                batch.forward_mode.is_decode(),
+                batch.forward_mode.is_idle(),
+                [r.rid for r in batch.reqs],
+                list(result.accept_lens),
+            )
+        )
         return result
 
     monkeypatch.setattr(Decoder, "cycle", observe)
@@ -200,7 +235,9 @@ def test_the_hooked_cycle_gets_sglangs_batch_and_the_in_flight_cycle(models, mon
         for r in reqs:
             mine = [lens[rids.index(r.rid)] for rids, lens in decode if r.rid in rids]
             assert len(mine) == r.spec_verify_ct + r.inflight_cycles
-            assert r.inflight_cycles == (predicted_inflight(mine[: r.spec_verify_ct], r.max_new_tokens) if overlap else 0)
+            assert r.inflight_cycles == (
+                predicted_inflight(mine[: r.spec_verify_ct], r.max_new_tokens) if overlap else 0
+            )
             assert r.histogram == [sum(1 for x in mine[: r.spec_verify_ct] if x == a + 1) for a in range(STEPS + 1)]
         if overlap:
             assert sum(r.inflight_cycles for r in reqs) >= 1
@@ -216,8 +253,10 @@ def test_streams_and_forced_acceptance_work_per_request_in_a_batch(tmp_path, bs1
     port = free_port()
     argv = ENGINE + ["--model-path", str(TARGET), *SPEC, "--port", str(port), "--decode-log-interval", "1"]
     events: list = [None] * len(work)
-    with ServerProcess(argv, env={}, log_path=tmp_path / "s.log", host="127.0.0.1", port=port,
-                       startup_timeout_s=120) as srv:
+    with ServerProcess(
+        argv, env={}, log_path=tmp_path / "s.log", host="127.0.0.1", port=port, startup_timeout_s=120
+    ) as srv:
+
         def one(i: int) -> None:
             r = requests.post(srv.base_url + "/generate", json={**body(*work[i]), "stream": True}, timeout=120)
             events[i] = read_events(r)
@@ -235,8 +274,14 @@ def test_streams_and_forced_acceptance_work_per_request_in_a_batch(tmp_path, bs1
         assert evs[-1]["meta_info"]["spec_verify_ct"] == ref.verify_ct
     port = free_port()
     argv = ENGINE + ["--model-path", str(TARGET), *SPEC, "--port", str(port), "--random-seed", "0"]
-    with ServerProcess(argv, env={"SGLANG_SIMULATE_ACC_LEN": "2"}, log_path=tmp_path / "f.log",
-                       host="127.0.0.1", port=port, startup_timeout_s=120) as srv:
+    with ServerProcess(
+        argv,
+        env={"SGLANG_SIMULATE_ACC_LEN": "2"},
+        log_path=tmp_path / "f.log",
+        host="127.0.0.1",
+        port=port,
+        startup_timeout_s=120,
+    ) as srv:
         outs = post_all(srv.base_url, [body(ids, n) for ids, n in work], stagger_s=0.0)
     for out, (_, n) in zip(outs, work):
         meta = out["meta_info"]

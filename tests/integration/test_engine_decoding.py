@@ -140,8 +140,12 @@ def test_fewer_kernel_static_path_decodes_like_the_dynamic_one(prompts, attentio
     assert Decoder(target, None, 0, runner).generate(ids, 80).output_ids == want
     for steps in (1, 3):
         ref = Decoder(target, drafter, steps).generate(ids, 80)
-        static = Decoder(target, drafter, steps,
-                         StaticRunner(target, drafter, steps, use_graphs=False, graph_ops=True, attention=attention))
+        static = Decoder(
+            target,
+            drafter,
+            steps,
+            StaticRunner(target, drafter, steps, use_graphs=False, graph_ops=True, attention=attention),
+        )
         got = static.generate(ids, 80)
         assert got.output_ids == want, f"steps={steps}"
         assert (got.verify_ct, got.correct_drafts) == (ref.verify_ct, ref.correct_drafts)

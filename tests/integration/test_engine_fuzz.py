@@ -33,16 +33,46 @@ BUDGET_S = 120.0
 N = 6  # new tokens per valid request: the fuzzer is about the front, not decoding speed
 PROMPT = "The old robot sleeps in the garden. "
 VALID = {"text": PROMPT, "sampling_params": {"max_new_tokens": N, "temperature": 0, "ignore_eos": True}}
-TOP_KEYS = ("text", "input_ids", "sampling_params", "stream", "rid", "return_logprob",
-            "return_hidden_states", "no_such_field")
-PATHS = ("/generate", "/health", "/health_generate", "/ready", "/server_info", "/get_server_info",
-         "/model_info", "/flush_cache", "/", "/generate/", "//generate", "/v1/completions", "/%00",
-         "/generate?x=1", "/flush_cache?timeout=abc", "/flush_cache?timeout=-1")
+TOP_KEYS = (
+    "text",
+    "input_ids",
+    "sampling_params",
+    "stream",
+    "rid",
+    "return_logprob",
+    "return_hidden_states",
+    "no_such_field",
+)
+PATHS = (
+    "/generate",
+    "/health",
+    "/health_generate",
+    "/ready",
+    "/server_info",
+    "/get_server_info",
+    "/model_info",
+    "/flush_cache",
+    "/",
+    "/generate/",
+    "//generate",
+    "/v1/completions",
+    "/%00",
+    "/generate?x=1",
+    "/flush_cache?timeout=abc",
+    "/flush_cache?timeout=-1",
+)
 METHODS = ("GET", "POST", "PUT", "DELETE", "PATCH", "OPTIONS", "HEAD", "TRACE", "get", "FOO")
 # SGLang's routes and their methods (http_server.py)
-ROUTE_METHODS = {"/generate": {"POST"}, "/flush_cache": {"GET", "POST"}, "/health": {"GET"},
-                 "/health_generate": {"GET"}, "/ready": {"GET"}, "/server_info": {"GET"},
-                 "/get_server_info": {"GET"}, "/model_info": {"GET"}}
+ROUTE_METHODS = {
+    "/generate": {"POST"},
+    "/flush_cache": {"GET", "POST"},
+    "/health": {"GET"},
+    "/health_generate": {"GET"},
+    "/ready": {"GET"},
+    "/server_info": {"GET"},
+    "/get_server_info": {"GET"},
+    "/model_info": {"GET"},
+}
 
 
 def expected_status(method: str, target: str) -> int:
@@ -60,10 +90,49 @@ def expected_status(method: str, target: str) -> int:
 
 def values(rnd: random.Random):
     """A JSON value of any type, biased to edge cases."""
-    pool = [None, True, False, 0, 1, -1, 3, 255, 256, 2**31, 2**63, -(2**63) - 1, 10**30, 0.0, -0.0,
-            0.5, 1.5, -1e308, 1e308, float("nan"), float("inf"), "", "x", "0", "null", "true", "ü\u0000",
-            "a" * 2000, [], [1], [1, 2, "a"], [[1, 2]], [None], [0.5], {}, {"a": 1}, {"enabled": True},
-            {"x": {"y": [1, {"z": None}]}}, ["stop"], [256], [True]]
+    pool = [
+        None,
+        True,
+        False,
+        0,
+        1,
+        -1,
+        3,
+        255,
+        256,
+        2**31,
+        2**63,
+        -(2**63) - 1,
+        10**30,
+        0.0,
+        -0.0,
+        0.5,
+        1.5,
+        -1e308,
+        1e308,
+        float("nan"),
+        float("inf"),
+        "",
+        "x",
+        "0",
+        "null",
+        "true",
+        "ü\u0000",
+        "a" * 2000,
+        [],
+        [1],
+        [1, 2, "a"],
+        [[1, 2]],
+        [None],
+        [0.5],
+        {},
+        {"a": 1},
+        {"enabled": True},
+        {"x": {"y": [1, {"z": None}]}},
+        ["stop"],
+        [256],
+        [True],
+    ]
     return rnd.choice(pool)
 
 
@@ -120,6 +189,7 @@ def raw_request(port: int, data: bytes, shut_write: bool = False, timeout_s: flo
 
 def raw_cases(rnd: random.Random, n: int) -> list[tuple[bytes, bool, set[int]]]:
     """(request bytes, shut the write side after sending, acceptable statuses)."""
+
     def post(body: bytes, headers: str | None = None) -> bytes:
         h = headers if headers is not None else f"Content-Length: {len(body)}\r\n"
         return b"POST /generate HTTP/1.1\r\nHost: x\r\n" + h.encode() + b"Connection: close\r\n\r\n" + body
@@ -182,8 +252,9 @@ def test_generated_bad_bodies_get_4xx_naming_the_field(server):
         assert time.monotonic() - t0 < BUDGET_S, f"fuzzing took over {BUDGET_S}s at case {i}"
         body, field = mutate(rnd)
         data = json.dumps(body)  # NaN/Infinity as Python's json writes them (SGLang's parser too)
-        r = session.post(srv.base_url + "/generate", data=data, timeout=40,
-                         headers={"Content-Type": "application/json"})
+        r = session.post(
+            srv.base_url + "/generate", data=data, timeout=40, headers={"Content-Type": "application/json"}
+        )
         assert r.status_code in (200, 400), f"case {i}: {data[:200]} -> {r.status_code} {r.text[:300]}"
         seen[r.status_code] += 1
         if r.status_code == 400:

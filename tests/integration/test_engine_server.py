@@ -16,15 +16,23 @@ from .engine_args import ENGINE, embedded_server, spec_flags
 
 pytestmark = pytest.mark.integration
 SPEC = spec_flags(3)
-BODY = {"text": "The old robot sleeps in the garden. ",
-        "sampling_params": {"max_new_tokens": 64, "temperature": 0, "ignore_eos": True}}
+BODY = {
+    "text": "The old robot sleeps in the garden. ",
+    "sampling_params": {"max_new_tokens": 64, "temperature": 0, "ignore_eos": True},
+}
 
 
 @pytest.fixture(scope="class")
 def spec_server(tmp_path_factory):
     d = tmp_path_factory.mktemp("spec_server")
-    with embedded_server(d / "server.log", *SPEC, "--decode-log-interval", "5",
-                         env={"SPEC_DECODE_PROFILE": str(d / "profile.jsonl")}, startup_timeout_s=60) as srv:
+    with embedded_server(
+        d / "server.log",
+        *SPEC,
+        "--decode-log-interval",
+        "5",
+        env={"SPEC_DECODE_PROFILE": str(d / "profile.jsonl")},
+        startup_timeout_s=60,
+    ) as srv:
         yield srv, d
 
 
@@ -76,10 +84,22 @@ class TestSpecServer:
         v = r["meta_info"]["spec_verify_ct"]
         before_last = 1 + sum(p["accepted"] for p in prof[: v - 1])
         assert len(prof) == v + (before_last + 1 < 64), (len(prof), v)
-        assert set(prof[0]) == {"t", "t0", "rank", "tp", "dp", "attn_dp", "rids", "draft_ms", "verify_ms", "extend_ms",
-                                "cycle_ms", "accepted", "accept_lens"}
-        assert all(len(p["rids"]) == len(p["accept_lens"]) == 1 and p["accepted"] == p["accept_lens"][0]
-                   for p in prof)
+        assert set(prof[0]) == {
+            "t",
+            "t0",
+            "rank",
+            "tp",
+            "dp",
+            "attn_dp",
+            "rids",
+            "draft_ms",
+            "verify_ms",
+            "extend_ms",
+            "cycle_ms",
+            "accepted",
+            "accept_lens",
+        }
+        assert all(len(p["rids"]) == len(p["accept_lens"]) == 1 and p["accepted"] == p["accept_lens"][0] for p in prof)
         # the engine's request id is the request's own (meta_info.id, SGLang's Req.rid): what the
         # profile's attribution matches the client's records by
         assert {p["rids"][0] for p in prof} == {r["meta_info"]["id"]}
@@ -107,8 +127,12 @@ class TestSpecServer:
         caller): while a request runs, its rid is refused with 400 naming it, also for a stream (before
         any 200), and taken again once the request is done."""
         srv, _ = spec_server
-        long = {**BODY, "rid": "dup-1", "stream": True,
-                "sampling_params": {**BODY["sampling_params"], "max_new_tokens": 900}}
+        long = {
+            **BODY,
+            "rid": "dup-1",
+            "stream": True,
+            "sampling_params": {**BODY["sampling_params"], "max_new_tokens": 900},
+        }
         with requests.post(srv.base_url + "/generate", json=long, timeout=60, stream=True) as first:
             lines = first.iter_lines()
             assert first.status_code == 200 and next(line for line in lines if line).startswith(b"data: {")
@@ -121,14 +145,17 @@ class TestSpecServer:
         again = requests.post(srv.base_url + "/generate", json={**BODY, "rid": "dup-1"}, timeout=30)
         assert again.status_code == 200 and again.json()["meta_info"]["id"] == "dup-1"
 
-    @pytest.mark.parametrize("body,named", [
-        ({"text": "hi", "sampling_params": {"max_tokens": 5}}, "max_tokens"),
-        ({"text": "hi", "sampling_params": {"max_new_tokens": 5, "temperature": 0.8}}, "temperature"),
-        ({"text": "hi", "sampling_params": {"max_new_tokens": 5000, "temperature": 0}}, "max_new_tokens"),
-        ({"text": "x" * 1100, "sampling_params": {"max_new_tokens": 5, "temperature": 0}}, "context"),
-        ({"sampling_params": {"max_new_tokens": 5, "temperature": 0}}, "text"),
-        ({"input_ids": [1, 999], "sampling_params": {"temperature": 0}}, "input_ids"),
-    ])
+    @pytest.mark.parametrize(
+        "body,named",
+        [
+            ({"text": "hi", "sampling_params": {"max_tokens": 5}}, "max_tokens"),
+            ({"text": "hi", "sampling_params": {"max_new_tokens": 5, "temperature": 0.8}}, "temperature"),
+            ({"text": "hi", "sampling_params": {"max_new_tokens": 5000, "temperature": 0}}, "max_new_tokens"),
+            ({"text": "x" * 1100, "sampling_params": {"max_new_tokens": 5, "temperature": 0}}, "context"),
+            ({"sampling_params": {"max_new_tokens": 5, "temperature": 0}}, "text"),
+            ({"input_ids": [1, 999], "sampling_params": {"temperature": 0}}, "input_ids"),
+        ],
+    )
     def test_bad_requests_get_400_naming_the_key_and_server_keeps_serving(self, spec_server, body, named):
         srv, _ = spec_server
         r = requests.post(srv.base_url + "/generate", json=body, timeout=10)
@@ -150,8 +177,9 @@ def test_baseline_server_has_no_spec_fields(tmp_path):
 
 
 def start(args: list[str], timeout: float = 60) -> subprocess.CompletedProcess:
-    return subprocess.run(ENGINE + args, capture_output=True, text=True, timeout=timeout,
-                          env={**os.environ, "HF_HUB_OFFLINE": "1"})
+    return subprocess.run(
+        ENGINE + args, capture_output=True, text=True, timeout=timeout, env={**os.environ, "HF_HUB_OFFLINE": "1"}
+    )
 
 
 def _drafter_copy(tmp_path, edit) -> str:
@@ -167,13 +195,33 @@ def _drafter_copy(tmp_path, edit) -> str:
 
 @pytest.mark.parametrize("case", ["unknown_flag", "partial_spec", "topk"])
 def test_bad_flags_exit_2_naming_the_flag(case):
-    args = {"unknown_flag": ["--model-path", str(TARGET), "--cuda-graph-max-bs", "8"],
-            "partial_spec": ["--model-path", str(TARGET), "--speculative-algorithm", "EAGLE3",
-                             "--speculative-draft-model-path", str(DRAFTER), "--speculative-eagle-topk", "1"],
-            "topk": ["--model-path", str(TARGET), *SPEC[:-4], "--speculative-eagle-topk", "4",
-                     "--speculative-num-draft-tokens", "8"]}[case]
-    named = {"unknown_flag": "--cuda-graph-max-bs", "partial_spec": "--speculative-num-steps",
-             "topk": "--speculative-eagle-topk"}[case]
+    args = {
+        "unknown_flag": ["--model-path", str(TARGET), "--cuda-graph-max-bs", "8"],
+        "partial_spec": [
+            "--model-path",
+            str(TARGET),
+            "--speculative-algorithm",
+            "EAGLE3",
+            "--speculative-draft-model-path",
+            str(DRAFTER),
+            "--speculative-eagle-topk",
+            "1",
+        ],
+        "topk": [
+            "--model-path",
+            str(TARGET),
+            *SPEC[:-4],
+            "--speculative-eagle-topk",
+            "4",
+            "--speculative-num-draft-tokens",
+            "8",
+        ],
+    }[case]
+    named = {
+        "unknown_flag": "--cuda-graph-max-bs",
+        "partial_spec": "--speculative-num-steps",
+        "topk": "--speculative-eagle-topk",
+    }[case]
     p = start(args)
     assert p.returncode == 2
     assert named in p.stderr
@@ -185,14 +233,18 @@ def test_missing_model_dir_says_dvc_pull(tmp_path):
     assert "dvc pull" in p.stderr and "nope" in p.stderr
 
 
-@pytest.mark.parametrize("edit,named", [
-    (lambda c: c.update(architectures=["LlamaForCausalLM"]), "LlamaForCausalLMEagle3"),
-    (lambda c: c["eagle_config"].update(eagle_aux_hidden_state_layer_ids=[1, 3, 9]), "0..4"),
-    # spec_decode.core.drafter's shape rules (preflight's): the engine refuses them itself, not a rank's
-    # load_state_dict traceback after the processes started
-    (lambda c: c.update(vocab_size=300, draft_vocab_size=300), "vocab_size 300 != target vocab_size 256"),
-    (lambda c: c.update(hidden_size=96, target_hidden_size=192), "hidden_size 96 must equal the target's 192"),
-], ids=["not_eagle3", "layer_ids_out_of_range", "vocab_mismatch", "hidden_mismatch"])
+@pytest.mark.parametrize(
+    "edit,named",
+    [
+        (lambda c: c.update(architectures=["LlamaForCausalLM"]), "LlamaForCausalLMEagle3"),
+        (lambda c: c["eagle_config"].update(eagle_aux_hidden_state_layer_ids=[1, 3, 9]), "0..4"),
+        # spec_decode.core.drafter's shape rules (preflight's): the engine refuses them itself, not a rank's
+        # load_state_dict traceback after the processes started
+        (lambda c: c.update(vocab_size=300, draft_vocab_size=300), "vocab_size 300 != target vocab_size 256"),
+        (lambda c: c.update(hidden_size=96, target_hidden_size=192), "hidden_size 96 must equal the target's 192"),
+    ],
+    ids=["not_eagle3", "layer_ids_out_of_range", "vocab_mismatch", "hidden_mismatch"],
+)
 def test_bad_drafter_exits_1_with_a_message(tmp_path, edit, named):
     d = _drafter_copy(tmp_path, edit)
     p = start(["--model-path", str(TARGET), *SPEC[:2], "--speculative-draft-model-path", d, *SPEC[4:]])

@@ -41,8 +41,10 @@ def models():
 def bs1(models):
     """Each request alone on the packed eager path (batch size 1, no overlap): the reference."""
     spec, base = Decoder(*models, STEPS), Decoder(models[0], None, 0)
-    return {STEPS: [spec.generate(ids, n) for ids, n in workload()],
-            0: [base.generate(ids, n) for ids, n in workload()]}
+    return {
+        STEPS: [spec.generate(ids, n) for ids, n in workload()],
+        0: [base.generate(ids, n) for ids, n in workload()],
+    }
 
 
 def run_static(models, steps: int, max_bs: int, overlap: bool, **kw):
@@ -87,8 +89,11 @@ def run_static(models, steps: int, max_bs: int, overlap: bool, **kw):
 def assert_same(reqs, refs, steps: int) -> None:
     for i, (r, ref) in enumerate(zip(reqs, refs)):
         assert r.output_ids == ref.output_ids, f"request {i} differs from its batch-size-1 output (steps {steps})"
-        assert (r.spec_verify_ct, r.spec_num_correct_drafts, r.histogram) == \
-            (ref.verify_ct, ref.correct_drafts, ref.histogram), i
+        assert (r.spec_verify_ct, r.spec_num_correct_drafts, r.histogram) == (
+            ref.verify_ct,
+            ref.correct_drafts,
+            ref.histogram,
+        ), i
 
 
 @pytest.mark.parametrize("steps", [STEPS, 0])
@@ -143,17 +148,36 @@ def test_padded_reextend_rows_write_past_their_length_and_stay_lossless(models, 
 
 def static_server(tmp_path, tp: int, *flags: str) -> ServerProcess:
     port = free_port()
-    argv = ENGINE + ["--model-path", str(TARGET), *SPEC, "--port", str(port), "--tp-size", str(tp), "--static-path",
-                     "--decode-log-interval", "1", "--max-running-requests", "16", "--random-seed", "0", *flags]
-    return ServerProcess(argv, env={}, log_path=tmp_path / "server.log", host="127.0.0.1", port=port,
-                         startup_timeout_s=120)
+    argv = ENGINE + [
+        "--model-path",
+        str(TARGET),
+        *SPEC,
+        "--port",
+        str(port),
+        "--tp-size",
+        str(tp),
+        "--static-path",
+        "--decode-log-interval",
+        "1",
+        "--max-running-requests",
+        "16",
+        "--random-seed",
+        "0",
+        *flags,
+    ]
+    return ServerProcess(
+        argv, env={}, log_path=tmp_path / "server.log", host="127.0.0.1", port=port, startup_timeout_s=120
+    )
 
 
-@pytest.mark.parametrize("tp,flags", [
-    (1, []),
-    (2, ["--cuda-graph-max-bs-decode", "4"]),
-    (1, ["--disable-overlap-schedule", "--cuda-graph-max-bs-decode", "6"]),
-])
+@pytest.mark.parametrize(
+    "tp,flags",
+    [
+        (1, []),
+        (2, ["--cuda-graph-max-bs-decode", "4"]),
+        (1, ["--disable-overlap-schedule", "--cuda-graph-max-bs-decode", "6"]),
+    ],
+)
 def test_16_concurrent_requests_on_the_static_path_give_the_batch_size_1_outputs(tmp_path, bs1, tp, flags):
     with static_server(tmp_path, tp, *flags) as srv:
         info = requests.get(srv.base_url + "/server_info", timeout=10).json()

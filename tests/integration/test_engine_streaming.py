@@ -14,10 +14,18 @@ pytestmark = pytest.mark.integration
 STEPS = 3
 SPEC = spec_flags(STEPS)
 N = 96
-BODY = {"text": "The old robot sleeps in the garden. ",
-        "sampling_params": {"max_new_tokens": N, "temperature": 0, "ignore_eos": True}}
-SPEC_KEYS = {"spec_verify_ct", "spec_accept_length", "spec_accept_rate", "spec_num_correct_drafts",
-             "spec_num_proposed_drafts", "spec_correct_drafts_histogram"}
+BODY = {
+    "text": "The old robot sleeps in the garden. ",
+    "sampling_params": {"max_new_tokens": N, "temperature": 0, "ignore_eos": True},
+}
+SPEC_KEYS = {
+    "spec_verify_ct",
+    "spec_accept_length",
+    "spec_accept_rate",
+    "spec_num_correct_drafts",
+    "spec_num_proposed_drafts",
+    "spec_correct_drafts_histogram",
+}
 
 
 def read_events(resp: requests.Response) -> list:
@@ -30,7 +38,7 @@ def read_events(resp: requests.Response) -> list:
     events = []
     for block in blocks[:-2]:
         assert block.startswith("data: ") and "\n" not in block, block[:200]
-        events.append(json.loads(block[len("data: "):]))
+        events.append(json.loads(block[len("data: ") :]))
     return events
 
 
@@ -121,9 +129,19 @@ def test_a_slow_reader_does_not_slow_the_decode_loop():
     from spec_decode.engines.embedded.scheduler import RankSpec
     from spec_decode.engines.embedded.server import EngineState
 
-    spec = RankSpec(model_path=str(TARGET), draft_model_path=str(DRAFTER), steps=STEPS, tp_size=1,
-                    device="cpu", cpu_threads=1, random_seed=0, decode_log_interval=40, log_level="warning",
-                    dist_port=0, front_pid=0)
+    spec = RankSpec(
+        model_path=str(TARGET),
+        draft_model_path=str(DRAFTER),
+        steps=STEPS,
+        tp_size=1,
+        device="cpu",
+        cpu_threads=1,
+        random_seed=0,
+        decode_log_interval=40,
+        log_level="warning",
+        dist_port=0,
+        front_pid=0,
+    )
     group = RankGroup(spec)
     try:
         state = EngineState(group, {}, 1024, STEPS, speculative=True)

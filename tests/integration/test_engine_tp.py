@@ -71,8 +71,7 @@ def reference():
 
 def _join(rank: int, size: int, port: int) -> None:
     torch.set_num_threads(1)
-    torch.distributed.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank,
-                                         world_size=size)
+    torch.distributed.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=size)
 
 
 def _decode_in_rank(rank: int, size: int, port: int, queue) -> None:
@@ -151,8 +150,11 @@ def test_reduction_beyond_two_ranks_equals_one_process():
 
 
 def marker_env(tmp_path) -> dict:
-    return {"SPEC_DECODE_TEST_MARKER": uuid.uuid4().hex, "NCCL_ALGO": "Ring",
-            "SPEC_DECODE_PROFILE": str(tmp_path / "profile.jsonl")}
+    return {
+        "SPEC_DECODE_TEST_MARKER": uuid.uuid4().hex,
+        "NCCL_ALGO": "Ring",
+        "SPEC_DECODE_PROFILE": str(tmp_path / "profile.jsonl"),
+    }
 
 
 def ours(marker: str) -> list[psutil.Process]:
@@ -160,8 +162,11 @@ def ours(marker: str) -> list[psutil.Process]:
     found = []
     for p in psutil.process_iter():
         try:
-            if p.pid != os.getpid() and p.environ().get("SPEC_DECODE_TEST_MARKER") == marker \
-                    and p.status() != psutil.STATUS_ZOMBIE:
+            if (
+                p.pid != os.getpid()
+                and p.environ().get("SPEC_DECODE_TEST_MARKER") == marker
+                and p.status() != psutil.STATUS_ZOMBIE
+            ):
                 found.append(p)
         except (psutil.Error, OSError):
             continue
@@ -170,11 +175,22 @@ def ours(marker: str) -> list[psutil.Process]:
 
 def start_server(tmp_path, steps: int | None = 3, tp: int = 2, extra: list[str] = ()) -> ServerProcess:
     port = free_port()
-    argv = ENGINE + ["--model-path", str(TARGET), "--port", str(port), "--tp-size", str(tp),
-                     "--decode-log-interval", "5", *(spec_flags(steps) if steps else []), *extra]
+    argv = ENGINE + [
+        "--model-path",
+        str(TARGET),
+        "--port",
+        str(port),
+        "--tp-size",
+        str(tp),
+        "--decode-log-interval",
+        "5",
+        *(spec_flags(steps) if steps else []),
+        *extra,
+    ]
     env = marker_env(tmp_path)
-    srv = ServerProcess(argv, env=env, log_path=tmp_path / "server.log", host="127.0.0.1", port=port,
-                        startup_timeout_s=120)
+    srv = ServerProcess(
+        argv, env=env, log_path=tmp_path / "server.log", host="127.0.0.1", port=port, startup_timeout_s=120
+    )
     srv.marker = env["SPEC_DECODE_TEST_MARKER"]
     return srv.start()
 
@@ -308,8 +324,9 @@ def bad_tp_sizes() -> list[int]:
 
 @pytest.mark.parametrize("tp", bad_tp_sizes())
 def test_bad_tp_size_exits_2_naming_the_flag_and_heads(tp):
-    p = subprocess.run(ENGINE + ["--model-path", str(TARGET), "--tp-size", str(tp)], capture_output=True,
-                       text=True, timeout=60)
+    p = subprocess.run(
+        ENGINE + ["--model-path", str(TARGET), "--tp-size", str(tp)], capture_output=True, text=True, timeout=60
+    )
     assert p.returncode == 2, p.stderr
     assert f"--tp-size {tp}" in p.stderr
     assert f"num_attention_heads ({CFG['num_attention_heads']})" in p.stderr

@@ -22,8 +22,9 @@ def test_experiment_with_a_sweep_without_m_is_refused(tmp_path):
 
 
 def test_streamed_job_prints_latency_percentiles_with_counts(tmp_path):
-    p = run_py(["benchmark.stream=true", "benchmark.baseline_arm=false", *small(), "tracking=off",
-                f"hydra.run.dir={tmp_path}"])
+    p = run_py(
+        ["benchmark.stream=true", "benchmark.baseline_arm=false", *small(), "tracking=off", f"hydra.run.dir={tmp_path}"]
+    )
     out = p.stdout + p.stderr
     for name, n in (("TTFT", r"n=2; P99 of 2 samples is near the maximum"), ("ITL ", r"n=\d+"), ("TPOT", r"n=2")):
         assert re.search(rf"  {name} P50 [\d.]+  P90 [\d.]+  P99 [\d.]+ ms  \({n}", out), out[-2000:]
@@ -31,7 +32,7 @@ def test_streamed_job_prints_latency_percentiles_with_counts(tmp_path):
 
 def test_readme_gpu_section_states_cuda_13_and_its_kimi_dry_run_works(tmp_path):
     text = (ROOT / "README.md").read_text()
-    gpu = text[text.index("## Running on a GPU box with SGLang"):text.index("## Phase profiler")]
+    gpu = text[text.index("## Running on a GPU box with SGLang") : text.index("## Phase profiler")]
     assert "CUDA 13" in gpu and "flashinfer_python[cu13]==0.7.2" in gpu and "R580" in gpu
     block = re.search(r"```bash\n(python run.py engine=sglang[^`]*dry_run=true)\n```", gpu).group(1)
     args = shlex.split(block.replace("\\\n", " "))[2:]

@@ -68,8 +68,9 @@ def test_forced_accept_len_2_overrides_a_drafter_that_accepts_3_8(tmp_path, natu
     assert out["output_ids"][0] == greedy[0] and set(out["output_ids"][1:]) == {FILL_TOKEN}
     assert out["output_ids"] != greedy
     # Streamed: one event per forced cycle of exactly 2 tokens (a host behind coalesces whole cycles).
-    counts = [json.loads(b[6:])["meta_info"]["completion_tokens"] for b in events.split("\n\n")
-              if b.startswith("data: {")]
+    counts = [
+        json.loads(b[6:])["meta_info"]["completion_tokens"] for b in events.split("\n\n") if b.startswith("data: {")
+    ]
     assert counts[0] % 2 == 1 and counts[-1] == N and all((b - a) % 2 == 0 for a, b in zip(counts, counts[1:-1]))
     assert "forced acceptance: SGLANG_SIMULATE_ACC_LEN=2.0" in (tmp_path / "server1.log").read_text()
 
@@ -119,8 +120,13 @@ def test_the_cuda_path_static_runner_forces_like_the_eager_path(models, natural)
 
 def test_a_forced_job_is_labelled_performance_only_in_record_console_and_mlflow(tmp_path, tmp_store):
     job = tmp_path / "job"
-    p = run_py([*small("spec.steps=3", "spec.simulate_accept_len=2.0", "benchmark.baseline_arm=false"),
-                *tmp_store["overrides"], f"hydra.run.dir={job}"])
+    p = run_py(
+        [
+            *small("spec.steps=3", "spec.simulate_accept_len=2.0", "benchmark.baseline_arm=false"),
+            *tmp_store["overrides"],
+            f"hydra.run.dir={job}",
+        ]
+    )
     label = "performance-only: forced acceptance, outputs are not lossless"
     assert label in p.stderr
     rec = json.loads((job / "results.json").read_text())
@@ -134,12 +140,15 @@ def test_a_forced_job_is_labelled_performance_only_in_record_console_and_mlflow(
     assert run.data.params["spec.simulate_accept_len"] == "2.0"
 
 
-@pytest.mark.parametrize("overrides,named", [
-    (["spec.simulate_accept_len=3.5"], "spec.simulate_accept_len=3.5: must be in [1, spec.steps+1] = [1, 3]"),
-    (["spec.simulate_accept_len=0.5"], "spec.simulate_accept_len=0.5"),
-    (["drafter=none", "spec.simulate_accept_len=2"], "forced acceptance needs speculative decoding"),
-    (["+engine.env.SGLANG_SIMULATE_ACC_LEN=2"], "engine.env.SGLANG_SIMULATE_ACC_LEN: set spec.simulate_accept_len"),
-])
+@pytest.mark.parametrize(
+    "overrides,named",
+    [
+        (["spec.simulate_accept_len=3.5"], "spec.simulate_accept_len=3.5: must be in [1, spec.steps+1] = [1, 3]"),
+        (["spec.simulate_accept_len=0.5"], "spec.simulate_accept_len=0.5"),
+        (["drafter=none", "spec.simulate_accept_len=2"], "forced acceptance needs speculative decoding"),
+        (["+engine.env.SGLANG_SIMULATE_ACC_LEN=2"], "engine.env.SGLANG_SIMULATE_ACC_LEN: set spec.simulate_accept_len"),
+    ],
+)
 def test_bad_forcing_is_refused_before_any_server_starts(tmp_path, tmp_store, overrides, named):
     p = run_py([*overrides, *tmp_store["overrides"], f"hydra.run.dir={tmp_path / 'job'}"], check=False)
     assert p.returncode == 2 and named in p.stderr, p.stderr[-2000:]
@@ -147,10 +156,17 @@ def test_bad_forcing_is_refused_before_any_server_starts(tmp_path, tmp_store, ov
 
 
 def test_the_engine_refuses_a_bad_env_value_naming_the_variable(tmp_path):
-    for env, named in ((("SGLANG_SIMULATE_ACC_LEN", "two"), "SGLANG_SIMULATE_ACC_LEN='two'"),
-                       (("SGLANG_SIMULATE_ACC_METHOD", "mean"), "SGLANG_SIMULATE_ACC_METHOD='mean'")):
+    for env, named in (
+        (("SGLANG_SIMULATE_ACC_LEN", "two"), "SGLANG_SIMULATE_ACC_LEN='two'"),
+        (("SGLANG_SIMULATE_ACC_METHOD", "mean"), "SGLANG_SIMULATE_ACC_METHOD='mean'"),
+    ):
         extra = {"SGLANG_SIMULATE_ACC_LEN": "2", env[0]: env[1]}
-        p = subprocess.run(ENGINE + ["--model-path", str(TARGET), *SPEC, "--port", str(free_port())],
-                           capture_output=True, text=True, timeout=120, cwd=ROOT,
-                           env={**os.environ, **extra})
+        p = subprocess.run(
+            ENGINE + ["--model-path", str(TARGET), *SPEC, "--port", str(free_port())],
+            capture_output=True,
+            text=True,
+            timeout=120,
+            cwd=ROOT,
+            env={**os.environ, **extra},
+        )
         assert p.returncode == 2 and named in p.stderr, p.stderr[-1000:]

@@ -18,11 +18,23 @@ pytestmark = pytest.mark.integration
 
 def start(tmp_path, tmp_store):
     return subprocess.Popen(
-        [sys.executable, str(ROOT / "run.py"), "-m", "spec.steps=1,2", *small(), *tmp_store["overrides"],
-         "benchmark.paired=false",  # a baseline job to interrupt, shared by the sweep's two jobs
-         f"hydra.sweep.dir={tmp_path / 'sw'}", f"hardware.slots_dir={SLOTS_DIR}"], cwd=ROOT,
+        [
+            sys.executable,
+            str(ROOT / "run.py"),
+            "-m",
+            "spec.steps=1,2",
+            *small(),
+            *tmp_store["overrides"],
+            "benchmark.paired=false",  # a baseline job to interrupt, shared by the sweep's two jobs
+            f"hydra.sweep.dir={tmp_path / 'sw'}",
+            f"hardware.slots_dir={SLOTS_DIR}",
+        ],
+        cwd=ROOT,
         env={**os.environ, "HF_HUB_OFFLINE": "1"},
-        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
 
 
 def wait_for(cond, timeout=180):
@@ -59,8 +71,9 @@ def test_ctrl_c_while_a_run_is_open_ends_every_run_killed_and_lists_every_job(tm
     c = MlflowClient(tmp_store["uri"])
     exp = c.get_experiment_by_name("spec-decode-bench")
     runs = c.search_runs([exp.experiment_id])
-    assert runs and not [r.info.run_name for r in runs if r.info.status == "RUNNING"], \
-        [(r.info.run_name, r.info.status) for r in runs]
+    assert runs and not [r.info.run_name for r in runs if r.info.status == "RUNNING"], [
+        (r.info.run_name, r.info.status) for r in runs
+    ]
     parent = [r for r in runs if r.data.tags.get("spec_decode.role") == "sweep"][0]
     assert parent.info.status == "KILLED"
     assert parent.data.tags["spec_decode.interrupted"] == "interrupted (Ctrl-C / SIGINT)"

@@ -31,15 +31,24 @@ TOKENS = 40
 def server(tmp_path_factory):
     """One spec server for the module: decode log every batch, room for 16 running requests."""
     log = tmp_path_factory.mktemp("load") / "server.log"
-    with embedded_server(log, *spec_flags(STEPS), "--decode-log-interval", "1", "--max-running-requests", "16",
-                         "--cpu-threads", "1") as srv:
+    with embedded_server(
+        log, *spec_flags(STEPS), "--decode-log-interval", "1", "--max-running-requests", "16", "--cpu-threads", "1"
+    ) as srv:
         yield srv
 
 
 def runner(server, *overrides: str) -> tuple[load.LoadRunner, JobRecord]:
     cfg = compose_experiment(f"benchmark.max_new_tokens={TOKENS}", *overrides)
-    rec = JobRecord(role="spec", name="t", experiment="t", config={}, config_hash="", engine=EngineInfo("embedded"),
-                    speculative=True, launches=[{"launch": 0}])
+    rec = JobRecord(
+        role="spec",
+        name="t",
+        experiment="t",
+        config={},
+        config_hash="",
+        engine=EngineInfo("embedded"),
+        speculative=True,
+        launches=[{"launch": 0}],
+    )
     return load.LoadRunner(cfg, ROOT, Client(server.base_url, 60), rec, load.SELF, server.log_path), rec
 
 
@@ -61,7 +70,9 @@ def test_closed_loop_keeps_exactly_n_requests_in_flight_by_the_engines_count(ser
     assert seen["in_flight_max"] == n, seen
     assert seen["in_flight_median"] == n, seen
     assert seen["at_concurrency_share"] >= 0.5, seen
-    assert entry["requests"] == 3 * n and agg.completion_tokens == sum(e["completion_tokens"] for e in entry["request_entries"])
+    assert entry["requests"] == 3 * n and agg.completion_tokens == sum(
+        e["completion_tokens"] for e in entry["request_entries"]
+    )
     assert agg.throughput_tok_s == pytest.approx(agg.completion_tokens / entry["wall_s"])
     # every request returned its prompt's batch-1 tokens, and each prompt of the varied-length set was used
     assert all(e["equals_reference"] is True for e in entry["request_entries"]), entry["request_entries"]
@@ -80,20 +91,26 @@ def test_poisson_arrivals_have_the_asked_rate():
     sd = math.sqrt(sum((g - mean) ** 2 for g in gaps) / (len(gaps) - 1))
     assert abs(sd / mean - 1) < 0.06
     xs = sorted(gaps)
-    d = max(max(abs((i + 1) / len(xs) - (1 - math.exp(-rate * x))), abs(i / len(xs) - (1 - math.exp(-rate * x))))
-            for i, x in enumerate(xs))
+    d = max(
+        max(abs((i + 1) / len(xs) - (1 - math.exp(-rate * x))), abs(i / len(xs) - (1 - math.exp(-rate * x))))
+        for i, x in enumerate(xs)
+    )
     assert d < 1.63 / math.sqrt(len(xs)), d
     assert t[0] == 0.0 and load.poisson_arrivals(rate, n, seed=7) == t  # seeded: the same every time
     assert load.poisson_arrivals(rate, n, seed=8) != t
 
 
 def test_open_loop_sends_at_the_arrival_times(server):
-    run, rec = runner(server, "benchmark.request_rate=8", "benchmark.concurrency=16", "benchmark.load_requests=20",
-                      "benchmark.max_new_tokens=8")
+    run, rec = runner(
+        server,
+        "benchmark.request_rate=8",
+        "benchmark.concurrency=16",
+        "benchmark.load_requests=20",
+        "benchmark.max_new_tokens=8",
+    )
     run(0, 3)
     entries = rec.launches[0]["load_runs"][0]["request_entries"]
     want = load.poisson_arrivals(8.0, 20, load.run_seed(0, 0, 3))
     assert [e["scheduled_s"] for e in entries] == [round(w, 5) for w in want]
     late = [e["sent_s"] - e["scheduled_s"] for e in entries]
     assert min(late) >= 0 and sorted(late)[len(late) // 2] < 0.05, late  # sent when due, not in a burst
-

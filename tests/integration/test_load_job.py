@@ -15,8 +15,16 @@ pytestmark = pytest.mark.integration
 def test_a_job_under_load_has_its_speedup_at_its_own_concurrency(tmp_path):
     """run.py with benchmark.concurrency=2: the paired baseline (the default strategy: no baseline job) ran
     the same load, and every request under load equals the baseline's bs-1 output."""
-    run_py(["benchmark.concurrency=2", "benchmark.load_requests=4", "benchmark.profile=false", "tracking=off",
-            f"hydra.run.dir={tmp_path}", *small("benchmark.max_new_tokens=24")])
+    run_py(
+        [
+            "benchmark.concurrency=2",
+            "benchmark.load_requests=4",
+            "benchmark.profile=false",
+            "tracking=off",
+            f"hydra.run.dir={tmp_path}",
+            *small("benchmark.max_new_tokens=24"),
+        ]
+    )
     rec = results.read(tmp_path)
     assert rec.status == "FINISHED" and not (tmp_path / "baseline").exists()
     assert rec.config["benchmark"]["concurrency"] == 2
@@ -37,9 +45,18 @@ def test_the_profiled_pass_under_load_profiles_the_batches_the_timed_runs_ran(tm
     request alone), each profiled request is a window of the profile, the batched cycles count once per
     request they served (cycles == the requests' spec_verify_ct), the in-flight extras are set apart,
     and the checks pass."""
-    run_py(["benchmark.concurrency=4", "benchmark.load_requests=8", "benchmark.profile=true",
-            "benchmark.profile_pairs=2", "benchmark.baseline_arm=false", "tracking=off",
-            f"hydra.run.dir={tmp_path}", *small("benchmark.max_new_tokens=32")])
+    run_py(
+        [
+            "benchmark.concurrency=4",
+            "benchmark.load_requests=8",
+            "benchmark.profile=true",
+            "benchmark.profile_pairs=2",
+            "benchmark.baseline_arm=false",
+            "tracking=off",
+            f"hydra.run.dir={tmp_path}",
+            *small("benchmark.max_new_tokens=32"),
+        ]
+    )
     rec = results.read(tmp_path)
     assert rec.status == "FINISHED", rec.error
     assert len(rec.profiled_runs) == 2 and len(rec.profiled_requests) == 2 * 8

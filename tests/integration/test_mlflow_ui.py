@@ -24,22 +24,44 @@ CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
 
 def chromium(url: str, profile: Path, *, shot: Path | None = None) -> str:
     """The page's DOM after it settled (and a screenshot), from a fresh browser profile (a first visit)."""
-    args = [CHROMIUM, "--headless", "--no-sandbox", "--disable-gpu", f"--user-data-dir={profile}",
-            "--virtual-time-budget=25000", "--window-size=1600,1000"]
+    args = [
+        CHROMIUM,
+        "--headless",
+        "--no-sandbox",
+        "--disable-gpu",
+        f"--user-data-dir={profile}",
+        "--virtual-time-budget=25000",
+        "--window-size=1600,1000",
+    ]
     if shot is not None:
         subprocess.run([*args, f"--screenshot={shot}", url], capture_output=True, timeout=180, check=True)
-    return subprocess.run([*args, "--dump-dom", url], capture_output=True, text=True, timeout=180,
-                          check=True).stdout
+    return subprocess.run([*args, "--dump-dom", url], capture_output=True, text=True, timeout=180, check=True).stdout
 
 
 @pytest.fixture
 def ui(headline_sweep):
     """`mlflow ui` on the shared sweep's store (tests/integration/conftest.py: spec.steps=1,3 x nccl)."""
     port = free_port()
-    proc = subprocess.Popen([sys.executable, "-m", "mlflow", "ui", "--backend-store-uri", headline_sweep.uri,
-                             "--host", "127.0.0.1", "--port", str(port), "--workers", "1"],
-                            env={**os.environ, "MLFLOW_SERVER_ENABLE_JOB_EXECUTION": "false"},
-                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
+    proc = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "mlflow",
+            "ui",
+            "--backend-store-uri",
+            headline_sweep.uri,
+            "--host",
+            "127.0.0.1",
+            "--port",
+            str(port),
+            "--workers",
+            "1",
+        ],
+        env={**os.environ, "MLFLOW_SERVER_ENABLE_JOB_EXECUTION": "false"},
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+        start_new_session=True,
+    )
     try:
         deadline = time.monotonic() + 120
         while True:
@@ -71,15 +93,25 @@ def test_the_printed_link_opens_the_runs_table_unfolded_with_the_key_columns(ui,
     assert 'role="grid"' in dom and "Detect Issues" not in dom
     assert parent.info.run_name in dom
     assert children and all(f">{name}<" in dom for name in children), children  # unfolded
-    for col in ("spec.steps", "nccl", "throughput_tok_s", "speedup_vs_baseline"):  # the first ones (the grid draws what fits)
+    for col in (
+        "spec.steps",
+        "nccl",
+        "throughput_tok_s",
+        "speedup_vs_baseline",
+    ):  # the first ones (the grid draws what fits)
         assert f">{col}<" in dom, col
     exp_page = link.split("&viewStateShareKey")[0]  # the experiment page itself
     dom = chromium(base + exp_page, tmp_path / "p2", shot=shots / "mlflow_experiment.png")
     assert 'role="grid"' in dom and "Detect Issues" not in dom and all(f">{n}<" in dom for n in children)
     # the parent run: the sweep's headline numbers and axes, and its description as rendered markdown
-    assert {"best_speedup_vs_baseline", "best_throughput_tok_s", "baseline_throughput_tok_s"} <= set(parent.data.metrics)
+    assert {"best_speedup_vs_baseline", "best_throughput_tok_s", "baseline_throughput_tok_s"} <= set(
+        parent.data.metrics
+    )
     assert parent.data.params["sweep.spec.steps"] == "1,3"
-    dom = chromium(f"{base}/#/experiments/{parent.info.experiment_id}/runs/{parent.info.run_id}?workflowType="
-                   "machine_learning", tmp_path / "p3", shot=shots / "mlflow_parent_run.png")
+    dom = chromium(
+        f"{base}/#/experiments/{parent.info.experiment_id}/runs/{parent.info.run_id}?workflowType=machine_learning",
+        tmp_path / "p3",
+        shot=shots / "mlflow_parent_run.png",
+    )
     assert "best_speedup_vs_baseline" in dom and "sweep.spec.steps" in dom
     assert "<table" in dom  # the description's sweep table, rendered

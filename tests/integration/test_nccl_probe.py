@@ -34,10 +34,26 @@ def test_probe_env_does_not_leak_into_the_caller():
 
 
 def test_ranks_combine_per_round_slowest_and_drop_rounds_where_the_host_was_late():
-    r0 = {"sizes": {"4096": {"eager_us": [40.0, 41.0, 90.0], "device_us": [7.0, 7.2, 30.0],
-                             "host_ahead": [True, True, True], "correct": True}}}
-    r1 = {"sizes": {"4096": {"eager_us": [42.0, 40.0, 39.0], "device_us": [7.4, 7.1, 7.3],
-                             "host_ahead": [True, True, False], "correct": True}}}
+    r0 = {
+        "sizes": {
+            "4096": {
+                "eager_us": [40.0, 41.0, 90.0],
+                "device_us": [7.0, 7.2, 30.0],
+                "host_ahead": [True, True, True],
+                "correct": True,
+            }
+        }
+    }
+    r1 = {
+        "sizes": {
+            "4096": {
+                "eager_us": [42.0, 40.0, 39.0],
+                "device_us": [7.4, 7.1, 7.3],
+                "host_ahead": [True, True, False],
+                "correct": True,
+            }
+        }
+    }
     got = combine([r0, r1], [4096], rounds=3, iters=200, backend="nccl")["4096"]
     assert got["median_us"] == 42.0  # per round max(40, 42), max(41, 40), max(90, 39) -> 42, 41, 90
     assert got["device_rounds"] == 2  # round 3: rank 1's host was still queueing when its spin ended
@@ -48,15 +64,31 @@ def test_ranks_combine_per_round_slowest_and_drop_rounds_where_the_host_was_late
 
 
 def test_device_figures_become_metrics_next_to_the_eager_ones():
-    res = {"sizes": {"4096": {"median_us": 40.0, "device_median_us": 7.6},
-                     "1048576": {"median_us": 60.0, "device_median_us": None}}}
-    assert metrics_of(res) == {"nccl_allreduce_us_4096": 40.0, "nccl_allreduce_us_1048576": 60.0,
-                               "nccl_allreduce_device_us_4096": 7.6}
+    res = {
+        "sizes": {
+            "4096": {"median_us": 40.0, "device_median_us": 7.6},
+            "1048576": {"median_us": 60.0, "device_median_us": None},
+        }
+    }
+    assert metrics_of(res) == {
+        "nccl_allreduce_us_4096": 40.0,
+        "nccl_allreduce_us_1048576": 60.0,
+        "nccl_allreduce_device_us_4096": 7.6,
+    }
 
 
 def test_job_with_probe_records_latencies_and_provenance(tmp_path):
-    run_py(["preflight.nccl_probe=true", "preflight.nccl_probe_iters=20", "nccl=tuned", "tracking=off",
-            "benchmark.baseline_arm=false", *small(), f"hydra.run.dir={tmp_path}"])
+    run_py(
+        [
+            "preflight.nccl_probe=true",
+            "preflight.nccl_probe_iters=20",
+            "nccl=tuned",
+            "tracking=off",
+            "benchmark.baseline_arm=false",
+            *small(),
+            f"hydra.run.dir={tmp_path}",
+        ]
+    )
     rec = json.loads((tmp_path / "results.json").read_text())
     assert rec["nccl_probe"]["correct"] and rec["nccl_probe"]["env"]["NCCL_PROTO"] == "LL"
     assert "nccl_allreduce_us_4096" in rec["metrics"] and "nccl_allreduce_us_768" in rec["metrics"]  # 192 x fp32
@@ -64,17 +96,46 @@ def test_job_with_probe_records_latencies_and_provenance(tmp_path):
 
 
 def test_cli_names_the_flag_for_a_profile_that_does_not_exist():
-    proc = subprocess.run([sys.executable, "-m", "spec_decode.probe.nccl", "--nccl", "tunned"], cwd=ROOT,
-                          capture_output=True, text=True, timeout=120)
+    proc = subprocess.run(
+        [sys.executable, "-m", "spec_decode.probe.nccl", "--nccl", "tunned"],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert proc.returncode == 2
     assert "--nccl tunned" in proc.stderr and "no_p2p" in proc.stderr and "tuned" in proc.stderr
 
 
 def test_cli_gloo_table_with_a_profile_and_the_models_decode_size(tmp_path):
     out = tmp_path / "probe.json"
-    proc = subprocess.run([sys.executable, "-m", "spec_decode.probe.nccl", "--backend", "gloo", "--nccl", "no_p2p",
-                           "--sizes", "4096", "--model-path", "models/tiny/target", "--iters", "10", "--rounds", "2",
-                           "--warmup", "2", "--json", str(out)], cwd=ROOT, capture_output=True, text=True, timeout=300)
+    proc = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "spec_decode.probe.nccl",
+            "--backend",
+            "gloo",
+            "--nccl",
+            "no_p2p",
+            "--sizes",
+            "4096",
+            "--model-path",
+            "models/tiny/target",
+            "--iters",
+            "10",
+            "--rounds",
+            "2",
+            "--warmup",
+            "2",
+            "--json",
+            str(out),
+        ],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert proc.returncode == 0, proc.stderr
     res = json.loads(out.read_text())
     assert res["env"] == {"NCCL_P2P_DISABLE": "1"} and res["profile"] == "no_p2p"
@@ -86,19 +147,21 @@ def test_cli_gloo_table_with_a_profile_and_the_models_decode_size(tmp_path):
 
 
 def test_parser_reads_the_formats_nccl_prints():
-    text = "\n".join([
-        "h:1:1 [0] NCCL INFO NCCL version 2.28.9+cuda13.0",
-        "h:1:1 [0] NCCL INFO NCCL_P2P_DISABLE set by environment to 1.",
-        "h:1:1 [0] NCCL INFO Channel 00/0 : 0[0] -> 1[1] via SHM/direct/direct",
-        "h:1:1 [0] NCCL INFO AllReduce: opCount 3 sendbuff 0x7f recvbuff 0x7f count 2048 datatype 9 op 0 "
-        "root 0 comm 0x55 [nranks=2] stream 0x56",
-        # >= 2.19: names in upper case (ncclAlgoToString), rank 0 only
-        "h:1:1 [0] NCCL INFO AllReduce: 4096 Bytes -> Algo RING proto LL channel{Lo..Hi}={0..1}",
-        "h:1:1 [0] NCCL INFO AllReduce: 1048576 Bytes -> Algo TREE proto SIMPLE channel{Lo..Hi}={0..15}",
-        "h:1:1 [0] NCCL INFO AllGather: 8192 Bytes -> Algo NVLS proto LL128 channel{Lo..Hi}={0..3}",
-        # <= 2.18: numbers
-        "h:1:1 [0] NCCL INFO 65536 Bytes -> Algo 1 proto 1 time 12.500000",
-    ])
+    text = "\n".join(
+        [
+            "h:1:1 [0] NCCL INFO NCCL version 2.28.9+cuda13.0",
+            "h:1:1 [0] NCCL INFO NCCL_P2P_DISABLE set by environment to 1.",
+            "h:1:1 [0] NCCL INFO Channel 00/0 : 0[0] -> 1[1] via SHM/direct/direct",
+            "h:1:1 [0] NCCL INFO AllReduce: opCount 3 sendbuff 0x7f recvbuff 0x7f count 2048 datatype 9 op 0 "
+            "root 0 comm 0x55 [nranks=2] stream 0x56",
+            # >= 2.19: names in upper case (ncclAlgoToString), rank 0 only
+            "h:1:1 [0] NCCL INFO AllReduce: 4096 Bytes -> Algo RING proto LL channel{Lo..Hi}={0..1}",
+            "h:1:1 [0] NCCL INFO AllReduce: 1048576 Bytes -> Algo TREE proto SIMPLE channel{Lo..Hi}={0..15}",
+            "h:1:1 [0] NCCL INFO AllGather: 8192 Bytes -> Algo NVLS proto LL128 channel{Lo..Hi}={0..3}",
+            # <= 2.18: numbers
+            "h:1:1 [0] NCCL INFO 65536 Bytes -> Algo 1 proto 1 time 12.500000",
+        ]
+    )
     got = parse_nccl_debug(text)
     assert got["nccl_version"] == "2.28.9+cuda13.0"
     assert got["algorithms"] == ["Ring", "Tree"] and got["protocols"] == ["LL", "LL128", "Simple"]
@@ -167,10 +230,12 @@ def test_nccl_device_latency_grows_with_size_and_is_not_the_host(tmp_path):
 @pytest.mark.gpu
 @pytest.mark.skipif(not _two_gpus(), reason="needs 2 CUDA devices")
 def test_nccl_profiles_take_effect_tuned_forces_ring_ll_no_p2p_loses_p2p(tmp_path):
-    tuned = probe(2, "nccl", [4096], iters=50, warmup=5, rounds=2, env=profile_env("tuned", ROOT / "conf"),
-                  timeout_s=180)
+    tuned = probe(
+        2, "nccl", [4096], iters=50, warmup=5, rounds=2, env=profile_env("tuned", ROOT / "conf"), timeout_s=180
+    )
     assert tuned["algorithms"] == ["Ring"] and tuned["protocols"] == ["LL"]
-    lost = probe(2, "nccl", [4096], iters=50, warmup=5, rounds=2, env=profile_env("no_p2p", ROOT / "conf"),
-                 timeout_s=180)
+    lost = probe(
+        2, "nccl", [4096], iters=50, warmup=5, rounds=2, env=profile_env("no_p2p", ROOT / "conf"), timeout_s=180
+    )
     assert lost["transports"] and not [t for t in lost["transports"] if t.startswith("P2P")]
     assert lost["machine"]["nccl_env"]["NCCL_P2P_DISABLE"] == "1"

@@ -79,6 +79,7 @@ def test_midpoints_align_and_interleaved_order_alternates():
         def call():
             calls.append(name)
             return _Rec()
+
         return call
 
     p = pairing.Pairer(pairing.INTERLEAVED, os.getpid(), os.getpid())
@@ -101,8 +102,16 @@ def test_job_records_the_pairing_that_produced_its_ci(tmp_path):
     """A real job with benchmark.pairing=concurrent: its record says so next to the CI, per pair the
     cores each server was pinned to (read back) and how long both ran together."""
     out = tmp_path / "job"
-    run_py(["benchmark.runs=3", "benchmark.max_new_tokens=160", "benchmark.warmup=1", "tracking=off",
-            "benchmark.pairing=concurrent", f"hydra.run.dir={out}"])
+    run_py(
+        [
+            "benchmark.runs=3",
+            "benchmark.max_new_tokens=160",
+            "benchmark.warmup=1",
+            "tracking=off",
+            "benchmark.pairing=concurrent",
+            f"hydra.run.dir={out}",
+        ]
+    )
     rec = json.loads((out / "results.json").read_text())
     assert rec["status"] == "FINISHED"
     assert rec["speedup_vs_baseline"]["method"] == "paired"
@@ -130,8 +139,16 @@ def test_interleaved_job_with_server_nice_records_order_and_the_nice_read_back(t
     if not pairing.autogroups_enabled():
         pytest.skip("no scheduler autogroups here")
     out = tmp_path / "job"
-    run_py(["benchmark.runs=2", "benchmark.max_new_tokens=32", "benchmark.warmup=1", "tracking=off",
-            "benchmark.server_nice=3", f"hydra.run.dir={out}"])
+    run_py(
+        [
+            "benchmark.runs=2",
+            "benchmark.max_new_tokens=32",
+            "benchmark.warmup=1",
+            "tracking=off",
+            "benchmark.server_nice=3",
+            f"hydra.run.dir={out}",
+        ]
+    )
     rec = json.loads((out / "results.json").read_text())
     assert rec["status"] == "FINISHED" and rec["speedup_vs_baseline"]["pairing"] == "interleaved"
     launch = rec["launches"][0]

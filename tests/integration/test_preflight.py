@@ -48,8 +48,9 @@ def test_drafter_trained_on_other_layers_is_refused_with_both_lists(tmp_path):
 
 
 def test_served_ids_differing_from_the_config_are_refused(tmp_path):
-    d = drafter_copy(tmp_path, edit_config=lambda c: c["eagle_config"].update(
-        eagle_aux_hidden_state_layer_ids=[4, 3, 1]))
+    d = drafter_copy(
+        tmp_path, edit_config=lambda c: c["eagle_config"].update(eagle_aux_hidden_state_layer_ids=[4, 3, 1])
+    )
     err = refused(tmp_path, f"drafter.path={d}")
     assert "[4, 3, 1]" in err and "[1, 3, 4]" in err
 
@@ -57,12 +58,23 @@ def test_served_ids_differing_from_the_config_are_refused(tmp_path):
 def test_layer_id_mismatch_on_purpose_is_a_warning(tmp_path):
     """preflight.allow_layer_id_mismatch=true (a layer-id experiment serving the seed's bug on purpose):
     both mismatches are warnings naming the override; other drafter errors still stop the job."""
-    d = drafter_copy(tmp_path, edit_config=lambda c: c["eagle_config"].update(
-        eagle_aux_hidden_state_layer_ids=[4, 3, 1]))
-    p = run_py([f"drafter.path={d}", "preflight.allow_layer_id_mismatch=true", "dry_run=true", "tracking=off",
-                f"hydra.run.dir={tmp_path / 'job'}"])
-    warned = [line for line in p.stdout.splitlines()
-              if line.startswith("# warning: allowed by preflight.allow_layer_id_mismatch=true")]
+    d = drafter_copy(
+        tmp_path, edit_config=lambda c: c["eagle_config"].update(eagle_aux_hidden_state_layer_ids=[4, 3, 1])
+    )
+    p = run_py(
+        [
+            f"drafter.path={d}",
+            "preflight.allow_layer_id_mismatch=true",
+            "dry_run=true",
+            "tracking=off",
+            f"hydra.run.dir={tmp_path / 'job'}",
+        ]
+    )
+    warned = [
+        line
+        for line in p.stdout.splitlines()
+        if line.startswith("# warning: allowed by preflight.allow_layer_id_mismatch=true")
+    ]
     assert len(warned) == 2 and "trained on ids [1, 3, 4]" in warned[1], p.stdout
     assert "# error" not in p.stdout
     bad = drafter_copy(tmp_path / "b", edit_config=lambda c: c.update(vocab_size=32000))
@@ -70,10 +82,16 @@ def test_layer_id_mismatch_on_purpose_is_a_warning(tmp_path):
 
 
 BAD_FILES = {
-    "not_eagle3": (lambda c: c.update(architectures=["LlamaForCausalLM"]), None,
-                   "one of ['Eagle3DeepseekV2ForCausalLM', 'LlamaForCausalLMEagle3']"),
-    "ids_out_of_range": (lambda c: c["eagle_config"].update(eagle_aux_hidden_state_layer_ids=[1, 3, 7]),
-                         None, "captured layers [2, 4, 8] (llama rule), but the 6-layer target has layers 0..5"),
+    "not_eagle3": (
+        lambda c: c.update(architectures=["LlamaForCausalLM"]),
+        None,
+        "one of ['Eagle3DeepseekV2ForCausalLM', 'LlamaForCausalLMEagle3']",
+    ),
+    "ids_out_of_range": (
+        lambda c: c["eagle_config"].update(eagle_aux_hidden_state_layer_ids=[1, 3, 7]),
+        None,
+        "captured layers [2, 4, 8] (llama rule), but the 6-layer target has layers 0..5",
+    ),
     "hidden_mismatch": (lambda c: c.update(hidden_size=256, target_hidden_size=256), None, "hidden size"),
     "vocab_mismatch": (lambda c: c.update(vocab_size=32000), None, "vocab_size"),
     "malformed_json": (None, "{not json", "not valid JSON"),
@@ -104,8 +122,10 @@ def test_malformed_experiment_yaml_names_the_file(tmp_path):
     conf = tmp_path / "conf"
     shutil.copytree(ROOT / "conf", conf)
     (conf / "experiment" / "broken.yaml").write_text("# @package _global_\nname: [unclosed\n")
-    p = run_py(["--config-dir", str(conf), "experiment=broken", "tracking=off",
-                f"hydra.run.dir={tmp_path / 'job'}"], check=False)
+    p = run_py(
+        ["--config-dir", str(conf), "experiment=broken", "tracking=off", f"hydra.run.dir={tmp_path / 'job'}"],
+        check=False,
+    )
     assert p.returncode != 0 and "broken" in p.stderr
 
 
@@ -113,8 +133,14 @@ def test_drift_guard_flags_a_baseline_that_lost_its_nccl_variables(tmp_path, tmp
     base = ["drafter=none", "nccl=tuned", *small(), *tmp_store["overrides"]]
     for i in range(2):
         run_py([*base, f"hydra.run.dir={tmp_path / f'ok{i}'}"])
-    run_py([*base, "engine.launcher=[python,tests/fault_server.py]", "+engine.env.FAULT=drop_nccl",
-            f"hydra.run.dir={tmp_path / 'lost'}"])
+    run_py(
+        [
+            *base,
+            "engine.launcher=[python,tests/fault_server.py]",
+            "+engine.env.FAULT=drop_nccl",
+            f"hydra.run.dir={tmp_path / 'lost'}",
+        ]
+    )
     rec = json.loads((tmp_path / "lost" / "results.json").read_text())
     assert not [k for k in rec["server_env"] if k.startswith("NCCL_")]  # read back from the live process
     assert rec["drift"]["earlier_runs"] == 2
@@ -158,21 +184,32 @@ def test_kimi_dry_run_passes_preflight_with_the_mla_drafter(tmp_path):
     target = fixture_copy(tmp_path, "kimi_k25", weights_stub=True)
     assert dry_errors(tmp_path, f"model.path={target}", f"drafter.path={mla}") == []
     # config.json alone (no weights here): the same checks still run, the missing weights only warn
-    assert dry_errors(tmp_path, f"model.path={FIXTURES / 'kimi_k25'}",
-                      f"drafter.path={FIXTURES / 'kimi_k25_eagle3_mla'}") == []
+    assert (
+        dry_errors(tmp_path, f"model.path={FIXTURES / 'kimi_k25'}", f"drafter.path={FIXTURES / 'kimi_k25_eagle3_mla'}")
+        == []
+    )
     wrong = fixture_copy(tmp_path / "w", "kimi_k25_eagle3_mla", edit=lambda c: c.update(architectures=["X"]))
-    assert any("architectures is ['X']" in e for e in dry_errors(tmp_path, f"drafter.path={wrong}",
-                                                                  f"model.path={FIXTURES / 'kimi_k25'}"))
+    assert any(
+        "architectures is ['X']" in e
+        for e in dry_errors(tmp_path, f"drafter.path={wrong}", f"model.path={FIXTURES / 'kimi_k25'}")
+    )
 
 
 def test_kimi_ids_trained_on_1_29_57_served_as_0_29_57_are_refused_naming_the_captured_layers(tmp_path):
-    served = fixture_copy(tmp_path, "kimi_k25_eagle3_mla", training_ids=[1, 29, 57],
-                          edit=lambda c: c["eagle_config"].update(eagle_aux_hidden_state_layer_ids=[0, 29, 57]))
-    errors = dry_errors(tmp_path, f"model.path={FIXTURES / 'kimi_k25'}", f"drafter.path={served}",
-                        "drafter.layer_ids=[0,29,57]")
+    served = fixture_copy(
+        tmp_path,
+        "kimi_k25_eagle3_mla",
+        training_ids=[1, 29, 57],
+        edit=lambda c: c["eagle_config"].update(eagle_aux_hidden_state_layer_ids=[0, 29, 57]),
+    )
+    errors = dry_errors(
+        tmp_path, f"model.path={FIXTURES / 'kimi_k25'}", f"drafter.path={served}", "drafter.layer_ids=[0,29,57]"
+    )
     [trained] = [e for e in errors if "training.json" in e]
-    assert ("trained on ids [1, 29, 57] -> captured layers [2, 30, 58] (deepseek rule)" in trained
-            and "served with ids [0, 29, 57] -> captured layers [0, 29, 57] (deepseek rule)" in trained), errors
+    assert (
+        "trained on ids [1, 29, 57] -> captured layers [2, 30, 58] (deepseek rule)" in trained
+        and "served with ids [0, 29, 57] -> captured layers [0, 29, 57] (deepseek rule)" in trained
+    ), errors
 
 
 def test_kimi_wrong_hidden_size_in_text_config_is_refused(tmp_path):
@@ -184,23 +221,46 @@ def test_kimi_wrong_hidden_size_in_text_config_is_refused(tmp_path):
 def test_llama3_pair_with_the_default_capture_passes(tmp_path):
     target = fixture_copy(tmp_path, "llama3_8b_instruct", weights_stub=True)
     eagle3 = fixture_copy(tmp_path, "llama3_8b_eagle3", weights_stub=True, training_ids=[1, 15, 28])
-    p = run_py(["engine=sglang", "hardware=h200x1", "dry_run=true", "tracking=off", "drafter.layer_ids=[1,15,28]",
-                "model.num_layers=32", f"model.path={target}", f"drafter.path={eagle3}",
-                f"hydra.run.dir={tmp_path / 'job'}"])
+    p = run_py(
+        [
+            "engine=sglang",
+            "hardware=h200x1",
+            "dry_run=true",
+            "tracking=off",
+            "drafter.layer_ids=[1,15,28]",
+            "model.num_layers=32",
+            f"model.path={target}",
+            f"drafter.path={eagle3}",
+            f"hydra.run.dir={tmp_path / 'job'}",
+        ]
+    )
     assert "# error" not in p.stdout, p.stdout
 
 
 def test_sglang_choices_are_never_silent(tmp_path):
     """An inherited SGLANG_ENABLE_PCIE_IPC_ALLREDUCE is named and dropped (the config's choice is passed);
     a dead flag in engine.extra_args is named."""
-    p = run_py(["engine=sglang", "hardware=h200x2", "dry_run=true", "tracking=off", "drafter=none",
-                "engine.extra_args=[--num-continuous-decode-steps,4]", f"hydra.run.dir={tmp_path / 'job'}"],
-               env={"SGLANG_ENABLE_PCIE_IPC_ALLREDUCE": "1"})
-    assert ("# warning: SGLANG_ENABLE_PCIE_IPC_ALLREDUCE=1 in this shell is dropped from the server's environment: "
-            "engine.pcie_ipc_allreduce decides") in p.stdout, p.stdout
+    p = run_py(
+        [
+            "engine=sglang",
+            "hardware=h200x2",
+            "dry_run=true",
+            "tracking=off",
+            "drafter=none",
+            "engine.extra_args=[--num-continuous-decode-steps,4]",
+            f"hydra.run.dir={tmp_path / 'job'}",
+        ],
+        env={"SGLANG_ENABLE_PCIE_IPC_ALLREDUCE": "1"},
+    )
+    assert (
+        "# warning: SGLANG_ENABLE_PCIE_IPC_ALLREDUCE=1 in this shell is dropped from the server's environment: "
+        "engine.pcie_ipc_allreduce decides"
+    ) in p.stdout, p.stdout
     assert "\nSGLANG_ENABLE_PCIE_IPC_ALLREDUCE=0\n" in p.stdout  # the server env the dry run prints
-    assert "# warning: engine.extra_args has --num-continuous-decode-steps: parsed by 0.5.23 but read by nothing" \
+    assert (
+        "# warning: engine.extra_args has --num-continuous-decode-steps: parsed by 0.5.23 but read by nothing"
         in p.stdout
+    )
 
 
 FAKE_SMI = """#!/bin/sh
@@ -219,11 +279,16 @@ def test_hardware_labels_are_checked_against_what_the_box_reports(tmp_path):
     (bin_dir / "nvidia-smi").write_text(FAKE_SMI)
     (bin_dir / "nvidia-smi").chmod(0o755)
     env = {"PATH": f"{bin_dir}:{os.environ['PATH']}"}
-    p = run_py(["hardware=h200x2", "drafter=none", "dry_run=true", "tracking=off", f"hydra.run.dir={tmp_path / 'j'}"],
-               env=env)
-    assert ("# warning: hardware.gpu_type='NVIDIA H200' but nvidia-smi reports "
-            "['NVIDIA RTX PRO 6000 Blackwell Server Edition']") in p.stdout, p.stdout
+    p = run_py(
+        ["hardware=h200x2", "drafter=none", "dry_run=true", "tracking=off", f"hydra.run.dir={tmp_path / 'j'}"], env=env
+    )
+    assert (
+        "# warning: hardware.gpu_type='NVIDIA H200' but nvidia-smi reports "
+        "['NVIDIA RTX PRO 6000 Blackwell Server Edition']"
+    ) in p.stdout, p.stdout
     assert "# warning: hardware.interconnect=nvlink but `nvidia-smi topo -m` shows ['pcie'] links" in p.stdout
-    p = run_py(["hardware=rtx_pro_6000x8", "drafter=none", "dry_run=true", "tracking=off",
-                f"hydra.run.dir={tmp_path / 'k'}"], env=env)
+    p = run_py(
+        ["hardware=rtx_pro_6000x8", "drafter=none", "dry_run=true", "tracking=off", f"hydra.run.dir={tmp_path / 'k'}"],
+        env=env,
+    )
     assert "hardware.gpu_type" not in p.stdout and "hardware.interconnect" not in p.stdout, p.stdout

@@ -15,13 +15,28 @@ from spec_decode.parsers.profile import read_profile
 from ..conftest import ROOT, run_py, small
 
 pytestmark = pytest.mark.integration
-TUNED = {"NCCL_PROTO": "LL", "NCCL_ALGO": "Ring", "NCCL_P2P_LEVEL": "SYS", "NCCL_MAX_NCHANNELS": "16",
-         "NCCL_BUFFSIZE": "16777216", "NCCL_NTHREADS": "512"}
+TUNED = {
+    "NCCL_PROTO": "LL",
+    "NCCL_ALGO": "Ring",
+    "NCCL_P2P_LEVEL": "SYS",
+    "NCCL_MAX_NCHANNELS": "16",
+    "NCCL_BUFFSIZE": "16777216",
+    "NCCL_NTHREADS": "512",
+}
 
 
 def job(tmp_path, *overrides, env=None) -> dict:
-    run_py(["hardware.tp_size=2", "benchmark.baseline_arm=false", "tracking=off", *small(), *overrides,
-            f"hydra.run.dir={tmp_path}"], env=env)
+    run_py(
+        [
+            "hardware.tp_size=2",
+            "benchmark.baseline_arm=false",
+            "tracking=off",
+            *small(),
+            *overrides,
+            f"hydra.run.dir={tmp_path}",
+        ],
+        env=env,
+    )
     return json.loads((tmp_path / "results.json").read_text())
 
 
@@ -106,8 +121,10 @@ def test_two_dp_replicas_at_tp_rank_0_write_two_files_never_one(tmp_path):
     path = tmp_path / "profile.jsonl"
     procs = [subprocess.Popen([sys.executable, "-c", FAKE_SGLANG_RANK, str(path), str(dp)]) for dp in (0, 1)]
     assert [p.wait(timeout=120) for p in procs] == [0, 0]
-    assert sorted(f.name for f in tmp_path.glob("profile.*.jsonl")) == ["profile.dp0.tp0.jsonl",
-                                                                        "profile.dp1.tp0.jsonl"]
+    assert sorted(f.name for f in tmp_path.glob("profile.*.jsonl")) == [
+        "profile.dp0.tp0.jsonl",
+        "profile.dp1.tp0.jsonl",
+    ]
     for dp in (0, 1):
         lines = [json.loads(x) for x in (tmp_path / f"profile.dp{dp}.tp0.jsonl").read_text().splitlines()]
         assert len(lines) == 3  # the idle batch is no cycle
@@ -116,8 +133,9 @@ def test_two_dp_replicas_at_tp_rank_0_write_two_files_never_one(tmp_path):
 
 @pytest.mark.parametrize("nccl", ["tuned", "default"])
 def test_every_process_carries_exactly_the_nccl_profile(tmp_path, nccl):
-    rec = job(tmp_path, f"nccl={nccl}", "spec.steps=1", "benchmark.runs=1",
-              env={"NCCL_PROTO": "Simple"})  # a stray shell variable must not reach any rank
+    rec = job(
+        tmp_path, f"nccl={nccl}", "spec.steps=1", "benchmark.runs=1", env={"NCCL_PROTO": "Simple"}
+    )  # a stray shell variable must not reach any rank
     procs = rec["server_env_processes"]
     assert len(procs) >= 3  # the front and two ranks
     for env in procs.values():
@@ -127,8 +145,14 @@ def test_every_process_carries_exactly_the_nccl_profile(tmp_path, nccl):
 def doctor(*args, env=None) -> subprocess.CompletedProcess:
     import os
 
-    return subprocess.run([sys.executable, "-m", "spec_decode.runner.doctor", *args], cwd=ROOT,
-                          env={**os.environ, **(env or {})}, capture_output=True, text=True, timeout=300)
+    return subprocess.run(
+        [sys.executable, "-m", "spec_decode.runner.doctor", *args],
+        cwd=ROOT,
+        env={**os.environ, **(env or {})},
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
 
 
 def test_doctor_passes_on_a_healthy_tp2_server():
@@ -164,8 +188,9 @@ def test_benchmark_runs_lead_to_their_drafters_training(tmp_path, tmp_store):
 
     from mlflow.tracking import MlflowClient
 
-    run_py(["spec.steps=2", "benchmark.baseline_arm=false", *small(), *tmp_store["overrides"],
-            f"hydra.run.dir={tmp_path}"])
+    run_py(
+        ["spec.steps=2", "benchmark.baseline_arm=false", *small(), *tmp_store["overrides"], f"hydra.run.dir={tmp_path}"]
+    )
     training = _json.loads((ROOT / "models/tiny/drafter/training.json").read_text())
     c = MlflowClient(tmp_store["uri"])
     exp = c.get_experiment_by_name("spec-decode-bench")

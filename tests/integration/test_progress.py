@@ -19,8 +19,14 @@ pytestmark = pytest.mark.integration
 def run_on_terminal(args: list[str]) -> str:
     master, slave = pty.openpty()
     fcntl.ioctl(slave, termios.TIOCSWINSZ, struct.pack("HHHH", 50, 200, 0, 0))  # a terminal's size (tqdm's width)
-    proc = subprocess.Popen([sys.executable, str(ROOT / "run.py"), *own_slots(args)],
-                            cwd=ROOT, stdin=slave, stdout=slave, stderr=slave, close_fds=True)
+    proc = subprocess.Popen(
+        [sys.executable, str(ROOT / "run.py"), *own_slots(args)],
+        cwd=ROOT,
+        stdin=slave,
+        stdout=slave,
+        stderr=slave,
+        close_fds=True,
+    )
     os.close(slave)
     chunks = []
     while True:
@@ -38,8 +44,16 @@ def run_on_terminal(args: list[str]) -> str:
 
 
 def test_sweep_on_a_terminal_shows_phases_runs_tok_s_and_eta(tmp_path):
-    out = run_on_terminal(["-m", "spec.steps=1,2", "benchmark.baseline_arm=false", *small("benchmark.runs=3"),
-                           "tracking=off", f"hydra.sweep.dir={tmp_path}"])
+    out = run_on_terminal(
+        [
+            "-m",
+            "spec.steps=1,2",
+            "benchmark.baseline_arm=false",
+            *small("benchmark.runs=3"),
+            "tracking=off",
+            f"hydra.sweep.dir={tmp_path}",
+        ]
+    )
     assert "starting server (loading weights)" in out
     assert "warmup" in out and "run 3/3" in out
     assert "tok/s so far" in out

@@ -12,8 +12,13 @@ from spec_decode.engines.sglang import DETERMINISTIC_WRITES, ENV_WRITES, GRAPH_R
 from ..conftest import run_py, small
 
 pytestmark = pytest.mark.integration
-LAUNCHER = ["engine.launcher=[python,tests/rank_launcher.py]", "hardware.tp_size=2", "drafter=none",
-            "nccl=tuned", "tracking=off"]
+LAUNCHER = [
+    "engine.launcher=[python,tests/rank_launcher.py]",
+    "hardware.tp_size=2",
+    "drafter=none",
+    "nccl=tuned",
+    "tracking=off",
+]
 
 
 def job(tmp_path, *extra) -> dict:
@@ -47,7 +52,8 @@ def test_a_launcher_overwriting_the_profile_is_recorded_and_named(tmp_path):
     for k, v in DETERMINISTIC_WRITES.items():
         assert rec["server_env"][k] == v and rec["server_env_set_by_engine"][k] == v
     warned = [w for w in rec["warnings"] if "NCCL" in w]
-    assert any("nccl=tuned sets NCCL_ALGO=Ring but the server's ranks ran with NCCL_ALGO=allreduce:tree" in w
-               for w in warned), warned
+    assert any(
+        "nccl=tuned sets NCCL_ALGO=Ring but the server's ranks ran with NCCL_ALGO=allreduce:tree" in w for w in warned
+    ), warned
     assert any("NCCL_MAX_NCHANNELS=16" in w and "NCCL_MAX_NCHANNELS=8" in w for w in warned), warned
     assert not [w for w in warned if "do not share" in w], warned

@@ -34,8 +34,13 @@ def test_the_cheap_readme_commands_run_as_written_in_a_fresh_clone(clone):
     assert "Data and pipelines are up to date" in ran["dvc status"].output
     assert "Running stage" not in ran["dvc repro --dry"].output
     refusals = set() if clone.gpu_box else {"gpu-sweep", "doctor-gpu"}  # what a box without GPU/sglang says
-    assert {r.kind for r in rows if r.status == "pass"} >= {"dry-run", "dvc-write", "experiment-view",
-                                                           "repro-experiment", "suite"} | refusals
+    assert {r.kind for r in rows if r.status == "pass"} >= {
+        "dry-run",
+        "dvc-write",
+        "experiment-view",
+        "repro-experiment",
+        "suite",
+    } | refusals
     # every row not run says which tier runs it, or the rule that keeps it off this machine
     # (on a GPU box the gpu-* rows are left to be run as written)
     gpu_rows = {"gpu-sweep", "doctor-gpu"} if clone.gpu_box else set()
@@ -43,9 +48,14 @@ def test_the_cheap_readme_commands_run_as_written_in_a_fresh_clone(clone):
     assert all(r.check for r in rows if r.status == "never")
 
 
-@pytest.mark.parametrize("typo", ["python run.py -m experiment=embeded_steps_nccl dry_run=true",
-                                  "dvc repro -s -f bench@embedded_steps_ncl report@embedded_steps_nccl",
-                                  "python -m spec_decode.views.experiment headline embedded_step_nccl"])
+@pytest.mark.parametrize(
+    "typo",
+    [
+        "python run.py -m experiment=embeded_steps_nccl dry_run=true",
+        "dvc repro -s -f bench@embedded_steps_ncl report@embedded_steps_nccl",
+        "python -m spec_decode.views.experiment headline embedded_step_nccl",
+    ],
+)
 def test_a_typo_in_a_readme_command_fails(clone, typo):
     cmd = Command("DVC: models, data and reported results", 0, typo)
     row = rc.run_one(cmd, rc.classify(cmd), {"test"}, clone)

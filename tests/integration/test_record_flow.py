@@ -23,8 +23,17 @@ pytestmark = pytest.mark.integration
 
 def test_preflight_refusal_in_a_sweep_counts_and_a_prompt_sweep_keeps_every_entry(tmp_path, tmp_store):
     sweep = tmp_path / "sweep"
-    p = run_py(["-m", "benchmark.prompt_index=0,1,99", "spec.steps=1", *small(), *tmp_store["overrides"],
-                "benchmark.paired=false", f"hydra.sweep.dir={sweep}"])  # baseline jobs: keyed entries too
+    p = run_py(
+        [
+            "-m",
+            "benchmark.prompt_index=0,1,99",
+            "spec.steps=1",
+            *small(),
+            *tmp_store["overrides"],
+            "benchmark.paired=false",
+            f"hydra.sweep.dir={sweep}",
+        ]
+    )  # baseline jobs: keyed entries too
     assert "benchmark.prompt_index=99: prompts.jsonl has 8 prompts (0..7)" in p.stderr
     refused = results.read(next(sweep.glob("2_*")))
     assert refused.status == "FAILED" and "benchmark.prompt_index=99" in refused.error and not refused.runs
@@ -36,16 +45,21 @@ def test_preflight_refusal_in_a_sweep_counts_and_a_prompt_sweep_keeps_every_entr
     parent = [r for r in runs if r.data.tags.get("spec_decode.role") == "sweep"]
     assert len(parent) == 1 and parent[0].info.status == "FAILED"
     kids = {r.info.run_name: r for r in runs if r.data.tags.get("mlflow.parentRunId") == parent[0].info.run_id}
-    assert kids[display_name(refused)].info.status == "FAILED" and "benchmark.prompt_index=99" in \
-        kids[display_name(refused)].data.tags["status_detail"]
+    assert (
+        kids[display_name(refused)].info.status == "FAILED"
+        and "benchmark.prompt_index=99" in kids[display_name(refused)].data.tags["status_detail"]
+    )
     # one metrics entry per job, keyed by its overrides (two prompts -> two spec jobs, two baselines)
     metrics = experiment.to_metrics(results.collect(sweep))
     common = "benchmark.max_new_tokens=48,benchmark.paired=False,"
     tail = ",benchmark.runs=2,benchmark.warmup=1"
     assert set(metrics["jobs"]) == {
-        f"baseline,{common}benchmark.prompt_index=0{tail}", f"baseline,{common}benchmark.prompt_index=1{tail}",
-        f"{common}benchmark.prompt_index=0{tail},spec.steps=1", f"{common}benchmark.prompt_index=1{tail},spec.steps=1",
-        f"{common}benchmark.prompt_index=99{tail},spec.steps=1"}
+        f"baseline,{common}benchmark.prompt_index=0{tail}",
+        f"baseline,{common}benchmark.prompt_index=1{tail}",
+        f"{common}benchmark.prompt_index=0{tail},spec.steps=1",
+        f"{common}benchmark.prompt_index=1{tail},spec.steps=1",
+        f"{common}benchmark.prompt_index=99{tail},spec.steps=1",
+    }
     tput = {k: v.get("throughput_tok_s") for k, v in metrics["jobs"].items()}
     assert len({v for v in tput.values() if v is not None}) == 4  # four measured jobs, none overwritten
 
@@ -63,8 +77,12 @@ def test_tracking_off_jobs_carry_checks_and_drift(tmp_path):
     names = {c.name for c in spec.checks}
     assert {"client_vs_engine_time", "acceptance_not_collapsed"} <= names
     if "cycle_ms" in spec.metrics:  # the engine wrote its phase profile: the profile checks ran too
-        assert {"throughput_in_cycles_vs_accept_over_cycle", "time_outside_cycles", "profile_vs_counters",
-                "phases_within_cycle"} <= names
+        assert {
+            "throughput_in_cycles_vs_accept_over_cycle",
+            "time_outside_cycles",
+            "profile_vs_counters",
+            "phases_within_cycle",
+        } <= names
         assert "predicted_speedup" in spec.metrics
     assert not list(tmp_path.rglob("mlflow.db"))
 
@@ -77,7 +95,9 @@ def test_mlflow_logs_exactly_the_record_written(tmp_path, tmp_store):
     logged = Path(c.download_artifacts(rec.mlflow_run_id, "results.json", str(tmp_path / "dl"))).read_bytes()
     assert logged == written
     run = c.get_run(rec.mlflow_run_id)
-    assert run.data.metrics["throughput_tok_s"] == pytest.approx(rec.metrics["throughput_tok_s"], abs=0.05)  # logged at 0.1 tok/s
+    assert run.data.metrics["throughput_tok_s"] == pytest.approx(
+        rec.metrics["throughput_tok_s"], abs=0.05
+    )  # logged at 0.1 tok/s
     assert run.data.tags["checks.failed"] == (",".join(rec.failed_checks) or "none")
 
 
@@ -94,8 +114,17 @@ def test_sync_uploads_schema1_and_half_logged_records_once(tmp_path, tmp_store):
     results.write(half, rec)
     tracker = Tracker(tmp_store["uri"], "spec-decode-bench", str(tmp_path / "art"), tmp_path)
     started = tracker.client.create_run(tracker.experiment_id(), run_name="half", tags={RECORD_TAG: "half1"})
-    sync = [sys.executable, "-m", "spec_decode.views.tracking", "sync", str(tmp_path / "sweep"), "--uri", tmp_store["uri"],
-            "--artifact-location", str(tmp_path / "art")]
+    sync = [
+        sys.executable,
+        "-m",
+        "spec_decode.views.tracking",
+        "sync",
+        str(tmp_path / "sweep"),
+        "--uri",
+        tmp_store["uri"],
+        "--artifact-location",
+        str(tmp_path / "art"),
+    ]
     first = subprocess.run(sync, cwd=ROOT, capture_output=True, text=True, timeout=120)
     second = subprocess.run(sync, cwd=ROOT, capture_output=True, text=True, timeout=120)
     assert "uploaded 2 run(s); 0 already" in first.stdout, first.stderr[-2000:]

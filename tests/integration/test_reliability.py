@@ -47,10 +47,21 @@ def runs(uri):
 def test_server_exit_during_start_fails_fast_and_the_sweep_goes_on(tmp_path, tmp_store):
     marker = f"m{time.time_ns()}"
     t0 = time.monotonic()
-    p = run_py(["-m", "spec.steps=1,2", FAULT, "+engine.env.FAULT=start_crash",
-                "+engine.env.FAULT_IF_ARG=--speculative-num-steps:1", f"+engine.env.FAULT_MARKER={marker}",
-                "benchmark.paired=false",  # the job strategy: a baseline job the failed start must not take down
-                *small(), *tmp_store["overrides"], f"hydra.sweep.dir={tmp_path}"], check=False)
+    p = run_py(
+        [
+            "-m",
+            "spec.steps=1,2",
+            FAULT,
+            "+engine.env.FAULT=start_crash",
+            "+engine.env.FAULT_IF_ARG=--speculative-num-steps:1",
+            f"+engine.env.FAULT_MARKER={marker}",
+            "benchmark.paired=false",  # the job strategy: a baseline job the failed start must not take down
+            *small(),
+            *tmp_store["overrides"],
+            f"hydra.sweep.dir={tmp_path}",
+        ],
+        check=False,
+    )
     elapsed = time.monotonic() - t0
     assert p.returncode == 0, p.stderr[-2000:]  # the sweep itself finished
     failed = json.loads(next(tmp_path.glob("0_*/results.json")).read_text())
@@ -73,10 +84,21 @@ def test_server_exit_during_start_fails_fast_and_the_sweep_goes_on(tmp_path, tmp
 
 
 def test_first_failure_stops_the_sweep_with_fail_fast(tmp_path, tmp_store):
-    p = run_py(["-m", "spec.steps=1,2", FAULT, "+engine.env.FAULT=start_crash",
-                "+engine.env.FAULT_IF_ARG=--speculative-num-steps:1", "fail_fast=true",
-                "benchmark.paired=false",  # the job strategy: its baseline job counts in the summary
-                *small(), *tmp_store["overrides"], f"hydra.sweep.dir={tmp_path}"], check=False)
+    p = run_py(
+        [
+            "-m",
+            "spec.steps=1,2",
+            FAULT,
+            "+engine.env.FAULT=start_crash",
+            "+engine.env.FAULT_IF_ARG=--speculative-num-steps:1",
+            "fail_fast=true",
+            "benchmark.paired=false",  # the job strategy: its baseline job counts in the summary
+            *small(),
+            *tmp_store["overrides"],
+            f"hydra.sweep.dir={tmp_path}",
+        ],
+        check=False,
+    )
     assert json.loads(next(tmp_path.glob("0_*/results.json")).read_text())["status"] == "FAILED"
     second = next(tmp_path.glob("1_*"))
     assert re.search(r"skipping \S*spec\.steps=2: an earlier job failed and fail_fast=true", p.stderr), p.stderr
@@ -86,8 +108,16 @@ def test_first_failure_stops_the_sweep_with_fail_fast(tmp_path, tmp_store):
 
 def test_failed_start_is_detected_within_two_seconds(tmp_path):
     """Job wall time from launch to FAILED, with the server crashing at once."""
-    p = run_py([FAULT, "+engine.env.FAULT=start_crash", "benchmark.baseline_arm=false", "tracking=off",
-                f"hydra.run.dir={tmp_path}"], check=False)
+    p = run_py(
+        [
+            FAULT,
+            "+engine.env.FAULT=start_crash",
+            "benchmark.baseline_arm=false",
+            "tracking=off",
+            f"hydra.run.dir={tmp_path}",
+        ],
+        check=False,
+    )
     assert p.returncode == 1
     rec = json.loads((tmp_path / "results.json").read_text())
     assert rec["status"] == "FAILED" and "exited with code 3 during start-up" in rec["error"]
@@ -99,9 +129,20 @@ def test_failed_start_is_detected_within_two_seconds(tmp_path):
 @pytest.mark.parametrize("fault", ["die_on_request:3", "hang_on_request:3"])
 def test_server_dying_or_hanging_mid_run_keeps_finished_runs(tmp_path, fault):
     marker = f"m{time.time_ns()}"
-    p = run_py([FAULT, f"+engine.env.FAULT={fault}", "+engine.env.FAULT_GRANDCHILD=1",
-                f"+engine.env.FAULT_MARKER={marker}", "engine.request_timeout_s=4", "benchmark.baseline_arm=false",
-                "tracking=off", *small("benchmark.runs=5"), f"hydra.run.dir={tmp_path}"], check=False)
+    p = run_py(
+        [
+            FAULT,
+            f"+engine.env.FAULT={fault}",
+            "+engine.env.FAULT_GRANDCHILD=1",
+            f"+engine.env.FAULT_MARKER={marker}",
+            "engine.request_timeout_s=4",
+            "benchmark.baseline_arm=false",
+            "tracking=off",
+            *small("benchmark.runs=5"),
+            f"hydra.run.dir={tmp_path}",
+        ],
+        check=False,
+    )
     assert p.returncode == 1
     rec = json.loads((tmp_path / "results.json").read_text())
     assert rec["status"] == "FAILED"
@@ -115,15 +156,32 @@ def test_ctrl_c_kills_the_server_and_ends_runs_killed(tmp_path, tmp_store):
     marker = f"m{time.time_ns()}"
     env = {**os.environ, "HF_HUB_OFFLINE": "1"}
     proc = subprocess.Popen(
-        [sys.executable, str(ROOT / "run.py"), "-m", f"hardware.slots_dir={SLOTS_DIR}", "spec.steps=1,2", FAULT,
-         "+engine.env.FAULT=hang_on_request:2",
-         "+engine.env.FAULT_IF_ARG=--speculative-num-steps:2", "+engine.env.FAULT_GRANDCHILD=1",
-         f"+engine.env.FAULT_MARKER={marker}", "engine.request_timeout_s=120", *small(),
-         *tmp_store["overrides"], f"hydra.sweep.dir={tmp_path}"],
-        cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+        [
+            sys.executable,
+            str(ROOT / "run.py"),
+            "-m",
+            f"hardware.slots_dir={SLOTS_DIR}",
+            "spec.steps=1,2",
+            FAULT,
+            "+engine.env.FAULT=hang_on_request:2",
+            "+engine.env.FAULT_IF_ARG=--speculative-num-steps:2",
+            "+engine.env.FAULT_GRANDCHILD=1",
+            f"+engine.env.FAULT_MARKER={marker}",
+            "engine.request_timeout_s=120",
+            *small(),
+            *tmp_store["overrides"],
+            f"hydra.sweep.dir={tmp_path}",
+        ],
+        cwd=ROOT,
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
     deadline = time.monotonic() + 120
-    while time.monotonic() < deadline and not (list(tmp_path.glob("1_*/server.log")) and
-                                               "fault: hang_on_request" in _read(tmp_path, "1_*/server.log")):
+    while time.monotonic() < deadline and not (
+        list(tmp_path.glob("1_*/server.log")) and "fault: hang_on_request" in _read(tmp_path, "1_*/server.log")
+    ):
         time.sleep(0.2)
     assert list(tmp_path.glob("0_*/results.json")), "first job did not finish in time"
     proc.send_signal(signal.SIGINT)
@@ -153,11 +211,27 @@ def test_taken_port_is_replaced_and_two_sweeps_share_one_fresh_store(tmp_path, t
     try:
         # one spec job per sweep (and its baseline): every launch still asks for the taken port, and both
         # sweeps still create the one fresh store at once
-        procs = [subprocess.Popen(
-            [sys.executable, str(ROOT / "run.py"), "-m", f"hardware.slots_dir={SLOTS_DIR}", "spec.steps=1",
-             f"engine.port={port}", "benchmark.paired=false", *small(),
-             *tmp_store["overrides"], f"hydra.sweep.dir={tmp_path / f's{i}'}"], cwd=ROOT,
-            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True) for i in range(2)]
+        procs = [
+            subprocess.Popen(
+                [
+                    sys.executable,
+                    str(ROOT / "run.py"),
+                    "-m",
+                    f"hardware.slots_dir={SLOTS_DIR}",
+                    "spec.steps=1",
+                    f"engine.port={port}",
+                    "benchmark.paired=false",
+                    *small(),
+                    *tmp_store["overrides"],
+                    f"hydra.sweep.dir={tmp_path / f's{i}'}",
+                ],
+                cwd=ROOT,
+                stdout=subprocess.PIPE,
+                stderr=subprocess.STDOUT,
+                text=True,
+            )
+            for i in range(2)
+        ]
         outs = [p.communicate(timeout=300)[0] for p in procs]
     finally:
         busy.close()
@@ -174,15 +248,25 @@ def test_dead_tracking_server_keeps_results_and_sync_uploads_once(tmp_path, tmp_
     dead = f"http://127.0.0.1:{free_port()}"
     t0 = time.monotonic()
     sweep = tmp_path / "sweep"
-    p = run_py(["-m", "spec.steps=1", f"tracking.uri={dead}", "benchmark.paired=false", *small(),
-                f"hydra.sweep.dir={sweep}"])  # the job strategy: two records (job + baseline job)
+    p = run_py(
+        ["-m", "spec.steps=1", f"tracking.uri={dead}", "benchmark.paired=false", *small(), f"hydra.sweep.dir={sweep}"]
+    )  # the job strategy: two records (job + baseline job)
     assert time.monotonic() - t0 < 120
     recs = [json.loads(f.read_text()) for f in sweep.rglob("results.json")]
     assert len(recs) == 2 and all(r["status"] == "FINISHED" for r in recs)
     assert all(any("unreachable" in w for w in r["warnings"]) for r in recs)
     assert "tracking sync" in p.stderr
-    sync = [sys.executable, "-m", "spec_decode.views.tracking", "sync", str(sweep), "--uri", tmp_store["uri"],
-            "--artifact-location", str(tmp_path / "art")]
+    sync = [
+        sys.executable,
+        "-m",
+        "spec_decode.views.tracking",
+        "sync",
+        str(sweep),
+        "--uri",
+        tmp_store["uri"],
+        "--artifact-location",
+        str(tmp_path / "art"),
+    ]
     first = subprocess.run(sync, cwd=ROOT, capture_output=True, text=True, timeout=120)
     second = subprocess.run(sync, cwd=ROOT, capture_output=True, text=True, timeout=120)
     assert "uploaded 2 run(s); 0 already" in first.stdout, first.stderr[-2000:]
@@ -192,8 +276,16 @@ def test_dead_tracking_server_keeps_results_and_sync_uploads_once(tmp_path, tmp_
 
 
 def test_missing_profile_is_reported_not_fatal(tmp_path):
-    run_py([FAULT, "+engine.env.FAULT=drop_profile", "benchmark.baseline_arm=false", "tracking=off", *small(),
-            f"hydra.run.dir={tmp_path}"])
+    run_py(
+        [
+            FAULT,
+            "+engine.env.FAULT=drop_profile",
+            "benchmark.baseline_arm=false",
+            "tracking=off",
+            *small(),
+            f"hydra.run.dir={tmp_path}",
+        ]
+    )
     rec = json.loads((tmp_path / "results.json").read_text())
     assert rec["status"] == "FINISHED"
     assert "missing" in rec["profile"] and "cycle_ms" not in rec["metrics"]
@@ -214,7 +306,7 @@ def test_secrets_never_leave_the_process(headline_sweep):
     for r in rs:
         blob = json.dumps({"params": r.data.params, "tags": r.data.tags})
         assert not [v for v in values if v in blob], r.info.run_name
-    db = Path(headline_sweep.uri[len("sqlite:///"):]).read_bytes().decode(errors="replace")
+    db = Path(headline_sweep.uri[len("sqlite:///") :]).read_bytes().decode(errors="replace")
     assert not [v for v in values if v in db]
     artifacts = [f for f in (headline_sweep.root / "mlartifacts").rglob("*") if f.is_file()]
     assert artifacts
@@ -233,8 +325,18 @@ def test_secret_looking_engine_env_is_redacted_in_records():
 def test_a_sweep_in_which_no_job_finished_exits_1(tmp_path):
     """Every job's server crashes at start: the sweep records each FAILED and run.py exits 1 (a script or
     CI must not read it as done); one job of two failing still exits 0 (above)."""
-    p = run_py(["-m", "spec.steps=1,2", FAULT, "+engine.env.FAULT=start_crash", "tracking=off",
-                *small(), f"hydra.sweep.dir={tmp_path}"], check=False)
+    p = run_py(
+        [
+            "-m",
+            "spec.steps=1,2",
+            FAULT,
+            "+engine.env.FAULT=start_crash",
+            "tracking=off",
+            *small(),
+            f"hydra.sweep.dir={tmp_path}",
+        ],
+        check=False,
+    )
     assert p.returncode == 1, p.stderr[-2000:]
     assert "no job of the sweep finished (2 recorded, none FINISHED)" in p.stderr
     assert all(json.loads(f.read_text())["status"] == "FAILED" for f in tmp_path.glob("*/results.json"))

@@ -34,14 +34,22 @@ def sweep(tmp_path: Path, store: dict, name: str, *extra: str) -> tuple[Path, st
     run_py(["-m", *SMALL, *store["overrides"], f"hydra.sweep.dir={d}", *extra])
     c = MlflowClient(store["uri"])
     exp = c.get_experiment_by_name("spec-decode-bench")
-    parents = [r for r in c.search_runs([exp.experiment_id]) if r.data.tags.get("spec_decode.sweep_dir") == str(d.resolve())]
+    parents = [
+        r for r in c.search_runs([exp.experiment_id]) if r.data.tags.get("spec_decode.sweep_dir") == str(d.resolve())
+    ]
     assert len(parents) == 1
     return d, parents[0].info.run_id, c
 
 
 def compare(*args: str, uri: str) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "spec_decode.views.experiment", "compare", *args], cwd=ROOT,
-                          env={**os.environ, "MLFLOW_TRACKING_URI": uri}, capture_output=True, text=True, timeout=300)
+    return subprocess.run(
+        [sys.executable, "-m", "spec_decode.views.experiment", "compare", *args],
+        cwd=ROOT,
+        env={**os.environ, "MLFLOW_TRACKING_URI": uri},
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
 
 
 def test_aa_control_and_compare_on_real_sweeps(tmp_path, tmp_store):
@@ -51,10 +59,14 @@ def test_aa_control_and_compare_on_real_sweeps(tmp_path, tmp_store):
     assert tags["aa_control"].startswith("ok: A/A control agrees: 1 known-identical pair"), tags["aa_control"]
     assert "refused" not in tags["recommendation"]
     summary = (a_dir / "sweep_summary.txt").read_text()
-    assert "intervals: runs within one launch (cheap mode" in summary and "load (1 min) during the timed runs" in summary
+    assert (
+        "intervals: runs within one launch (cheap mode" in summary and "load (1 min) during the timed runs" in summary
+    )
     # the host fingerprint: results.json, MLflow (tags + load metrics)
     rec = json.loads(next(a_dir.glob("*/results.json")).read_text())
-    assert rec["provenance"]["host"]["logical_cores"] == os.cpu_count() and rec["launches"][0]["host"]["load1_start"] >= 0
+    assert (
+        rec["provenance"]["host"]["logical_cores"] == os.cpu_count() and rec["launches"][0]["host"]["load1_start"] >= 0
+    )
     kid = c.search_runs([c.get_run(a_run).info.experiment_id], f"tags.mlflow.parentRunId = '{a_run}'")[0]
     assert kid.data.tags["host.cpu"] == rec["provenance"]["host"]["cpu_model"] and "host_load1" in kid.data.metrics
 
@@ -65,8 +77,15 @@ def test_aa_control_and_compare_on_real_sweeps(tmp_path, tmp_store):
 
     # planted bias in one twin: the nccl=tuned spec server runs at half speed -> the control disagrees,
     # the recommendation refuses, and compare A vs this sweep names that cell and exits 1
-    b_dir, b_run, _ = sweep(tmp_path, tmp_store, "b", FAULT, "+engine.env.FAULT=slow:0.5",
-                            "+engine.env.FAULT_IF_ENV=NCCL_PROTO", "+engine.env.FAULT_IF_ARG=--speculative-algorithm:EAGLE3")
+    b_dir, b_run, _ = sweep(
+        tmp_path,
+        tmp_store,
+        "b",
+        FAULT,
+        "+engine.env.FAULT=slow:0.5",
+        "+engine.env.FAULT_IF_ENV=NCCL_PROTO",
+        "+engine.env.FAULT_IF_ARG=--speculative-algorithm:EAGLE3",
+    )
     tags = c.get_run(b_run).data.tags
     assert tags["aa_control"].startswith("disagree: A/A control DISAGREES"), tags["aa_control"]
     assert tags["recommendation"].startswith("cannot decide: refused: A/A control DISAGREES")
@@ -85,8 +104,15 @@ def test_compare_exits_nonzero_on_a_planted_15_percent_slowdown(tmp_path, tmp_st
     were +-9..11% under load 4-5 (2026-12-01 00:15, docs/reproducibility.md), so one cell of two
     resolved the 15% (-22%) and the other did not (-4%): compare said DIFFER, as it must when any does."""
     a_dir, _, _ = sweep(tmp_path, tmp_store, "a", "benchmark.runs=30")
-    b_dir, _, _ = sweep(tmp_path, tmp_store, "b", "benchmark.runs=30", FAULT, "+engine.env.FAULT=slow:0.15",
-                        "+engine.env.FAULT_IF_ARG=--speculative-algorithm:EAGLE3")
+    b_dir, _, _ = sweep(
+        tmp_path,
+        tmp_store,
+        "b",
+        "benchmark.runs=30",
+        FAULT,
+        "+engine.env.FAULT=slow:0.15",
+        "+engine.env.FAULT_IF_ARG=--speculative-algorithm:EAGLE3",
+    )
     diff = compare(str(a_dir), str(b_dir), uri=tmp_store["uri"])
     assert diff.returncode == 1, diff.stdout + diff.stderr
     assert "DIFFERS: speedup intervals disjoint" in diff.stdout
@@ -109,9 +135,20 @@ def test_block_design_spreads_each_cell_over_the_sweep_and_folds_its_blocks(tmp_
     conf.mkdir(parents=True)
     (conf / "blocks_smoke.yaml").write_text(BLOCKS_EXPERIMENT)
     d = tmp_path / "sweep"
-    run_py(["-m", "--config-dir", str(tmp_path / "conf"), "experiment=blocks_smoke", "benchmark.blocks=3",
-            "benchmark.max_new_tokens=48", "benchmark.runs=3", "benchmark.warmup=1", "tracking=off",
-            f"hydra.sweep.dir={d}"])
+    run_py(
+        [
+            "-m",
+            "--config-dir",
+            str(tmp_path / "conf"),
+            "experiment=blocks_smoke",
+            "benchmark.blocks=3",
+            "benchmark.max_new_tokens=48",
+            "benchmark.runs=3",
+            "benchmark.warmup=1",
+            "tracking=off",
+            f"hydra.sweep.dir={d}",
+        ]
+    )
     recs = collect(d)
     spec = sorted((r for r in recs if r.speculative), key=lambda r: r.started_at)
     assert [r.config["benchmark"]["block"] for r in spec] == [0, 1, 2]  # one launch of the cell per block
@@ -121,7 +158,8 @@ def test_block_design_spreads_each_cell_over_the_sweep_and_folds_its_blocks(tmp_
     assert metrics["host"] == recs[0].provenance["host"] and metrics["host"]["cpu_model"]  # metrics.json names the host
     assert all("host_load1" in e for e in metrics["jobs"].values())
     assert metrics["interval"].startswith("3 blocks spread over the sweep") and set(metrics["cells"]) == {
-        "benchmark.max_new_tokens=48,benchmark.runs=3,benchmark.warmup=1,spec.steps=3"}
+        "benchmark.max_new_tokens=48,benchmark.runs=3,benchmark.warmup=1,spec.steps=3"
+    }
     cell = metrics["cells"]["benchmark.max_new_tokens=48,benchmark.runs=3,benchmark.warmup=1,spec.steps=3"]
     assert cell["speedup_method"] == "blocks" and cell["throughput_tok_s_n"] == 3
     per_block = [r.metrics["speedup_vs_baseline"] for r in spec]

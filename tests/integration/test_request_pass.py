@@ -19,9 +19,19 @@ CATEGORIES = {"narrative", "qa", "summarization", "translation", "math", "code"}
 
 def test_request_pass_categories_and_lossless_pass(tmp_path, tmp_store):
     out = tmp_path / "job"
-    run_py([*small(), "spec.steps=3", "benchmark.stream=false", "benchmark.request_pass=true",
-            "benchmark.request_max_new_tokens=24", "benchmark.ignore_eos=false", *tmp_store["overrides"],
-            "benchmark.paired=false", f"hydra.run.dir={out}"])  # a baseline job with its own record
+    run_py(
+        [
+            *small(),
+            "spec.steps=3",
+            "benchmark.stream=false",
+            "benchmark.request_pass=true",
+            "benchmark.request_max_new_tokens=24",
+            "benchmark.ignore_eos=false",
+            *tmp_store["overrides"],
+            "benchmark.paired=false",
+            f"hydra.run.dir={out}",
+        ]
+    )  # a baseline job with its own record
     spec = json.loads((out / "results.json").read_text())
     base = json.loads((out / "baseline" / "results.json").read_text())
     for rec, d in ((spec, out), (base, out / "baseline")):
@@ -37,25 +47,40 @@ def test_request_pass_categories_and_lossless_pass(tmp_path, tmp_store):
     for name, c in spec["categories"].items():
         es = [e for e in spec["requests"] if e["category"] == name]
         assert c["n"] == len(es) == 2
-        assert c["accept_len"] == pytest.approx(sum(e["completion_tokens"] for e in es) / sum(e["verify_ct"] for e in es))
+        assert c["accept_len"] == pytest.approx(
+            sum(e["completion_tokens"] for e in es) / sum(e["verify_ct"] for e in es)
+        )
         assert c["accept_len"] > 1
         assert sum(es[0]["histogram"]) == es[0]["verify_ct"]  # the engine's per-request histogram
     # the request pass runs after the profiled pass's windows: the profile holds exactly their cycles
-    assert spec["profile"]["complete"] and spec["profile"]["cycles"] == sum(r["spec_verify_ct"] for r in spec["profiled_runs"])
+    assert spec["profile"]["complete"] and spec["profile"]["cycles"] == sum(
+        r["spec_verify_ct"] for r in spec["profiled_runs"]
+    )
     g = spec["lossless"]
     assert g["verdict"] == "pass" and g["requests"] == 2 + 12 and g["first_divergence"] == {}
     assert {c["name"]: c["ok"] for c in spec["checks"]}["lossless_vs_baseline"] is True
     run = MlflowClient(tmp_store["uri"]).get_run(spec["mlflow_run_id"])
     assert run.data.metrics["lossless_match_rate"] == 1.0
-    assert run.data.metrics["category_code_accept_len"] == pytest.approx(spec["categories"]["code"]["accept_len"], abs=1e-4)
+    assert run.data.metrics["category_code_accept_len"] == pytest.approx(
+        spec["categories"]["code"]["accept_len"], abs=1e-4
+    )
 
 
 @pytest.mark.parametrize("stream", [False, True], ids=["json", "sse"])
 def test_a_speculative_engine_that_changes_token_17_fails_the_check(tmp_path, stream):
     out = tmp_path / "job"
-    run_py([*small(), f"benchmark.stream={str(stream).lower()}", "tracking=off", f"hydra.run.dir={out}",
-            "engine.launcher=[python,tests/fault_server.py]", "+engine.env.FAULT=corrupt_output:17",
-            "+engine.env.FAULT_IF_ARG=--speculative-algorithm:EAGLE3"], check=False)
+    run_py(
+        [
+            *small(),
+            f"benchmark.stream={str(stream).lower()}",
+            "tracking=off",
+            f"hydra.run.dir={out}",
+            "engine.launcher=[python,tests/fault_server.py]",
+            "+engine.env.FAULT=corrupt_output:17",
+            "+engine.env.FAULT_IF_ARG=--speculative-algorithm:EAGLE3",
+        ],
+        check=False,
+    )
     spec = json.loads((out / "results.json").read_text())
     if stream and spec["status"] == "FAILED" and "stream" in (spec["error"] or ""):
         pytest.skip(f"the embedded server answers a stream request without SSE: {spec['error'][:200]}")

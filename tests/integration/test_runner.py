@@ -14,8 +14,14 @@ from mlflow.tracking import MlflowClient
 from ..conftest import run_py, small
 
 pytestmark = pytest.mark.integration
-TUNED = {"NCCL_PROTO": "LL", "NCCL_ALGO": "Ring", "NCCL_P2P_LEVEL": "SYS", "NCCL_MAX_NCHANNELS": "16",
-         "NCCL_BUFFSIZE": "16777216", "NCCL_NTHREADS": "512"}
+TUNED = {
+    "NCCL_PROTO": "LL",
+    "NCCL_ALGO": "Ring",
+    "NCCL_P2P_LEVEL": "SYS",
+    "NCCL_MAX_NCHANNELS": "16",
+    "NCCL_BUFFSIZE": "16777216",
+    "NCCL_NTHREADS": "512",
+}
 
 
 def runs_of(uri: str):
@@ -39,17 +45,29 @@ def test_sweep_steps_by_nccl_gives_parent_children_and_paired_baselines(tmp_path
     assert all(r.info.status == "FINISHED" for r in kids)
     for r in spec:
         m = r.data.metrics
-        for key in ("throughput_tok_s", "throughput_tok_s_ci95_lo", "accept_len", "cycle_ms", "draft_ms",
-                    "verify_ms", "extend_ms", "other_ms", "speedup_vs_baseline"):
+        for key in (
+            "throughput_tok_s",
+            "throughput_tok_s_ci95_lo",
+            "accept_len",
+            "cycle_ms",
+            "draft_ms",
+            "verify_ms",
+            "extend_ms",
+            "other_ms",
+            "speedup_vs_baseline",
+        ):
             assert key in m, key
         assert m["accept_len"] > 1.5
         hist = c.get_metric_history(r.info.run_id, "run_throughput_tok_s")
         assert sorted(h.step for h in hist) == [0, 1]
         # the name leads with what varies
-        assert r.info.run_name == (f"steps={r.data.params['spec.steps']} nccl={r.data.params['nccl']} "
-                                   "max_new_tokens=48 runs=2 warmup=1")
+        assert r.info.run_name == (
+            f"steps={r.data.params['spec.steps']} nccl={r.data.params['nccl']} max_new_tokens=48 runs=2 warmup=1"
+        )
         # the server env as read back from the live process
-        rec = json.loads(Path(c.download_artifacts(r.info.run_id, "results.json", str(tmp_path / r.info.run_id))).read_text())
+        rec = json.loads(
+            Path(c.download_artifacts(r.info.run_id, "results.json", str(tmp_path / r.info.run_id))).read_text()
+        )
         nccl = {k: v for k, v in rec["server_env"].items() if k.startswith("NCCL_")}
         assert nccl == (TUNED if r.data.params["nccl"] == "tuned" else {})
         assert rec["speedup_vs_baseline"]["ratio"] == pytest.approx(m["speedup_vs_baseline"], abs=5e-5)
@@ -70,7 +88,7 @@ def test_sweep_steps_by_nccl_gives_parent_children_and_paired_baselines(tmp_path
     assert state["runsExpanded"] == {parents[0].info.run_id: True}
     assert parents[0].data.tags["mlflow.note.content"].count("| FINISHED") == 4
     # where to look: the sweep ends with its dir, the parent run, the UI command and the report command
-    tail = proc.stderr[proc.stderr.rindex("sweep dir:"):]
+    tail = proc.stderr[proc.stderr.rindex("sweep dir:") :]
     assert str(sweep) in tail and parents[0].info.run_id in tail and "mlflow ui --backend-store-uri" in tail
     assert f"python -m spec_decode.views.report {sweep}" in tail
     # run.log holds the job's console output
@@ -81,27 +99,52 @@ def test_sweep_steps_by_nccl_gives_parent_children_and_paired_baselines(tmp_path
     assert "cost model" in summary and "predicted best: steps=" in summary
     # the report CLI renders the same sweep from its results.json files
     plots = tmp_path / "plots"
-    rep = subprocess.run([sys.executable, "-m", "spec_decode.views.report", str(sweep), "--plots", str(plots)],
-                         capture_output=True, text=True, timeout=120)
+    rep = subprocess.run(
+        [sys.executable, "-m", "spec_decode.views.report", str(sweep), "--plots", str(plots)],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert rep.returncode == 0, rep.stderr
     assert "speedup 95% CI" in rep.stdout and rep.stdout.count(" FINISHED ") == 4  # one row per job
     assert "4 job(s): 4 FINISHED" in rep.stdout
     for png in ("throughput_vs_steps.png", "phases.png", "accept_len_vs_steps.png"):
         assert (plots / png).stat().st_size > 10_000
-    assert {p.path for p in c.list_artifacts(parents[0].info.run_id)} >= {"sweep_summary.txt",
-                                                                        "sweep_summary.json", "plots"}
+    assert {p.path for p in c.list_artifacts(parents[0].info.run_id)} >= {
+        "sweep_summary.txt",
+        "sweep_summary.json",
+        "plots",
+    }
     # report --mlflow-run writes under the directory it names, nothing in the cwd
     cwd = tmp_path / "cwd"
     cwd.mkdir()
-    rep = subprocess.run([sys.executable, "-m", "spec_decode.views.report", "--mlflow-run", parents[0].info.run_id,
-                          "--uri", headline_sweep.uri], capture_output=True, text=True, timeout=120, cwd=cwd,
-                         env={**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[2])})
+    rep = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "spec_decode.views.report",
+            "--mlflow-run",
+            parents[0].info.run_id,
+            "--uri",
+            headline_sweep.uri,
+        ],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        cwd=cwd,
+        env={**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[2])},
+    )
     assert rep.returncode == 0, rep.stderr
     assert list(cwd.iterdir()) == []
     named = Path(rep.stderr.split("downloaded the sweep's results.json files to ", 1)[1].split()[0])
-    assert {p.name for p in named.glob("*.png")} == {"throughput_vs_steps.png", "phases.png",
-                                                     "accept_len_vs_steps.png", "speedup_vs_steps.png",
-                                                     "acceptance_histogram.png", "accept_rate_by_position.png"}
+    assert {p.name for p in named.glob("*.png")} == {
+        "throughput_vs_steps.png",
+        "phases.png",
+        "accept_len_vs_steps.png",
+        "speedup_vs_steps.png",
+        "acceptance_histogram.png",
+        "accept_rate_by_position.png",
+    }
 
 
 def test_single_run_logs_a_standalone_run_with_real_metrics(tmp_path, tmp_store):
@@ -118,9 +161,20 @@ def test_single_run_logs_a_standalone_run_with_real_metrics(tmp_path, tmp_store)
 
 def test_dry_run_prints_commands_and_env_and_launches_nothing(tmp_path, tmp_store):
     t0 = time.monotonic()
-    p = run_py(["-m", "engine=sglang", "hardware=rtx_pro_6000x8", "model=kimi_k25", "drafter=kimi_k25_eagle3",
-                "spec.steps=1,3", "nccl=tuned,default", "dry_run=true", *tmp_store["overrides"],
-                f"hydra.sweep.dir={tmp_path / 'dry'}"])
+    p = run_py(
+        [
+            "-m",
+            "engine=sglang",
+            "hardware=rtx_pro_6000x8",
+            "model=kimi_k25",
+            "drafter=kimi_k25_eagle3",
+            "spec.steps=1,3",
+            "nccl=tuned,default",
+            "dry_run=true",
+            *tmp_store["overrides"],
+            f"hydra.sweep.dir={tmp_path / 'dry'}",
+        ]
+    )
     out = p.stdout
     assert out.count("# server command:") == 4
     assert "sglang.launch_server" in out and "--tp-size 8" in out and "--cuda-graph-max-bs-decode" in out
@@ -130,13 +184,16 @@ def test_dry_run_prints_commands_and_env_and_launches_nothing(tmp_path, tmp_stor
     assert time.monotonic() - t0 < 60
 
 
-@pytest.mark.parametrize("override,named", [
-    ("spec.steps=0", "spec.steps=0"),
-    ("spec.steps=three", "spec.steps"),
-    ("nccl=fast", "nccl"),
-    ("benchmark.runs=0", "benchmark.runs=0"),
-    ("drafter.path=models/missing_drafter", "drafter.path=models/missing_drafter"),
-])
+@pytest.mark.parametrize(
+    "override,named",
+    [
+        ("spec.steps=0", "spec.steps=0"),
+        ("spec.steps=three", "spec.steps"),
+        ("nccl=fast", "nccl"),
+        ("benchmark.runs=0", "benchmark.runs=0"),
+        ("drafter.path=models/missing_drafter", "drafter.path=models/missing_drafter"),
+    ],
+)
 def test_bad_input_fails_before_any_server_starts(tmp_path, tmp_store, override, named):
     p = run_py([override, *tmp_store["overrides"], f"hydra.run.dir={tmp_path / 'job'}"], check=False)
     assert p.returncode != 0

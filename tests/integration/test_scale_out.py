@@ -30,10 +30,20 @@ def structure(uri: str):
 
 
 def test_submitit_local_sweep_logs_like_the_basic_launcher(tmp_path, tmp_store):
-    run_py(["-m", "hydra/launcher=local_parallel", "hardware.parallel_jobs=2",
-            f"hardware.slots_dir={tmp_path / 'slots'}", "spec.steps=1,2", *small(), *tmp_store["overrides"],
+    run_py(
+        [
+            "-m",
+            "hydra/launcher=local_parallel",
+            "hardware.parallel_jobs=2",
+            f"hardware.slots_dir={tmp_path / 'slots'}",
+            "spec.steps=1,2",
+            *small(),
+            *tmp_store["overrides"],
             "benchmark.paired=false",  # the baseline job, shared by the two parallel jobs (file lock)
-            f"hydra.sweep.dir={tmp_path / 'sweep'}"], timeout=600)
+            f"hydra.sweep.dir={tmp_path / 'sweep'}",
+        ],
+        timeout=600,
+    )
     parents, kids = structure(tmp_store["uri"])
     assert len(parents) == 1 and parents[0].info.status == "FINISHED"
     assert sorted(k.data.params["role"] for k in kids) == ["baseline", "spec", "spec"]
@@ -52,10 +62,25 @@ def test_sweep_against_a_real_mlflow_server(tmp_path):
     env = {**os.environ, "MLFLOW_SERVER_ENABLE_JOB_EXECUTION": "false", "MLFLOW_DISABLE_TELEMETRY": "true"}
     mlflow_bin = str(Path(sys.executable).parent / "mlflow")
     server = subprocess.Popen(
-        [mlflow_bin, "server", "--backend-store-uri", f"sqlite:///{tmp_path / 'srv.db'}",
-         "--artifacts-destination", str(tmp_path / "srv-artifacts"), "--host", "127.0.0.1",
-         "--port", str(port), "--workers", "1"],
-        env=env, stdout=open(tmp_path / "mlflow.log", "w"), stderr=subprocess.STDOUT, start_new_session=True)
+        [
+            mlflow_bin,
+            "server",
+            "--backend-store-uri",
+            f"sqlite:///{tmp_path / 'srv.db'}",
+            "--artifacts-destination",
+            str(tmp_path / "srv-artifacts"),
+            "--host",
+            "127.0.0.1",
+            "--port",
+            str(port),
+            "--workers",
+            "1",
+        ],
+        env=env,
+        stdout=open(tmp_path / "mlflow.log", "w"),
+        stderr=subprocess.STDOUT,
+        start_new_session=True,
+    )
     uri = f"http://127.0.0.1:{port}"
     try:
         deadline = time.monotonic() + 90
@@ -66,8 +91,10 @@ def test_sweep_against_a_real_mlflow_server(tmp_path):
                     break
             except requests.RequestException:
                 time.sleep(0.5)
-        run_py(["-m", "tracking=server", "spec.steps=1,3", *small(), f"hydra.sweep.dir={tmp_path / 'sweep'}"],
-               env={"MLFLOW_TRACKING_URI": uri})
+        run_py(
+            ["-m", "tracking=server", "spec.steps=1,3", *small(), f"hydra.sweep.dir={tmp_path / 'sweep'}"],
+            env={"MLFLOW_TRACKING_URI": uri},
+        )
         parents, kids = structure(uri)  # through the REST API
         assert len(parents) == 1 and len(kids) == 2  # two spec jobs, each with its paired baseline server
         assert all(k.info.status == "FINISHED" and "throughput_tok_s" in k.data.metrics for k in kids)
@@ -101,7 +128,7 @@ def test_slot_allocator_never_shares_a_gpu_and_frees_slots_of_dead_jobs(tmp_path
     assert len(rows) == 5  # the crashed one wrote nothing, and did not block the rest
     for i, a in enumerate(rows):
         assert len(a["slots"]) == 2
-        for b in rows[i + 1:]:
+        for b in rows[i + 1 :]:
             overlap_in_time = a["t0"] < b["t1"] and b["t0"] < a["t1"]
             if overlap_in_time:
                 assert not set(a["slots"]) & set(b["slots"]), (a, b)

@@ -20,8 +20,12 @@ pytestmark = pytest.mark.integration
 
 
 def launch(out, mode: str) -> tuple[subprocess.Popen, int]:
-    p = subprocess.Popen([sys.executable, str(ROOT / "tests/fake_launcher.py"), str(out), mode],
-                         stdout=subprocess.PIPE, text=True, start_new_session=True)
+    p = subprocess.Popen(
+        [sys.executable, str(ROOT / "tests/fake_launcher.py"), str(out), mode],
+        stdout=subprocess.PIPE,
+        text=True,
+        start_new_session=True,
+    )
     word, child = p.stdout.readline().split()
     assert word == "READY"
     return p, int(child)
@@ -39,8 +43,10 @@ def test_a_launcher_that_needs_10_s_to_drain_loses_nothing(tmp_path):
     took = time.monotonic() - t0
     assert info["drained"] and info["killed"] == [] and info["gone"], info
     assert 10.0 <= took < 20.0, took
-    assert out.read_text().splitlines() == [f"drained {i} s" for i in range(1, 11)] + \
-        ["rank tail written", "launcher done"]
+    assert out.read_text().splitlines() == [f"drained {i} s" for i in range(1, 11)] + [
+        "rank tail written",
+        "launcher done",
+    ]
     assert p.wait(timeout=5) == 0 and gone(p.pid, child)
 
 

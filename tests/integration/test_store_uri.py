@@ -18,8 +18,14 @@ def report(args, cwd, env_uri=None):
     env = {k: v for k, v in os.environ.items() if k != "MLFLOW_TRACKING_URI"}
     if env_uri:
         env["MLFLOW_TRACKING_URI"] = env_uri
-    return subprocess.run([sys.executable, "-m", "spec_decode.views.report", *args], cwd=cwd, env=env,
-                          capture_output=True, text=True, timeout=300)
+    return subprocess.run(
+        [sys.executable, "-m", "spec_decode.views.report", *args],
+        cwd=cwd,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
 
 
 def test_the_variable_is_honoured_and_readers_create_no_store(tmp_path, headline_sweep):

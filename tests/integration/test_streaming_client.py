@@ -16,15 +16,21 @@ from ..conftest import ROOT
 
 pytestmark = pytest.mark.integration
 
-SPEC_META = {"spec_verify_ct": 4, "spec_num_correct_drafts": 9, "spec_num_proposed_drafts": 12,
-             "spec_correct_drafts_histogram": [0, 1, 1, 2], "e2e_latency": 0.2}
+SPEC_META = {
+    "spec_verify_ct": 4,
+    "spec_num_correct_drafts": 9,
+    "spec_num_proposed_drafts": 12,
+    "spec_correct_drafts_histogram": [0, 1, 1, 2],
+    "e2e_latency": 0.2,
+}
 
 
 def serve(tmp_path: Path, **plan) -> tuple[subprocess.Popen, Client]:
     path = tmp_path / "plan.json"
     path.write_text(json.dumps(plan))
-    proc = subprocess.Popen([sys.executable, str(ROOT / "tests" / "sse_server.py"), str(path)],
-                            stdout=subprocess.PIPE, text=True)
+    proc = subprocess.Popen(
+        [sys.executable, str(ROOT / "tests" / "sse_server.py"), str(path)], stdout=subprocess.PIPE, text=True
+    )
     line = proc.stdout.readline()
     assert line.startswith("port "), line
     return proc, Client(f"http://127.0.0.1:{int(line.split()[1])}", timeout_s=10)
@@ -48,8 +54,9 @@ def server(tmp_path):
 BODY = {"text": "hi", "sampling_params": {"max_new_tokens": 10, "temperature": 0, "ignore_eos": True}}
 
 
-@pytest.mark.parametrize("ids,framing", [("cumulative", "chunked"), ("incremental", "chunked"),
-                                         ("cumulative", "close")])
+@pytest.mark.parametrize(
+    "ids,framing", [("cumulative", "chunked"), ("incremental", "chunked"), ("cumulative", "close")]
+)
 def test_stream_spreads_each_chunks_gap_over_its_tokens(server, ids, framing):
     # prefill token after 100 ms, then verify cycles of 4, 1, 3 tokens 80, 40, 120 ms apart
     client = server(chunks=[[100, 1], [80, 4], [40, 1], [120, 3]], ids=ids, framing=framing, meta=SPEC_META)

@@ -20,8 +20,10 @@ from .engine_args import embedded_server, spec_flags
 pytestmark = pytest.mark.integration
 SPEC = spec_flags(3)
 TOKENS = 96
-BODY = {"text": "The old robot sleeps in the garden. ",
-        "sampling_params": {"max_new_tokens": TOKENS, "temperature": 0, "ignore_eos": True}}
+BODY = {
+    "text": "The old robot sleeps in the garden. ",
+    "sampling_params": {"max_new_tokens": TOKENS, "temperature": 0, "ignore_eos": True},
+}
 
 
 # What a job's error says when the server cannot stream (the client's message; the embedded engine's 400).
@@ -34,8 +36,10 @@ def require_sse(base_url: str) -> None:
     body = r.text[:200]
     r.close()
     if r.status_code != 200 or not ctype.startswith("text/event-stream"):
-        pytest.skip(f"the embedded server answers a stream request without SSE (HTTP {r.status_code}, "
-                    f"{ctype or 'no Content-Type'}: {body})")
+        pytest.skip(
+            f"the embedded server answers a stream request without SSE (HTTP {r.status_code}, "
+            f"{ctype or 'no Content-Type'}: {body})"
+        )
 
 
 @pytest.fixture(scope="module", params=[1, 2], ids=["tp1", "tp2"])
@@ -52,8 +56,11 @@ def test_streamed_record_equals_the_non_stream_answer_one_chunk_per_cycle(server
     r = client.generate(BODY, 0, 1, stream=True)
     assert r.stream and r.completion_tokens == plain.completion_tokens
     assert r.output_ids == plain.output_ids and r.output_ids is not None  # greedy: the same tokens
-    assert (r.spec_verify_ct, r.spec_num_correct_drafts, r.spec_correct_drafts_histogram) == \
-        (plain.spec_verify_ct, plain.spec_num_correct_drafts, plain.spec_correct_drafts_histogram)
+    assert (r.spec_verify_ct, r.spec_num_correct_drafts, r.spec_correct_drafts_histogram) == (
+        plain.spec_verify_ct,
+        plain.spec_num_correct_drafts,
+        plain.spec_correct_drafts_histogram,
+    )
     assert sum(r.spec_correct_drafts_histogram) == r.spec_verify_ct
     assert len(r.token_gaps_s) == r.completion_tokens - 1
     assert 0 < r.ttft_s < r.wall_s and r.ttft_s + sum(r.token_gaps_s) <= r.wall_s
@@ -65,8 +72,16 @@ def test_streamed_record_equals_the_non_stream_answer_one_chunk_per_cycle(server
 
 def test_streamed_job_has_latency_percentiles_and_tok_s_definition(tmp_path, tmp_store):
     out = tmp_path / "job"
-    proc = run_py([*small(), "benchmark.stream=true", "benchmark.baseline_arm=false", *tmp_store["overrides"], f"hydra.run.dir={out}"],
-                  check=False)
+    proc = run_py(
+        [
+            *small(),
+            "benchmark.stream=true",
+            "benchmark.baseline_arm=false",
+            *tmp_store["overrides"],
+            f"hydra.run.dir={out}",
+        ],
+        check=False,
+    )
     rec = json.loads((out / "results.json").read_text())
     if rec["status"] == "FAILED" and any(s in (rec["error"] or "") for s in NO_SSE):
         pytest.skip(f"the embedded server answers a stream request without SSE: {rec['error'][:200]}")
@@ -83,4 +98,5 @@ def test_streamed_job_has_latency_percentiles_and_tok_s_definition(tmp_path, tmp
     assert lat["e2e_ms"]["p50"] == pytest.approx(1e3 * (runs[0]["wall_s"] + runs[1]["wall_s"]) / 2)
     # throughput keeps its definition: completion tokens / client wall time of the whole stream
     assert rec["metrics"]["throughput_tok_s"] == pytest.approx(
-        sum(r["completion_tokens"] / r["wall_s"] for r in runs) / 2)
+        sum(r["completion_tokens"] / r["wall_s"] for r in runs) / 2
+    )

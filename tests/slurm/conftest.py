@@ -24,8 +24,9 @@ def _slurm_missing() -> str | None:
         ping = subprocess.run(["scontrol", "ping"], capture_output=True, text=True, timeout=20)
         if "is UP" not in ping.stdout:
             return f"slurmctld not answering (scontrol ping: {(ping.stdout + ping.stderr).strip()!r})"
-        states = subprocess.run(["sinfo", "-h", "-N", "-o", "%T"], capture_output=True, text=True,
-                                timeout=20).stdout.split()
+        states = subprocess.run(
+            ["sinfo", "-h", "-N", "-o", "%T"], capture_output=True, text=True, timeout=20
+        ).stdout.split()
     except (OSError, subprocess.TimeoutExpired) as e:
         return f"SLURM tools fail: {e}"
     if not any(s.rstrip("*") in {"idle", "mixed", "allocated", "completing"} for s in states):
@@ -60,15 +61,25 @@ def job_name(slurm, request) -> str:
 def slurm_sweep(*overrides: str, job_name: str, sweep_dir: Path, slots_dir: Path) -> list[str]:
     """The argv (after run.py) of a sweep on SLURM with the CPU preset, bounded for CI. Unpaired: the
     tier tests the baseline job shared through the sweep dir (a paired job co-hosts its own)."""
-    return ["-m", "hydra/launcher=slurm_cpu", f"hydra.launcher.name={job_name}",
-            "benchmark.max_new_tokens=32", "benchmark.runs=2", "benchmark.warmup=1", "benchmark.paired=false",
-            f"hardware.slots_dir={slots_dir}", f"hydra.sweep.dir={sweep_dir}", *overrides]
+    return [
+        "-m",
+        "hydra/launcher=slurm_cpu",
+        f"hydra.launcher.name={job_name}",
+        "benchmark.max_new_tokens=32",
+        "benchmark.runs=2",
+        "benchmark.warmup=1",
+        "benchmark.paired=false",
+        f"hardware.slots_dir={slots_dir}",
+        f"hydra.sweep.dir={sweep_dir}",
+        *overrides,
+    ]
 
 
 def squeue(job_name: str) -> list[tuple[str, str]]:
     """(job id, state) of this name's jobs still known to SLURM, array tasks one per row."""
-    out = subprocess.run(["squeue", "-h", "-r", "--name", job_name, "-o", "%i %T"], capture_output=True,
-                         text=True, timeout=30).stdout
+    out = subprocess.run(
+        ["squeue", "-h", "-r", "--name", job_name, "-o", "%i %T"], capture_output=True, text=True, timeout=30
+    ).stdout
     return [tuple(line.split()[:2]) for line in out.splitlines() if line.strip()]
 
 

@@ -67,8 +67,9 @@ def leftovers(marker: str) -> list[psutil.Process]:
     found = []
     for p in psutil.process_iter(["cmdline"]):
         try:
-            if p.pid != os.getpid() and (marker in " ".join(p.info["cmdline"] or [])
-                                         or p.environ().get("FAULT_MARKER") == marker):
+            if p.pid != os.getpid() and (
+                marker in " ".join(p.info["cmdline"] or []) or p.environ().get("FAULT_MARKER") == marker
+            ):
                 found.append(p)
         except (psutil.Error, OSError):
             continue
@@ -80,9 +81,20 @@ def test_sweep_through_sbatch_shares_one_baseline_across_array_tasks(tmp_path, t
     sweep, starts = tmp_path / "sweep", tmp_path / "server_starts"
     # The wrapper's counter mode counts every engine start (it would crash only the 1000th).
     # engine.port=0: any free port, so no start is retried because something else holds port 30000.
-    run_py(slurm_sweep("spec.steps=1,3", "engine.port=0", FAULT, "+engine.env.FAULT=every:1000:start_crash",
-                       f"+engine.env.FAULT_COUNTER={starts}", *tmp_store["overrides"],
-                       job_name=job_name, sweep_dir=sweep, slots_dir=tmp_path / "slots"), timeout=300)
+    run_py(
+        slurm_sweep(
+            "spec.steps=1,3",
+            "engine.port=0",
+            FAULT,
+            "+engine.env.FAULT=every:1000:start_crash",
+            f"+engine.env.FAULT_COUNTER={starts}",
+            *tmp_store["overrides"],
+            job_name=job_name,
+            sweep_dir=sweep,
+            slots_dir=tmp_path / "slots",
+        ),
+        timeout=300,
+    )
     tasks = array_tasks(sweep)
     assert len(tasks) == 2 and len({t.split("_")[0] for t in tasks}) == 1, tasks  # one sbatch --array
     assert "#SBATCH --array=0-1%" in next((sweep / ".submitit").glob("*/*_submission.sh")).read_text()
@@ -101,15 +113,14 @@ def test_sweep_through_sbatch_shares_one_baseline_across_array_tasks(tmp_path, t
     spans = [(r["started_at"], r["ended_at"]) for r in (job(recs, 0), job(recs, 1))]
     assert overlap(*spans), spans
     windows = sorted(server_window(r) for r in recs.values())
-    assert all(not overlap(a, b) for i, a in enumerate(windows) for b in windows[i + 1:]), windows
+    assert all(not overlap(a, b) for i, a in enumerate(windows) for b in windows[i + 1 :]), windows
     assert {tuple(r["slots"]) for r in recs.values()} == {("cpu0",)}
     parent, kids = mlflow_runs(tmp_store["uri"])
     assert parent.info.status == "FINISHED"
     assert sorted(k.data.params["role"] for k in kids) == ["baseline", "spec", "spec"]
     assert all(k.info.status == "FINISHED" and "throughput_tok_s" in k.data.metrics for k in kids)
     [bkid] = [k for k in kids if k.data.params["role"] == "baseline"]
-    assert {k.data.tags.get("baseline_run_id") for k in kids if k.data.params["role"] == "spec"} == \
-        {bkid.info.run_id}
+    assert {k.data.tags.get("baseline_run_id") for k in kids if k.data.params["role"] == "spec"} == {bkid.info.run_id}
     assert not squeue(job_name)
 
 
@@ -119,10 +130,22 @@ def test_two_array_tasks_on_one_node_get_their_own_slot_and_port(tmp_path, tmp_s
     sweep, arrived, port = tmp_path / "sweep", tmp_path / "arrived", free_port()
     # Each server holds its first request until both serve (or 30 s), so the two overlap whenever the
     # allocator lets them; both runners ask for the same port at about the same time.
-    run_py(slurm_sweep("spec.steps=1,2", "hardware.parallel_jobs=2", "benchmark.baseline_arm=false", f"engine.port={port}",
-                       "tracking=off", "engine.launcher=[python,tests/slurm/rendezvous_server.py]",
-                       f"+engine.env.RENDEZVOUS_DIR={arrived}", "+engine.env.RENDEZVOUS_N=2",
-                       job_name=job_name, sweep_dir=sweep, slots_dir=tmp_path / "slots"), timeout=300)
+    run_py(
+        slurm_sweep(
+            "spec.steps=1,2",
+            "hardware.parallel_jobs=2",
+            "benchmark.baseline_arm=false",
+            f"engine.port={port}",
+            "tracking=off",
+            "engine.launcher=[python,tests/slurm/rendezvous_server.py]",
+            f"+engine.env.RENDEZVOUS_DIR={arrived}",
+            "+engine.env.RENDEZVOUS_N=2",
+            job_name=job_name,
+            sweep_dir=sweep,
+            slots_dir=tmp_path / "slots",
+        ),
+        timeout=300,
+    )
     a, b = (job(records(sweep), n) for n in (0, 1))
     assert a["status"] == b["status"] == "FINISHED", (a["error"], b["error"])
     assert overlap(server_window(a), server_window(b)), "the two servers did not run at once"
@@ -134,10 +157,21 @@ def test_two_array_tasks_on_one_node_get_their_own_slot_and_port(tmp_path, tmp_s
 
 def test_server_crash_under_slurm_fails_its_job_and_the_sweep_goes_on(tmp_path, tmp_store, job_name):
     sweep, marker = tmp_path / "sweep", f"m{time.time_ns()}"
-    p = run_py(slurm_sweep("spec.steps=1,2", "benchmark.baseline_arm=false", FAULT,
-                           "+engine.env.FAULT=start_crash", "+engine.env.FAULT_IF_ARG=--speculative-num-steps:1",
-                           f"+engine.env.FAULT_MARKER={marker}", *tmp_store["overrides"],
-                           job_name=job_name, sweep_dir=sweep, slots_dir=tmp_path / "slots"), timeout=300)
+    p = run_py(
+        slurm_sweep(
+            "spec.steps=1,2",
+            "benchmark.baseline_arm=false",
+            FAULT,
+            "+engine.env.FAULT=start_crash",
+            "+engine.env.FAULT_IF_ARG=--speculative-num-steps:1",
+            f"+engine.env.FAULT_MARKER={marker}",
+            *tmp_store["overrides"],
+            job_name=job_name,
+            sweep_dir=sweep,
+            slots_dir=tmp_path / "slots",
+        ),
+        timeout=300,
+    )
     recs = records(sweep)
     bad, ok = job(recs, 0), job(recs, 1)
     assert bad["status"] == "FAILED"
@@ -159,13 +193,28 @@ def test_server_crash_under_slurm_fails_its_job_and_the_sweep_goes_on(tmp_path, 
 def test_scancel_of_a_running_task_leaves_no_server_and_no_running_run(tmp_path, tmp_store, job_name):
     """scancel (SIGTERM, then SIGKILL after KillWait) of the task whose server hangs; the other finishes."""
     sweep, marker = tmp_path / "sweep", f"m{time.time_ns()}"
-    argv = slurm_sweep("spec.steps=1,2", "hardware.parallel_jobs=2", "benchmark.baseline_arm=false", FAULT,
-                       "+engine.env.FAULT=hang_on_request:2", "+engine.env.FAULT_IF_ARG=--speculative-num-steps:2",
-                       "+engine.env.FAULT_GRANDCHILD=1", f"+engine.env.FAULT_MARKER={marker}",
-                       "engine.request_timeout_s=300", *tmp_store["overrides"],
-                       job_name=job_name, sweep_dir=sweep, slots_dir=tmp_path / "slots")
-    proc = subprocess.Popen([sys.executable, str(ROOT / "run.py"), *argv], cwd=ROOT, stdout=subprocess.PIPE,
-                            stderr=subprocess.STDOUT, text=True)
+    argv = slurm_sweep(
+        "spec.steps=1,2",
+        "hardware.parallel_jobs=2",
+        "benchmark.baseline_arm=false",
+        FAULT,
+        "+engine.env.FAULT=hang_on_request:2",
+        "+engine.env.FAULT_IF_ARG=--speculative-num-steps:2",
+        "+engine.env.FAULT_GRANDCHILD=1",
+        f"+engine.env.FAULT_MARKER={marker}",
+        "engine.request_timeout_s=300",
+        *tmp_store["overrides"],
+        job_name=job_name,
+        sweep_dir=sweep,
+        slots_dir=tmp_path / "slots",
+    )
+    proc = subprocess.Popen(
+        [sys.executable, str(ROOT / "run.py"), *argv],
+        cwd=ROOT,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
     try:
         deadline = time.monotonic() + 180
         log = None
@@ -204,11 +253,22 @@ def test_scancel_of_a_task_waiting_for_its_slot_ends_its_run_killed(tmp_path, tm
     the run must still end KILLED, and the sweep must end (submitit needs the job's result: without
     sacct it cannot tell a killed job from a running one)."""
     sweep, slots = tmp_path / "sweep", tmp_path / "slots"
-    argv = slurm_sweep("spec.steps=2", "benchmark.baseline_arm=false", *tmp_store["overrides"],
-                       job_name=job_name, sweep_dir=sweep, slots_dir=slots)
+    argv = slurm_sweep(
+        "spec.steps=2",
+        "benchmark.baseline_arm=false",
+        *tmp_store["overrides"],
+        job_name=job_name,
+        sweep_dir=sweep,
+        slots_dir=slots,
+    )
     with allocate("cpu", ["cpu0"], 1, slots):  # this test holds the node's one CPU slot
-        proc = subprocess.Popen([sys.executable, str(ROOT / "run.py"), *argv], cwd=ROOT, stdout=subprocess.PIPE,
-                                stderr=subprocess.STDOUT, text=True)
+        proc = subprocess.Popen(
+            [sys.executable, str(ROOT / "run.py"), *argv],
+            cwd=ROOT,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            text=True,
+        )
         try:
             deadline = time.monotonic() + 180
             while time.monotonic() < deadline:  # the job has opened its run and waits for the slot

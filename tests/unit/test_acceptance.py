@@ -11,8 +11,16 @@ pytestmark = pytest.mark.unit
 
 
 def run(i: int, completion: int, verify: int, hist: list[int] | None = None) -> RunRecord:
-    r = RunRecord(launch=0, run=i, start_wall=float(i), end_wall=i + 0.5, wall_s=0.5, prompt_tokens=10,
-                  completion_tokens=completion, spec_verify_ct=verify)
+    r = RunRecord(
+        launch=0,
+        run=i,
+        start_wall=float(i),
+        end_wall=i + 0.5,
+        wall_s=0.5,
+        prompt_tokens=10,
+        completion_tokens=completion,
+        spec_verify_ct=verify,
+    )
     if hist is not None:  # the client's field once it reads meta_info's histogram (issue 21, H2)
         r.spec_correct_drafts_histogram = hist
     return r
@@ -48,9 +56,12 @@ def test_profile_cycles_are_the_source_and_agree_with_meta_info():
     assert acc["accept_len_weighted"] == pytest.approx(13 / 5)
     assert acc["accept_len_unweighted"] == pytest.approx((7 / 3 + 3.0) / 2)
     m = acceptance.metrics_of(acc)
-    assert m == {"accept_len_request_weighted": pytest.approx(13 / 5),
-                 "accept_len_request_mean": pytest.approx((7 / 3 + 3.0) / 2),
-                 "accept_rate_pos1": pytest.approx(4 / 5), "accept_rate_pos2": pytest.approx(3 / 4)}
+    assert m == {
+        "accept_len_request_weighted": pytest.approx(13 / 5),
+        "accept_len_request_mean": pytest.approx((7 / 3 + 3.0) / 2),
+        "accept_rate_pos1": pytest.approx(4 / 5),
+        "accept_rate_pos2": pytest.approx(3 / 4),
+    }
     # a profile that disagrees with the counters is reported as such
     assert acceptance.summarize(2, runs, [cycles([0, 0, 2]), cycles([2, 2])])["profile_matches_meta_info"] is False
 
@@ -69,8 +80,10 @@ def test_meta_info_histograms_when_the_profile_cannot_say():
 
 def test_request_pass_entries_are_the_requests_when_present():
     runs = [run(0, 100, 50), run(1, 100, 50)]
-    passed = [{"prompt_index": 0, "completion_tokens": 90, "verify_ct": 30, "histogram": [0, 0, 30]},
-              {"prompt_index": 1, "completion_tokens": 60, "verify_ct": 60, "histogram": [60, 0, 0]}]
+    passed = [
+        {"prompt_index": 0, "completion_tokens": 90, "verify_ct": 30, "histogram": [0, 0, 30]},
+        {"prompt_index": 1, "completion_tokens": 60, "verify_ct": 60, "histogram": [60, 0, 0]},
+    ]
     acc = acceptance.summarize(2, runs, None, passed)
     assert acc["requests_from"] == "request pass" and len(acc["per_request"]) == 2
     assert acc["accept_len_unweighted"] == pytest.approx((3.0 + 1.0) / 2)

@@ -13,9 +13,21 @@ pytestmark = pytest.mark.unit
 STEPS = 3
 
 
-def make_run(cycles=125, cycle_ms=7.0, gap_ms=0.02, head_ms=20.0, tail_ms=3.0, accepted=4,
-             stamp_scale=1.0, completion=500, start=1000.0, verify_ct=None, long_gaps=(), long_gap_ms=0.0,
-             entry_stamps=False):
+def make_run(
+    cycles=125,
+    cycle_ms=7.0,
+    gap_ms=0.02,
+    head_ms=20.0,
+    tail_ms=3.0,
+    accepted=4,
+    stamp_scale=1.0,
+    completion=500,
+    start=1000.0,
+    verify_ct=None,
+    long_gaps=(),
+    long_gap_ms=0.0,
+    entry_stamps=False,
+):
     """One timed request: ``head_ms`` before the first cycle, ``cycles`` cycles of ``cycle_ms`` with
     ``gap_ms`` between them, ``tail_ms`` after. ``stamp_scale`` scales the durations the profile
     *reports* (a planted fault: the wall-clock stamps stay true). ``entry_stamps``: the lines also carry
@@ -25,20 +37,34 @@ def make_run(cycles=125, cycle_ms=7.0, gap_ms=0.02, head_ms=20.0, tail_ms=3.0, a
     for _ in range(cycles):
         t0 = t
         t += cycle_ms / 1e3
-        prof.append({"t": t, "cycle_ms": cycle_ms * stamp_scale, "accepted": accepted,
-                     **({"t0": t0} if entry_stamps else {})})
+        prof.append(
+            {"t": t, "cycle_ms": cycle_ms * stamp_scale, "accepted": accepted, **({"t0": t0} if entry_stamps else {})}
+        )
         t += (long_gap_ms if len(prof) in long_gaps else gap_ms) / 1e3
     end = t - gap_ms / 1e3 + tail_ms / 1e3
-    run = {"wall_s": end - start, "start_wall": start, "end_wall": end, "e2e_latency_s": (end - start) * 0.99,
-           "completion_tokens": completion, "spec_verify_ct": cycles if verify_ct is None else verify_ct}
+    run = {
+        "wall_s": end - start,
+        "start_wall": start,
+        "end_wall": end,
+        "e2e_latency_s": (end - start) * 0.99,
+        "completion_tokens": completion,
+        "spec_verify_ct": cycles if verify_ct is None else verify_ct,
+    }
     return run, run_timing(prof, start, end, end - start)
 
 
 def checks_of(pairs, **metrics):
     runs = [r for r, _ in pairs]
-    m = {"throughput_tok_s": sum(r["completion_tokens"] / r["wall_s"] for r in runs) / len(runs),
-         "accept_len": 3.6, "cycle_ms": 7.0, "draft_ms": 1.5, "verify_ms": 4.5, "extend_ms": 0.9,
-         "other_ms": 0.1, "other_pct": 1.4}
+    m = {
+        "throughput_tok_s": sum(r["completion_tokens"] / r["wall_s"] for r in runs) / len(runs),
+        "accept_len": 3.6,
+        "cycle_ms": 7.0,
+        "draft_ms": 1.5,
+        "verify_ms": 4.5,
+        "extend_ms": 0.9,
+        "other_ms": 0.1,
+        "other_pct": 1.4,
+    }
     m.update(metrics)
     m.update(cost_model_metrics(m))
     return {c.name: c for c in run_checks(m, runs, {"per_run": [t for _, t in pairs]}, True, STEPS)}
@@ -51,9 +77,13 @@ def healthy(n=5, **kw):
 def test_healthy_job_passes_every_check():
     checks = checks_of(healthy())
     assert {n: c.ok for n, c in checks.items()} == {
-        "throughput_in_cycles_vs_accept_over_cycle": True, "time_outside_cycles": True,
-        "profile_vs_counters": True, "phases_within_cycle": True, "client_vs_engine_time": True,
-        "acceptance_not_collapsed": True}
+        "throughput_in_cycles_vs_accept_over_cycle": True,
+        "time_outside_cycles": True,
+        "profile_vs_counters": True,
+        "phases_within_cycle": True,
+        "client_vs_engine_time": True,
+        "acceptance_not_collapsed": True,
+    }
     c = checks["throughput_in_cycles_vs_accept_over_cycle"]
     assert c.value == pytest.approx(-0.02 / 7.02, abs=2e-4)  # the gaps, and nothing else
     # 20 ms before + 124 x 0.02 ms between + 3 ms after the cycles, stated as its own figure
@@ -150,8 +180,16 @@ def test_every_check_states_what_it_compared():
 
 def test_checks_only_read_the_metrics():
     pairs = healthy()
-    m = {"throughput_tok_s": 350.0, "accept_len": 3.6, "cycle_ms": 7.0, "draft_ms": 1.5, "verify_ms": 4.5,
-         "extend_ms": 0.9, "other_ms": 0.1, "other_pct": 1.4}
+    m = {
+        "throughput_tok_s": 350.0,
+        "accept_len": 3.6,
+        "cycle_ms": 7.0,
+        "draft_ms": 1.5,
+        "verify_ms": 4.5,
+        "extend_ms": 0.9,
+        "other_ms": 0.1,
+        "other_pct": 1.4,
+    }
     before = dict(m)
     run_checks(m, [r for r, _ in pairs], {"per_run": [t for _, t in pairs]}, True, STEPS)
     assert m == before
@@ -169,11 +207,25 @@ def test_plots_handle_repeated_step_counts(tmp_path):
     from spec_decode.views import report
 
     def rec(steps, tput, prompt):
-        return JobRecord(role="spec", name=f"benchmark.prompt_index={prompt},spec.steps={steps}", experiment="x",
-                         config={"nccl": {"name": "default"}, "spec": {"steps": steps}, "hardware": {"name": "cpu"}},
-                         config_hash="", engine=EngineInfo("embedded"), speculative=True, status="FINISHED",
-                         metrics={"throughput_tok_s": tput, "accept_len": 2.0 + steps / 3, "cycle_ms": 5.0,
-                                  "draft_ms": 1.0, "verify_ms": 3.0, "extend_ms": 0.8, "other_ms": 0.2})
+        return JobRecord(
+            role="spec",
+            name=f"benchmark.prompt_index={prompt},spec.steps={steps}",
+            experiment="x",
+            config={"nccl": {"name": "default"}, "spec": {"steps": steps}, "hardware": {"name": "cpu"}},
+            config_hash="",
+            engine=EngineInfo("embedded"),
+            speculative=True,
+            status="FINISHED",
+            metrics={
+                "throughput_tok_s": tput,
+                "accept_len": 2.0 + steps / 3,
+                "cycle_ms": 5.0,
+                "draft_ms": 1.0,
+                "verify_ms": 3.0,
+                "extend_ms": 0.8,
+                "other_ms": 0.2,
+            },
+        )
 
     recs = [rec(1, 300, 0), rec(1, 310, 1), rec(3, 500, 0), rec(3, 520, 1)]
     figs = report.figures(recs)
@@ -181,8 +233,11 @@ def test_plots_handle_repeated_step_counts(tmp_path):
     ax = figs["phases.png"].axes[0]
     assert len(ax.get_xticklabels()) == 4  # one bar per job, not per step count
     assert [t.get_text() for t in ax.get_xticklabels()] == [
-        "steps=1\nnccl=default\nprompt_index=0", "steps=1\nnccl=default\nprompt_index=1",
-        "steps=3\nnccl=default\nprompt_index=0", "steps=3\nnccl=default\nprompt_index=1"]
+        "steps=1\nnccl=default\nprompt_index=0",
+        "steps=1\nnccl=default\nprompt_index=1",
+        "steps=3\nnccl=default\nprompt_index=0",
+        "steps=3\nnccl=default\nprompt_index=1",
+    ]
     line = figs["throughput_vs_steps.png"].axes[0].lines[0]
     assert sorted(line.get_ydata()) == [300, 310, 500, 520]
     plt.close("all")
@@ -201,17 +256,38 @@ def test_plots_read_at_a_glance():
 
     def rec(steps, nccl, tput, accept):
         cycle = 4.0 + 1.2 * steps
-        m = {"throughput_tok_s": tput, "throughput_tok_s_ci95_lo": tput - 10, "throughput_tok_s_ci95_hi": tput + 10,
-             "accept_len": accept, "cycle_ms": cycle, "draft_ms": 1.0 * steps, "verify_ms": 3.0 + 0.1 * steps,
-             "extend_ms": 1.0, "other_ms": cycle - 1.1 * steps - 4.0, "speedup_vs_baseline": tput / 300,
-             "speedup_vs_baseline_ci95_lo": tput / 300 - 0.05, "speedup_vs_baseline_ci95_hi": tput / 300 + 0.05}
-        return JobRecord(role="spec", name=f"nccl={nccl},spec.steps={steps}", experiment="x",
-                         config={"nccl": {"name": nccl}, "spec": {"steps": steps}, "hardware": {"name": "cpu"}},
-                         config_hash="", engine=EngineInfo("embedded"), speculative=True, status="FINISHED",
-                         metrics=m, speedup_vs_baseline={"method": "paired"})
+        m = {
+            "throughput_tok_s": tput,
+            "throughput_tok_s_ci95_lo": tput - 10,
+            "throughput_tok_s_ci95_hi": tput + 10,
+            "accept_len": accept,
+            "cycle_ms": cycle,
+            "draft_ms": 1.0 * steps,
+            "verify_ms": 3.0 + 0.1 * steps,
+            "extend_ms": 1.0,
+            "other_ms": cycle - 1.1 * steps - 4.0,
+            "speedup_vs_baseline": tput / 300,
+            "speedup_vs_baseline_ci95_lo": tput / 300 - 0.05,
+            "speedup_vs_baseline_ci95_hi": tput / 300 + 0.05,
+        }
+        return JobRecord(
+            role="spec",
+            name=f"nccl={nccl},spec.steps={steps}",
+            experiment="x",
+            config={"nccl": {"name": nccl}, "spec": {"steps": steps}, "hardware": {"name": "cpu"}},
+            config_hash="",
+            engine=EngineInfo("embedded"),
+            speculative=True,
+            status="FINISHED",
+            metrics=m,
+            speedup_vs_baseline={"method": "paired"},
+        )
 
-    recs = [rec(k, nccl, 300 + 60 * k + (5 if nccl == "tuned" else 0), 1 + 0.9 * k - 0.05 * k * k)
-            for nccl in ("default", "tuned") for k in (1, 2, 3, 5)]
+    recs = [
+        rec(k, nccl, 300 + 60 * k + (5 if nccl == "tuned" else 0), 1 + 0.9 * k - 0.05 * k * k)
+        for nccl in ("default", "tuned")
+        for k in (1, 2, 3, 5)
+    ]
     figs = report.figures(recs)
     assert sorted(figs) == ["accept_len_vs_steps.png", "phases.png", "speedup_vs_steps.png", "throughput_vs_steps.png"]
     for name, fig in figs.items():
@@ -263,7 +339,8 @@ def test_in_cycle_check_is_na_with_the_reason_where_host_stamps_are_not_cycle_wa
     gappy = [dict(t, gap_ms=0.2 * t["span_ms"]) for _, t in plain]  # 20% "between cycles"
     plain_runs = [r for r, _ in plain]
     outside = {c.name: c for c in run_checks(m, plain_runs, {**prof, "per_run": gappy}, True, STEPS)}[
-        "time_outside_cycles"]
+        "time_outside_cycles"
+    ]
     assert outside.ok is True and "between cycles <=" not in outside.expected
     del prof["host_stamps_na"]
     assert {c.name: c for c in run_checks(m, runs, prof, True, STEPS)}[c.name].ok is False

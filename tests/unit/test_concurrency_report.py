@@ -17,19 +17,42 @@ def rec(c: int, steps: int | None, metrics: dict, runs_cv: float = 0.01) -> JobR
     m = {"throughput_tok_s_cv": runs_cv, "throughput_tok_s_robust_cv": runs_cv, **metrics}
     m.setdefault("throughput_tok_s_ci95_lo", m["throughput_tok_s"] * 0.99)
     m.setdefault("throughput_tok_s_ci95_hi", m["throughput_tok_s"] * 1.01)
-    return JobRecord(role="spec" if spec else "baseline", name=name, experiment="x",
-                     config={"benchmark": {"concurrency": c}, "spec": {"steps": steps}, "nccl": {"name": "default"},
-                             "hardware": {"name": "cpu"}}, config_hash="", engine=EngineInfo("embedded"),
-                     speculative=spec, status="FINISHED", metrics=m)
+    return JobRecord(
+        role="spec" if spec else "baseline",
+        name=name,
+        experiment="x",
+        config={
+            "benchmark": {"concurrency": c},
+            "spec": {"steps": steps},
+            "nccl": {"name": "default"},
+            "hardware": {"name": "cpu"},
+        },
+        config_hash="",
+        engine=EngineInfo("embedded"),
+        speculative=spec,
+        status="FINISHED",
+        metrics=m,
+    )
 
 
 def speedup(c, steps, s, lo, hi):
-    return rec(c, steps, {"throughput_tok_s": 100.0 * s, "speedup_vs_baseline": s, "speedup_vs_baseline_ci95_lo": lo,
-                          "speedup_vs_baseline_ci95_hi": hi, "accept_len": 2.0})
+    return rec(
+        c,
+        steps,
+        {
+            "throughput_tok_s": 100.0 * s,
+            "speedup_vs_baseline": s,
+            "speedup_vs_baseline_ci95_lo": lo,
+            "speedup_vs_baseline_ci95_hi": hi,
+            "accept_len": 2.0,
+        },
+    )
 
 
 def test_crossover_is_read_on_a_log2_axis_with_its_interval_from_the_pointwise_bounds():
-    pts = concurrency.curves([speedup(1, 3, 1.8, 1.6, 2.0), speedup(16, 3, 0.8, 0.6, 0.95), speedup(4, 3, 1.2, 0.9, 1.5)])
+    pts = concurrency.curves(
+        [speedup(1, 3, 1.8, 1.6, 2.0), speedup(16, 3, 0.8, 0.6, 0.95), speedup(4, 3, 1.2, 0.9, 1.5)]
+    )
     (points,) = pts.values()
     assert [p["concurrency"] for p in points] == [1, 4, 16]
     x = concurrency.crossover(points)
@@ -40,10 +63,13 @@ def test_crossover_is_read_on_a_log2_axis_with_its_interval_from_the_pointwise_b
 
 
 def test_crossover_not_reached_says_so_and_where_the_lower_bound_dips():
-    x = concurrency.crossover(concurrency.curves([speedup(1, 1, 1.5, 1.4, 1.6), speedup(4, 1, 1.1, 0.95, 1.25)])[("default", 1)])
+    x = concurrency.crossover(
+        concurrency.curves([speedup(1, 1, 1.5, 1.4, 1.6), speedup(4, 1, 1.1, 0.95, 1.25)])[("default", 1)]
+    )
     assert not x["reached"] and x["hi"] is None
-    assert concurrency.describe_crossover(x).startswith("not reached: speedup >= 1 up to concurrency 4 (the 95% lower "
-                                                        "bound falls below 1 from concurrency")
+    assert concurrency.describe_crossover(x).startswith(
+        "not reached: speedup >= 1 up to concurrency 4 (the 95% lower bound falls below 1 from concurrency"
+    )
     below = concurrency.crossover(concurrency.curves([speedup(2, 1, 0.9, 0.8, 0.97)])[("default", 1)])
     assert concurrency.describe_crossover(below).startswith("<= 2, 95% interval")
 
@@ -53,8 +79,17 @@ def batch_sweep(spec_fixed: float, spec_per: float) -> list[JobRecord]:
     out = []
     for b in (1, 4, 16):
         out.append(rec(b, None, {"throughput_tok_s": 1e3 * b / (1 + 0.5 * b), "running_req_median": float(b)}))
-        out.append(rec(b, 3, {"throughput_tok_s": 1e3 * b * 2.5 / (spec_fixed + spec_per * b), "accept_len": 2.5,
-                              "running_req_median": float(b)}))
+        out.append(
+            rec(
+                b,
+                3,
+                {
+                    "throughput_tok_s": 1e3 * b * 2.5 / (spec_fixed + spec_per * b),
+                    "accept_len": 2.5,
+                    "running_req_median": float(b),
+                },
+            )
+        )
     return out
 
 
@@ -72,13 +107,17 @@ def test_cost_model_learns_the_batch_size_and_where_speculation_stops_paying():
 def test_cost_model_says_it_cannot_learn_the_batch_from_one_concurrency():
     model = batch_model([r for r in batch_sweep(1.5, 1.5) if r.config["benchmark"]["concurrency"] == 4])
     assert not model["learned"]
-    assert describe_batch(model).startswith("cost model vs batch size: cannot learn the batch size: it needs the "
-                                            "baseline and a step count each measured at 2 or more running-batch sizes")
+    assert describe_batch(model).startswith(
+        "cost model vs batch size: cannot learn the batch size: it needs the "
+        "baseline and a step count each measured at 2 or more running-batch sizes"
+    )
 
 
 def test_report_has_the_concurrency_table_and_plot(tmp_path):
-    recs = [speedup(c, k, s, s - 0.1, s + 0.1) for c, k, s in
-            ((1, 1, 1.5), (4, 1, 1.2), (16, 1, 0.9), (1, 3, 1.8), (4, 3, 1.3), (16, 3, 0.95))]
+    recs = [
+        speedup(c, k, s, s - 0.1, s + 0.1)
+        for c, k, s in ((1, 1, 1.5), (4, 1, 1.2), (16, 1, 0.9), (1, 3, 1.8), (4, 3, 1.3), (16, 3, 0.95))
+    ]
     text, _ = sweep_summary(recs)
     assert "speedup vs baseline at the same concurrency (95% CI), by concurrency:" in text
     line = next(x for x in text.splitlines() if x.strip().startswith("steps=1 "))
@@ -101,7 +140,9 @@ def test_cost_model_learns_the_batch_from_paired_baselines_when_there_is_no_base
         spec.append(r)
     model = batch_model(spec)
     assert model["learned"]
-    assert (model["arms"]["baseline"]["fixed_ms"], model["arms"]["baseline"]["per_request_ms"]) == pytest.approx((1.0, 0.5))
+    assert (model["arms"]["baseline"]["fixed_ms"], model["arms"]["baseline"]["per_request_ms"]) == pytest.approx(
+        (1.0, 0.5)
+    )
     assert model["crossover_batch"]["steps=3"] == "pays below batch 4.0"
     for r in spec:  # a separate baseline job's figure is not a paired point
         r.speedup_vs_baseline = {"method": "welch"}

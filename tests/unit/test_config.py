@@ -27,7 +27,11 @@ def options(group: str) -> list[str]:
 def test_defaults_are_the_embedded_spec_job():
     cfg = experiment()
     assert (cfg.engine.name, cfg.hardware.name, cfg.drafter.name, cfg.nccl.name) == (
-        "embedded", "cpu", "tiny_eagle3", "default")
+        "embedded",
+        "cpu",
+        "tiny_eagle3",
+        "default",
+    )
     assert (cfg.spec.steps, cfg.spec.topk, cfg.spec.num_draft_tokens) == (2, 1, 3)
     assert (cfg.benchmark.warmup, cfg.benchmark.runs, cfg.benchmark.max_new_tokens) == (1, 5, 500)
     assert cfg.speculative
@@ -49,8 +53,7 @@ def assert_subset(want: dict, got, where: str) -> None:
             assert have == value, f"{where}.{key}: composed {have!r}, the file says {value!r}"
 
 
-@pytest.mark.parametrize("group", ["hardware", "nccl", "drafter", "spec", "model", "engine", "benchmark",
-                                   "tracking"])
+@pytest.mark.parametrize("group", ["hardware", "nccl", "drafter", "spec", "model", "engine", "benchmark", "tracking"])
 def test_every_option_of_every_group_composes_to_its_files_values(group):
     for option in options(group):
         extra = []
@@ -106,8 +109,13 @@ def test_nccl_env_goes_to_the_server_only():
     tuned = experiment("nccl=tuned")
     env = server_extra_env(tuned, None)
     assert {k: env[k] for k in env if k.startswith("NCCL_")} == {
-        "NCCL_PROTO": "LL", "NCCL_ALGO": "Ring", "NCCL_P2P_LEVEL": "SYS", "NCCL_MAX_NCHANNELS": "16",
-        "NCCL_BUFFSIZE": "16777216", "NCCL_NTHREADS": "512"}
+        "NCCL_PROTO": "LL",
+        "NCCL_ALGO": "Ring",
+        "NCCL_P2P_LEVEL": "SYS",
+        "NCCL_MAX_NCHANNELS": "16",
+        "NCCL_BUFFSIZE": "16777216",
+        "NCCL_NTHREADS": "512",
+    }
     assert not [k for k in server_extra_env(experiment("nccl=default"), None) if k.startswith("NCCL_")]
 
 
@@ -119,15 +127,20 @@ def test_baseline_has_no_speculative_flags():
 
 
 def test_sglang_argv_uses_current_flag_names():
-    cfg = experiment("engine=sglang", "hardware=rtx_pro_6000x8", "model=kimi_k25", "drafter=kimi_k25_eagle3",
-                     "spec.steps=3")
+    cfg = experiment(
+        "engine=sglang", "hardware=rtx_pro_6000x8", "model=kimi_k25", "drafter=kimi_k25_eagle3", "spec.steps=3"
+    )
     argv = server_command(cfg, 30000)
     assert argv[1:3] == ["-m", "sglang.launch_server"]
     assert "--cuda-graph-max-bs-decode" in argv and "--cuda-graph-max-bs" not in argv
     assert argv[argv.index("--tp-size") + 1] == "8"
     assert "--random-seed" in argv
-    for flag, value in (("--speculative-num-steps", "3"), ("--speculative-eagle-topk", "1"),
-                        ("--speculative-num-draft-tokens", "4"), ("--speculative-algorithm", "EAGLE3")):
+    for flag, value in (
+        ("--speculative-num-steps", "3"),
+        ("--speculative-eagle-topk", "1"),
+        ("--speculative-num-draft-tokens", "4"),
+        ("--speculative-algorithm", "EAGLE3"),
+    ):
         assert argv[argv.index(flag) + 1] == value
 
 
@@ -159,8 +172,11 @@ BAD = [
     (["benchmark.request_rate=0"], ConfigError, "benchmark.request_rate=0.0: must be > 0"),
     (["benchmark.request_rate=-2.5"], ConfigError, "benchmark.request_rate=-2.5"),
     (["benchmark.request_rate=inf"], ConfigError, "benchmark.request_rate=inf"),
-    (["benchmark.concurrency=8", "benchmark.load_requests=4"], ConfigError,
-     "benchmark.load_requests=4 is below benchmark.concurrency=8"),
+    (
+        ["benchmark.concurrency=8", "benchmark.load_requests=4"],
+        ConfigError,
+        "benchmark.load_requests=4 is below benchmark.concurrency=8",
+    ),
     (["benchmark.concurrency=four"], ConfigCompositionException, "benchmark.concurrency=four"),
 ]
 

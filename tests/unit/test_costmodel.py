@@ -22,11 +22,14 @@ def synthetic(alpha, verify, per_tok, draft_per_step, ks, noise=0.0):
 def brute_force_best(alpha, verify, per_tok, draft_per_step, kmax=8, kmin=1):
     def tps(k):
         return chain_accept_len(alpha, k) / ((draft_per_step * k + verify + per_tok * (k + 1) + 3.0) / 1e3)
+
     return max(range(kmin, kmax + 1), key=tps)
 
 
-@pytest.mark.parametrize("alpha,verify,per_tok,draft", [(0.8, 10.0, 0.5, 1.0), (0.5, 10.0, 0.5, 1.5),
-                                                        (0.9, 5.0, 0.1, 0.3), (0.49, 11.0, 2.0, 1.2)])
+@pytest.mark.parametrize(
+    "alpha,verify,per_tok,draft",
+    [(0.8, 10.0, 0.5, 1.0), (0.5, 10.0, 0.5, 1.5), (0.9, 5.0, 0.1, 0.3), (0.49, 11.0, 2.0, 1.2)],
+)
 def test_recovers_parameters_and_known_optimum(alpha, verify, per_tok, draft):
     f = fit(synthetic(alpha, verify, per_tok, draft, [1, 2, 3, 5]))
     assert f.alpha == pytest.approx(alpha, abs=1e-3)
@@ -43,6 +46,7 @@ def test_recovers_parameters_and_known_optimum(alpha, verify, per_tok, draft):
 
 def test_decaying_acceptance_is_recovered_and_moves_the_optimum():
     """A drafter whose acceptance decays with depth: the i.i.d. model would pick a too-long chain."""
+
     def pts(decay):
         out = []
         for k in (1, 2, 3, 5):

@@ -41,8 +41,10 @@ def test_npu_with_rank_tags():
 
 
 def test_milliseconds_and_iteration_counter_baseline():
-    line = parse_line("[2026-04-05 20:02:51.120] Decode batch [1200], #running-req: 32, #token: 11179, "
-                      "token usage: 0.08, cuda graph: True, gen throughput (token/s): 1635.11, #queue-req: 0")
+    line = parse_line(
+        "[2026-04-05 20:02:51.120] Decode batch [1200], #running-req: 32, #token: 11179, "
+        "token usage: 0.08, cuda graph: True, gen throughput (token/s): 1635.11, #queue-req: 0"
+    )
     assert line is not None and line.ts.microsecond == 120000
     assert "accept len" not in line.fields
     s = summarize(read_log(LOGS / "sglang_baseline_ms_iter.log"))

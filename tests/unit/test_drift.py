@@ -12,8 +12,15 @@ HASHES = {"target": "aaaa1111", "prompts": "bbbb2222"}
 
 
 def ref(tput: float, started: float, env=None, hashes=None, version="0.1.0") -> drift.Reference:
-    return drift.Reference(f"r{started}", tput, started, (tput - 5, tput + 5), dict(ENV if env is None else env),
-                           dict(HASHES if hashes is None else hashes), version)
+    return drift.Reference(
+        f"r{started}",
+        tput,
+        started,
+        (tput - 5, tput + 5),
+        dict(ENV if env is None else env),
+        dict(HASHES if hashes is None else hashes),
+        version,
+    )
 
 
 EARLIER = [ref(600.0, 1), ref(610.0, 2), ref(590.0, 3)]
@@ -48,8 +55,11 @@ def test_a_baseline_15pct_fast_is_outside_the_interval_too():
 
 def test_a_hash_only_one_side_knows_is_no_difference():
     """An older record without the prompts' hash is no evidence that the prompts changed."""
-    older = [ref(600.0, 1, hashes={"target": "aaaa1111"}), ref(610.0, 2, hashes={"target": "aaaa1111"}),
-             ref(590.0, 3, hashes={"target": "aaaa1111"})]
+    older = [
+        ref(600.0, 1, hashes={"target": "aaaa1111"}),
+        ref(610.0, 2, hashes={"target": "aaaa1111"}),
+        ref(590.0, 3, hashes={"target": "aaaa1111"}),
+    ]
     f = drift.check(605.0, ENV, older, HASHES, "0.1.0")
     assert f.provenance_differences == [] and f.message is None
 
@@ -86,11 +96,23 @@ def test_nothing_earlier_is_no_finding():
 
 
 def test_identity_leaves_engine_version_and_weights_to_the_findings():
-    cfg = {"hardware": {"name": "cpu"}, "model": {"name": "tiny"}, "engine": {"name": "embedded"},
-           "nccl": {"name": "default"}, "benchmark": {"max_new_tokens": 500, "prompts": "p", "prompt_index": 0}}
-    assert drift.identity(cfg) == {"hardware": "cpu", "hardware.tp_size": 1, "model": "tiny", "engine": "embedded", "nccl": "default",
-                                   "benchmark.max_new_tokens": 500, "benchmark.prompts": "p",
-                                   "benchmark.prompt_index": 0}
-    assert drift.data_hashes_of({"data": {"target": {"dvc_md5": "m1"}, "prompts": {"sha256": "s1"},
-                                          "x": {"missing": True}}}) == {"target": "m1", "prompts": "s1",
-                                                                         "x": "missing"}
+    cfg = {
+        "hardware": {"name": "cpu"},
+        "model": {"name": "tiny"},
+        "engine": {"name": "embedded"},
+        "nccl": {"name": "default"},
+        "benchmark": {"max_new_tokens": 500, "prompts": "p", "prompt_index": 0},
+    }
+    assert drift.identity(cfg) == {
+        "hardware": "cpu",
+        "hardware.tp_size": 1,
+        "model": "tiny",
+        "engine": "embedded",
+        "nccl": "default",
+        "benchmark.max_new_tokens": 500,
+        "benchmark.prompts": "p",
+        "benchmark.prompt_index": 0,
+    }
+    assert drift.data_hashes_of(
+        {"data": {"target": {"dvc_md5": "m1"}, "prompts": {"sha256": "s1"}, "x": {"missing": True}}}
+    ) == {"target": "m1", "prompts": "s1", "x": "missing"}

@@ -13,8 +13,10 @@ def test_scheduling_keys_reach_the_server_command():
     argv = server_command(compose_experiment("engine=embedded"), 30000)
     i = argv.index("--max-running-requests")
     assert argv[i + 1] == "16" and "--disable-overlap-schedule" not in argv  # overlap on by default
-    argv = server_command(compose_experiment("engine=embedded", "engine.max_running_requests=4",
-                                             "engine.disable_overlap_schedule=true"), 30000)
+    argv = server_command(
+        compose_experiment("engine=embedded", "engine.max_running_requests=4", "engine.disable_overlap_schedule=true"),
+        30000,
+    )
     i = argv.index("--max-running-requests")
     assert argv[i + 1] == "4" and "--disable-overlap-schedule" in argv
 

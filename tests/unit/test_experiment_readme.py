@@ -8,21 +8,52 @@ from spec_decode.views.experiment import headline, same_metrics_warning
 
 pytestmark = pytest.mark.unit
 
-METRICS = {"git_commit": "0123456789abcdef", "git_dirty": False, "jobs": {
-    "baseline,nccl=default": {"index": 0, "status": "FINISHED", "role": "baseline", "engine": "embedded",
-                              "axes": {"nccl": "default", "spec.steps": None}, "throughput_tok_s": 300.0,
-                              "throughput_tok_s_ci95_lo": 290.0, "throughput_tok_s_ci95_hi": 310.0,
-                              "checks": {}},
-    "nccl=default,spec.steps=3": {"index": 1, "status": "FINISHED", "role": "spec", "engine": "embedded",
-                                  "axes": {"nccl": "default", "spec.steps": 3}, "throughput_tok_s": 450.0,
-                                  "throughput_tok_s_ci95_lo": 440.0, "throughput_tok_s_ci95_hi": 460.0,
-                                  "speedup_vs_baseline": 1.5, "speedup_vs_baseline_ci95_lo": 1.47,
-                                  "speedup_vs_baseline_ci95_hi": 1.53, "speedup_method": "paired",
-                                  "accept_len": 3.62, "accept_rate_draft": 0.88, "cycle_ms": 8.0, "draft_ms": 1.5,
-                                  "verify_ms": 5.0, "extend_ms": 1.4, "checks": {}},
-    "nccl=default,spec.steps=5": {"index": 2, "status": "FAILED", "role": "spec", "engine": "embedded",
-                                  "axes": {"nccl": "default", "spec.steps": 5}, "checks": {}},
-}}
+METRICS = {
+    "git_commit": "0123456789abcdef",
+    "git_dirty": False,
+    "jobs": {
+        "baseline,nccl=default": {
+            "index": 0,
+            "status": "FINISHED",
+            "role": "baseline",
+            "engine": "embedded",
+            "axes": {"nccl": "default", "spec.steps": None},
+            "throughput_tok_s": 300.0,
+            "throughput_tok_s_ci95_lo": 290.0,
+            "throughput_tok_s_ci95_hi": 310.0,
+            "checks": {},
+        },
+        "nccl=default,spec.steps=3": {
+            "index": 1,
+            "status": "FINISHED",
+            "role": "spec",
+            "engine": "embedded",
+            "axes": {"nccl": "default", "spec.steps": 3},
+            "throughput_tok_s": 450.0,
+            "throughput_tok_s_ci95_lo": 440.0,
+            "throughput_tok_s_ci95_hi": 460.0,
+            "speedup_vs_baseline": 1.5,
+            "speedup_vs_baseline_ci95_lo": 1.47,
+            "speedup_vs_baseline_ci95_hi": 1.53,
+            "speedup_method": "paired",
+            "accept_len": 3.62,
+            "accept_rate_draft": 0.88,
+            "cycle_ms": 8.0,
+            "draft_ms": 1.5,
+            "verify_ms": 5.0,
+            "extend_ms": 1.4,
+            "checks": {},
+        },
+        "nccl=default,spec.steps=5": {
+            "index": 2,
+            "status": "FAILED",
+            "role": "spec",
+            "engine": "embedded",
+            "axes": {"nccl": "default", "spec.steps": 5},
+            "checks": {},
+        },
+    },
+}
 
 
 def test_headline_table_is_generated_from_metrics_json():

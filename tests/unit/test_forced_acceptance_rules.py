@@ -63,14 +63,21 @@ def test_env_parsing_follows_sglang():
         ForcedAcceptance.from_env(3, 0, {"SGLANG_SIMULATE_ACC_LEN": "2", "SGLANG_SIMULATE_ACC_TOKEN_MODE": "zero"})
 
 
-@pytest.mark.parametrize("overrides,error,named", [
-    (["spec.simulate_accept_len=3.5"], ConfigError, "spec.simulate_accept_len=3.5: must be in [1, spec.steps+1] = [1, 3]"),
-    (["spec.simulate_accept_len=0.5"], ConfigError, "spec.simulate_accept_len=0.5"),
-    (["spec.simulate_accept_len=nan"], ConfigError, "spec.simulate_accept_len=nan"),
-    (["spec.simulate_accept_len=two"], ConfigCompositionException, "spec.simulate_accept_len"),
-    (["drafter=none", "spec.simulate_accept_len=2"], ConfigError, "drafter=none: forced acceptance needs"),
-    (["+engine.env.SGLANG_SIMULATE_ACC_LEN=2"], ConfigError, "engine.env.SGLANG_SIMULATE_ACC_LEN"),
-])
+@pytest.mark.parametrize(
+    "overrides,error,named",
+    [
+        (
+            ["spec.simulate_accept_len=3.5"],
+            ConfigError,
+            "spec.simulate_accept_len=3.5: must be in [1, spec.steps+1] = [1, 3]",
+        ),
+        (["spec.simulate_accept_len=0.5"], ConfigError, "spec.simulate_accept_len=0.5"),
+        (["spec.simulate_accept_len=nan"], ConfigError, "spec.simulate_accept_len=nan"),
+        (["spec.simulate_accept_len=two"], ConfigCompositionException, "spec.simulate_accept_len"),
+        (["drafter=none", "spec.simulate_accept_len=2"], ConfigError, "drafter=none: forced acceptance needs"),
+        (["+engine.env.SGLANG_SIMULATE_ACC_LEN=2"], ConfigError, "engine.env.SGLANG_SIMULATE_ACC_LEN"),
+    ],
+)
 def test_bad_forcing_fails_at_compose_time_naming_the_key(overrides, error, named):
     with pytest.raises(error) as exc:
         experiment(*overrides)
@@ -81,8 +88,10 @@ def test_the_spec_server_alone_gets_the_env_and_inherited_forcing_is_dropped(mon
     cfg = experiment("spec.steps=3", "spec.simulate_accept_len=2.5")
     env = server_extra_env(cfg, None)
     assert {k: v for k, v in env.items() if k.startswith("SGLANG_SIMULATE")} == {
-        "SGLANG_SIMULATE_ACC_LEN": "2.5", "SGLANG_SIMULATE_ACC_METHOD": "match-expected",
-        "SGLANG_SIMULATE_ACC_TOKEN_MODE": "fixed"}
+        "SGLANG_SIMULATE_ACC_LEN": "2.5",
+        "SGLANG_SIMULATE_ACC_METHOD": "match-expected",
+        "SGLANG_SIMULATE_ACC_TOKEN_MODE": "fixed",
+    }
     assert not [k for k in server_extra_env(baseline_config(cfg), None) if k.startswith("SGLANG_SIMULATE")]
     assert not [k for k in server_extra_env(experiment(), None) if k.startswith("SGLANG_SIMULATE")]
     monkeypatch.setenv("SGLANG_SIMULATE_ACC_LEN", "3")  # a stray shell export must not force a real job

@@ -9,10 +9,17 @@ from spec_decode.engines.embedded.buckets import bucket, capture_bs, padding
 pytestmark = pytest.mark.unit
 
 
-@pytest.mark.parametrize("cap,sizes", [
-    (1, [1]), (3, [1, 2, 3]), (4, [1, 2, 4]), (16, [1, 2, 4, 8, 16]), (20, [1, 2, 4, 8, 16, 20]),
-    (32, [1, 2, 4, 8, 16, 24, 32]),
-])
+@pytest.mark.parametrize(
+    "cap,sizes",
+    [
+        (1, [1]),
+        (3, [1, 2, 3]),
+        (4, [1, 2, 4]),
+        (16, [1, 2, 4, 8, 16]),
+        (20, [1, 2, 4, 8, 16, 20]),
+        (32, [1, 2, 4, 8, 16, 24, 32]),
+    ],
+)
 def test_capture_list_up_to_the_cap_always_holds_the_cap(cap, sizes):
     assert capture_bs(cap) == sizes
 

@@ -14,21 +14,43 @@ from spec_decode.record.provenance import dvc_hashes
 from spec_decode.record.runs import RunRecord
 from spec_decode.runner import doctor
 
-DECODE_LINE = ("[2026-12-01 06:06:15] Decode batch, #running-req: 1, #token: 119, token usage: 0.01, "
-               "accept len: 3.00, accept rate: 1.00, cpu graph: False, gen throughput (token/s): 570.41, "
-               "#queue-req: 0\n")
+DECODE_LINE = (
+    "[2026-12-01 06:06:15] Decode batch, #running-req: 1, #token: 119, token usage: 0.01, "
+    "accept len: 3.00, accept rate: 1.00, cpu graph: False, gen throughput (token/s): 570.41, "
+    "#queue-req: 0\n"
+)
 
 
 def warmup_and_files(tmp_path, verify_ct: int = 4):
     """A warmup request that just ended, its server log (one decode line), and its profile lines."""
     end = time.time()
-    run = RunRecord(launch=0, run=-1, start_wall=end - 0.5, end_wall=end, wall_s=0.5, prompt_tokens=9,
-                    completion_tokens=12, spec_verify_ct=verify_ct)
+    run = RunRecord(
+        launch=0,
+        run=-1,
+        start_wall=end - 0.5,
+        end_wall=end,
+        wall_s=0.5,
+        prompt_tokens=9,
+        completion_tokens=12,
+        spec_verify_ct=verify_ct,
+    )
     log = tmp_path / "server.log"
     log.write_text(DECODE_LINE)
-    lines = "".join(json.dumps({"t0": end - 0.4 + 0.05 * i, "t": end - 0.38 + 0.05 * i, "cycle_ms": 20.0,
-                                "draft_ms": 5.0, "verify_ms": 10.0, "extend_ms": 5.0, "rank": 0}) + "\n"
-                    for i in range(verify_ct))
+    lines = "".join(
+        json.dumps(
+            {
+                "t0": end - 0.4 + 0.05 * i,
+                "t": end - 0.38 + 0.05 * i,
+                "cycle_ms": 20.0,
+                "draft_ms": 5.0,
+                "verify_ms": 10.0,
+                "extend_ms": 5.0,
+                "rank": 0,
+            }
+        )
+        + "\n"
+        for i in range(verify_ct)
+    )
     return run, log, tmp_path / "profile.jsonl", lines
 
 
@@ -41,7 +63,10 @@ def test_a_late_flush_is_waited_for(tmp_path):
     writer.join()
     assert time.monotonic() - t0 >= 0.25
     assert [(it.name, it.ok) for it in items] == [
-        ("profile from rank 0", True), ("meta_info spec counters", True), ("decode-log lines", True)], items
+        ("profile from rank 0", True),
+        ("meta_info spec counters", True),
+        ("decode-log lines", True),
+    ], items
 
 
 def test_nothing_more_is_waited_for_once_the_profile_is_on_disk(tmp_path):

@@ -26,7 +26,10 @@ SIDE = {
     "profiler": {"parsers", "engines.plugins"},
 }
 SIDE_USERS = {  # which floors may import each side package
-    "parsers": 1, "probe": 2, "engines": 3, "profiler": 3,
+    "parsers": 1,
+    "probe": 2,
+    "engines": 3,
+    "profiler": 3,
 }
 KNOWN = {
     # the analysis reads record types and the performance-only rule, which the record owns
@@ -57,14 +60,20 @@ def _allowed(src: str, dst: str) -> bool:
 
 def _is_type_checking(test: ast.expr) -> bool:
     return (isinstance(test, ast.Name) and test.id == "TYPE_CHECKING") or (
-        isinstance(test, ast.Attribute) and test.attr == "TYPE_CHECKING")
+        isinstance(test, ast.Attribute) and test.attr == "TYPE_CHECKING"
+    )
 
 
 def _imports(path: Path, mod: str):
     tree = ast.parse(path.read_text())
     pkg = mod.split(".") if path.name == "__init__.py" else mod.split(".")[:-1]
-    typing_only = {id(n) for block in ast.walk(tree) if isinstance(block, ast.If) and _is_type_checking(block.test)
-                   for stmt in block.body for n in ast.walk(stmt)}  # annotations only: no runtime arrow
+    typing_only = {
+        id(n)
+        for block in ast.walk(tree)
+        if isinstance(block, ast.If) and _is_type_checking(block.test)
+        for stmt in block.body
+        for n in ast.walk(stmt)
+    }  # annotations only: no runtime arrow
     for node in ast.walk(tree):
         if id(node) in typing_only:
             continue
@@ -114,7 +123,8 @@ def _module_of(dotted: str) -> str:
 def test_no_new_upward_import():
     new = arrows() - KNOWN
     assert not new, "a lower layer imports a higher one (move the shared piece down a floor): " + ", ".join(
-        f"{a} -> {b}" for a, b in sorted(new))
+        f"{a} -> {b}" for a, b in sorted(new)
+    )
 
 
 def test_known_list_only_shrinks():

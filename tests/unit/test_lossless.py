@@ -29,8 +29,18 @@ def ids_diverging_at(pos: int, ids=GOOD) -> list[int]:
 
 def run(i: int, ids: list[int] | None, verify_ct: int | None = 200, t0: float = 0.0, **kw) -> RunRecord:
     n = len(ids) if ids is not None else 500
-    return RunRecord(launch=0, run=i, start_wall=t0, end_wall=t0 + 1, wall_s=1.0, prompt_tokens=10,
-                     completion_tokens=n, spec_verify_ct=verify_ct, output_ids=ids, **kw)
+    return RunRecord(
+        launch=0,
+        run=i,
+        start_wall=t0,
+        end_wall=t0 + 1,
+        wall_s=1.0,
+        prompt_tokens=10,
+        completion_tokens=n,
+        spec_verify_ct=verify_ct,
+        output_ids=ids,
+        **kw,
+    )
 
 
 def baseline(tmp_path: Path, ids: list[int] | None = GOOD, outputs: dict[int, list[int]] | None = None) -> JobRecord:
@@ -39,10 +49,19 @@ def baseline(tmp_path: Path, ids: list[int] | None = GOOD, outputs: dict[int, li
     if outputs is not None:
         prompts = [Prompt(i, "x") for i in outputs]
         request_pass.write_outputs(bdir, prompts, [run(i, v, None) for i, v in outputs.items()])
-    return JobRecord(role="baseline", name="baseline", experiment="x", config={}, config_hash="",
-                     engine=results.EngineInfo("embedded"), speculative=False, status="FINISHED",
-                     runs=[run(0, ids, None), run(1, ids, None)], throughput_tok_s={"mean": 500.0},
-                     out_dir=str(bdir))
+    return JobRecord(
+        role="baseline",
+        name="baseline",
+        experiment="x",
+        config={},
+        config_hash="",
+        engine=results.EngineInfo("embedded"),
+        speculative=False,
+        status="FINISHED",
+        runs=[run(0, ids, None), run(1, ids, None)],
+        throughput_tok_s={"mean": 500.0},
+        out_dir=str(bdir),
+    )
 
 
 def finish(tmp_path: Path, rec, cfg, base) -> None:
@@ -108,9 +127,11 @@ def test_skipped_with_the_reason(tmp_path, why):
     finish(tmp_path, rec, cfg, None if why == "no_baseline" else baseline(tmp_path))
     g = rec.lossless
     assert g["verdict"] == "skipped" and g["checked"] is False and "lossless_match_rate" not in rec.metrics
-    assert g["reason"] == {"forced": "performance-only (forced acceptance)",
-                           "no_baseline": "no baseline arm to compare with",
-                           "baseline_role": "a baseline job (no speculation to check)"}.get(why, g["reason"])
+    assert g["reason"] == {
+        "forced": "performance-only (forced acceptance)",
+        "no_baseline": "no baseline arm to compare with",
+        "baseline_role": "a baseline job (no speculation to check)",
+    }.get(why, g["reason"])
     assert "lossless_vs_baseline" not in {c.name for c in rec.checks}
 
 
@@ -124,12 +145,19 @@ def test_categories_aggregate_run_scoped_accept_length_and_median_tok_s(tmp_path
     rec.runs = [run(0, GOOD)]
 
     def e(cat: str, tokens: int, verify: int, wall: float) -> dict:
-        r = RunRecord(launch=0, run=0, start_wall=0, end_wall=wall, wall_s=wall, prompt_tokens=5,
-                      completion_tokens=tokens, spec_verify_ct=verify)
+        r = RunRecord(
+            launch=0,
+            run=0,
+            start_wall=0,
+            end_wall=wall,
+            wall_s=wall,
+            prompt_tokens=5,
+            completion_tokens=tokens,
+            spec_verify_ct=verify,
+        )
         return request_pass.entry(Prompt(0, "x", cat), r)
 
-    rec.requests = [e("code", 100, 50, 1.0), e("code", 100, 25, 0.5), e("qa", 90, 30, 0.3),
-                    e("code", 40, 10, 0.1)]
+    rec.requests = [e("code", 100, 50, 1.0), e("code", 100, 25, 0.5), e("qa", 90, 30, 0.3), e("code", 40, 10, 0.1)]
     finish(tmp_path, rec, cfg, None)
     # code: 240 tokens / 85 verifies (not the mean of 2.0, 4.0, 4.0); tok/s median of 100, 200, 400
     assert rec.categories["code"] == {"n": 3, "accept_len": pytest.approx(240 / 85), "throughput_tok_s": 200.0}
@@ -141,8 +169,9 @@ def test_categories_aggregate_run_scoped_accept_length_and_median_tok_s(tmp_path
 def test_latency_percentiles_of_streamed_runs(tmp_path):
     cfg, rec = new(tmp_path)
     # 3 streamed runs of 11 tokens: TTFT 10/20/30 ms, 10 gaps each, wall 300/600/900 ms
-    rec.runs = [run(k, GOOD[:11], ttft_s=0.01 * (k + 1), token_gaps_s=[0.01 * (k + 1)] * 10, stream=True)
-                for k in range(3)]
+    rec.runs = [
+        run(k, GOOD[:11], ttft_s=0.01 * (k + 1), token_gaps_s=[0.01 * (k + 1)] * 10, stream=True) for k in range(3)
+    ]
     for k, r in enumerate(rec.runs):
         r.wall_s = 0.3 * (k + 1)
     finish(tmp_path, rec, cfg, None)
@@ -165,8 +194,9 @@ def test_non_streamed_runs_have_no_latency_section(tmp_path):
 
 def test_record_with_new_sections_reads_back_equal(tmp_path):
     cfg, rec = new(tmp_path)
-    rec.runs = [run(0, GOOD[:5], ttft_s=0.01, token_gaps_s=[0.001] * 4, stream=True,
-                    spec_correct_drafts_histogram=[1, 2, 3])]
+    rec.runs = [
+        run(0, GOOD[:5], ttft_s=0.01, token_gaps_s=[0.001] * 4, stream=True, spec_correct_drafts_histogram=[1, 2, 3])
+    ]
     finish(tmp_path, rec, cfg, baseline(tmp_path))
     results.write(tmp_path / "spec", rec)
     back = results.read(tmp_path / "spec")

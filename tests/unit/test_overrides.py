@@ -29,9 +29,19 @@ def test_sweep_typo_and_top_level_typo_are_refused():
 
 
 def test_dict_fields_groups_and_hydra_keys_still_pass():
-    check_argv(["-m", "+nccl.env.NCCL_ALGO=Ring", "+engine.env.X=1", "engine=sglang", "spec.steps=1,2",
-                "experiment=ci_smoke", "hydra.sweep.dir=/tmp/x", "engine.cuda_graph_max_bs_decode=8",
-                "hydra/launcher=joblib"])
+    check_argv(
+        [
+            "-m",
+            "+nccl.env.NCCL_ALGO=Ring",
+            "+engine.env.X=1",
+            "engine=sglang",
+            "spec.steps=1,2",
+            "experiment=ci_smoke",
+            "hydra.sweep.dir=/tmp/x",
+            "engine.cuda_graph_max_bs_decode=8",
+            "hydra/launcher=joblib",
+        ]
+    )
 
 
 def test_an_added_key_in_a_composed_config_is_refused():

@@ -53,8 +53,9 @@ def test_paired_ratio_is_the_geometric_mean_of_pair_ratios_with_a_t_ci():
     logs = [math.log(a / b) for a, b in zip(spec, base)]
     half = st.t.ppf(0.975, 4) * statistics.stdev(logs) / math.sqrt(5)
     assert r.ratio == pytest.approx(math.exp(statistics.fmean(logs)))
-    assert (r.ci95_lo, r.ci95_hi) == pytest.approx((math.exp(statistics.fmean(logs) - half),
-                                                    math.exp(statistics.fmean(logs) + half)))
+    assert (r.ci95_lo, r.ci95_hi) == pytest.approx(
+        (math.exp(statistics.fmean(logs) - half), math.exp(statistics.fmean(logs) + half))
+    )
     assert r.df == 4 and r.significant
     # the same numbers as two independent samples: the shared drift widens the CI several-fold
     welch = ratio_of_means(spec, base)
@@ -89,7 +90,8 @@ def test_preflight_refuses_concurrent_pairing_without_a_core_per_server():
     assert [e for e in concurrent.errors if "benchmark.pairing=concurrent" in e] == [
         f"benchmark.pairing=concurrent runs the spec and the baseline server at once, each pinned to its own "
         f"CPU cores: that needs 2 cores (2 x hardware.tp_size=1 ranks on CPU), but this job may use 1 "
-        f"([{min(mine)}]); use benchmark.pairing=interleaved (or benchmark.paired=false)"]
+        f"([{min(mine)}]); use benchmark.pairing=interleaved (or benchmark.paired=false)"
+    ]
     assert not [e for e in interleaved.errors + unpaired.errors if "pairing" in e]
 
 

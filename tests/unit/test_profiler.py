@@ -18,8 +18,9 @@ pytestmark = pytest.mark.unit
 
 
 def _run(code: str, env: dict) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-c", code], env={**os.environ, **env}, capture_output=True,
-                          text=True, timeout=120)
+    return subprocess.run(
+        [sys.executable, "-c", code], env={**os.environ, **env}, capture_output=True, text=True, timeout=120
+    )
 
 
 REGISTER = r"""
@@ -131,16 +132,32 @@ def test_rank_files_and_agreement(tmp_path):
     for rank, cycle_ms in ((0, 10.0), (1, 10.4)):
         with open(profile.rank_path(base, rank), "w") as f:
             for t in (1.0, 2.0, 3.0, 9.0):  # 9.0 is outside the timed window
-                f.write(json.dumps({"t": t, "rank": rank, "draft_ms": 2, "verify_ms": 6, "extend_ms": 1,
-                                    "cycle_ms": cycle_ms, "accepted": 3}) + "\n")
+                f.write(
+                    json.dumps(
+                        {
+                            "t": t,
+                            "rank": rank,
+                            "draft_ms": 2,
+                            "verify_ms": 6,
+                            "extend_ms": 1,
+                            "cycle_ms": cycle_ms,
+                            "accepted": 3,
+                        }
+                    )
+                    + "\n"
+                )
     summary, per_window = profile.summarize_run_windows(base, [(0.5, 3.5)])
     assert summary["cycles"] == 3 and summary["ranks"] == 2 and [len(w) for w in per_window] == [3]
     agree = summary["rank_agreement"]
     assert agree["ok"] and agree["ranks"]["1"]["cycle_ms_diff_pct"] == pytest.approx(4.0)
     # A rank with fewer cycles (a lost tail) disagrees.
     with open(profile.rank_path(base, 1), "a") as f:
-        f.write(json.dumps({"t": 3.2, "rank": 1, "draft_ms": 2, "verify_ms": 6, "extend_ms": 1,
-                            "cycle_ms": 10.4, "accepted": 3}) + "\n")
+        f.write(
+            json.dumps(
+                {"t": 3.2, "rank": 1, "draft_ms": 2, "verify_ms": 6, "extend_ms": 1, "cycle_ms": 10.4, "accepted": 3}
+            )
+            + "\n"
+        )
     summary, _ = profile.summarize_run_windows(base, [(0.5, 3.5)])
     assert not summary["rank_agreement"]["ok"]
 
@@ -152,14 +169,30 @@ def test_a_rank_15pct_slow_with_equal_cycle_counts_disagrees(tmp_path):
     for rank, cycle_ms in ((0, 10.0), (1, 11.5), (2, 10.9)):
         with open(profile.rank_path(base, rank), "w") as f:
             for t in (1.0, 2.0, 3.0):
-                f.write(json.dumps({"t": t, "rank": rank, "draft_ms": 2, "verify_ms": 6, "extend_ms": 1,
-                                    "cycle_ms": cycle_ms, "accepted": 3}) + "\n")
+                f.write(
+                    json.dumps(
+                        {
+                            "t": t,
+                            "rank": rank,
+                            "draft_ms": 2,
+                            "verify_ms": 6,
+                            "extend_ms": 1,
+                            "cycle_ms": cycle_ms,
+                            "accepted": 3,
+                        }
+                    )
+                    + "\n"
+                )
     agree = profile.summarize_run_windows(base, [(0.5, 3.5)])[0]["rank_agreement"]
     assert agree["ok"] is False
     assert agree["ranks"]["1"]["cycle_ms_diff_pct"] == pytest.approx(15.0)
     assert agree["ranks"]["2"]["cycle_ms_diff_pct"] == pytest.approx(9.0)
-    two = profile.rank_agreement({0: {"cycles": 3, "cycle_ms": 10.0, **{f"{p}_ms": 1.0 for p in profile.PHASES}},
-                                  2: {"cycles": 3, "cycle_ms": 10.9, **{f"{p}_ms": 1.0 for p in profile.PHASES}}})
+    two = profile.rank_agreement(
+        {
+            0: {"cycles": 3, "cycle_ms": 10.0, **{f"{p}_ms": 1.0 for p in profile.PHASES}},
+            2: {"cycles": 3, "cycle_ms": 10.9, **{f"{p}_ms": 1.0 for p in profile.PHASES}},
+        }
+    )
     assert two["ok"] is True
 
 
@@ -193,8 +226,7 @@ def test_two_sigterms_lose_no_cycle(tmp_path):
     """The runner's SIGTERM and the rank's parent-death SIGTERM arrive together: the tail is written
     once, whole, and the process then dies of SIGTERM."""
     path = tmp_path / "p.jsonl"
-    p = subprocess.run([sys.executable, "-c", DOUBLE_SIGTERM, str(path)], capture_output=True, text=True,
-                       timeout=60)
+    p = subprocess.run([sys.executable, "-c", DOUBLE_SIGTERM, str(path)], capture_output=True, text=True, timeout=60)
     assert p.returncode == -15, p.stderr  # the default action ran after the drain
     lines = path.read_text().splitlines()
     assert len(lines) == 60 and len(set(lines)) == 60
@@ -202,8 +234,8 @@ def test_two_sigterms_lose_no_cycle(tmp_path):
 
 DOUBLE_SIGTERM_PREVIOUS = DOUBLE_SIGTERM.replace(
     "plugin._chain_sigterm(prof)",
-    "signal.signal(signal.SIGTERM, lambda signum, frame: print('PREVIOUS', flush=True))\n"
-    "plugin._chain_sigterm(prof)").replace("time.sleep(30)", "time.sleep(2.0)\nprint('END', flush=True)")
+    "signal.signal(signal.SIGTERM, lambda signum, frame: print('PREVIOUS', flush=True))\nplugin._chain_sigterm(prof)",
+).replace("time.sleep(30)", "time.sleep(2.0)\nprint('END', flush=True)")
 
 
 def test_a_second_sigterm_mid_drain_starts_no_nested_drain(tmp_path):
@@ -211,8 +243,9 @@ def test_a_second_sigterm_mid_drain_starts_no_nested_drain(tmp_path):
     the second is ignored -- the drain and the previous handler run once, every cycle written once.
     A nested drain would write the outer drain's lines again and run the previous handler twice."""
     path = tmp_path / "p.jsonl"
-    p = subprocess.run([sys.executable, "-c", DOUBLE_SIGTERM_PREVIOUS, str(path)], capture_output=True, text=True,
-                       timeout=60)
+    p = subprocess.run(
+        [sys.executable, "-c", DOUBLE_SIGTERM_PREVIOUS, str(path)], capture_output=True, text=True, timeout=60
+    )
     assert p.returncode == 0, p.stderr
     assert p.stdout.split() == ["PREVIOUS", "END"]
     lines = path.read_text().splitlines()
@@ -284,8 +317,9 @@ def test_the_previous_handler_runs_once_when_the_cycle_ends_before_the_wait(tmp_
     """The cycle's end and the wait's timer both reach the handler's finish: the drain and the previous
     handler run once (a second run from the timer's thread would end the process with status 143)."""
     path = tmp_path / "p.jsonl"
-    p = subprocess.run([sys.executable, "-c", PREVIOUS_HANDLER_ONCE, str(path)], capture_output=True, text=True,
-                       timeout=60)
+    p = subprocess.run(
+        [sys.executable, "-c", PREVIOUS_HANDLER_ONCE, str(path)], capture_output=True, text=True, timeout=60
+    )
     assert p.returncode == 0, p.stderr
     assert p.stdout.split() == ["PREVIOUS", "END"]
     assert len(path.read_text().splitlines()) == 1  # the cycle in flight, recorded
@@ -369,8 +403,12 @@ def test_replicas_and_old_names(tmp_path):
     def write(path, ts, cycle_ms):
         with open(path, "w") as f:
             for t in ts:
-                f.write(json.dumps({"t": t, "draft_ms": 2, "verify_ms": 6, "extend_ms": 1, "cycle_ms": cycle_ms,
-                                    "accepted": 3}) + "\n")
+                f.write(
+                    json.dumps(
+                        {"t": t, "draft_ms": 2, "verify_ms": 6, "extend_ms": 1, "cycle_ms": cycle_ms, "accepted": 3}
+                    )
+                    + "\n"
+                )
 
     write(tmp_path / "profile.rank0.jsonl", (1.0, 2.0), 10.0)  # old name: dp 0, tp 0
     write(profile.rank_path(base, 1, dp=0), (1.0, 2.0), 10.2)
@@ -400,8 +438,10 @@ def test_profiler_effect_from_pairs():
 def test_cycles_are_attributed_to_requests_and_the_in_flight_extra_kept_apart():
     """Overlap: request a (2 verifies) runs one extra cycle after result 2 finished it, beside b's cycles
     in the same batch; b's counts are whole. A wrong rule (every cycle counted) gives a 3 cycles."""
-    cyc = [{"t": t, "rids": r, "cycle_ms": 1.0} for t, r in
-           ((1, ["a"]), (2, ["a", "b"]), (3, ["a", "b"]), (4, ["b"]), (5, ["b"]))]
+    cyc = [
+        {"t": t, "rids": r, "cycle_ms": 1.0}
+        for t, r in ((1, ["a"]), (2, ["a", "b"]), (3, ["a", "b"]), (4, ["b"]), (5, ["b"]))
+    ]
     cyc.append({"t": 6, "cycle_ms": 1.0})  # an older line without rids: counted, numbered
     out = profile.attribute(cyc, {"a": 2, "b": 3})
     assert out["per_request"]["a"] == {"cycles": 3, "counted": 2, "extra": 1, "spec_verify_ct": 2}
@@ -417,8 +457,20 @@ def test_the_job_profile_counts_only_the_cycles_its_requests_counted(tmp_path):
     for tp in (0, 1):
         with open(profile.rank_path(base, tp), "w") as f:
             for t in (1.0, 2.0, 3.0):
-                f.write(json.dumps({"t": t, "rids": ["r"], "draft_ms": 2, "verify_ms": 6, "extend_ms": 1,
-                                    "cycle_ms": 10.0, "accepted": 3}) + "\n")
+                f.write(
+                    json.dumps(
+                        {
+                            "t": t,
+                            "rids": ["r"],
+                            "draft_ms": 2,
+                            "verify_ms": 6,
+                            "extend_ms": 1,
+                            "cycle_ms": 10.0,
+                            "accepted": 3,
+                        }
+                    )
+                    + "\n"
+                )
     summary, per_window = profile.summarize_run_windows(base, [(0.5, 3.5)], requests=[("r", 2)])
     assert summary["cycles"] == 2 and summary["extra_cycles"] == 1 and [len(w) for w in per_window] == [2]
     assert summary["rank_agreement"]["ok"] and summary["rank_agreement"]["ranks"]["1"]["cycles"] == 2
@@ -433,16 +485,29 @@ def test_a_lagging_ranks_last_cycle_stays_in_its_requests_window(tmp_path):
     for tp, lag in ((0, 0.0), (1, 0.005)):
         with open(profile.rank_path(base, tp), "w") as f:
             for t in (1.0, 1.01, 1.02):
-                f.write(json.dumps({"t0": t, "t": t + 0.008 + lag, "draft_ms": 2, "verify_ms": 6, "extend_ms": 0,
-                                    "cycle_ms": 8.0 + 1e3 * lag, "accepted": 3}) + "\n")
+                f.write(
+                    json.dumps(
+                        {
+                            "t0": t,
+                            "t": t + 0.008 + lag,
+                            "draft_ms": 2,
+                            "verify_ms": 6,
+                            "extend_ms": 0,
+                            "cycle_ms": 8.0 + 1e3 * lag,
+                            "accepted": 3,
+                        }
+                    )
+                    + "\n"
+                )
     summary, _ = profile.summarize_run_windows(base, [(0.99, 1.030)])  # the response at 1.030
     agree = summary["rank_agreement"]
     assert summary["cycles"] == 3 and agree["ranks"]["1"]["cycles"] == 3
 
 
 def test_a_line_written_twice_by_an_interrupted_drain_is_one_cycle(tmp_path):
-    line = json.dumps({"t": 1.5, "t0": 1.4, "cycle_ms": 100.0, "draft_ms": 1, "verify_ms": 1, "extend_ms": 1,
-                       "accepted": 2})
+    line = json.dumps(
+        {"t": 1.5, "t0": 1.4, "cycle_ms": 100.0, "draft_ms": 1, "verify_ms": 1, "extend_ms": 1, "accepted": 2}
+    )
     other = line.replace('"t": 1.5', '"t": 1.6')
     (tmp_path / "p.jsonl").write_text("\n".join([line, other, line, other]) + "\n")
     assert [c["t"] for c in profile.read_profile(tmp_path / "p.jsonl")] == [1.5, 1.6]
@@ -452,8 +517,10 @@ def test_accept_len_is_per_request_cycle_when_a_cycle_carries_a_batch():
     from spec_decode.parsers.profile import phase_summary
 
     line = {"draft_ms": 1.0, "verify_ms": 2.0, "extend_ms": 1.0, "cycle_ms": 5.0}
-    batched = [{**line, "rids": ["a", "b"], "accept_lens": [3, 2], "accepted": 5},
-               {**line, "rids": ["a", "b"], "accept_lens": [1, 4], "accepted": 5}]
+    batched = [
+        {**line, "rids": ["a", "b"], "accept_lens": [3, 2], "accepted": 5},
+        {**line, "rids": ["a", "b"], "accept_lens": [1, 4], "accepted": 5},
+    ]
     s = phase_summary(batched)
     assert s["accept_len"] == 2.5 and s["batch_size_mean"] == 2.0  # 10 tokens over 4 request-cycles
     assert s["tok_s_from_profile"] == 1000.0  # the batch's tokens over its cycles' time
@@ -464,9 +531,11 @@ def test_accept_len_is_per_request_cycle_when_a_cycle_carries_a_batch():
 def test_inside_sglang_the_plugin_hooks_sglangs_targets_even_after_importing_our_engines_package():
     """Loading the plugin imports spec_decode.engines (whose argv builders import embedded.launch): that
     must not make an SGLang process look like the embedded engine (its hooks would target our Decoder)."""
-    code = ("import sys; from spec_decode.engines.plugins import registry; import spec_decode.engines.embedded.launch; "
-            "from spec_decode.profiler import plugin; a = plugin.current_engine(); "
-            "import spec_decode.engines.embedded.scheduler; print(a, plugin.current_engine())")
+    code = (
+        "import sys; from spec_decode.engines.plugins import registry; import spec_decode.engines.embedded.launch; "
+        "from spec_decode.profiler import plugin; a = plugin.current_engine(); "
+        "import spec_decode.engines.embedded.scheduler; print(a, plugin.current_engine())"
+    )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert out.returncode == 0, out.stderr[-2000:]
     assert out.stdout.split() == ["sglang", "embedded"]

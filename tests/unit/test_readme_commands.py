@@ -50,8 +50,13 @@ def test_every_command_has_a_kind_and_the_never_kinds_say_why():
         assert rule is not None, f"README line {c.line}: {c.text!r} matches no rule in RULES"
         kinds.setdefault(rule.kind, []).append(c.text)
         if rule.tier == "never" and not rule.test_form:  # each stays out for the reason its rule states
-            assert {"prose": c.prose, "elided": "…" in c.text, "gpu-install": "'.[sglang]'" in c.text,
-                    "gpu-only": c.text == "nvidia-smi", "network": "s3://" in c.text}[rule.kind], c.text
+            assert {
+                "prose": c.prose,
+                "elided": "…" in c.text,
+                "gpu-install": "'.[sglang]'" in c.text,
+                "gpu-only": c.text == "nvidia-smi",
+                "network": "s3://" in c.text,
+            }[rule.kind], c.text
     # what the suite's test runs in a fresh clone: the cheap ones, and the cheap form of the rest
     assert kinds["dvc-read"] == ["dvc dag", "dvc metrics diff", "dvc status", "dvc metrics show", "dvc exp show"]
     assert kinds["repro-plain"] == ["dvc repro"] and len(kinds["dry-run"]) == 2 and len(kinds["doctor-gpu"]) == 1
@@ -62,11 +67,13 @@ def test_the_quick_start_keeps_two_set_up_commands():
     assert [rx.classify(c).kind for c in quick] == ["install", "suite"], [c.text for c in quick]
 
 
-@pytest.mark.parametrize("added", ["make bench", "dvc statsu", "python tools/setup_env.py",
-                                   "spec-decode sync"])
+@pytest.mark.parametrize("added", ["make bench", "dvc statsu", "python tools/setup_env.py", "spec-decode sync"])
 def test_a_command_no_rule_knows_has_no_kind(added):
-    text = README.replace("python -m spec_decode.views.experiment headline embedded_steps_nccl ",
-                          f"{added}\npython -m spec_decode.views.experiment headline embedded_steps_nccl ", 1)
+    text = README.replace(
+        "python -m spec_decode.views.experiment headline embedded_steps_nccl ",
+        f"{added}\npython -m spec_decode.views.experiment headline embedded_steps_nccl ",
+        1,
+    )
     new = [c for c in commands(text) if c.text == added]
     assert len(new) == 1 and new[0].section == "DVC: models, data and reported results"
     assert rx.classify(new[0]) is None

@@ -11,19 +11,41 @@ from spec_decode.runner.client import RunRecord
 pytestmark = pytest.mark.unit
 
 
-def cell(steps: int, tput: list[float], nccl: str = "default", speedup: tuple | None = None,
-         simulate: float | None = None) -> JobRecord:
-    runs = [RunRecord(launch=0, run=i, start_wall=float(i), end_wall=i + 1.0, wall_s=500 / v, prompt_tokens=10,
-                      completion_tokens=500) for i, v in enumerate(tput)]
+def cell(
+    steps: int, tput: list[float], nccl: str = "default", speedup: tuple | None = None, simulate: float | None = None
+) -> JobRecord:
+    runs = [
+        RunRecord(
+            launch=0,
+            run=i,
+            start_wall=float(i),
+            end_wall=i + 1.0,
+            wall_s=500 / v,
+            prompt_tokens=10,
+            completion_tokens=500,
+        )
+        for i, v in enumerate(tput)
+    ]
     s = stats.summarize([r.throughput_tok_s for r in runs])
-    m = {"throughput_tok_s": s.mean, **{f"throughput_tok_s_{k}": getattr(s, k)
-                                        for k in ("cv", "robust_cv", "ci95_lo", "ci95_hi")}}
+    m = {
+        "throughput_tok_s": s.mean,
+        **{f"throughput_tok_s_{k}": getattr(s, k) for k in ("cv", "robust_cv", "ci95_lo", "ci95_hi")},
+    }
     if speedup:
         m.update(zip(("speedup_vs_baseline", "speedup_vs_baseline_ci95_lo", "speedup_vs_baseline_ci95_hi"), speedup))
-    return JobRecord(role="spec", name=f"nccl={nccl},spec.steps={steps}", experiment="e",
-                     config={"nccl": {"name": nccl}, "spec": {"steps": steps, "simulate_accept_len": simulate}},
-                     config_hash="", engine=EngineInfo("embedded"), speculative=True, status="FINISHED",
-                     runs=runs, metrics=m, throughput_tok_s=s.as_dict())
+    return JobRecord(
+        role="spec",
+        name=f"nccl={nccl},spec.steps={steps}",
+        experiment="e",
+        config={"nccl": {"name": nccl}, "spec": {"steps": steps, "simulate_accept_len": simulate}},
+        config_hash="",
+        engine=EngineInfo("embedded"),
+        speculative=True,
+        status="FINISHED",
+        runs=runs,
+        metrics=m,
+        throughput_tok_s=s.as_dict(),
+    )
 
 
 def steady(mean: float) -> list[float]:
@@ -59,16 +81,20 @@ def test_cannot_decide_when_best_and_runner_up_overlap():
     recs = [cell(2, steady(350)), cell(3, steady(353))]
     rec = recommend.recommend(recs)
     assert rec.decision == "cannot decide" and rec.cell is None
-    assert rec.reason.startswith("the best and another stable cell overlap: nccl=default,spec.steps=3 "
-                                 "throughput_tok_s 95% CI [")
+    assert rec.reason.startswith(
+        "the best and another stable cell overlap: nccl=default,spec.steps=3 throughput_tok_s 95% CI ["
+    )
     assert recommend.tag(rec).startswith("cannot decide: the best and another stable cell overlap")
 
 
 def test_a_wide_ci_below_the_runner_up_still_overlaps_the_best():
     # Seen on embedded_depth: by lower bound steps=2 is second (1.607, upper 1.766 < best's 1.773), but
     # steps=3's wider CI [1.596, 1.885] reaches into the best's: the data cannot tell 3 and 5 apart.
-    recs = [cell(2, steady(350), speedup=(1.684, 1.607, 1.766)), cell(3, steady(352), speedup=(1.735, 1.596, 1.885)),
-            cell(5, steady(355), speedup=(1.873, 1.773, 1.978))]
+    recs = [
+        cell(2, steady(350), speedup=(1.684, 1.607, 1.766)),
+        cell(3, steady(352), speedup=(1.735, 1.596, 1.885)),
+        cell(5, steady(355), speedup=(1.873, 1.773, 1.978)),
+    ]
     rec = recommend.recommend(recs)
     assert rec.decision == "cannot decide" and rec.cell is None
     assert "nccl=default,spec.steps=3 [1.596, 1.885]" in rec.reason

@@ -30,10 +30,19 @@ def new(tmp_path: Path, *overrides: str, role: str = "spec") -> tuple:
 
 
 def run(i: int, tokens: int, wall_s: float, verify_ct: int | None, t0: float) -> RunRecord:
-    return RunRecord(launch=0, run=i, start_wall=t0, end_wall=t0 + wall_s, wall_s=wall_s, prompt_tokens=10,
-                     completion_tokens=tokens, e2e_latency_s=wall_s * 0.99, spec_verify_ct=verify_ct,
-                     spec_num_correct_drafts=None if verify_ct is None else tokens - verify_ct,
-                     spec_num_proposed_drafts=None if verify_ct is None else 2 * verify_ct)
+    return RunRecord(
+        launch=0,
+        run=i,
+        start_wall=t0,
+        end_wall=t0 + wall_s,
+        wall_s=wall_s,
+        prompt_tokens=10,
+        completion_tokens=tokens,
+        e2e_latency_s=wall_s * 0.99,
+        spec_verify_ct=verify_ct,
+        spec_num_correct_drafts=None if verify_ct is None else tokens - verify_ct,
+        spec_num_proposed_drafts=None if verify_ct is None else 2 * verify_ct,
+    )
 
 
 def test_finish_computes_every_figure_from_the_runs_profile_and_log(tmp_path):
@@ -41,22 +50,57 @@ def test_finish_computes_every_figure_from_the_runs_profile_and_log(tmp_path):
     # two runs of 100 tokens in 40 verifies each: 0.25 s and 0.20 s
     rec.runs = [run(0, 100, 0.25, 40, 1000.0), run(1, 100, 0.20, 40, 2000.0)]
     # rank 0's profile: 40 cycles of 5 ms inside each run's window, and 7 cycles outside every window
-    lines = [{"t": t0 + 0.005 * (k + 1), "rank": 0, "draft_ms": 1.0, "verify_ms": 3.0, "extend_ms": 0.5,
-              "cycle_ms": 5.0, "accepted": 2.5} for t0 in (1000.0, 2000.0) for k in range(40)]
-    lines += [{"t": 3000.0 + k, "rank": 0, "draft_ms": 9.0, "verify_ms": 9.0, "extend_ms": 9.0, "cycle_ms": 50.0,
-               "accepted": 1} for k in range(7)]
+    lines = [
+        {
+            "t": t0 + 0.005 * (k + 1),
+            "rank": 0,
+            "draft_ms": 1.0,
+            "verify_ms": 3.0,
+            "extend_ms": 0.5,
+            "cycle_ms": 5.0,
+            "accepted": 2.5,
+        }
+        for t0 in (1000.0, 2000.0)
+        for k in range(40)
+    ]
+    lines += [
+        {
+            "t": 3000.0 + k,
+            "rank": 0,
+            "draft_ms": 9.0,
+            "verify_ms": 9.0,
+            "extend_ms": 9.0,
+            "cycle_ms": 50.0,
+            "accepted": 1,
+        }
+        for k in range(7)
+    ]
     (tmp_path / "profile.rank0.jsonl").write_text("\n".join(json.dumps(x) for x in lines) + "\n")
     log = tmp_path / "server.log"
     before = "[2026-11-29 10:00:00] Decode batch, #running-req: 1, accept len: 9.00, gen throughput (token/s): 1.00\n"
-    inside = "".join(f"[2026-11-29 10:00:0{i}] Decode batch, #running-req: 1, #token: 50, accept len: 2.50, "
-                     f"gen throughput (token/s): {v:.2f}\n" for i, v in enumerate((400.0, 500.0, 600.0)))
+    inside = "".join(
+        f"[2026-11-29 10:00:0{i}] Decode batch, #running-req: 1, #token: 50, accept len: 2.50, "
+        f"gen throughput (token/s): {v:.2f}\n"
+        for i, v in enumerate((400.0, 500.0, 600.0))
+    )
     log.write_text(before + inside)
-    base = JobRecord(role="baseline", name="baseline", experiment="x", config={}, config_hash="",
-                     engine=results.EngineInfo("embedded"), speculative=False, status="FINISHED",
-                     runs=[run(0, 100, 0.5, None, 0.0), run(1, 100, 0.5, None, 1.0)],
-                     throughput_tok_s={"mean": 200.0}, out_dir="/b")
+    base = JobRecord(
+        role="baseline",
+        name="baseline",
+        experiment="x",
+        config={},
+        config_hash="",
+        engine=results.EngineInfo("embedded"),
+        speculative=False,
+        status="FINISHED",
+        runs=[run(0, 100, 0.5, None, 0.0), run(1, 100, 0.5, None, 1.0)],
+        throughput_tok_s={"mean": 200.0},
+        out_dir="/b",
+    )
 
-    recording.finish(rec, cfg, "FINISHED", None, recording.Measured(tmp_path, log, [(len(before), len(before) + len(inside))]), base)
+    recording.finish(
+        rec, cfg, "FINISHED", None, recording.Measured(tmp_path, log, [(len(before), len(before) + len(inside))]), base
+    )
 
     m = rec.metrics
     assert m["throughput_tok_s"] == pytest.approx((400 + 500) / 2)
@@ -74,8 +118,14 @@ def test_finish_computes_every_figure_from_the_runs_profile_and_log(tmp_path):
     # cost model from the same numbers: T_dec 5 ms, break-even = 5 / 5 = 1, predicted 2.5x
     assert m["break_even_accept_len"] == pytest.approx(1.0) and m["predicted_speedup"] == pytest.approx(2.5)
     checks = {c.name: c for c in rec.checks}
-    assert set(checks) == {"throughput_in_cycles_vs_accept_over_cycle", "time_outside_cycles", "profile_vs_counters",
-                           "phases_within_cycle", "client_vs_engine_time", "acceptance_not_collapsed"}
+    assert set(checks) == {
+        "throughput_in_cycles_vs_accept_over_cycle",
+        "time_outside_cycles",
+        "profile_vs_counters",
+        "phases_within_cycle",
+        "client_vs_engine_time",
+        "acceptance_not_collapsed",
+    }
     # cycle ends stamped 5 ms apart, 5 ms cycles: inside the decode the two clocks agree
     assert checks["throughput_in_cycles_vs_accept_over_cycle"].value == pytest.approx(0.0, abs=1e-6)
     # 50 ms of 450 ms outside the cycles, all in run 0's tail (a fixed cost after the last cycle)
@@ -87,7 +137,9 @@ def test_finish_computes_every_figure_from_the_runs_profile_and_log(tmp_path):
 
 def test_failed_job_without_runs_has_no_numbers_and_no_checks(tmp_path):
     cfg, rec = new(tmp_path)
-    recording.finish(rec, cfg, "FAILED", "ServerError: boom", recording.Measured(tmp_path, tmp_path / "server.log", []), None)
+    recording.finish(
+        rec, cfg, "FAILED", "ServerError: boom", recording.Measured(tmp_path, tmp_path / "server.log", []), None
+    )
     assert (rec.status, rec.error, rec.metrics, rec.checks) == ("FAILED", "ServerError: boom", {}, [])
     assert rec.profile == {"missing": "no profile lines from rank 0 in the timed runs (plugin not loaded?)"}
     assert not [w for w in rec.warnings if "profile" in w]  # no runs: nothing to warn about
@@ -109,17 +161,48 @@ def test_the_record_is_written_once_and_reads_back_equal(tmp_path):
 
 
 SCHEMA1 = {
-    "schema_version": 1, "status": "FINISHED", "error": None, "role": "spec", "name": "spec.steps=2",
-    "experiment": "adhoc", "overrides": ["spec.steps=2"], "config": {"nccl": {"name": "tuned"}, "spec": {"steps": 2}},
-    "config_hash": "abc", "engine": {"name": "embedded", "version": "0.1"}, "speculative": True,
-    "server_env_extra": {}, "launches": [{"launch": 0, "port": 1, "pid": 2, "server_start_s": 1.5}],
-    "runs": [{"launch": 0, "run": 0, "start_wall": 1.0, "end_wall": 2.0, "wall_s": 1.0, "prompt_tokens": 3,
-              "completion_tokens": 500, "e2e_latency_s": 0.99, "spec_verify_ct": 200,
-              "spec_num_correct_drafts": 300, "spec_num_proposed_drafts": 400, "throughput_tok_s": 500.0}],
-    "warnings": [], "started_at": 1.0, "ended_at": 3.0, "out_dir": "/x", "provenance": {"git": {"commit": "c"}},
-    "metrics": {"throughput_tok_s": 500.0}, "server_env": {"NCCL_PROTO": "LL"}, "variance_components": None,
+    "schema_version": 1,
+    "status": "FINISHED",
+    "error": None,
+    "role": "spec",
+    "name": "spec.steps=2",
+    "experiment": "adhoc",
+    "overrides": ["spec.steps=2"],
+    "config": {"nccl": {"name": "tuned"}, "spec": {"steps": 2}},
+    "config_hash": "abc",
+    "engine": {"name": "embedded", "version": "0.1"},
+    "speculative": True,
+    "server_env_extra": {},
+    "launches": [{"launch": 0, "port": 1, "pid": 2, "server_start_s": 1.5}],
+    "runs": [
+        {
+            "launch": 0,
+            "run": 0,
+            "start_wall": 1.0,
+            "end_wall": 2.0,
+            "wall_s": 1.0,
+            "prompt_tokens": 3,
+            "completion_tokens": 500,
+            "e2e_latency_s": 0.99,
+            "spec_verify_ct": 200,
+            "spec_num_correct_drafts": 300,
+            "spec_num_proposed_drafts": 400,
+            "throughput_tok_s": 500.0,
+        }
+    ],
+    "warnings": [],
+    "started_at": 1.0,
+    "ended_at": 3.0,
+    "out_dir": "/x",
+    "provenance": {"git": {"commit": "c"}},
+    "metrics": {"throughput_tok_s": 500.0},
+    "server_env": {"NCCL_PROTO": "LL"},
+    "variance_components": None,
     "checks": [{"name": "phases_within_cycle", "ok": False, "value": 1.2, "expected": "<= 1.01", "message": "m"}],
-    "drift": None, "mlflow_run_id": "r1", "decode_log": {"lines": 3}, "some_future_key": {"kept": True},
+    "drift": None,
+    "mlflow_run_id": "r1",
+    "decode_log": {"lines": 3},
+    "some_future_key": {"kept": True},
 }
 
 
@@ -137,13 +220,15 @@ def test_collect_finds_records_oldest_first_and_skips_broken_files(tmp_path):
         d = tmp_path / f"job{i}"
         d.mkdir()
         (d / "results.json").write_text(
-            json.dumps({**SCHEMA1, "started_at": started, "record_id": f"r{i}", "out_dir": str(d)}))
+            json.dumps({**SCHEMA1, "started_at": started, "record_id": f"r{i}", "out_dir": str(d)})
+        )
     (tmp_path / "broken").mkdir()
     (tmp_path / "broken" / "results.json").write_text("{not json")
     # a copy of job1's record in an artifact store under the same dir counts once, as job1
     (tmp_path / "art" / "x").mkdir(parents=True)
     (tmp_path / "art" / "x" / "results.json").write_text(
-        json.dumps({**SCHEMA1, "started_at": 10.0, "record_id": "r1", "out_dir": str(tmp_path / "job1")}))
+        json.dumps({**SCHEMA1, "started_at": 10.0, "record_id": "r1", "out_dir": str(tmp_path / "job1")})
+    )
     recs = results.collect(tmp_path)
     assert [r.record_id for r in recs] == ["r1", "r2", "r0"]
     assert recs[0].out_dir == str(tmp_path / "job1")

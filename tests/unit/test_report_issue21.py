@@ -18,39 +18,91 @@ def lat(p50: float) -> dict:
     return {"p50": p50, "p90": 1.5 * p50, "p99": 2 * p50, "mean": 1.1 * p50, "n": 1000}
 
 
-def record(steps: int, tput: float, hist: list[int], verdict: str = "pass", simulate: float | None = None,
-           runs: int = 5, spread: float = 0.01) -> dict:
+def record(
+    steps: int,
+    tput: float,
+    hist: list[int],
+    verdict: str = "pass",
+    simulate: float | None = None,
+    runs: int = 5,
+    spread: float = 0.01,
+) -> dict:
     reach = [sum(hist[i:]) for i in range(len(hist))]
     rates = [reach[i] / reach[i - 1] for i in range(1, len(hist))]
     vals = [tput * (1 + spread * d) for d in (-1, -0.5, 0, 0.5, 1)][:runs]
     mean = sum(vals) / len(vals)
-    metrics = {"throughput_tok_s": mean, "throughput_tok_s_ci95_lo": mean - 3, "throughput_tok_s_ci95_hi": mean + 3,
-               "throughput_tok_s_cv": spread * 0.8, "throughput_tok_s_robust_cv": spread * 0.74,
-               "accept_len": 1 + sum(a * n for a, n in enumerate(hist)) / sum(hist),
-               "accept_len_request_weighted": 2.5, "accept_len_request_mean": 2.4,
-               **{f"accept_rate_pos{i}": r for i, r in enumerate(rates, start=1)},
-               "ttft_ms_p50": 12.0, "itl_ms_p50": 2.0, "lossless_match_rate": 1.0,
-               "category_code_accept_len": 3.1, "category_code_throughput_tok_s": 410.0,
-               "cycle_ms": 4.0 + steps, "draft_ms": 0.5 * steps, "verify_ms": 3.0 + 0.1 * steps, "extend_ms": 0.4,
-               "other_ms": 0.1, "draft_pct": 10.0, "verify_pct": 70.0, "extend_pct": 15.0, "other_pct": 5.0}
+    metrics = {
+        "throughput_tok_s": mean,
+        "throughput_tok_s_ci95_lo": mean - 3,
+        "throughput_tok_s_ci95_hi": mean + 3,
+        "throughput_tok_s_cv": spread * 0.8,
+        "throughput_tok_s_robust_cv": spread * 0.74,
+        "accept_len": 1 + sum(a * n for a, n in enumerate(hist)) / sum(hist),
+        "accept_len_request_weighted": 2.5,
+        "accept_len_request_mean": 2.4,
+        **{f"accept_rate_pos{i}": r for i, r in enumerate(rates, start=1)},
+        "ttft_ms_p50": 12.0,
+        "itl_ms_p50": 2.0,
+        "lossless_match_rate": 1.0,
+        "category_code_accept_len": 3.1,
+        "category_code_throughput_tok_s": 410.0,
+        "cycle_ms": 4.0 + steps,
+        "draft_ms": 0.5 * steps,
+        "verify_ms": 3.0 + 0.1 * steps,
+        "extend_ms": 0.4,
+        "other_ms": 0.1,
+        "draft_pct": 10.0,
+        "verify_pct": 70.0,
+        "extend_pct": 15.0,
+        "other_pct": 5.0,
+    }
     return {
-        "role": "spec", "name": f"nccl=default,spec.steps={steps}" + (",spec.simulate_accept_len=3" if simulate else ""),
-        "experiment": "e", "config_hash": "h", "engine": {"name": "embedded"}, "speculative": True,
-        "status": "FINISHED", "started_at": float(steps) + (0.5 if simulate else 0),
-        "config": {"nccl": {"name": "default"}, "spec": {"steps": steps, "simulate_accept_len": simulate},
-                   "hardware": {"name": "cpu"}},
-        "throughput_tok_s": {"mean": mean, "n": runs, "cv": spread * 0.8, "robust_cv": spread * 0.74,
-                             "ci95_lo": mean - 3, "ci95_hi": mean + 3, "std": 1.0},
+        "role": "spec",
+        "name": f"nccl=default,spec.steps={steps}" + (",spec.simulate_accept_len=3" if simulate else ""),
+        "experiment": "e",
+        "config_hash": "h",
+        "engine": {"name": "embedded"},
+        "speculative": True,
+        "status": "FINISHED",
+        "started_at": float(steps) + (0.5 if simulate else 0),
+        "config": {
+            "nccl": {"name": "default"},
+            "spec": {"steps": steps, "simulate_accept_len": simulate},
+            "hardware": {"name": "cpu"},
+        },
+        "throughput_tok_s": {
+            "mean": mean,
+            "n": runs,
+            "cv": spread * 0.8,
+            "robust_cv": spread * 0.74,
+            "ci95_lo": mean - 3,
+            "ci95_hi": mean + 3,
+            "std": 1.0,
+        },
         "metrics": metrics,
-        "acceptance": {"histogram": hist, "per_position": rates, "source": "profile", "accept_len_weighted": 2.5,
-                       "accept_len_unweighted": 2.4, "per_request": []},
+        "acceptance": {
+            "histogram": hist,
+            "per_position": rates,
+            "source": "profile",
+            "accept_len_weighted": 2.5,
+            "accept_len_unweighted": 2.4,
+            "per_request": [],
+        },
         # H2's sections, as the contract names them
         "latency": {"ttft_ms": lat(12.0), "itl_ms": lat(2.0), "tpot_ms": lat(2.1), "e2e_ms": lat(1000.0)},
-        "categories": {"code": {"n": 4, "accept_len": 3.1, "throughput_tok_s": 410.0},
-                       "chat": {"n": 4, "accept_len": 2.2, "throughput_tok_s": 350.0}},
-        "lossless": {"checked": verdict != "skipped", "requests": 8, "matched": 8 if verdict == "pass" else 7,
-                     "match_rate": 1.0 if verdict == "pass" else 0.875, "first_divergence": {},
-                     "verdict": verdict, "reason": ""},
+        "categories": {
+            "code": {"n": 4, "accept_len": 3.1, "throughput_tok_s": 410.0},
+            "chat": {"n": 4, "accept_len": 2.2, "throughput_tok_s": 350.0},
+        },
+        "lossless": {
+            "checked": verdict != "skipped",
+            "requests": 8,
+            "matched": 8 if verdict == "pass" else 7,
+            "match_rate": 1.0 if verdict == "pass" else 0.875,
+            "first_divergence": {},
+            "verdict": verdict,
+            "reason": "",
+        },
         "requests": [],
     }
 
@@ -58,10 +110,15 @@ def record(steps: int, tput: float, hist: list[int], verdict: str = "pass", simu
 def sweep():
     from spec_decode.record.results import JobRecord
 
-    return [JobRecord.from_dict(json.loads(json.dumps(d))) for d in (
-        record(1, 300.0, [10, 90]), record(3, 420.0, [5, 15, 30, 50], verdict="fail"),
-        record(5, 380.0, [5, 5, 10, 20, 20, 40], spread=0.2),
-        record(3, 600.0, [0, 0, 0, 100], verdict="skipped", simulate=3.0))]
+    return [
+        JobRecord.from_dict(json.loads(json.dumps(d)))
+        for d in (
+            record(1, 300.0, [10, 90]),
+            record(3, 420.0, [5, 15, 30, 50], verdict="fail"),
+            record(5, 380.0, [5, 5, 10, 20, 20, 40], spread=0.2),
+            record(3, 600.0, [0, 0, 0, 100], verdict="skipped", simulate=3.0),
+        )
+    ]
 
 
 def test_summary_renders_every_issue21_table():
@@ -76,12 +133,20 @@ def test_summary_renders_every_issue21_table():
     assert row.split()[4:6] == ["-", "-"]  # positions 4..5 do not exist at 3 steps
     lat_row = next(line for line in lines if line.startswith("nccl=default,spec.steps=1 ") and "12.00 / 18.00" in line)
     assert "12.00 / 18.00 / 24.00" in lat_row and "2.00 / 3.00 / 4.00" in lat_row and "1000.00 / 1500.00" in lat_row
-    assert any(line.split()[1:5] == ["code", "4", "3.10", "410.0"] for line in lines if line.startswith("nccl=default,spec.steps=5"))
+    assert any(
+        line.split()[1:5] == ["code", "4", "3.10", "410.0"]
+        for line in lines
+        if line.startswith("nccl=default,spec.steps=5")
+    )
     # steps=3 is the fastest real cell, but its lossless check failed: steps=1 is the only one left
-    assert "recommendation: steps=1 (nccl=default,spec.steps=1) -- highest throughput_tok_s 95% CI lower " \
-           "bound 297.0 among 1 competing cell(s); the only competing cell" in lines
-    assert "nccl=default,spec.steps=3: excluded, lossless check failed (outputs differ from plain decoding); " \
-           "stable: robust CV 0.7% <= 5% over 5 runs; score 417.0" in text
+    assert (
+        "recommendation: steps=1 (nccl=default,spec.steps=1) -- highest throughput_tok_s 95% CI lower "
+        "bound 297.0 among 1 competing cell(s); the only competing cell" in lines
+    )
+    assert (
+        "nccl=default,spec.steps=3: excluded, lossless check failed (outputs differ from plain decoding); "
+        "stable: robust CV 0.7% <= 5% over 5 runs; score 417.0" in text
+    )
     assert "nccl=default,spec.steps=5: excluded, noisy: robust CV 14.8% > 5% over 5 runs" in text
     assert "performance-only (forced acceptance): not a drafter choice" in text
 
@@ -131,5 +196,7 @@ def test_a_single_job_run_gets_its_charts_and_a_sweep_child_does_not(tmp_path):
         tracker.finish(run_id, rec, tmp_path)
     c = MlflowClient(uri)
     assert {a.path for a in c.list_artifacts(alone_id, "plots")} == {
-        "plots/acceptance_histogram.png", "plots/accept_rate_by_position.png"}
+        "plots/acceptance_histogram.png",
+        "plots/accept_rate_by_position.png",
+    }
     assert not c.list_artifacts(child_id, "plots")

@@ -22,20 +22,54 @@ matplotlib.use("Agg")
 pytestmark = pytest.mark.unit
 
 
-def cell(steps: int, tput: list[float], speedup: tuple, nccl: str = "default", device: str = "cpu",
-         block: int = 0, replicate: int = 0, accept_len: float = 3.5) -> JobRecord:
-    runs = [RunRecord(launch=0, run=i, start_wall=float(i), end_wall=i + 1.0, wall_s=500 / v, prompt_tokens=10,
-                      completion_tokens=500) for i, v in enumerate(tput)]
+def cell(
+    steps: int,
+    tput: list[float],
+    speedup: tuple,
+    nccl: str = "default",
+    device: str = "cpu",
+    block: int = 0,
+    replicate: int = 0,
+    accept_len: float = 3.5,
+) -> JobRecord:
+    runs = [
+        RunRecord(
+            launch=0,
+            run=i,
+            start_wall=float(i),
+            end_wall=i + 1.0,
+            wall_s=500 / v,
+            prompt_tokens=10,
+            completion_tokens=500,
+        )
+        for i, v in enumerate(tput)
+    ]
     s = sd_stats.summarize([r.throughput_tok_s for r in runs])
-    m = {"throughput_tok_s": s.mean, "accept_len": accept_len,
-         **{f"throughput_tok_s_{k}": getattr(s, k) for k in ("cv", "robust_cv", "ci95_lo", "ci95_hi")},
-         **dict(zip(("speedup_vs_baseline", "speedup_vs_baseline_ci95_lo", "speedup_vs_baseline_ci95_hi"), speedup))}
+    m = {
+        "throughput_tok_s": s.mean,
+        "accept_len": accept_len,
+        **{f"throughput_tok_s_{k}": getattr(s, k) for k in ("cv", "robust_cv", "ci95_lo", "ci95_hi")},
+        **dict(zip(("speedup_vs_baseline", "speedup_vs_baseline_ci95_lo", "speedup_vs_baseline_ci95_hi"), speedup)),
+    }
     name = f"nccl={nccl},spec.steps={steps}" + (f",benchmark.block={block}" if block else "")
-    return JobRecord(role="spec", name=name, experiment="e",
-                     config={"hardware": {"name": device, "device": device}, "nccl": {"name": nccl},
-                             "spec": {"steps": steps}, "benchmark": {"runs": 5, "block": block, "replicate": replicate}},
-                     config_hash="", engine=EngineInfo("embedded"), speculative=True, status="FINISHED",
-                     runs=runs, metrics=m, throughput_tok_s=s.as_dict())
+    return JobRecord(
+        role="spec",
+        name=name,
+        experiment="e",
+        config={
+            "hardware": {"name": device, "device": device},
+            "nccl": {"name": nccl},
+            "spec": {"steps": steps},
+            "benchmark": {"runs": 5, "block": block, "replicate": replicate},
+        },
+        config_hash="",
+        engine=EngineInfo("embedded"),
+        speculative=True,
+        status="FINISHED",
+        runs=runs,
+        metrics=m,
+        throughput_tok_s=s.as_dict(),
+    )
 
 
 def steady(mean: float) -> list[float]:
@@ -44,8 +78,12 @@ def steady(mean: float) -> list[float]:
 
 # ---- the A/A control ------------------------------------------------------------------------------
 def test_control_agrees_when_the_identical_pair_overlaps_and_the_recommendation_stands():
-    recs = [cell(1, steady(300), (1.20, 1.15, 1.25), "tuned"), cell(1, steady(300), (1.22, 1.17, 1.27)),
-            cell(3, steady(400), (1.60, 1.55, 1.65), "tuned"), cell(3, steady(400), (1.58, 1.53, 1.63))]
+    recs = [
+        cell(1, steady(300), (1.20, 1.15, 1.25), "tuned"),
+        cell(1, steady(300), (1.22, 1.17, 1.27)),
+        cell(3, steady(400), (1.60, 1.55, 1.65), "tuned"),
+        cell(3, steady(400), (1.58, 1.53, 1.63)),
+    ]
     c = control.check(recs)
     assert c.status == "ok" and len(c.pairs) == 2 and all(p.agree for p in c.pairs)
     rec = recommend.recommend(recs)
@@ -55,21 +93,32 @@ def test_control_agrees_when_the_identical_pair_overlaps_and_the_recommendation_
 def test_planted_bias_in_one_arm_disagrees_and_the_recommendation_refuses():
     # the issue's sweep: on a CPU nccl=tuned and nccl=default are one experiment, yet steps=1 gave
     # 0.891x [0.864, 0.919] and 1.129x [1.060, 1.202]; steps=3 would otherwise win clearly
-    recs = [cell(1, steady(300), (0.891, 0.864, 0.919), "tuned"), cell(1, steady(300), (1.129, 1.060, 1.202)),
-            cell(3, steady(400), (1.60, 1.55, 1.65), "tuned"), cell(3, steady(400), (1.58, 1.53, 1.63))]
+    recs = [
+        cell(1, steady(300), (0.891, 0.864, 0.919), "tuned"),
+        cell(1, steady(300), (1.129, 1.060, 1.202)),
+        cell(3, steady(400), (1.60, 1.55, 1.65), "tuned"),
+        cell(3, steady(400), (1.58, 1.53, 1.63)),
+    ]
     c = control.check(recs)
     assert c.status == "disagree" and [p.agree for p in c.pairs] == [False, True]
     assert "noise exceeds the stated intervals" in c.message and control.tag(c).startswith("disagree: ")
     rec = recommend.recommend(recs)
     assert (rec.decision, rec.steps, rec.control) == ("cannot decide", None, "disagree")
-    assert rec.reason.startswith("refused: A/A control DISAGREES") and "A/A control: disagree" in recommend.describe(rec)
+    assert rec.reason.startswith("refused: A/A control DISAGREES") and "A/A control: disagree" in recommend.describe(
+        rec
+    )
 
 
 def test_nccl_profiles_are_no_control_on_a_gpu_but_replicates_are():
-    gpu = [cell(3, steady(400), (1.0, 0.98, 1.02), "tuned", "cuda"), cell(3, steady(400), (1.3, 1.28, 1.32), "default", "cuda")]
+    gpu = [
+        cell(3, steady(400), (1.0, 0.98, 1.02), "tuned", "cuda"),
+        cell(3, steady(400), (1.3, 1.28, 1.32), "default", "cuda"),
+    ]
     assert control.check(gpu).status == "none"  # NCCL runs there: a real difference, not a disagreement
-    reps = [cell(3, steady(400), (1.3, 1.28, 1.32), device="cuda"),
-            cell(3, steady(400), (1.1, 1.08, 1.12), device="cuda", replicate=1)]
+    reps = [
+        cell(3, steady(400), (1.3, 1.28, 1.32), device="cuda"),
+        cell(3, steady(400), (1.1, 1.08, 1.12), device="cuda", replicate=1),
+    ]
     c = control.check(reps)
     assert c.status == "disagree" and "replicates" in c.pairs[0].why_identical
 
@@ -88,7 +137,9 @@ def test_blocks_fold_into_one_cell_with_a_t_interval_on_block_level_speedups():
     m = c.metrics
     assert m["speedup_vs_baseline"] == pytest.approx(math.exp(statistics.fmean(logs)))
     assert (m["speedup_vs_baseline_ci95_lo"], m["speedup_vs_baseline_ci95_hi"]) == (
-        pytest.approx(math.exp(statistics.fmean(logs) - half)), pytest.approx(math.exp(statistics.fmean(logs) + half)))
+        pytest.approx(math.exp(statistics.fmean(logs) - half)),
+        pytest.approx(math.exp(statistics.fmean(logs) + half)),
+    )
     # the blocks' spread is in the interval: far wider than any one block's own +-0.02
     assert m["speedup_ci95_halfwidth_pct"] > 10
     assert c.throughput_tok_s["n"] == 4 and c.speedup_vs_baseline["method"] == "blocks"
@@ -103,15 +154,34 @@ def test_without_blocks_the_records_pass_through_labelled_as_the_cheap_mode():
 
 # ---- compare --------------------------------------------------------------------------------------
 def entry(speedup, accept=3.5, **kw):
-    return {"role": "spec", "status": "FINISHED", "accept_len": accept, "speedup_vs_baseline": speedup[0],
-            "speedup_vs_baseline_ci95_lo": speedup[1], "speedup_vs_baseline_ci95_hi": speedup[2], **kw}
+    return {
+        "role": "spec",
+        "status": "FINISHED",
+        "accept_len": accept,
+        "speedup_vs_baseline": speedup[0],
+        "speedup_vs_baseline_ci95_lo": speedup[1],
+        "speedup_vs_baseline_ci95_hi": speedup[2],
+        **kw,
+    }
 
 
 def test_compare_verdicts_on_known_inputs():
-    a = {"jobs": {"s=1": entry((1.25, 1.20, 1.30)), "s=3": entry((1.79, 1.68, 1.90)), "s=5": entry((1.5, 1.4, 1.6)),
-                  "baseline": {"role": "baseline", "status": "FINISHED", "throughput_tok_s": 500.0}}}
-    b = {"jobs": {"s=1": entry((1.28, 1.22, 1.34)), "s=3": entry((1.27, 1.25, 1.29)), "s=5": entry((1.5, 1.4, 1.6), 3.7),
-                  "baseline": {"role": "baseline", "status": "FINISHED", "throughput_tok_s": 330.0}}}
+    a = {
+        "jobs": {
+            "s=1": entry((1.25, 1.20, 1.30)),
+            "s=3": entry((1.79, 1.68, 1.90)),
+            "s=5": entry((1.5, 1.4, 1.6)),
+            "baseline": {"role": "baseline", "status": "FINISHED", "throughput_tok_s": 500.0},
+        }
+    }
+    b = {
+        "jobs": {
+            "s=1": entry((1.28, 1.22, 1.34)),
+            "s=3": entry((1.27, 1.25, 1.29)),
+            "s=5": entry((1.5, 1.4, 1.6), 3.7),
+            "baseline": {"role": "baseline", "status": "FINISHED", "throughput_tok_s": 330.0},
+        }
+    }
     rows = {r.cell: r for r in compare.compare(a, b)}
     assert rows["s=1"].verdict == "agree"
     assert rows["s=3"].verdict.startswith("DIFFERS: speedup intervals disjoint (-29.1%)")  # the issue's cell
@@ -128,18 +198,33 @@ def test_compare_verdicts_on_known_inputs():
 
 
 def test_compare_lines_up_sweeps_run_with_different_fixed_overrides_and_block_design_cells():
-    a = {"jobs": {"benchmark.runs=30,nccl=tuned,spec.steps=3": entry((1.5, 1.4, 1.6)),
-                  "benchmark.runs=30,nccl=default,spec.steps=3": entry((1.5, 1.4, 1.6)),
-                  "baseline,benchmark.runs=30,nccl=tuned": {"role": "baseline", "throughput_tok_s": 500.0}}}
-    b = {"jobs": {}, "cells": {
-        "+engine.env.FAULT=slow\\:0.15,benchmark.blocks=4,engine.launcher=[python,tests/fault_server.py],nccl=tuned,spec.steps=3":
-            entry((1.2, 1.1, 1.3)),
-        "+engine.env.FAULT=slow\\:0.15,benchmark.blocks=4,engine.launcher=[python,tests/fault_server.py],nccl=default,spec.steps=3":
-            entry((1.45, 1.3, 1.6)),
-        "baseline,+engine.env.FAULT=slow\\:0.15,benchmark.blocks=4,engine.launcher=[python,tests/fault_server.py],nccl=tuned":
-            {"role": "baseline", "throughput_tok_s": 480.0}}}
-    assert set(compare.entries(b)) == set(compare.entries(a)) == {
-        "nccl=tuned,spec.steps=3", "nccl=default,spec.steps=3", "baseline,nccl=tuned"}
+    a = {
+        "jobs": {
+            "benchmark.runs=30,nccl=tuned,spec.steps=3": entry((1.5, 1.4, 1.6)),
+            "benchmark.runs=30,nccl=default,spec.steps=3": entry((1.5, 1.4, 1.6)),
+            "baseline,benchmark.runs=30,nccl=tuned": {"role": "baseline", "throughput_tok_s": 500.0},
+        }
+    }
+    b = {
+        "jobs": {},
+        "cells": {
+            "+engine.env.FAULT=slow\\:0.15,benchmark.blocks=4,engine.launcher=[python,tests/fault_server.py],nccl=tuned,spec.steps=3": entry(
+                (1.2, 1.1, 1.3)
+            ),
+            "+engine.env.FAULT=slow\\:0.15,benchmark.blocks=4,engine.launcher=[python,tests/fault_server.py],nccl=default,spec.steps=3": entry(
+                (1.45, 1.3, 1.6)
+            ),
+            "baseline,+engine.env.FAULT=slow\\:0.15,benchmark.blocks=4,engine.launcher=[python,tests/fault_server.py],nccl=tuned": {
+                "role": "baseline",
+                "throughput_tok_s": 480.0,
+            },
+        },
+    }
+    assert (
+        set(compare.entries(b))
+        == set(compare.entries(a))
+        == {"nccl=tuned,spec.steps=3", "nccl=default,spec.steps=3", "baseline,nccl=tuned"}
+    )
     rows = {r.cell: r.verdict for r in compare.compare(a, b)}
     assert rows["nccl=tuned,spec.steps=3"].startswith("DIFFERS") and rows["nccl=default,spec.steps=3"] == "agree"
 
@@ -149,23 +234,42 @@ def test_compare_lines_up_a_paired_sweep_with_one_that_measured_baseline_jobs():
     of the sweep; a committed metrics.json from the job strategy has baseline jobs. Same cells, same
     names; the baseline jobs on one side are information, not missing cells."""
     base = {"role": "baseline", "status": "FINISHED", "throughput_tok_s": 500.0}
-    jobs = {"jobs": {"nccl=tuned,spec.steps=3": entry((1.5, 1.4, 1.6), speedup_method="welch"),
-                     "nccl=default,spec.steps=3": entry((1.5, 1.4, 1.6), speedup_method="welch"),
-                     "baseline,nccl=tuned": base, "baseline,nccl=default": base}}
-    paired = {"jobs": {"nccl=tuned,spec.steps=3": entry((1.55, 1.5, 1.6), speedup_method="paired"),
-                       "nccl=default,spec.steps=3": entry((1.2, 1.15, 1.25), speedup_method="paired")}}
+    jobs = {
+        "jobs": {
+            "nccl=tuned,spec.steps=3": entry((1.5, 1.4, 1.6), speedup_method="welch"),
+            "nccl=default,spec.steps=3": entry((1.5, 1.4, 1.6), speedup_method="welch"),
+            "baseline,nccl=tuned": base,
+            "baseline,nccl=default": base,
+        }
+    }
+    paired = {
+        "jobs": {
+            "nccl=tuned,spec.steps=3": entry((1.55, 1.5, 1.6), speedup_method="paired"),
+            "nccl=default,spec.steps=3": entry((1.2, 1.15, 1.25), speedup_method="paired"),
+        }
+    }
     rows = {r.cell: r for r in compare.compare(jobs, paired)}
-    assert set(rows) == {"nccl=tuned,spec.steps=3", "nccl=default,spec.steps=3", "baseline,nccl=tuned",
-                         "baseline,nccl=default"}
+    assert set(rows) == {
+        "nccl=tuned,spec.steps=3",
+        "nccl=default,spec.steps=3",
+        "baseline,nccl=tuned",
+        "baseline,nccl=default",
+    }
     assert rows["nccl=tuned,spec.steps=3"].verdict == "agree"
     assert rows["nccl=default,spec.steps=3"].verdict.startswith("DIFFERS: speedup intervals disjoint")
     assert rows["baseline,nccl=tuned"].verdict == "info: a baseline job only in A (the other side's ran paired)"
     assert [r.cell for r in rows.values() if r.differs] == ["nccl=default,spec.steps=3"]
-    assert "baselines: baseline jobs vs paired beside each spec server (the speedup's method differs too)" in \
-        compare.host_notes(jobs, paired)
+    assert (
+        "baselines: baseline jobs vs paired beside each spec server (the speedup's method differs too)"
+        in compare.host_notes(jobs, paired)
+    )
     # one spec cell and fixed overrides: its name is its speculation on both sides
-    one_jobs = {"jobs": {"benchmark.runs=30,spec.steps=3": entry((1.5, 1.4, 1.6), speedup_method="welch"),
-                         "baseline,benchmark.runs=30": base}}
+    one_jobs = {
+        "jobs": {
+            "benchmark.runs=30,spec.steps=3": entry((1.5, 1.4, 1.6), speedup_method="welch"),
+            "baseline,benchmark.runs=30": base,
+        }
+    }
     one_paired = {"jobs": {"benchmark.runs=30,spec.steps=3": entry((1.5, 1.4, 1.6), speedup_method="paired")}}
     assert set(compare.entries(one_paired)) == {"spec.steps=3"} and "spec.steps=3" in compare.entries(one_jobs)
     assert compare.verdict(compare.compare(one_paired, one_jobs)).startswith("agree")
@@ -180,7 +284,8 @@ def test_compare_names_host_differences():
     assert compare.host_differences(fa, dict(fa)) == []
     g = [{"name": "NVIDIA H200", "driver_version": "570.1", "clocks.max.sm": "1980"}]
     assert compare.host_differences({**fa, "gpus": g}, {**fa, "gpus": [{**g[0], "driver_version": "575.2"}]}) == [
-        "gpu0 driver_version: 570.1 vs 575.2"]
+        "gpu0 driver_version: 570.1 vs 575.2"
+    ]
 
 
 # ---- host -----------------------------------------------------------------------------------------
@@ -202,14 +307,25 @@ flags\t\t: fpu sse4_2 avx avx2 fma avx512f amx_tile hypervisor
 
 def test_cpu_facts_and_the_load_window():
     f = host.cpu_facts(CPUINFO)
-    assert f == {"cpu_model": "Intel(R) Xeon(R) Platinum 8480+", "cpu_vendor": "GenuineIntel",
-                 "isa": ["sse4_2", "avx", "avx2", "fma", "avx512f", "amx_tile"], "hypervisor": True,
-                 "physical_cores": 1}  # two hyperthreads of one core
+    assert f == {
+        "cpu_model": "Intel(R) Xeon(R) Platinum 8480+",
+        "cpu_vendor": "GenuineIntel",
+        "isa": ["sse4_2", "avx", "avx2", "fma", "avx512f", "amx_tile"],
+        "hypervisor": True,
+        "physical_cores": 1,
+    }  # two hyperthreads of one core
     # 1000 ticks: 500 user, 200 idle, 100 iowait, 200 steal -> busy 70%, steal 20%
     a = {"t": 10.0, "cpu": [0] * 8, "loadavg": [4.0, 3.0, 2.0]}
     b = {"t": 12.5, "cpu": [500, 0, 0, 200, 100, 0, 0, 200], "loadavg": [6.0, 3.5, 2.1]}
     w = host.window(a, b)
-    assert w == {"s": 2.5, "load1_start": 4.0, "load1_end": 6.0, "busy_pct": 70.0, "steal_pct": 20.0, "iowait_pct": 10.0}
+    assert w == {
+        "s": 2.5,
+        "load1_start": 4.0,
+        "load1_end": 6.0,
+        "busy_pct": 70.0,
+        "steal_pct": 20.0,
+        "iowait_pct": 10.0,
+    }
     m = host.metrics_of([w, {**w, "s": 7.5, "steal_pct": 0.0, "load1_start": 8.0, "load1_end": 8.0}])
     assert m == {"host_load1": 6.5, "host_load1_max": 8.0, "host_steal_pct": 5.0, "host_busy_pct": 70.0}
     live = host.fingerprint()

@@ -9,18 +9,28 @@ pytestmark = pytest.mark.unit
 
 
 def rec(name: str, role: str = "spec", steps: int = 3) -> JobRecord:
-    return JobRecord(role=role, name=name, experiment="x", config={"spec": {"steps": steps}}, config_hash="",
-                     engine=EngineInfo("embedded"), speculative=role == "spec")
+    return JobRecord(
+        role=role,
+        name=name,
+        experiment="x",
+        config={"spec": {"steps": steps}},
+        config_hash="",
+        engine=EngineInfo("embedded"),
+        speculative=role == "spec",
+    )
 
 
-@pytest.mark.parametrize("name,role,steps,want", [
-    ("nccl=default,spec.steps=3", "spec", 3, "steps=3 nccl=default"),
-    ("baseline,nccl=default", "baseline", 0, "baseline nccl=default"),
-    ("", "spec", 2, "steps=2"),  # defaults: the step count still shows
-    ("baseline", "baseline", 0, "baseline"),
-    ("benchmark.max_new_tokens=48,nccl=tuned,spec.steps=1", "spec", 1, "steps=1 nccl=tuned max_new_tokens=48"),
-    ("drafter.layer_ids=[1,3,4],spec.steps=5", "spec", 5, "steps=5 layer_ids=[1,3,4]"),
-])
+@pytest.mark.parametrize(
+    "name,role,steps,want",
+    [
+        ("nccl=default,spec.steps=3", "spec", 3, "steps=3 nccl=default"),
+        ("baseline,nccl=default", "baseline", 0, "baseline nccl=default"),
+        ("", "spec", 2, "steps=2"),  # defaults: the step count still shows
+        ("baseline", "baseline", 0, "baseline"),
+        ("benchmark.max_new_tokens=48,nccl=tuned,spec.steps=1", "spec", 1, "steps=1 nccl=tuned max_new_tokens=48"),
+        ("drafter.layer_ids=[1,3,4],spec.steps=5", "spec", 5, "steps=5 layer_ids=[1,3,4]"),
+    ],
+)
 def test_run_name_leads_with_what_varies(name, role, steps, want):
     assert display_name(rec(name, role, steps)) == want
 
@@ -49,9 +59,15 @@ def test_experiment_opens_in_the_runs_view_with_a_saved_view():
 def test_a_baseline_reports_no_step_count():
     from spec_decode.views.tracking import params_of
 
-    base = JobRecord(role="baseline", name="baseline,nccl=default", experiment="x", speculative=False,
-                     config={"spec": {"steps": 2, "topk": 1}, "nccl": {"name": "default"}}, config_hash="",
-                     engine=EngineInfo("embedded"))
+    base = JobRecord(
+        role="baseline",
+        name="baseline,nccl=default",
+        experiment="x",
+        speculative=False,
+        config={"spec": {"steps": 2, "topk": 1}, "nccl": {"name": "default"}},
+        config_hash="",
+        engine=EngineInfo("embedded"),
+    )
     p = params_of(base)
     assert (p["spec.steps"], p["spec.topk"], p["nccl"]) == ("none", "none", "default")
     assert params_of(rec("nccl=default,spec.steps=3"))["spec.steps"] == "3"

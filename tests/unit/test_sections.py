@@ -14,8 +14,16 @@ pytestmark = pytest.mark.unit
 
 
 def run(i: int, tok_s: float, launch: int = 0, t0: float = 0.0, verify_ct: int | None = None) -> RunRecord:
-    return RunRecord(launch=launch, run=i, start_wall=t0, end_wall=t0 + 1.0, wall_s=100 / tok_s, prompt_tokens=10,
-                     completion_tokens=100, spec_verify_ct=verify_ct)
+    return RunRecord(
+        launch=launch,
+        run=i,
+        start_wall=t0,
+        end_wall=t0 + 1.0,
+        wall_s=100 / tok_s,
+        prompt_tokens=10,
+        completion_tokens=100,
+        spec_verify_ct=verify_ct,
+    )
 
 
 def test_throughput_warns_above_the_cv_limit_and_splits_launches_only_when_there_are_several():
@@ -49,8 +57,20 @@ def write_ranks(tmp_path, cycle_ms_by_rank: dict[int, float], n: int = 20):
     for rank, cycle_ms in cycle_ms_by_rank.items():
         with open(profile.rank_path(base, rank), "w") as f:
             for k in range(n):
-                f.write(json.dumps({"t": 0.01 + k * 0.04, "rank": rank, "draft_ms": 1.0, "verify_ms": cycle_ms - 2,
-                                    "extend_ms": 0.5, "cycle_ms": cycle_ms, "accepted": 2}) + "\n")
+                f.write(
+                    json.dumps(
+                        {
+                            "t": 0.01 + k * 0.04,
+                            "rank": rank,
+                            "draft_ms": 1.0,
+                            "verify_ms": cycle_ms - 2,
+                            "extend_ms": 0.5,
+                            "cycle_ms": cycle_ms,
+                            "accepted": 2,
+                        }
+                    )
+                    + "\n"
+                )
     return base
 
 
@@ -78,8 +98,15 @@ def test_server_env_section_warns_when_the_ranks_ran_without_the_profiles_value(
     sec = provenance.server_env_section({"NCCL_ALGO": "Ring"}, tree, 10, "tuned", {"NCCL_ALGO": "Ring"})
     assert sec.fields["server_env"] == {"NCCL_ALGO": "Tree"}  # the ranks', not the launcher's
     assert sec.fields["server_env_set_by_engine"] == {"NCCL_ALGO": "Tree"}
-    assert sec.warnings == ["nccl=tuned sets NCCL_ALGO=Ring but the server's ranks ran with NCCL_ALGO=Tree "
-                            "(the engine's launcher rewrote it: server_env_set_by_engine)"]
-    same = provenance.server_env_section({"NCCL_ALGO": "Ring"}, {10: {"NCCL_ALGO": "Ring"}, 11: {"NCCL_ALGO": "Ring"}},
-                                         10, "tuned", {"NCCL_ALGO": "Ring"})
+    assert sec.warnings == [
+        "nccl=tuned sets NCCL_ALGO=Ring but the server's ranks ran with NCCL_ALGO=Tree "
+        "(the engine's launcher rewrote it: server_env_set_by_engine)"
+    ]
+    same = provenance.server_env_section(
+        {"NCCL_ALGO": "Ring"},
+        {10: {"NCCL_ALGO": "Ring"}, 11: {"NCCL_ALGO": "Ring"}},
+        10,
+        "tuned",
+        {"NCCL_ALGO": "Ring"},
+    )
     assert same.warnings == []

@@ -38,12 +38,20 @@ def test_the_probe_gets_the_nccl_variables_sglangs_ranks_run_with(monkeypatch):
     monkeypatch.delenv("NCCL_NVLS_ENABLE", raising=False)
     monkeypatch.setenv("NCCL_ALGO", "Tree")  # a stray shell tuning: dropped, as from the server
     cfg = compose_experiment("engine=sglang", "hardware=h200x2", "nccl=tuned")
-    assert rank_nccl_env(cfg) == {**cfg.nccl.env, "NCCL_CUMEM_ENABLE": "0", "NCCL_NVLS_ENABLE": "0",
-                                  "NCCL_GRAPH_REGISTER": "0"}
-    det = compose_experiment("engine=sglang", "hardware=h200x2", "nccl=tuned",
-                             "engine.extra_args=[--enable-deterministic-inference]")
-    assert {k: rank_nccl_env(det)[k] for k in ("NCCL_ALGO", "NCCL_MIN_NCHANNELS", "NCCL_MAX_NCHANNELS")} == \
-        {"NCCL_ALGO": "allreduce:tree", "NCCL_MIN_NCHANNELS": "8", "NCCL_MAX_NCHANNELS": "8"}
+    assert rank_nccl_env(cfg) == {
+        **cfg.nccl.env,
+        "NCCL_CUMEM_ENABLE": "0",
+        "NCCL_NVLS_ENABLE": "0",
+        "NCCL_GRAPH_REGISTER": "0",
+    }
+    det = compose_experiment(
+        "engine=sglang", "hardware=h200x2", "nccl=tuned", "engine.extra_args=[--enable-deterministic-inference]"
+    )
+    assert {k: rank_nccl_env(det)[k] for k in ("NCCL_ALGO", "NCCL_MIN_NCHANNELS", "NCCL_MAX_NCHANNELS")} == {
+        "NCCL_ALGO": "allreduce:tree",
+        "NCCL_MIN_NCHANNELS": "8",
+        "NCCL_MAX_NCHANNELS": "8",
+    }
     monkeypatch.setenv("NCCL_NVLS_ENABLE", "0")  # the host's kept rule, and an explicit profile value win
     one = compose_experiment("engine=sglang", "hardware=h200x1", "+nccl.env.NCCL_CUMEM_ENABLE=1")
     assert rank_nccl_env(one) == {"NCCL_CUMEM_ENABLE": "1", "NCCL_NVLS_ENABLE": "0"}  # tp 1: no GRAPH_REGISTER

@@ -40,7 +40,12 @@ def tiny(tmp_path_factory):
 def test_the_generator_is_seeded_bf16_of_the_conf_shape_and_kept_when_its_spec_matches(tiny, tmp_path):
     target, drafter = tiny / "models/synthetic/tiny", tiny / "models/synthetic/tiny_eagle3"
     cfg = json.loads((target / "config.json").read_text())
-    assert (cfg["hidden_size"], cfg["num_hidden_layers"], cfg["vocab_size"], cfg["torch_dtype"]) == (64, 4, 512, "bfloat16")
+    assert (cfg["hidden_size"], cfg["num_hidden_layers"], cfg["vocab_size"], cfg["torch_dtype"]) == (
+        64,
+        4,
+        512,
+        "bfloat16",
+    )
     dcfg = json.loads((drafter / "config.json").read_text())
     assert dcfg["draft_vocab_size"] == 256 and dcfg["eagle_config"]["eagle_aux_hidden_state_layer_ids"] == [0, 1, 2]
     again = tmp_path / "again"
@@ -54,8 +59,10 @@ def test_the_generator_is_seeded_bf16_of_the_conf_shape_and_kept_when_its_spec_m
     (again / "models/synthetic/tiny/synthetic.json").write_text(json.dumps(record))
     assert "generated on cpu" in synthetic.ensure("synthetic_tiny", None, "cpu", root=again)[0]
     other = synthetic.random_state(load_target(target).lm_head, 1, torch.bfloat16, torch.device("cpu"))
-    assert not torch.equal(other["weight"], synthetic.random_state(load_target(target).lm_head, 2, torch.bfloat16,
-                                                                     torch.device("cpu"))["weight"])
+    assert not torch.equal(
+        other["weight"],
+        synthetic.random_state(load_target(target).lm_head, 2, torch.bfloat16, torch.device("cpu"))["weight"],
+    )
 
 
 def test_bf16_decoding_on_cpu_is_deterministic_and_forced_like_sglang(tiny):
@@ -77,7 +84,9 @@ def test_bf16_decoding_on_cpu_is_deterministic_and_forced_like_sglang(tiny):
 
 
 def test_token_mode_and_table_are_config_keys_that_reach_the_server_env():
-    cfg = compose_experiment("spec.steps=3", "spec.simulate_accept_len=2.5", "spec.simulate_token_mode=real-draft-token")
+    cfg = compose_experiment(
+        "spec.steps=3", "spec.simulate_accept_len=2.5", "spec.simulate_token_mode=real-draft-token"
+    )
     env = server_extra_env(cfg, None)
     assert env["SGLANG_SIMULATE_ACC_TOKEN_MODE"] == "real-draft-token" and env["SGLANG_SIMULATE_ACC_LEN"] == "2.5"
     assert "SGLANG_SIMULATE_ACC_TOKEN_MODE" not in server_extra_env(baseline_config(cfg), None)
@@ -86,15 +95,21 @@ def test_token_mode_and_table_are_config_keys_that_reach_the_server_env():
     assert server_extra_env(tabled, None)["SGLANG_SIMULATE_ACC_LEN"] == "3.285"
 
 
-@pytest.mark.parametrize("overrides,named", [
-    (["spec.simulate_accept_len=2", "spec.simulate_token_mode=zero"], "spec.simulate_token_mode='zero': use one of"),
-    (["spec.simulate_token_mode=real-draft-token"], "spec.simulate_token_mode=real-draft-token without"),
-    (["+engine.env.SGLANG_SIMULATE_ACC_TOKEN_MODE=fixed"], "engine.env.SGLANG_SIMULATE_ACC_TOKEN_MODE: set spec"),
-    (["spec.steps=4", "spec.simulate_accept_table=kimi_k25_eagle3"], "no accept length for spec.steps=4"),
-    (["spec.simulate_accept_table=nope"], "spec.simulate_accept_table=nope: no nope.yaml"),
-    (["spec.simulate_accept_table=kimi_k25_eagle3", "spec.simulate_accept_len=2"], "set one of them"),
-    ([*PAIR, "model.synthetic.dtype=fp8"], "synthetic.dtype='fp8'"),
-])
+@pytest.mark.parametrize(
+    "overrides,named",
+    [
+        (
+            ["spec.simulate_accept_len=2", "spec.simulate_token_mode=zero"],
+            "spec.simulate_token_mode='zero': use one of",
+        ),
+        (["spec.simulate_token_mode=real-draft-token"], "spec.simulate_token_mode=real-draft-token without"),
+        (["+engine.env.SGLANG_SIMULATE_ACC_TOKEN_MODE=fixed"], "engine.env.SGLANG_SIMULATE_ACC_TOKEN_MODE: set spec"),
+        (["spec.steps=4", "spec.simulate_accept_table=kimi_k25_eagle3"], "no accept length for spec.steps=4"),
+        (["spec.simulate_accept_table=nope"], "spec.simulate_accept_table=nope: no nope.yaml"),
+        (["spec.simulate_accept_table=kimi_k25_eagle3", "spec.simulate_accept_len=2"], "set one of them"),
+        ([*PAIR, "model.synthetic.dtype=fp8"], "synthetic.dtype='fp8'"),
+    ],
+)
 def test_bad_keys_fail_at_compose_time_naming_them(overrides, named):
     with pytest.raises(ConfigError) as exc:
         compose_experiment(*overrides)
@@ -119,5 +134,6 @@ def test_every_record_on_a_synthetic_target_is_performance_only(tmp_path):
     spec = recording.new_record(cfg, ctx, "spec", {}, [])
     base = recording.new_record(baseline_config(cfg), ctx, "baseline", {}, [])
     assert results.performance_only(spec) and results.performance_only(base)
-    assert not results.performance_only(recording.new_record(baseline_config(compose_experiment()), ctx, "baseline",
-                                                           {}, []))
+    assert not results.performance_only(
+        recording.new_record(baseline_config(compose_experiment()), ctx, "baseline", {}, [])
+    )

@@ -15,33 +15,95 @@ pytestmark = pytest.mark.unit
 PKG = Path(__file__).resolve().parents[2] / "spec_decode"
 
 
-def job(name: str, steps: int | None, tput: float, nccl: str = "default", status: str = "FINISHED",
-        error: str | None = None, **metrics) -> JobRecord:
+def job(
+    name: str,
+    steps: int | None,
+    tput: float,
+    nccl: str = "default",
+    status: str = "FINISHED",
+    error: str | None = None,
+    **metrics,
+) -> JobRecord:
     spec = steps is not None
-    m = {"throughput_tok_s": tput, "throughput_tok_s_ci95_lo": tput - 10, "throughput_tok_s_ci95_hi": tput + 10,
-         "throughput_tok_s_cv": 0.02, **metrics} if status == "FINISHED" else {}
+    m = (
+        {
+            "throughput_tok_s": tput,
+            "throughput_tok_s_ci95_lo": tput - 10,
+            "throughput_tok_s_ci95_hi": tput + 10,
+            "throughput_tok_s_cv": 0.02,
+            **metrics,
+        }
+        if status == "FINISHED"
+        else {}
+    )
     if spec and status == "FINISHED":
-        m.update({"accept_len": 1.0 + 0.9 * steps, "cycle_ms": 4.0 + steps, "draft_ms": 0.5 * steps,
-                  "verify_ms": 3.0 + 0.1 * (steps + 1), "extend_ms": 1.0, "other_ms": 0.0,
-                  "draft_pct": 10.0, "verify_pct": 70.0, "extend_pct": 20.0, "other_pct": 0.0})
-    return JobRecord(role="spec" if spec else "baseline", name=name, experiment="e",
-                     config={"nccl": {"name": nccl}, "spec": {"steps": steps}, "hardware": {"name": "cpu"},
-                             "model": {"name": "tiny_llama"}, "engine": {"name": "embedded"},
-                             "drafter": {"name": "tiny_eagle3" if spec else "none"}},
-                     config_hash="h", engine=EngineInfo("embedded"), speculative=spec, status=status, error=error,
-                     metrics=m, throughput_tok_s={"mean": tput, "std": 5.0, "n": 5, "ci95_lo": tput - 10,
-                                                  "ci95_hi": tput + 10, "cv": 0.02} if m else None,
-                     out_dir=f"/s/{name}", checks=[Check("phases_within_cycle", steps != 3, 1.1, "", "")] if steps in (1, 3) else [])
+        m.update(
+            {
+                "accept_len": 1.0 + 0.9 * steps,
+                "cycle_ms": 4.0 + steps,
+                "draft_ms": 0.5 * steps,
+                "verify_ms": 3.0 + 0.1 * (steps + 1),
+                "extend_ms": 1.0,
+                "other_ms": 0.0,
+                "draft_pct": 10.0,
+                "verify_pct": 70.0,
+                "extend_pct": 20.0,
+                "other_pct": 0.0,
+            }
+        )
+    return JobRecord(
+        role="spec" if spec else "baseline",
+        name=name,
+        experiment="e",
+        config={
+            "nccl": {"name": nccl},
+            "spec": {"steps": steps},
+            "hardware": {"name": "cpu"},
+            "model": {"name": "tiny_llama"},
+            "engine": {"name": "embedded"},
+            "drafter": {"name": "tiny_eagle3" if spec else "none"},
+        },
+        config_hash="h",
+        engine=EngineInfo("embedded"),
+        speculative=spec,
+        status=status,
+        error=error,
+        metrics=m,
+        throughput_tok_s={"mean": tput, "std": 5.0, "n": 5, "ci95_lo": tput - 10, "ci95_hi": tput + 10, "cv": 0.02}
+        if m
+        else None,
+        out_dir=f"/s/{name}",
+        checks=[Check("phases_within_cycle", steps != 3, 1.1, "", "")] if steps in (1, 3) else [],
+    )
 
 
 def sweep() -> list[JobRecord]:
-    return [job("baseline,nccl=default", None, 300.0),
-            job("nccl=default,spec.steps=1", 1, 360.0, speedup_vs_baseline=1.2, speedup_vs_baseline_ci95_lo=1.1,
-                speedup_vs_baseline_ci95_hi=1.3),
-            job("nccl=default,spec.steps=3", 3, 480.0, speedup_vs_baseline=1.6, speedup_vs_baseline_ci95_lo=1.5,
-                speedup_vs_baseline_ci95_hi=1.7),
-            job("nccl=default,spec.steps=9", 9, 0.0, status="FAILED",
-                error="preflight failed:\n  - benchmark.prompt_index=99: prompts.jsonl has 8 prompts (0..7)")]
+    return [
+        job("baseline,nccl=default", None, 300.0),
+        job(
+            "nccl=default,spec.steps=1",
+            1,
+            360.0,
+            speedup_vs_baseline=1.2,
+            speedup_vs_baseline_ci95_lo=1.1,
+            speedup_vs_baseline_ci95_hi=1.3,
+        ),
+        job(
+            "nccl=default,spec.steps=3",
+            3,
+            480.0,
+            speedup_vs_baseline=1.6,
+            speedup_vs_baseline_ci95_lo=1.5,
+            speedup_vs_baseline_ci95_hi=1.7,
+        ),
+        job(
+            "nccl=default,spec.steps=9",
+            9,
+            0.0,
+            status="FAILED",
+            error="preflight failed:\n  - benchmark.prompt_index=99: prompts.jsonl has 8 prompts (0..7)",
+        ),
+    ]
 
 
 def test_sweep_summary_counts_statuses_and_names_each_failure():
@@ -54,7 +116,10 @@ def test_sweep_summary_counts_statuses_and_names_each_failure():
 
 
 def test_metrics_are_keyed_by_override_set_and_a_shared_key_is_refused():
-    recs = [job("benchmark.prompt_index=0,spec.steps=1", 1, 360.0), job("benchmark.prompt_index=1,spec.steps=1", 1, 350.0)]
+    recs = [
+        job("benchmark.prompt_index=0,spec.steps=1", 1, 360.0),
+        job("benchmark.prompt_index=1,spec.steps=1", 1, 350.0),
+    ]
     m = experiment.to_metrics(recs)
     assert set(m["jobs"]) == {"benchmark.prompt_index=0,spec.steps=1", "benchmark.prompt_index=1,spec.steps=1"}
     assert m["jobs"]["benchmark.prompt_index=1,spec.steps=1"]["throughput_tok_s"] == 350.0
@@ -68,16 +133,32 @@ def test_report_from_metrics_json_equals_the_report_from_the_records():
     back = experiment.records_from_metrics(metrics)
     assert [r.name for r in back] == [r.name for r in recs]  # sweep order kept
     assert report.sweep_summary(back)[0] == report.sweep_summary(recs)[0]
-    assert sorted(report.figures(back)) == ["accept_len_vs_steps.png", "phases.png", "speedup_vs_steps.png",
-                                            "throughput_vs_steps.png"]
+    assert sorted(report.figures(back)) == [
+        "accept_len_vs_steps.png",
+        "phases.png",
+        "speedup_vs_steps.png",
+        "throughput_vs_steps.png",
+    ]
 
 
 def test_schema1_metrics_json_still_renders():
-    old = {"jobs": {"baseline,nccl=default": {"engine": "embedded", "status": "FINISHED", "throughput_tok_s": 300.0},
-                    "nccl=default,spec.steps=2": {"engine": "embedded", "status": "FINISHED", "throughput_tok_s": 450.0,
-                                                  "accept_len": 2.8, "cycle_ms": 6.0}}}
+    old = {
+        "jobs": {
+            "baseline,nccl=default": {"engine": "embedded", "status": "FINISHED", "throughput_tok_s": 300.0},
+            "nccl=default,spec.steps=2": {
+                "engine": "embedded",
+                "status": "FINISHED",
+                "throughput_tok_s": 450.0,
+                "accept_len": 2.8,
+                "cycle_ms": 6.0,
+            },
+        }
+    }
     recs = experiment.records_from_metrics(old)
-    assert [(r.role, r.steps, r.choice("nccl")) for r in recs] == [("baseline", None, "default"), ("spec", 2, "default")]
+    assert [(r.role, r.steps, r.choice("nccl")) for r in recs] == [
+        ("baseline", None, "default"),
+        ("spec", 2, "default"),
+    ]
     text, table = report.sweep_summary(recs)
     assert "2 job(s): 2 FINISHED" in text
     assert table["checks"] == ["-", "-"]  # schema 1 kept no checks: not labelled "ok"
@@ -87,14 +168,21 @@ def test_schema1_metrics_json_still_renders():
 def test_facts_are_the_numbers_of_the_metrics():
     recs = sweep()
     lines = experiment.facts(experiment.to_metrics(recs))
-    assert "- `nccl=default` speedup vs its baseline (95% CI): 1.20x [1.10, 1.30] at 1, 1.60x [1.50, 1.70] at 3 steps" in lines
+    assert (
+        "- `nccl=default` speedup vs its baseline (95% CI): 1.20x [1.10, 1.30] at 1, 1.60x [1.50, 1.70] at 3 steps"
+        in lines
+    )
     assert "- `nccl=default` best measured: 3 steps at 480.0 tok/s [470.0, 490.0]" in lines
     # verify = 3.0 + 0.1 x tokens by construction; draft = 0.5 x steps
-    assert "- `nccl=default` verify = 3.00 + 0.100 ms per verified token; draft = 0.00 + 0.500 ms per step " \
-           "(least squares with costs >= 0 over 2 jobs; R^2 1.00 / 1.00)" in lines
+    assert (
+        "- `nccl=default` verify = 3.00 + 0.100 ms per verified token; draft = 0.00 + 0.500 ms per step "
+        "(least squares with costs >= 0 over 2 jobs; R^2 1.00 / 1.00)" in lines
+    )
     assert "- accept length 1.90 / 3.70 at 1 / 3 steps" in lines
     assert "- 2 of 2 spec jobs have a speedup whose 95% CI lies above 1.0" in lines
-    assert "- 4 jobs, 3 finished; 1 of the 2 checked pass every consistency check (failed: phases_within_cycle)" in lines
+    assert (
+        "- 4 jobs, 3 finished; 1 of the 2 checked pass every consistency check (failed: phases_within_cycle)" in lines
+    )
 
 
 def _imports(path: Path, module: str) -> set[str]:
@@ -106,11 +194,13 @@ def _imports(path: Path, module: str) -> set[str]:
     def skipped(test: ast.expr) -> bool:
         if getattr(test, "id", getattr(test, "attr", None)) == "TYPE_CHECKING":
             return True
-        return (isinstance(test, ast.Compare) and getattr(test.left, "id", None) == "__name__"
-                and any(getattr(c, "value", None) == "__main__" for c in test.comparators))
+        return (
+            isinstance(test, ast.Compare)
+            and getattr(test.left, "id", None) == "__name__"
+            and any(getattr(c, "value", None) == "__main__" for c in test.comparators)
+        )
 
-    skip = {id(n) for node in ast.walk(tree) if isinstance(node, ast.If) and skipped(node.test)
-            for n in ast.walk(node)}
+    skip = {id(n) for node in ast.walk(tree) if isinstance(node, ast.If) and skipped(node.test) for n in ast.walk(node)}
     pkg = module.split(".")[:-1] if path.name != "__init__.py" else module.split(".")
     out = set()
     for node in ast.walk(tree):
@@ -140,7 +230,7 @@ def test_the_import_graph_has_no_cycle():
         path.append(m)
         for n in sorted(graph[m]):
             if state.get(n) == 1:
-                raise AssertionError("import cycle: " + " -> ".join(path[path.index(n):] + [n]))
+                raise AssertionError("import cycle: " + " -> ".join(path[path.index(n) :] + [n]))
             if n not in state:
                 visit(n)
         path.pop()

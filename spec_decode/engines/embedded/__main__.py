@@ -31,7 +31,9 @@ EXIT_BAD_INPUT = 2
 
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(  # allow_abbrev off: --cuda-graph-max-bs is not a prefix of a flag here
-        allow_abbrev=False, prog="python -m spec_decode.engines.embedded", description=__doc__,
+        allow_abbrev=False,
+        prog="python -m spec_decode.engines.embedded",
+        description=__doc__,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     p.add_argument("--model-path", "--model", required=True, help="target model directory (HF Llama)")
@@ -43,32 +45,60 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--host", default="127.0.0.1")
     p.add_argument("--port", type=int, default=30000)
     p.add_argument("--random-seed", type=int, default=None)
-    p.add_argument("--tp-size", "--tensor-parallel-size", type=int, default=1,
-                   help="rank processes; must divide the target's attention heads, kv heads and "
-                        "intermediate size")
+    p.add_argument(
+        "--tp-size",
+        "--tensor-parallel-size",
+        type=int,
+        default=1,
+        help="rank processes; must divide the target's attention heads, kv heads and intermediate size",
+    )
     p.add_argument("--decode-log-interval", type=int, default=40)
     p.add_argument("--device", choices=["cpu", "cuda"], default="cpu")
-    p.add_argument("--disable-cuda-graph", action="store_true",
-                   help="on --device cuda: run decode/draft/verify/extend eagerly instead of replaying "
-                        "CUDA graphs (same kernels, same output; CPU never uses graphs)")
-    p.add_argument("--max-running-requests", type=int, default=16,
-                   help="requests decoded together in the running batch; the rest wait in the queue "
-                        "(SGLang's flag; also the static path's request slots)")
-    p.add_argument("--cuda-graph-max-bs-decode", type=int, default=None,
-                   help="the static path's largest CUDA-graph batch size (SGLang 0.5.23's flag): graphs for "
-                        "the buckets 1, 2, 4, 8, 16, 24, ... up to it, a batch runs padded to its bucket, and "
-                        "larger batches run the same shapes eagerly; default and cap: --max-running-requests")
-    p.add_argument("--static-path", action="store_true",
-                   help="test and debugging only: on --device cpu, decode on the static path's shapes "
-                        "(request slots, batch-size buckets) eagerly, as --device cuda --disable-cuda-graph does")
-    p.add_argument("--cuda-eager-batching", action="store_true",
-                   help="on --device cuda: decode on the packed eager path (continuous batching up to "
-                        "--max-running-requests, no static buffers, no CUDA graphs) instead of the static path")
-    p.add_argument("--disable-overlap-schedule", action="store_true",
-                   help="process each batch's result before the next batch is scheduled (SGLang's flag); "
-                        "by default the next batch is launched first (the overlap scheduler)")
-    p.add_argument("--cpu-threads", type=int, default=1,
-                   help="torch threads (tiny models decode fastest on 1: per-op overhead dominates)")
+    p.add_argument(
+        "--disable-cuda-graph",
+        action="store_true",
+        help="on --device cuda: run decode/draft/verify/extend eagerly instead of replaying "
+        "CUDA graphs (same kernels, same output; CPU never uses graphs)",
+    )
+    p.add_argument(
+        "--max-running-requests",
+        type=int,
+        default=16,
+        help="requests decoded together in the running batch; the rest wait in the queue "
+        "(SGLang's flag; also the static path's request slots)",
+    )
+    p.add_argument(
+        "--cuda-graph-max-bs-decode",
+        type=int,
+        default=None,
+        help="the static path's largest CUDA-graph batch size (SGLang 0.5.23's flag): graphs for "
+        "the buckets 1, 2, 4, 8, 16, 24, ... up to it, a batch runs padded to its bucket, and "
+        "larger batches run the same shapes eagerly; default and cap: --max-running-requests",
+    )
+    p.add_argument(
+        "--static-path",
+        action="store_true",
+        help="test and debugging only: on --device cpu, decode on the static path's shapes "
+        "(request slots, batch-size buckets) eagerly, as --device cuda --disable-cuda-graph does",
+    )
+    p.add_argument(
+        "--cuda-eager-batching",
+        action="store_true",
+        help="on --device cuda: decode on the packed eager path (continuous batching up to "
+        "--max-running-requests, no static buffers, no CUDA graphs) instead of the static path",
+    )
+    p.add_argument(
+        "--disable-overlap-schedule",
+        action="store_true",
+        help="process each batch's result before the next batch is scheduled (SGLang's flag); "
+        "by default the next batch is launched first (the overlap scheduler)",
+    )
+    p.add_argument(
+        "--cpu-threads",
+        type=int,
+        default=1,
+        help="torch threads (tiny models decode fastest on 1: per-op overhead dominates)",
+    )
     p.add_argument("--log-level", default="info")
     return p
 
@@ -84,18 +114,22 @@ def resolve_spec(args: argparse.Namespace, parser: argparse.ArgumentParser) -> N
         parser.error(f"--speculative-algorithm {args.speculative_algorithm}: only EAGLE3 is supported")
     args.speculative_algorithm = "EAGLE3"
     if any(v is None for v in trio):
-        parser.error("set all of --speculative-num-steps, --speculative-eagle-topk and "
-                     "--speculative-num-draft-tokens, or none (SGLang asserts the same)")
+        parser.error(
+            "set all of --speculative-num-steps, --speculative-eagle-topk and "
+            "--speculative-num-draft-tokens, or none (SGLang asserts the same)"
+        )
     if not args.speculative_draft_model_path:
         parser.error("--speculative-draft-model-path is required with --speculative-algorithm EAGLE3")
     if args.speculative_num_steps < 1:
         parser.error(f"--speculative-num-steps must be >= 1 (got {args.speculative_num_steps})")
     if args.speculative_eagle_topk != 1:
-        parser.error(f"--speculative-eagle-topk {args.speculative_eagle_topk}: the embedded engine "
-                     "drafts chains only (topk 1)")
+        parser.error(
+            f"--speculative-eagle-topk {args.speculative_eagle_topk}: the embedded engine drafts chains only (topk 1)"
+        )
     if args.speculative_num_draft_tokens != args.speculative_num_steps + 1:
-        logging.warning("speculative_num_draft_tokens is adjusted to speculative_num_steps + 1 "
-                        "when speculative_eagle_topk == 1")
+        logging.warning(
+            "speculative_num_draft_tokens is adjusted to speculative_num_steps + 1 when speculative_eagle_topk == 1"
+        )
         args.speculative_num_draft_tokens = args.speculative_num_steps + 1
 
 
@@ -129,8 +163,10 @@ def check_models(args: argparse.Namespace) -> list[int] | None:
 
     target = Path(args.model_path)
     if not (target / "config.json").is_file() or not (target / "model.safetensors").is_file():
-        fail(f"--model-path {target}: no config.json/model.safetensors there "
-             f"(run `dvc pull {target}` or `dvc repro` to build the tiny models)")
+        fail(
+            f"--model-path {target}: no config.json/model.safetensors there "
+            f"(run `dvc pull {target}` or `dvc repro` to build the tiny models)"
+        )
     try:
         tcfg = rules.read_config(target / "config.json")
     except ValueError as e:
@@ -139,8 +175,7 @@ def check_models(args: argparse.Namespace) -> list[int] | None:
         return None
     draft = Path(args.speculative_draft_model_path)
     if not (draft / "config.json").is_file() or not (draft / "model.safetensors").is_file():
-        fail(f"--speculative-draft-model-path {draft}: no config.json/model.safetensors there "
-             f"(run `dvc pull {draft}`)")
+        fail(f"--speculative-draft-model-path {draft}: no config.json/model.safetensors there (run `dvc pull {draft}`)")
     where = draft / "config.json"
     try:
         dcfg = rules.read_config(where)
@@ -150,13 +185,17 @@ def check_models(args: argparse.Namespace) -> list[int] | None:
     # This engine gives the drafter the target's embedding (as SGLang's set_embed does), so the
     # drafter's own width must be the target's too.
     if not errors and dcfg.get("hidden_size") != tcfg["hidden_size"]:
-        errors.append(f"{where}: hidden_size {dcfg.get('hidden_size')} must equal the target's "
-                      f"{tcfg['hidden_size']} (the embedded engine shares the target's embedding)")
+        errors.append(
+            f"{where}: hidden_size {dcfg.get('hidden_size')} must equal the target's "
+            f"{tcfg['hidden_size']} (the embedded engine shares the target's embedding)"
+        )
     if errors:
-        fail(f"--speculative-draft-model-path {draft} cannot serve --model-path {target}:\n  - "
-             + "\n  - ".join(errors)
-             + "\nwhat to do: serve the drafter built for this target (models/tiny/drafter, `dvc repro "
-               "drafter`) or fix the drafter's config.json")
+        fail(
+            f"--speculative-draft-model-path {draft} cannot serve --model-path {target}:\n  - "
+            + "\n  - ".join(errors)
+            + "\nwhat to do: serve the drafter built for this target (models/tiny/drafter, `dvc repro "
+            "drafter`) or fix the drafter's config.json"
+        )
     return rules.served_layer_ids(dcfg, tcfg["num_hidden_layers"])
 
 
@@ -179,7 +218,9 @@ def main(argv: list[str] | None = None) -> None:
     resolve_spec(args, parser)
     logging.basicConfig(
         level=getattr(logging, args.log_level.upper(), logging.INFO),
-        format="[%(asctime)s] %(message)s", datefmt="%Y-%m-%d %H:%M:%S", stream=sys.stdout,
+        format="[%(asctime)s] %(message)s",
+        datefmt="%Y-%m-%d %H:%M:%S",
+        stream=sys.stdout,
     )
     layer_ids = check_models(args)
     check_tp_size(args, parser)
@@ -208,13 +249,23 @@ def main(argv: list[str] | None = None) -> None:
         resolved["eagle_aux_hidden_state_layer_ids"] = layer_ids
     logging.info("server_args=%s", json.dumps(resolved, sort_keys=True))
     spec = RankSpec(
-        model_path=args.model_path, draft_model_path=args.speculative_draft_model_path,
-        steps=args.speculative_num_steps or 0, tp_size=args.tp_size, device=args.device,
-        cpu_threads=args.cpu_threads, random_seed=args.random_seed,
-        decode_log_interval=args.decode_log_interval, log_level=args.log_level, dist_port=0, front_pid=0,
-        disable_cuda_graph=args.disable_cuda_graph, max_running_requests=args.max_running_requests,
-        disable_overlap_schedule=args.disable_overlap_schedule, cuda_eager_batching=args.cuda_eager_batching,
-        cuda_graph_max_bs=args.cuda_graph_max_bs_decode, static_path=args.static_path,
+        model_path=args.model_path,
+        draft_model_path=args.speculative_draft_model_path,
+        steps=args.speculative_num_steps or 0,
+        tp_size=args.tp_size,
+        device=args.device,
+        cpu_threads=args.cpu_threads,
+        random_seed=args.random_seed,
+        decode_log_interval=args.decode_log_interval,
+        log_level=args.log_level,
+        dist_port=0,
+        front_pid=0,
+        disable_cuda_graph=args.disable_cuda_graph,
+        max_running_requests=args.max_running_requests,
+        disable_overlap_schedule=args.disable_overlap_schedule,
+        cuda_eager_batching=args.cuda_eager_batching,
+        cuda_graph_max_bs=args.cuda_graph_max_bs_decode,
+        static_path=args.static_path,
     )
     try:
         group = RankGroup(spec)

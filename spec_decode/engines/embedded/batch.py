@@ -113,9 +113,11 @@ class Rope:
     def at(self, starts: list[int], lengths: list[int]) -> tuple[torch.Tensor, torch.Tensor]:
         if len(starts) == 1:
             s, t = starts[0], lengths[0]
-            return self.cos[s: s + t], self.sin[s: s + t]
-        return (torch.cat([self.cos[s: s + t] for s, t in zip(starts, lengths)]),
-                torch.cat([self.sin[s: s + t] for s, t in zip(starts, lengths)]))
+            return self.cos[s : s + t], self.sin[s : s + t]
+        return (
+            torch.cat([self.cos[s : s + t] for s, t in zip(starts, lengths)]),
+            torch.cat([self.sin[s : s + t] for s, t in zip(starts, lengths)]),
+        )
 
 
 def _attend_segments(caches, layer: int, q, k, v, starts, lengths, masks) -> torch.Tensor:
@@ -124,7 +126,7 @@ def _attend_segments(caches, layer: int, q, k, v, starts, lengths, masks) -> tor
         return caches[0].attend(layer, q, k, v, starts[0], masks[0])
     outs, off = [], 0
     for cache, s, t, m in zip(caches, starts, lengths, masks):
-        outs.append(cache.attend(layer, q[:, :, off: off + t], k[:, :, off: off + t], v[:, :, off: off + t], s, m))
+        outs.append(cache.attend(layer, q[:, :, off : off + t], k[:, :, off : off + t], v[:, :, off : off + t], s, m))
         off += t
     return torch.cat(outs, dim=2)
 

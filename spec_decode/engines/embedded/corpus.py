@@ -16,20 +16,54 @@ import random
 from pathlib import Path
 
 NOUNS = [
-    "robot", "baker", "teacher", "river", "garden", "doctor", "sailor", "farmer", "painter",
-    "child", "dog", "cat", "king", "queen", "pilot", "student", "miner", "singer",
+    "robot",
+    "baker",
+    "teacher",
+    "river",
+    "garden",
+    "doctor",
+    "sailor",
+    "farmer",
+    "painter",
+    "child",
+    "dog",
+    "cat",
+    "king",
+    "queen",
+    "pilot",
+    "student",
+    "miner",
+    "singer",
 ]
 ADJECTIVES = ["old", "brave", "quiet", "small", "happy", "clever", "tired", "young", "kind", "strange"]
 # (third person singular present, past)
 VERBS = [
-    ("sleeps", "slept"), ("walks", "walked"), ("sings", "sang"), ("works", "worked"),
-    ("waits", "waited"), ("reads", "read"), ("dances", "danced"), ("writes", "wrote"),
-    ("laughs", "laughed"), ("cooks", "cooked"), ("plays", "played"), ("rests", "rested"),
-    ("listens", "listened"), ("travels", "traveled"),
+    ("sleeps", "slept"),
+    ("walks", "walked"),
+    ("sings", "sang"),
+    ("works", "worked"),
+    ("waits", "waited"),
+    ("reads", "read"),
+    ("dances", "danced"),
+    ("writes", "wrote"),
+    ("laughs", "laughed"),
+    ("cooks", "cooked"),
+    ("plays", "played"),
+    ("rests", "rested"),
+    ("listens", "listened"),
+    ("travels", "traveled"),
 ]
 PLACES = [
-    "in the old house", "on the hill", "by the river", "near the market", "in the garden",
-    "at the station", "under the bridge", "in the forest", "on the boat", "at the school",
+    "in the old house",
+    "on the hill",
+    "by the river",
+    "near the market",
+    "in the garden",
+    "at the station",
+    "under the bridge",
+    "in the forest",
+    "on the boat",
+    "at the school",
 ]
 TIMES = ["on monday", "in the morning", "at night", "every day", "in winter", "after dinner", "today"]
 CONJUNCTIONS = ["and", "but", "because", "while", "so"]

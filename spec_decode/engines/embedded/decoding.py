@@ -78,8 +78,9 @@ class ForcedAcceptance:
     seeded with the server's --random-seed: every rank draws the same sequence (SGLang draws from the
     seeded global torch generator of each rank)."""
 
-    def __init__(self, accept_len: float, steps: int, method: str = "match-expected",
-                 token_mode: str = "fixed", seed: int = 0):
+    def __init__(
+        self, accept_len: float, steps: int, method: str = "match-expected", token_mode: str = "fixed", seed: int = 0
+    ):
         if not (math.isfinite(accept_len) and accept_len > 0):
             raise ValueError(f"SGLANG_SIMULATE_ACC_LEN={accept_len}: must be a number > 0")
         if method not in SIMULATE_METHODS:
@@ -101,12 +102,19 @@ class ForcedAcceptance:
             raise ValueError(f"SGLANG_SIMULATE_ACC_LEN={raw!r}: not a number") from None
         if not value > 0:
             return None
-        return cls(value, steps, env.get("SGLANG_SIMULATE_ACC_METHOD", "match-expected"),
-                   env.get("SGLANG_SIMULATE_ACC_TOKEN_MODE", "fixed"), seed)
+        return cls(
+            value,
+            steps,
+            env.get("SGLANG_SIMULATE_ACC_METHOD", "match-expected"),
+            env.get("SGLANG_SIMULATE_ACC_TOKEN_MODE", "fixed"),
+            seed,
+        )
 
     def describe(self) -> str:
-        return (f"forced acceptance: SGLANG_SIMULATE_ACC_LEN={self.accept_len} method={self.method} "
-                f"token_mode={self.token_mode} (performance-only: outputs are not lossless)")
+        return (
+            f"forced acceptance: SGLANG_SIMULATE_ACC_LEN={self.accept_len} method={self.method} "
+            f"token_mode={self.token_mode} (performance-only: outputs are not lossless)"
+        )
 
     def draw(self) -> int:
         top = self.steps + 1
@@ -156,8 +164,14 @@ class Decoder:
     the largest bucket); each request holds one of its slots from its prefill until ``release``
     (``max_batch``: the slots it has)."""
 
-    def __init__(self, target: LlamaTarget, drafter: Eagle3Drafter | None, steps: int,
-                 runner: StaticRunner | None = None, forced: ForcedAcceptance | None = None):
+    def __init__(
+        self,
+        target: LlamaTarget,
+        drafter: Eagle3Drafter | None,
+        steps: int,
+        runner: StaticRunner | None = None,
+        forced: ForcedAcceptance | None = None,
+    ):
         self.target = target
         self.drafter = drafter
         self.steps = steps if drafter is not None else 0
@@ -191,8 +205,13 @@ class Decoder:
         return max_new_tokens(self.context, self.steps, prompt_len)
 
     def new_req(self, rid: str, prompt: list[int], max_new: int, stream: bool = False) -> Req:
-        return Req(rid=rid, origin_input_ids=list(prompt), max_new_tokens=max_new, stream=stream,
-                   histogram=[0] * (self.steps + 1) if self.drafter is not None else [])
+        return Req(
+            rid=rid,
+            origin_input_ids=list(prompt),
+            max_new_tokens=max_new,
+            stream=stream,
+            histogram=[0] * (self.steps + 1) if self.drafter is not None else [],
+        )
 
     def room_for_cycle(self, req: Req) -> bool:
         """Whether one more cycle fits the request's caches (always, but for the static path's
@@ -225,7 +244,7 @@ class Decoder:
         firsts, h = self.extend(batch, news, feats)
         for i, req in enumerate(batch.reqs):
             req.last = news[i][-1:]
-            req.first, req.h_last = firsts[i: i + 1], h[:, i: i + 1]
+            req.first, req.h_last = firsts[i : i + 1], h[:, i : i + 1]
         return BatchResult(news, accepted)
 
     def draft(self, batch: ScheduleBatch) -> torch.Tensor:
@@ -252,8 +271,9 @@ class Decoder:
         reqs, k = batch.reqs, self.steps
         forced = [self.forced.draw() - 1 for _ in reqs] if self.forced is not None else None
         if self.runner is not None:
-            accepted, pred, aux = self.runner.verify([r.tcache for r in reqs], torch.cat([r.last for r in reqs]),
-                                                     drafts, accept=forced)
+            accepted, pred, aux = self.runner.verify(
+                [r.tcache for r in reqs], torch.cat([r.last for r in reqs]), drafts, accept=forced
+            )
             preds, auxs = list(pred), list(aux[:, None])  # (k+1,) and (1, k+1, w) per request
         else:
             caches = [r.tcache for r in reqs]
@@ -275,8 +295,11 @@ class Decoder:
         reqs = batch.reqs
         if self.runner is not None:  # from the verify's buffers; forced acceptance's rewritten preds
             k = self.steps
-            preds = None if self.forced is None else torch.stack(
-                [torch.cat([x, x.new_zeros(k + 1 - x.shape[0])]) for x in news])
+            preds = (
+                None
+                if self.forced is None
+                else torch.stack([torch.cat([x, x.new_zeros(k + 1 - x.shape[0])]) for x in news])
+            )
             out = self.runner.extend([r.dcache for r in reqs], [x.shape[0] - 1 for x in news], preds)
             for r in reqs:
                 r.dcache.length = r.tcache.length
@@ -284,8 +307,9 @@ class Decoder:
         caches = [r.dcache for r in reqs]
         for r, c, new in zip(reqs, caches, news):
             c.crop(r.tcache.length - new.shape[0])  # the committed length before this verify
-        dl, dh = drafter_forward(self.drafter, self.drope, news,
-                                 torch.cat(feats, dim=1) if len(feats) > 1 else feats[0], caches)
+        dl, dh = drafter_forward(
+            self.drafter, self.drope, news, torch.cat(feats, dim=1) if len(feats) > 1 else feats[0], caches
+        )
         ends = _ends([n.shape[0] for n in news])
         return self.drafter.to_target_ids(dl[ends].argmax(-1)), dh[:, ends]
 
@@ -312,18 +336,20 @@ class Decoder:
         ends = _ends([x.shape[0] for x in ids])
         lasts = logits[ends].argmax(-1)
         for i, r in enumerate(reqs):
-            r.last = lasts[i: i + 1]
+            r.last = lasts[i : i + 1]
         if self.drafter is not None:
             shifted = [torch.cat([x[1:], r.last]) for x, r in zip(ids, reqs)]
             if runner is not None:
-                parts = [runner.prefill_drafter(r.dcache, x.view(1, -1), a) for r, x, a
-                         in zip(reqs, shifted, split_rows(aux, [x.shape[0] for x in ids], dim=1))]
+                parts = [
+                    runner.prefill_drafter(r.dcache, x.view(1, -1), a)
+                    for r, x, a in zip(reqs, shifted, split_rows(aux, [x.shape[0] for x in ids], dim=1))
+                ]
                 dl, dh = torch.cat([d for d, _ in parts]), torch.cat([h for _, h in parts], dim=1)
             else:
                 dl, dh = drafter_forward(self.drafter, self.drope, shifted, aux, [r.dcache for r in reqs])
             firsts = self.drafter.to_target_ids(dl[ends].argmax(-1))
             for i, r in enumerate(reqs):
-                r.first, r.h_last = firsts[i: i + 1], dh[:, ends[i]: ends[i] + 1]
+                r.first, r.h_last = firsts[i : i + 1], dh[:, ends[i] : ends[i] + 1]
         return BatchResult([r.last for r in reqs])
 
     def decode(self, batch: ScheduleBatch) -> BatchResult:
@@ -332,12 +358,12 @@ class Decoder:
         if self.runner is not None:
             toks = self.runner.decode([r.tcache for r in reqs], torch.cat([r.last for r in reqs]))
             for i, r in enumerate(reqs):
-                r.last = toks[i: i + 1]
+                r.last = toks[i : i + 1]
         else:
             logits, _ = target_forward(self.target, self.trope, [r.last for r in reqs], [r.tcache for r in reqs], None)
             toks = logits.argmax(-1)
             for i, r in enumerate(reqs):
-                r.last = toks[i: i + 1]
+                r.last = toks[i : i + 1]
         return BatchResult([r.last for r in reqs])
 
 
@@ -351,7 +377,13 @@ def _ends(lengths: list[int]) -> list[int]:
 
 def generation(req: Req, steps: int) -> Generation:
     """A finished request's answer (what the rank sends the front)."""
-    return Generation(output_ids=list(req.output_ids), prompt_tokens=len(req.origin_input_ids),
-                      verify_ct=req.spec_verify_ct, correct_drafts=req.spec_num_correct_drafts,
-                      proposed_drafts=req.spec_verify_ct * steps, histogram=list(req.histogram),
-                      decode_steps=req.decode_steps, inflight_cycles=req.inflight_cycles)
+    return Generation(
+        output_ids=list(req.output_ids),
+        prompt_tokens=len(req.origin_input_ids),
+        verify_ct=req.spec_verify_ct,
+        correct_drafts=req.spec_num_correct_drafts,
+        proposed_drafts=req.spec_verify_ct * steps,
+        histogram=list(req.histogram),
+        decode_steps=req.decode_steps,
+        inflight_cycles=req.inflight_cycles,
+    )

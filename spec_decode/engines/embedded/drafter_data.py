@@ -76,8 +76,9 @@ def load_frozen_target(model_dir: str | Path) -> LlamaTarget:
 
 
 @torch.no_grad()
-def regenerate(target: LlamaTarget, prompts: torch.Tensor, new_tokens: int, temperature: float,
-               gen: torch.Generator) -> torch.Tensor:
+def regenerate(
+    target: LlamaTarget, prompts: torch.Tensor, new_tokens: int, temperature: float, gen: torch.Generator
+) -> torch.Tensor:
     """prompts (B, P) -> (B, P + new_tokens): the target continues each prompt, the whole batch at
     once with a KV cache of its own (the training path's layers: ``forward_train``'s arithmetic)."""
     b, p = prompts.shape
@@ -98,7 +99,8 @@ def regenerate(target: LlamaTarget, prompts: torch.Tensor, new_tokens: int, temp
             k_cache[i, :, :, start : start + t] = k
             v_cache[i, :, :, start : start + t] = v
             a = torch.nn.functional.scaled_dot_product_attention(
-                q, k_cache[i, :, :, : start + t], v_cache[i, :, :, : start + t], attn_mask=mask)
+                q, k_cache[i, :, :, : start + t], v_cache[i, :, :, : start + t], attn_mask=mask
+            )
             x = x + layer.self_attn.out(a)
             x = x + layer.mlp(layer.post_attention_layernorm(x))
         start += t
@@ -115,9 +117,19 @@ def sha256_rows(t: torch.Tensor) -> str:
     return hashlib.sha256(t.contiguous().numpy().tobytes()).hexdigest()
 
 
-def make(corpus: str, target_dir: str, samples: int, heldout: int, seq: int, prompt_tokens: int,
-         temperature: float, seed: int, threads: int, log=print,
-         kernel_mode: str = "native") -> tuple[dict[str, torch.Tensor], dict]:
+def make(
+    corpus: str,
+    target_dir: str,
+    samples: int,
+    heldout: int,
+    seq: int,
+    prompt_tokens: int,
+    temperature: float,
+    seed: int,
+    threads: int,
+    log=print,
+    kernel_mode: str = "native",
+) -> tuple[dict[str, torch.Tensor], dict]:
     if not 0 < prompt_tokens < seq:
         raise SystemExit(f"--prompt-tokens {prompt_tokens} must be in 1..{seq - 1} (--seq {seq})")
     if samples < 1 or heldout < 1:
@@ -141,12 +153,22 @@ def make(corpus: str, target_dir: str, samples: int, heldout: int, seq: int, pro
         splits[name] = torch.cat(rows).to(torch.uint8)
     target_rec = json.loads((Path(target_dir) / "training.json").read_text())
     record = {
-        "kind": "drafter-training-data", "samples": samples, "heldout": heldout, "seq": seq,
-        "prompt_tokens": prompt_tokens, "temperature": temperature, "seed": seed, "threads": threads,
-        "gen_batch": GEN_BATCH, "corpus": corpus, "target_weights_sha256": target_rec["weights_sha256"],
+        "kind": "drafter-training-data",
+        "samples": samples,
+        "heldout": heldout,
+        "seq": seq,
+        "prompt_tokens": prompt_tokens,
+        "temperature": temperature,
+        "seed": seed,
+        "threads": threads,
+        "gen_batch": GEN_BATCH,
+        "corpus": corpus,
+        "target_weights_sha256": target_rec["weights_sha256"],
         "aux_hidden_states": "recomputed at train time from the target (not stored)",
-        "train_sha256": sha256_rows(splits["train"]), "heldout_sha256": sha256_rows(splits["heldout"]),
-        "torch": torch.__version__, **kernels.record(kernel_mode),
+        "train_sha256": sha256_rows(splits["train"]),
+        "heldout_sha256": sha256_rows(splits["heldout"]),
+        "torch": torch.__version__,
+        **kernels.record(kernel_mode),
     }
     return splits, record
 
@@ -185,11 +207,23 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--threads", type=int, default=2)
     kernels.add_argument(ap)
     args = ap.parse_args(argv)
-    splits, record = make(args.corpus, args.target, args.samples, args.heldout, args.seq, args.prompt_tokens,
-                          args.temperature, args.seed, args.threads, kernel_mode=args.kernels)
+    splits, record = make(
+        args.corpus,
+        args.target,
+        args.samples,
+        args.heldout,
+        args.seq,
+        args.prompt_tokens,
+        args.temperature,
+        args.seed,
+        args.threads,
+        kernel_mode=args.kernels,
+    )
     record = save(Path(args.out), splits, record)
-    print(f"drafter_data: {args.samples} train + {args.heldout} held-out samples x {args.seq} tokens, "
-          f"md5 {record['file_md5']} -> {args.out}")
+    print(
+        f"drafter_data: {args.samples} train + {args.heldout} held-out samples x {args.seq} tokens, "
+        f"md5 {record['file_md5']} -> {args.out}"
+    )
 
 
 if __name__ == "__main__":

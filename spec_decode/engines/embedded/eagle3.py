@@ -53,8 +53,12 @@ class Eagle3Drafter(nn.Module):
     def new_cache(self, max_len: int | None = None) -> KVCache:
         s = self.shape
         return KVCache(
-            1, s.num_key_value_heads, max_len or s.max_position_embeddings, s.head_dim,
-            device=self.lm_head.weight.device, dtype=self.lm_head.weight.dtype,
+            1,
+            s.num_key_value_heads,
+            max_len or s.max_position_embeddings,
+            s.head_dim,
+            device=self.lm_head.weight.device,
+            dtype=self.lm_head.weight.dtype,
         )
 
     def _inputs(self, tokens: torch.Tensor, hidden: torch.Tensor, graph_ops: bool = False):
@@ -63,8 +67,13 @@ class Eagle3Drafter(nn.Module):
         hidden = hidden.to(self.fc.weight.dtype)  # a no-op but for a bf16 drafter fed fp32 buffers (graphs.py)
         g = self.fc(hidden) if hidden.shape[-1] != self.shape.hidden_size else hidden
         layer = self.midlayer
-        x = torch.cat([layer.input_layernorm.static(self.embed_tokens(tokens), graph_ops),
-                       layer.hidden_norm.static(g, graph_ops)], -1)
+        x = torch.cat(
+            [
+                layer.input_layernorm.static(self.embed_tokens(tokens), graph_ops),
+                layer.hidden_norm.static(g, graph_ops),
+            ],
+            -1,
+        )
         return x, g
 
     def _finish(self, attn_out: torch.Tensor, residual: torch.Tensor, graph_ops: bool = False):
@@ -78,9 +87,7 @@ class Eagle3Drafter(nn.Module):
         logits (T, Vd) and the pre-norm hidden state (1, T, h) that the next chain step reads."""
         start, t = cache.length, tokens.shape[1]
         x, residual = self._inputs(tokens, hidden)
-        q, k, v = self.midlayer.self_attn.qkv(
-            x, self.cos[start : start + t], self.sin[start : start + t]
-        )
+        q, k, v = self.midlayer.self_attn.qkv(x, self.cos[start : start + t], self.sin[start : start + t])
         a = cache.attend(0, q, k, v, start, causal_mask(start, t, tokens.device))
         cache.length = start + t
         logits, h = self._finish(a, residual)
@@ -88,8 +95,15 @@ class Eagle3Drafter(nn.Module):
 
     def new_static_cache(self, slots: int = 1) -> StaticKVCache:
         s = self.shape
-        return StaticKVCache(1, s.num_key_value_heads, s.max_position_embeddings, s.head_dim,
-                             device=self.lm_head.weight.device, dtype=self.lm_head.weight.dtype, slots=slots)
+        return StaticKVCache(
+            1,
+            s.num_key_value_heads,
+            s.max_position_embeddings,
+            s.head_dim,
+            device=self.lm_head.weight.device,
+            dtype=self.lm_head.weight.dtype,
+            slots=slots,
+        )
 
     graph_ops = False  # forward_static in fewer kernels (prepare_graph_ops)
 
@@ -100,8 +114,7 @@ class Eagle3Drafter(nn.Module):
         self.graph_ops = True
         return self
 
-    def forward_static(self, tokens: torch.Tensor, hidden: torch.Tensor, pos: torch.Tensor,
-                       cache: CacheRows):
+    def forward_static(self, tokens: torch.Tensor, hidden: torch.Tensor, pos: torch.Tensor, cache: CacheRows):
         """``forward`` at the positions ``pos`` (T,), capturable (see LlamaTarget.forward_static)."""
         g = self.graph_ops
         x, residual = self._inputs(tokens, hidden, g)

@@ -43,8 +43,17 @@ log = logging.getLogger("spec_decode.embedded")
 
 
 class StaticRunner:
-    def __init__(self, target, drafter, steps: int, use_graphs: bool, graph_ops: bool | None = None,
-                 attention: str = "bmm", max_bs: int = 1, slots: int | None = None):
+    def __init__(
+        self,
+        target,
+        drafter,
+        steps: int,
+        use_graphs: bool,
+        graph_ops: bool | None = None,
+        attention: str = "bmm",
+        max_bs: int = 1,
+        slots: int | None = None,
+    ):
         """``max_bs``: the largest captured batch size (SGLang's --cuda-graph-max-bs-decode);
         ``slots``: requests the caches hold (default max_bs; the server's --max-running-requests),
         plus one scratch slot for padding rows. ``graph_ops`` (default: on CUDA) computes the shapes
@@ -93,20 +102,55 @@ class StaticRunner:
         dev, h, k = self.device, self.target.shape.hidden_size, self.k
         long, f = dict(dtype=torch.long, device=dev), dict(device=dev)
         if self.drafter is None:
-            self._add(f"decode@{b}", b, 1, {"ids": torch.zeros(1, b, **long), "pos": torch.zeros(b, **long),
-                                            "tok": torch.zeros(b, **long)}, self._decode)
+            self._add(
+                f"decode@{b}",
+                b,
+                1,
+                {"ids": torch.zeros(1, b, **long), "pos": torch.zeros(b, **long), "tok": torch.zeros(b, **long)},
+                self._decode,
+            )
             return
         t, width = k + 1, len(self.capture_ids) * h
-        self._add(f"verify@{b}", b, t, {"ids": torch.zeros(1, b * t, **long), "pos": torch.zeros(b * t, **long),
-                                        "pred": torch.zeros(b, t, **long), "accepted": torch.zeros(b, **long),
-                                        "aux": torch.zeros(1, b * t, width, **f)}, self._verify)
-        self._add(f"draft@{b}", b, 1, {"tok": torch.zeros(1, b, **long), "h": torch.zeros(1, b, h, **f),
-                                       "pos": torch.zeros(b, **long), "next": torch.zeros(b, **long),
-                                       "h_out": torch.zeros(1, b, h, **f)}, self._draft)
-        self._add(f"extend@{b}", b, t, {"ids": torch.zeros(1, b * t, **long), "feats": torch.zeros(1, b * t, width, **f),
-                                        "pos": torch.zeros(b * t, **long), "last": torch.zeros(b, **long),
-                                        "first": torch.zeros(b, **long), "h_out": torch.zeros(1, b, h, **f)},
-                  self._extend)
+        self._add(
+            f"verify@{b}",
+            b,
+            t,
+            {
+                "ids": torch.zeros(1, b * t, **long),
+                "pos": torch.zeros(b * t, **long),
+                "pred": torch.zeros(b, t, **long),
+                "accepted": torch.zeros(b, **long),
+                "aux": torch.zeros(1, b * t, width, **f),
+            },
+            self._verify,
+        )
+        self._add(
+            f"draft@{b}",
+            b,
+            1,
+            {
+                "tok": torch.zeros(1, b, **long),
+                "h": torch.zeros(1, b, h, **f),
+                "pos": torch.zeros(b, **long),
+                "next": torch.zeros(b, **long),
+                "h_out": torch.zeros(1, b, h, **f),
+            },
+            self._draft,
+        )
+        self._add(
+            f"extend@{b}",
+            b,
+            t,
+            {
+                "ids": torch.zeros(1, b * t, **long),
+                "feats": torch.zeros(1, b * t, width, **f),
+                "pos": torch.zeros(b * t, **long),
+                "last": torch.zeros(b, **long),
+                "first": torch.zeros(b, **long),
+                "h_out": torch.zeros(1, b, h, **f),
+            },
+            self._extend,
+        )
 
     def _add(self, name: str, b: int, t: int, bufs: dict, fn) -> None:
         bufs["slots"] = torch.full((b,), self.scratch, dtype=torch.long, device=self.device)
@@ -146,14 +190,19 @@ class StaticRunner:
         if b is None:
             b = n
             if n > self.n_slots:
-                raise ValueError(f"a batch of {n} requests: the static path holds {self.n_slots} "
-                                 "(--max-running-requests)")
+                raise ValueError(
+                    f"a batch of {n} requests: the static path holds {self.n_slots} (--max-running-requests)"
+                )
             if f"{phase}@{n}" not in self.bufs:
                 self._add_bucket(n)
             if not self.eager_above_logged:
                 self.eager_above_logged = True
-                log.warning("a running batch of %d requests is above --cuda-graph-max-bs-decode %d: batches "
-                            "above it run the static shapes eagerly (no CUDA graph); said once", n, self.max_bs)
+                log.warning(
+                    "a running batch of %d requests is above --cuda-graph-max-bs-decode %d: batches "
+                    "above it run the static shapes eagerly (no CUDA graph); said once",
+                    n,
+                    self.max_bs,
+                )
         return f"{phase}@{b}", b
 
     def _put(self, buf: torch.Tensor, values: list[int]) -> None:
@@ -190,16 +239,20 @@ class StaticRunner:
         Every rank then agrees (``agree_on_graphs``) so that no rank replays while another runs eagerly."""
         try:
             self.graphs, self.capture_stream = capture.capture_all(self.fns, self.device)
-            log.info("captured %d CUDA graphs for batch sizes %s: %s", len(self.graphs), self.sizes,
-                     ", ".join(self.graphs))
+            log.info(
+                "captured %d CUDA graphs for batch sizes %s: %s", len(self.graphs), self.sizes, ", ".join(self.graphs)
+            )
         except RuntimeError as e:
             self.graphs = {}
             self.use_graphs = False
             self.capture_error = capture.describe_failure(e)
             torch.cuda.synchronize(self.device)
             capture.end_generator_capture(self.device)
-            log.error("CUDA graph capture failed (%s); running the static shapes eagerly "
-                      "(--disable-cuda-graph behaviour; same output, slower)", self.capture_error)
+            log.error(
+                "CUDA graph capture failed (%s); running the static shapes eagerly "
+                "(--disable-cuda-graph behaviour; same output, slower)",
+                self.capture_error,
+            )
 
     def agree_on_graphs(self, group=None) -> None:
         """At tp > 1: if any rank failed to capture, every rank runs eagerly."""
@@ -267,8 +320,9 @@ class StaticRunner:
             c.length += self.k - 1
         return torch.stack(drafts, dim=1)
 
-    def verify(self, caches: list[SlotCache], lasts: torch.Tensor, drafts: torch.Tensor,
-               accept: list[int] | None = None):
+    def verify(
+        self, caches: list[SlotCache], lasts: torch.Tensor, drafts: torch.Tensor, accept: list[int] | None = None
+    ):
         """One target forward over each row's [last, d1..dk]; returns (accepted counts, preds (n, k+1),
         features (n, k+1, w)). ``accept``: forced acceptance (SGLANG_SIMULATE_ACC_LEN) -- commit these
         counts instead of the verified ones; the verify itself runs (and is read) as always."""

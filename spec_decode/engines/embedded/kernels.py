@@ -32,14 +32,30 @@ PINNED_ENV = {
     "MKL_CBWR": "COMPATIBLE",
 }
 # MKL's CNR branch numbers (mkl_cbwr.h) -> names, for the record
-_MKL_BRANCHES = {0: "OFF", 1: "AUTO_UNSET", 2: "AUTO", 3: "COMPATIBLE", 4: "SSE2", 6: "SSSE3", 7: "SSE4_1",
-                 8: "SSE4_2", 9: "AVX", 10: "AVX2", 12: "AVX512", 14: "AVX512_E1"}
+_MKL_BRANCHES = {
+    0: "OFF",
+    1: "AUTO_UNSET",
+    2: "AUTO",
+    3: "COMPATIBLE",
+    4: "SSE2",
+    6: "SSSE3",
+    7: "SSE4_1",
+    8: "SSE4_2",
+    9: "AVX",
+    10: "AVX2",
+    12: "AVX512",
+    14: "AVX512_E1",
+}
 
 
 def add_argument(parser) -> None:
-    parser.add_argument("--kernels", choices=MODES, default="native",
-                        help="pinned: the kernel paths every x86-64 CPU has (bit-identical across instruction "
-                             "sets, slower); native: this CPU's own (bit-identical only on the same ISA)")
+    parser.add_argument(
+        "--kernels",
+        choices=MODES,
+        default="native",
+        help="pinned: the kernel paths every x86-64 CPU has (bit-identical across instruction "
+        "sets, slower); native: this CPU's own (bit-identical only on the same ISA)",
+    )
 
 
 def requested(argv: list[str]) -> bool:
@@ -99,6 +115,8 @@ def check(mode: str) -> None:
     cap = torch.backends.cpu.get_cpu_capability()
     mkl = _mkl_branch()
     if cap != "DEFAULT" or mkl not in (None, "COMPATIBLE"):
-        raise SystemExit(f"--kernels pinned: pin not in effect (ATen capability {cap}, MKL CNR branch {mkl}): "
-                         f"run the build as `python -m ...` (it sets {PINNED_ENV} itself), set those "
-                         "variables before torch loads, or use --kernels native")
+        raise SystemExit(
+            f"--kernels pinned: pin not in effect (ATen capability {cap}, MKL CNR branch {mkl}): "
+            f"run the build as `python -m ...` (it sets {PINNED_ENV} itself), set those "
+            "variables before torch loads, or use --kernels native"
+        )

@@ -11,8 +11,9 @@ class KVCache:
     """Preallocated per-layer K/V for batch 1. Rolling back only lowers ``length``: attention reads
     ``[:length]``, so stale slots beyond it are never seen and are overwritten by the next write."""
 
-    def __init__(self, layers: int, kv_heads: int, max_len: int, head_dim: int, device=None,
-                 dtype: torch.dtype = torch.float32):
+    def __init__(
+        self, layers: int, kv_heads: int, max_len: int, head_dim: int, device=None, dtype: torch.dtype = torch.float32
+    ):
         self.k = torch.zeros(layers, 1, kv_heads, max_len, head_dim, device=device, dtype=dtype)
         self.v = torch.zeros_like(self.k)
         self.max_len = max_len
@@ -26,7 +27,10 @@ class KVCache:
         self.k[layer, :, :, start:end] = k
         self.v[layer, :, :, start:end] = v
         return F.scaled_dot_product_attention(
-            q, self.k[layer, :, :, :end], self.v[layer, :, :, :end], attn_mask=mask,
+            q,
+            self.k[layer, :, :, :end],
+            self.v[layer, :, :, :end],
+            attn_mask=mask,
             enable_gqa=q.shape[1] != k.shape[1],
         )
 
@@ -44,8 +48,16 @@ class StaticKVCache:
     position past the row's length) is never seen and is overwritten before it is. ``length`` is host
     bookkeeping only (per request: ``SlotCache``)."""
 
-    def __init__(self, layers: int, kv_heads: int, max_len: int, head_dim: int, device=None,
-                 dtype: torch.dtype = torch.float32, slots: int = 1):
+    def __init__(
+        self,
+        layers: int,
+        kv_heads: int,
+        max_len: int,
+        head_dim: int,
+        device=None,
+        dtype: torch.dtype = torch.float32,
+        slots: int = 1,
+    ):
         self.k = torch.zeros(layers, slots, kv_heads, max_len, head_dim, device=device, dtype=dtype)
         self.v = torch.zeros_like(self.k)
         self.keys = torch.arange(max_len, device=device)
@@ -60,9 +72,9 @@ class StaticKVCache:
         if attention not in ("sdpa", "bmm"):
             raise ValueError(f"attention must be 'sdpa' or 'bmm', not {attention!r}")
         keys = self.keys.to(torch.float32)
-        self.mask_table = torch.zeros(self.max_len, self.max_len, device=self.k.device,
-                                      dtype=self.k.dtype).masked_fill(
-            keys[None, :] > keys[:, None], float("-inf"))
+        self.mask_table = torch.zeros(self.max_len, self.max_len, device=self.k.device, dtype=self.k.dtype).masked_fill(
+            keys[None, :] > keys[:, None], float("-inf")
+        )
         self.attention = attention
 
     def rows(self, slot_ids: torch.Tensor, t: int) -> CacheRows:
@@ -85,8 +97,9 @@ class CacheRows:
         """(B*T, max_len), additive (graph_ops) or bool; also where this forward writes (once per forward)."""
         c, b, t = self.cache, self.b, self.t
         # flat index of (slot, head, pos) in a layer's (slots * Hkv * max_len) rows, ordered (B, Hkv, T)
-        self._where = ((self.slot_ids.view(b, 1, 1) * c.k.shape[2] + self._head_rows) * c.max_len
-                       + pos.view(b, 1, t)).reshape(-1)
+        self._where = (
+            (self.slot_ids.view(b, 1, 1) * c.k.shape[2] + self._head_rows) * c.max_len + pos.view(b, 1, t)
+        ).reshape(-1)
         if c.mask_table is not None:
             return c.mask_table.index_select(0, pos)  # 0 or -inf
         return c.keys[None, :] <= pos[:, None]
@@ -105,8 +118,7 @@ class CacheRows:
             n = b * nh
             m = mask.view(b, 1, t, slots)
             m = m[0] if b == 1 else m.expand(b, nh, t, slots).reshape(n, t, slots)
-            scores = torch.baddbmm(m, qr.reshape(n, t, hd), keys.reshape(n, slots, hd).transpose(1, 2),
-                                   alpha=hd ** -0.5)
+            scores = torch.baddbmm(m, qr.reshape(n, t, hd), keys.reshape(n, slots, hd).transpose(1, 2), alpha=hd**-0.5)
             p = torch.softmax(scores, -1)
             vals = values.reshape(n, slots, hd)
             if t == 1 or slots % PV_SPLIT:
@@ -121,8 +133,9 @@ class CacheRows:
                 out = part.view(n, PV_SPLIT, t, hd).sum(1)
             out = out.view(b, nh, t, hd)
         else:
-            out = F.scaled_dot_product_attention(qr, keys, values, attn_mask=mask.view(b, 1, t, slots),
-                                                 enable_gqa=nh != nkv)
+            out = F.scaled_dot_product_attention(
+                qr, keys, values, attn_mask=mask.view(b, 1, t, slots), enable_gqa=nh != nkv
+            )
         return out.transpose(0, 1).reshape(1, nh, b * t, hd)
 
 

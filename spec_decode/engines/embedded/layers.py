@@ -86,9 +86,7 @@ class Attention(nn.Module):
         """x (B, T, in) -> q, k, v as (B, heads, T, head_dim) with RoPE applied to q and k."""
         b, t, _ = x.shape
         if self._qkv is not None:
-            q, k, v = F.linear(x, self._qkv).split(
-                [self.nh * self.hd, self.nkv * self.hd, self.nkv * self.hd], dim=-1
-            )
+            q, k, v = F.linear(x, self._qkv).split([self.nh * self.hd, self.nkv * self.hd, self.nkv * self.hd], dim=-1)
         else:
             q, k, v = self.q_proj(x), self.k_proj(x), self.v_proj(x)
         q = q.view(b, t, self.nh, self.hd).transpose(1, 2)
@@ -144,8 +142,14 @@ class Attention(nn.Module):
         ``forward_train`` (the drafter build trains against a loaded target)."""
         u, (lo, hi) = tp.units, tp.local_units
         qpu, kpu, hd = self.nh // u, self.nkv // u, self.hd
-        qkv = torch.cat([self.q_proj.weight.view(u, qpu * hd, -1), self.k_proj.weight.view(u, kpu * hd, -1),
-                         self.v_proj.weight.view(u, kpu * hd, -1)], dim=1)
+        qkv = torch.cat(
+            [
+                self.q_proj.weight.view(u, qpu * hd, -1),
+                self.k_proj.weight.view(u, kpu * hd, -1),
+                self.v_proj.weight.view(u, kpu * hd, -1),
+            ],
+            dim=1,
+        )
         self.u_qkv = qkv[lo:hi].transpose(1, 2).contiguous().detach()  # (local units, in, c)
         o = self.o_proj.weight  # (h, heads * hd); head j is columns j*hd .. (j+1)*hd
         self.u_o = o.view(o.shape[0], u, qpu * hd).permute(1, 2, 0)[lo:hi].contiguous().detach()

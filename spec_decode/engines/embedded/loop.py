@@ -40,8 +40,7 @@ class BatchLoop:
     counted)``: after a decode batch's result, with ``counted`` = [(req, tokens, accepted drafts)]
     for its requests whose verify counted (the rank's counters and decode log)."""
 
-    def __init__(self, decoder, max_running: int, overlap: bool, on_chunk=None, on_finish=None,
-                 on_decode=None):
+    def __init__(self, decoder, max_running: int, overlap: bool, on_chunk=None, on_finish=None, on_decode=None):
         if max_running < 1:
             raise ValueError(f"--max-running-requests must be >= 1 (got {max_running})")
         self.decoder = decoder
@@ -85,8 +84,11 @@ class BatchLoop:
             self.running.extend(new)
             return ScheduleBatch(new, ForwardMode.EXTEND)
         queued = set(self.pending[0].reqs) if self.pending is not None else set()
-        reqs = [r for r in self.running
-                if not (r in queued and r.next_output_finishes_by_length()) and self.decoder.room_for_cycle(r)]
+        reqs = [
+            r
+            for r in self.running
+            if not (r in queued and r.next_output_finishes_by_length()) and self.decoder.room_for_cycle(r)
+        ]
         return ScheduleBatch(reqs, ForwardMode.DECODE) if reqs else None
 
     def process(self, batch: ScheduleBatch, result) -> None:
@@ -116,7 +118,7 @@ class BatchLoop:
     def _commit(self, req: Req, ids: list[int]) -> None:
         req.output_ids.extend(ids)
         if len(req.output_ids) >= req.max_new_tokens:
-            del req.output_ids[req.max_new_tokens:]
+            del req.output_ids[req.max_new_tokens :]
             req.finished = True
             self.running.remove(req)
             self._release_if_done(req)

@@ -54,10 +54,33 @@ from spec_decode.engines.embedded.shapes import (
 )
 
 __all__ = [
-    "DRAFTER_ARCH", "MLP", "PV_SPLIT", "CacheRows", "TARGET_ARCH", "Attention", "DecoderLayer", "DrafterShape",
-    "Eagle3Drafter", "Eagle3Layer", "KVCache", "LlamaBody", "LlamaShape", "LlamaTarget", "RMSNorm",
-    "StaticKVCache", "apply_rope", "register_rope", "causal_mask", "drafter_config_json", "drafter_shape_from_config",
-    "load_drafter", "load_target", "read_config", "rope_graph", "rope_tables", "rotate_half_rows",
+    "DRAFTER_ARCH",
+    "MLP",
+    "PV_SPLIT",
+    "CacheRows",
+    "TARGET_ARCH",
+    "Attention",
+    "DecoderLayer",
+    "DrafterShape",
+    "Eagle3Drafter",
+    "Eagle3Layer",
+    "KVCache",
+    "LlamaBody",
+    "LlamaShape",
+    "LlamaTarget",
+    "RMSNorm",
+    "StaticKVCache",
+    "apply_rope",
+    "register_rope",
+    "causal_mask",
+    "drafter_config_json",
+    "drafter_shape_from_config",
+    "load_drafter",
+    "load_target",
+    "read_config",
+    "rope_graph",
+    "rope_tables",
+    "rotate_half_rows",
     "target_config_json",
 ]
 
@@ -112,15 +135,25 @@ class LlamaTarget(nn.Module):
         s = self.shape
         kv_heads = s.num_key_value_heads // (self.tp.size if self.tp else 1)
         return KVCache(
-            s.num_hidden_layers, kv_heads, max_len or s.max_position_embeddings,
-            s.head_dim, device=self.lm_head.weight.device, dtype=self.lm_head.weight.dtype,
+            s.num_hidden_layers,
+            kv_heads,
+            max_len or s.max_position_embeddings,
+            s.head_dim,
+            device=self.lm_head.weight.device,
+            dtype=self.lm_head.weight.dtype,
         )
 
     def new_static_cache(self, slots: int = 1) -> StaticKVCache:
         s = self.shape
-        return StaticKVCache(s.num_hidden_layers, s.num_key_value_heads // self.tp.size,
-                             s.max_position_embeddings, s.head_dim, device=self.lm_head.weight.device,
-                             dtype=self.lm_head.weight.dtype, slots=slots)
+        return StaticKVCache(
+            s.num_hidden_layers,
+            s.num_key_value_heads // self.tp.size,
+            s.max_position_embeddings,
+            s.head_dim,
+            device=self.lm_head.weight.device,
+            dtype=self.lm_head.weight.dtype,
+            slots=slots,
+        )
 
     graph_ops = False  # forward_static in fewer kernels (prepare_graph_ops)
 
@@ -135,8 +168,7 @@ class LlamaTarget(nn.Module):
         self.graph_ops = True
         return self
 
-    def forward_static(self, ids: torch.Tensor, pos: torch.Tensor, cache: CacheRows,
-                       capture: list[int] | None = None):
+    def forward_static(self, ids: torch.Tensor, pos: torch.Tensor, cache: CacheRows, capture: list[int] | None = None):
         """``forward`` with no host value in it (CUDA-graph capturable): (1, T) tokens at the
         positions ``pos`` (T,), T = B rows x cache.t tokens packed row after row (``cache`` is a
         StaticKVCache's ``rows`` view: each row attends over its own slot). Returns logits (T, V) and

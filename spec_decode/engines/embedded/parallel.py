@@ -32,16 +32,19 @@ def shard_units(num_attention_heads: int, num_key_value_heads: int, intermediate
     return math.gcd(num_attention_heads, num_key_value_heads, intermediate_size)
 
 
-def tp_size_error(tp_size: int, num_attention_heads: int, num_key_value_heads: int,
-                  intermediate_size: int) -> str | None:
+def tp_size_error(
+    tp_size: int, num_attention_heads: int, num_key_value_heads: int, intermediate_size: int
+) -> str | None:
     """Why ``--tp-size`` cannot shard this target (None if it can)."""
     units = shard_units(num_attention_heads, num_key_value_heads, intermediate_size)
     valid = [d for d in range(1, units + 1) if units % d == 0]
     if tp_size >= 1 and units % tp_size == 0:
         return None
-    return (f"--tp-size {tp_size}: must be >= 1 and divide the target's num_attention_heads "
-            f"({num_attention_heads}), num_key_value_heads ({num_key_value_heads}) and "
-            f"intermediate_size ({intermediate_size}); valid sizes: {', '.join(map(str, valid))}")
+    return (
+        f"--tp-size {tp_size}: must be >= 1 and divide the target's num_attention_heads "
+        f"({num_attention_heads}), num_key_value_heads ({num_key_value_heads}) and "
+        f"intermediate_size ({intermediate_size}); valid sizes: {', '.join(map(str, valid))}"
+    )
 
 
 def pair_sum(parts: torch.Tensor) -> torch.Tensor:

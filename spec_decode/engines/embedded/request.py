@@ -38,8 +38,15 @@ class GenerateRequest:
 
 
 def _kind(v: object) -> str:
-    return {bool: "a boolean", int: "an integer", float: "a number", str: "a string", list: "a list",
-            dict: "an object", type(None): "null"}.get(type(v), type(v).__name__)
+    return {
+        bool: "a boolean",
+        int: "an integer",
+        float: "a number",
+        str: "a string",
+        list: "a list",
+        dict: "an object",
+        type(None): "null",
+    }.get(type(v), type(v).__name__)
 
 
 def _is_int(v: object) -> bool:
@@ -55,23 +62,40 @@ def _is_str_or_list(v: object) -> bool:
 
 
 # sampling_params key -> (type check, what it must be). The schema of SGLang 0.5.23, in its order.
-_INT, _NUM, _STR, _BOOL = ((_is_int, "an integer"), (_is_number, "a number"),
-                           (lambda v: isinstance(v, str), "a string"), (lambda v: isinstance(v, bool), "a boolean"))
+_INT, _NUM, _STR, _BOOL = (
+    (_is_int, "an integer"),
+    (_is_number, "a number"),
+    (lambda v: isinstance(v, str), "a string"),
+    (lambda v: isinstance(v, bool), "a boolean"),
+)
 SAMPLING_SCHEMA: dict[str, tuple] = {
     "max_new_tokens": _INT,
     "stop": (_is_str_or_list, "a string or a list of strings"),
     "stop_token_ids": (lambda v: isinstance(v, list) and all(_is_int(x) for x in v), "a list of integers"),
     "stop_regex": (_is_str_or_list, "a string or a list of strings"),
-    "temperature": _NUM, "top_p": _NUM, "top_k": _INT, "min_p": _NUM,
-    "frequency_penalty": _NUM, "presence_penalty": _NUM, "repetition_penalty": _NUM,
-    "min_new_tokens": _INT, "n": _INT,
-    "json_schema": _STR, "regex": _STR, "ebnf": _STR, "structural_tag": _STR,
-    "ignore_eos": _BOOL, "skip_special_tokens": _BOOL, "spaces_between_special_tokens": _BOOL,
-    "no_stop_trim": _BOOL, "stream_interval": _INT,
-    "logit_bias": (lambda v: isinstance(v, dict) and all(_is_number(x) for x in v.values()),
-                   "an object of numbers"),
-    "sampling_seed": _INT, "custom_params": (lambda v: True, "any JSON value"),
-    "beam_width": _INT, "watermark": (lambda v: isinstance(v, dict), "an object"),
+    "temperature": _NUM,
+    "top_p": _NUM,
+    "top_k": _INT,
+    "min_p": _NUM,
+    "frequency_penalty": _NUM,
+    "presence_penalty": _NUM,
+    "repetition_penalty": _NUM,
+    "min_new_tokens": _INT,
+    "n": _INT,
+    "json_schema": _STR,
+    "regex": _STR,
+    "ebnf": _STR,
+    "structural_tag": _STR,
+    "ignore_eos": _BOOL,
+    "skip_special_tokens": _BOOL,
+    "spaces_between_special_tokens": _BOOL,
+    "no_stop_trim": _BOOL,
+    "stream_interval": _INT,
+    "logit_bias": (lambda v: isinstance(v, dict) and all(_is_number(x) for x in v.values()), "an object of numbers"),
+    "sampling_seed": _INT,
+    "custom_params": (lambda v: True, "any JSON value"),
+    "beam_width": _INT,
+    "watermark": (lambda v: isinstance(v, dict), "an object"),
     "choice": (lambda v: isinstance(v, list) and all(isinstance(x, str) for x in v), "a list of strings"),
 }
 SAMPLING_KEYS = tuple(SAMPLING_SCHEMA)
@@ -79,12 +103,20 @@ NOT_NULL = ("logit_bias", "choice")  # plain (non-Optional) fields in SGLang's s
 
 # Valid in SGLang but not honoured here: refused unless they hold their no-op value.
 _NOOP = {
-    "stop": lambda v: v in (None, "", []), "stop_token_ids": lambda v: not v,
-    "stop_regex": lambda v: v in (None, "", []), "n": lambda v: v in (None, 1),
-    "json_schema": lambda v: v is None, "regex": lambda v: v is None, "ebnf": lambda v: v is None,
-    "structural_tag": lambda v: v is None, "logit_bias": lambda v: not v, "choice": lambda v: not v,
-    "beam_width": lambda v: v in (None, 1), "watermark": lambda v: not v or not v.get("enabled"),
-    "frequency_penalty": lambda v: v in (None, 0), "presence_penalty": lambda v: v in (None, 0),
+    "stop": lambda v: v in (None, "", []),
+    "stop_token_ids": lambda v: not v,
+    "stop_regex": lambda v: v in (None, "", []),
+    "n": lambda v: v in (None, 1),
+    "json_schema": lambda v: v is None,
+    "regex": lambda v: v is None,
+    "ebnf": lambda v: v is None,
+    "structural_tag": lambda v: v is None,
+    "logit_bias": lambda v: not v,
+    "choice": lambda v: not v,
+    "beam_width": lambda v: v in (None, 1),
+    "watermark": lambda v: not v or not v.get("enabled"),
+    "frequency_penalty": lambda v: v in (None, 0),
+    "presence_penalty": lambda v: v in (None, 0),
     "repetition_penalty": lambda v: v in (None, 1),
 }
 # SGLang's SamplingParams.verify ranges (for the knobs greedy decoding ignores but still checks).
@@ -100,8 +132,10 @@ _RANGES = {
 def _check_sampling(sp: dict) -> None:
     for key, value in sp.items():
         if key not in SAMPLING_SCHEMA:
-            raise RequestError(f"unknown field `{key}` in sampling_params, expected one of "
-                               + ", ".join(f"`{k}`" for k in SAMPLING_KEYS))
+            raise RequestError(
+                f"unknown field `{key}` in sampling_params, expected one of "
+                + ", ".join(f"`{k}`" for k in SAMPLING_KEYS)
+            )
         check, want = SAMPLING_SCHEMA[key]
         if value is None and key not in NOT_NULL:
             continue
@@ -112,8 +146,10 @@ def _check_sampling(sp: dict) -> None:
         if key in _RANGES and not _RANGES[key][0](value):
             raise RequestError(f"sampling_params.{key} must be {_RANGES[key][1]} (got {value!r})")
         if key in _NOOP and not _NOOP[key](value):
-            raise RequestError(f"sampling_params.{key}={value!r} is not supported by the embedded engine "
-                               "(greedy decoding of one sequence; leave it at its default)")
+            raise RequestError(
+                f"sampling_params.{key}={value!r} is not supported by the embedded engine "
+                "(greedy decoding of one sequence; leave it at its default)"
+            )
 
 
 def _prompt(body: dict) -> tuple[str, list[int]]:
@@ -171,20 +207,24 @@ def parse_generate(body: object, context: int, steps: int) -> GenerateRequest:
         raise RequestError(f"rid must be a string (got {_kind(rid)})")
     temperature = sp.get("temperature")
     if temperature is None or temperature != 0:
-        raise RequestError("sampling_params.temperature: the embedded engine decodes greedily; send "
-                           f"temperature 0 (got {temperature!r}; SGLang's default is 1.0)")
+        raise RequestError(
+            "sampling_params.temperature: the embedded engine decodes greedily; send "
+            f"temperature 0 (got {temperature!r}; SGLang's default is 1.0)"
+        )
     field, ids = _prompt(body)
     room = max_new_tokens(context, steps, len(ids))
     if room < 1:
-        raise RequestError(f"{field}: the prompt ({len(ids)} tokens) leaves no room for new tokens in the "
-                           f"context of {context} tokens")
+        raise RequestError(
+            f"{field}: the prompt ({len(ids)} tokens) leaves no room for new tokens in the context of {context} tokens"
+        )
     n = sp.get("max_new_tokens", 128)
     if n is None:
         n = room  # SGLang: no limit but the context
     if n < 1:
         raise RequestError(f"sampling_params.max_new_tokens must be >= 1 (got {n})")
     if n > room:
-        raise RequestError(f"{field} ({len(ids)} tokens) + sampling_params.max_new_tokens ({n}) exceeds the "
-                           f"context of {context} tokens (at most {room} new tokens fit)")
-    return GenerateRequest(ids, n, bool(stream), sp.get("stream_interval") or 1,
-                           rid if isinstance(rid, str) else None)
+        raise RequestError(
+            f"{field} ({len(ids)} tokens) + sampling_params.max_new_tokens ({n}) exceeds the "
+            f"context of {context} tokens (at most {room} new tokens fit)"
+        )
+    return GenerateRequest(ids, n, bool(stream), sp.get("stream_interval") or 1, rid if isinstance(rid, str) else None)

@@ -102,8 +102,17 @@ class Scheduler:
     it, and ``("ok", rid, answer)`` when it finishes (SGLang's last event carries the finishing tokens).
     ``/flush_cache`` waits until no request is running or waiting, as SGLang's does."""
 
-    def __init__(self, decoder, rank: int, decode_log_interval: int, conn=None, max_running: int = 16,
-                 overlap: bool = True, tp_size: int = 1, group=None):
+    def __init__(
+        self,
+        decoder,
+        rank: int,
+        decode_log_interval: int,
+        conn=None,
+        max_running: int = 16,
+        overlap: bool = True,
+        tp_size: int = 1,
+        group=None,
+    ):
         self.decoder = decoder
         self.rank = rank
         self.interval = max(1, decode_log_interval)
@@ -111,9 +120,14 @@ class Scheduler:
         self.conn = conn  # rank 0's pipe to the front
         self.tp_size, self.group = tp_size, group
         lead = rank == 0 and conn is not None
-        self.loop = BatchLoop(decoder, max_running, overlap, on_chunk=self._chunk if lead else None,
-                              on_finish=self._finish if lead else None,
-                              on_decode=self._on_decode if rank == 0 else None)
+        self.loop = BatchLoop(
+            decoder,
+            max_running,
+            overlap,
+            on_chunk=self._chunk if lead else None,
+            on_finish=self._finish if lead else None,
+            on_decode=self._on_decode if rank == 0 else None,
+        )
         self.flushes: list[str] = []
 
     # ---- commands --------------------------------------------------------------------------------
@@ -193,15 +207,21 @@ class Scheduler:
         c.last_gen_throughput = c.window_tokens / max(now - c.last_log_tic, 1e-9)
         dec, loop = self.decoder, self.loop
         kv = sum(r.tcache.length for r in loop.running if r.tcache is not None)
-        parts = [f"#running-req: {batch.batch_size()}", f"#token: {kv}",
-                 f"token usage: {kv / (dec.context * loop.max_running):.2f}"]
+        parts = [
+            f"#running-req: {batch.batch_size()}",
+            f"#token: {kv}",
+            f"token usage: {kv / (dec.context * loop.max_running):.2f}",
+        ]
         if dec.drafter is not None:
             verifies = max(c.window_verify_ct, 1)
             parts.append(f"accept len: {c.window_tokens / verifies:.2f}")
             parts.append(f"accept rate: {c.window_correct / (verifies * dec.steps):.2f}")
         graph = "cuda graph" if dec.device.type == "cuda" else "cpu graph"
-        parts += [f"{graph}: {dec.replays_graphs(batch.batch_size())}", f"gen throughput (token/s): {c.last_gen_throughput:.2f}",
-                  f"#queue-req: {len(loop.waiting)}"]
+        parts += [
+            f"{graph}: {dec.replays_graphs(batch.batch_size())}",
+            f"gen throughput (token/s): {c.last_gen_throughput:.2f}",
+            f"#queue-req: {len(loop.waiting)}",
+        ]
         log.info("Decode batch, " + ", ".join(parts))
         c.window_tokens = c.window_forward_ct = c.window_correct = c.window_verify_ct = 0
         c.last_log_tic = now
@@ -245,9 +265,13 @@ def _die_with_front(front_pid: int) -> None:
 
 def _setup_logging(rank: int, tp_size: int, level: str) -> None:
     tag = f" TP{rank}" if tp_size > 1 else ""  # SGLang's rank tag in the log prefix
-    logging.basicConfig(level=getattr(logging, level.upper(), logging.INFO),
-                        format=f"[%(asctime)s{tag}] %(message)s", datefmt="%Y-%m-%d %H:%M:%S",
-                        stream=sys.stdout, force=True)
+    logging.basicConfig(
+        level=getattr(logging, level.upper(), logging.INFO),
+        format=f"[%(asctime)s{tag}] %(message)s",
+        datefmt="%Y-%m-%d %H:%M:%S",
+        stream=sys.stdout,
+        force=True,
+    )
 
 
 def _init_distributed(rank: int, spec: RankSpec):
@@ -256,19 +280,24 @@ def _init_distributed(rank: int, spec: RankSpec):
     if spec.device == "cuda":
         visible = torch.cuda.device_count()
         if rank >= visible:
-            raise SystemExit(f"error: --tp-size {spec.tp_size} --device cuda: rank {rank} needs cuda:{rank} "
-                             f"but {visible} GPU(s) are visible (CUDA_VISIBLE_DEVICES="
-                             f"{os.environ.get('CUDA_VISIBLE_DEVICES', '<unset>')})")
+            raise SystemExit(
+                f"error: --tp-size {spec.tp_size} --device cuda: rank {rank} needs cuda:{rank} "
+                f"but {visible} GPU(s) are visible (CUDA_VISIBLE_DEVICES="
+                f"{os.environ.get('CUDA_VISIBLE_DEVICES', '<unset>')})"
+            )
         device = torch.device("cuda", rank)
         torch.cuda.set_device(device)
     if spec.tp_size > 1:
         kwargs = {"device_id": device} if device.type == "cuda" else {}
         dist.init_process_group(
             "nccl" if device.type == "cuda" else "gloo",
-            init_method=f"tcp://127.0.0.1:{spec.dist_port}", rank=rank, world_size=spec.tp_size,
+            init_method=f"tcp://127.0.0.1:{spec.dist_port}",
+            rank=rank,
+            world_size=spec.tp_size,
             # A peer that dies ends a gloo collective at once (its socket closes); this bounds
             # only a peer that hangs, and the front kills the group long before.
-            timeout=timedelta(minutes=10), **kwargs,
+            timeout=timedelta(minutes=10),
+            **kwargs,
         )
     return device
 
@@ -297,8 +326,14 @@ def run_rank(rank: int, spec: RankSpec, cmd_conn, log_conn) -> None:
     if (device.type == "cuda" and not spec.cuda_eager_batching) or spec.static_path:
         # static slots and buffers, one shape per batch-size bucket; CUDA graphs unless disabled (or on CPU)
         max_bs = min(spec.cuda_graph_max_bs or spec.max_running_requests, spec.max_running_requests)
-        runner = StaticRunner(target, drafter, spec.steps, use_graphs=not spec.disable_cuda_graph,
-                              max_bs=max_bs, slots=spec.max_running_requests)
+        runner = StaticRunner(
+            target,
+            drafter,
+            spec.steps,
+            use_graphs=not spec.disable_cuda_graph,
+            max_bs=max_bs,
+            slots=spec.max_running_requests,
+        )
         runner.agree_on_graphs(group)  # a capture that failed on any rank: every rank runs eagerly
     forced = ForcedAcceptance.from_env(spec.steps, spec.random_seed or 0) if drafter is not None else None
     if forced is not None and rank == 0:
@@ -310,14 +345,35 @@ def run_rank(rank: int, spec: RankSpec, cmd_conn, log_conn) -> None:
     if forced is not None:  # the requests' draws start from the seed, whatever the warmup drew
         forced.generator.manual_seed(spec.random_seed or 0)
     if runner is not None and rank == 0:
-        log.info("static path: %d request slots, batch-size buckets %s (%s); larger batches run eagerly",
-                 runner.n_slots, runner.sizes, "CUDA graphs" if runner.graph_bs else "eager")
-    scheduler = Scheduler(decoder, rank, spec.decode_log_interval, cmd_conn if rank == 0 else None,
-                          spec.max_running_requests, not spec.disable_overlap_schedule, spec.tp_size, group)
-    cmd_conn.send(("ready", {"rank": rank, "pid": os.getpid(), "plugins": plugins,
-                             "cuda_graph": decoder.cuda_graph,
-                             "cuda_graph_bs": runner.graph_bs if runner is not None else [],
-                             "cuda_graph_error": runner.capture_error if runner is not None else None}))
+        log.info(
+            "static path: %d request slots, batch-size buckets %s (%s); larger batches run eagerly",
+            runner.n_slots,
+            runner.sizes,
+            "CUDA graphs" if runner.graph_bs else "eager",
+        )
+    scheduler = Scheduler(
+        decoder,
+        rank,
+        spec.decode_log_interval,
+        cmd_conn if rank == 0 else None,
+        spec.max_running_requests,
+        not spec.disable_overlap_schedule,
+        spec.tp_size,
+        group,
+    )
+    cmd_conn.send(
+        (
+            "ready",
+            {
+                "rank": rank,
+                "pid": os.getpid(),
+                "plugins": plugins,
+                "cuda_graph": decoder.cuda_graph,
+                "cuda_graph_bs": runner.graph_bs if runner is not None else [],
+                "cuda_graph_error": runner.capture_error if runner is not None else None,
+            },
+        )
+    )
     scheduler.serve()
     if dist.is_initialized():
         dist.destroy_process_group()

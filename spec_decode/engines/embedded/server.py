@@ -54,9 +54,14 @@ EXIT_RANK_DIED = 1
 
 # path -> allowed methods (anything else on a known path: 405 with an Allow header)
 ROUTES = {
-    "/health": ("GET",), "/health_generate": ("GET",), "/ready": ("GET",),
-    "/server_info": ("GET",), "/get_server_info": ("GET",), "/model_info": ("GET",),
-    "/flush_cache": ("GET", "POST"), "/generate": ("POST",),
+    "/health": ("GET",),
+    "/health_generate": ("GET",),
+    "/ready": ("GET",),
+    "/server_info": ("GET",),
+    "/get_server_info": ("GET",),
+    "/model_info": ("GET",),
+    "/flush_cache": ("GET", "POST"),
+    "/generate": ("POST",),
 }
 
 
@@ -114,9 +119,17 @@ class EngineState:
             if done:
                 break
             sent = len(ids)
-            yield {"text": decode(ids), "output_ids": ids,
-                   "meta_info": {"id": rid, "finish_reason": None, "prompt_tokens": len(req.input_ids),
-                                 "completion_tokens": len(ids), "cached_tokens": 0}}
+            yield {
+                "text": decode(ids),
+                "output_ids": ids,
+                "meta_info": {
+                    "id": rid,
+                    "finish_reason": None,
+                    "prompt_tokens": len(req.input_ids),
+                    "completion_tokens": len(ids),
+                    "cached_tokens": 0,
+                },
+            }
         if feed.error is not None:
             raise feed.error
         latency = feed.done_at - t0  # when the generation ended, not when this writer got to it (SGLang's)
@@ -167,7 +180,9 @@ class EngineState:
             "rank_pids": self.group.pids,
             # graphs on every rank (not on CPU, --disable-cuda-graph, or a failed capture: its reason; then eager)
             "cuda_graph": graphs,
-            "cuda_graph_error": next((r["cuda_graph_error"] for r in self.group.ready if r.get("cuda_graph_error")), None),
+            "cuda_graph_error": next(
+                (r["cuda_graph_error"] for r in self.group.ready if r.get("cuda_graph_error")), None
+            ),
             "cuda_graph_bs": self.group.ready[0].get("cuda_graph_bs", []) if graphs else [],  # replayed sizes
             "internal_states": [dict(self.internal_state)],
         }
@@ -281,7 +296,9 @@ def make_handler(state: EngineState):
                     raise ValueError
             except ValueError:
                 self.close_connection = True  # we cannot know where the body ends
-                raise HttpError(400, f"Content-Length must be a non-negative integer (got {raw_length!r:.40})") from None
+                raise HttpError(
+                    400, f"Content-Length must be a non-negative integer (got {raw_length!r:.40})"
+                ) from None
             if length > MAX_BODY_BYTES:
                 self.close_connection = True
                 raise HttpError(413, f"request body of {length} bytes exceeds {MAX_BODY_BYTES}")
@@ -289,7 +306,9 @@ def make_handler(state: EngineState):
                 raw = self.rfile.read(length) if length else b""
             except TimeoutError:
                 self.close_connection = True
-                raise HttpError(408, f"request body: {length} bytes announced, not received within {self.timeout}s") from None
+                raise HttpError(
+                    408, f"request body: {length} bytes announced, not received within {self.timeout}s"
+                ) from None
             if len(raw) < length:
                 self.close_connection = True
                 raise HttpError(400, f"request body ended after {len(raw)} of {length} bytes")
@@ -307,8 +326,11 @@ def make_handler(state: EngineState):
                 if path not in ROUTES:
                     raise HttpError(404, f"no route {method} {path[:200]}")
                 if method not in ROUTES[path]:
-                    raise HttpError(405, f"method {method} is not allowed on {path}; use {' or '.join(ROUTES[path])}",
-                                    {"Allow": ", ".join(ROUTES[path])})
+                    raise HttpError(
+                        405,
+                        f"method {method} is not allowed on {path}; use {' or '.join(ROUTES[path])}",
+                        {"Allow": ", ".join(ROUTES[path])},
+                    )
                 body = self._body()  # always read it, so the connection stays in step
                 if path in ("/health", "/health_generate", "/ready"):
                     if state.group.dead is not None:
@@ -317,8 +339,14 @@ def make_handler(state: EngineState):
                 elif path in ("/server_info", "/get_server_info"):
                     self._send(200, state.server_info())
                 elif path == "/model_info":
-                    self._send(200, {"model_path": state.args["model_path"], "is_generation": True,
-                                     "architectures": ["LlamaForCausalLM"]})
+                    self._send(
+                        200,
+                        {
+                            "model_path": state.args["model_path"],
+                            "is_generation": True,
+                            "architectures": ["LlamaForCausalLM"],
+                        },
+                    )
                 elif path == "/flush_cache":
                     self._send(200, state.flush(parse_qs(query)))
                 else:
@@ -374,8 +402,14 @@ def bind(host: str, port: int) -> ThreadingHTTPServer:
 def serve(httpd: ThreadingHTTPServer, state: EngineState) -> None:
     httpd.RequestHandlerClass = make_handler(state)
     host, port = httpd.server_address[:2]
-    log.info("The server is fired up and ready to roll! (http://%s:%d, pid %d, tp_size %d, rank pids %s)",
-             host, port, os.getpid(), state.group.spec.tp_size, state.group.pids)
+    log.info(
+        "The server is fired up and ready to roll! (http://%s:%d, pid %d, tp_size %d, rank pids %s)",
+        host,
+        port,
+        os.getpid(),
+        state.group.spec.tp_size,
+        state.group.pids,
+    )
     try:
         httpd.serve_forever(poll_interval=0.2)
     finally:

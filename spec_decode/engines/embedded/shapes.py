@@ -17,8 +17,6 @@ DRAFTER_ARCH = ARCHITECTURE  # spec_decode.core.drafter owns the drafter rules
 
 
 @dataclass
-
-
 class LlamaShape:
     """The config.json fields our models use (HF names)."""
 
@@ -43,8 +41,6 @@ class LlamaShape:
 
 
 @dataclass
-
-
 class DrafterShape(LlamaShape):
     num_hidden_layers: int = 1
     target_hidden_size: int = 192

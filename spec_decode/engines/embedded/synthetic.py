@@ -47,13 +47,18 @@ def target_shape(syn: SyntheticConfig) -> LlamaShape:
 
 def drafter_shape(syn: SyntheticConfig, target: SyntheticConfig, layer_ids: list[int] | None) -> DrafterShape:
     if syn.hidden_size != target.hidden_size or syn.vocab_size != target.vocab_size:
-        raise SystemExit(f"drafter synthetic.hidden_size/vocab_size ({syn.hidden_size}/{syn.vocab_size}) must "
-                         f"equal the target's ({target.hidden_size}/{target.vocab_size}): EAGLE-3 shares the "
-                         "target's embedding")
+        raise SystemExit(
+            f"drafter synthetic.hidden_size/vocab_size ({syn.hidden_size}/{syn.vocab_size}) must "
+            f"equal the target's ({target.hidden_size}/{target.vocab_size}): EAGLE-3 shares the "
+            "target's embedding"
+        )
     ids = list(layer_ids) if layer_ids else default_layer_ids(target.num_hidden_layers)
-    return DrafterShape(**{k: getattr(syn, k) for k in LlamaShape.__dataclass_fields__},
-                        target_hidden_size=target.hidden_size,
-                        draft_vocab_size=syn.draft_vocab_size or syn.vocab_size, aux_layer_ids=ids)
+    return DrafterShape(
+        **{k: getattr(syn, k) for k in LlamaShape.__dataclass_fields__},
+        target_hidden_size=target.hidden_size,
+        draft_vocab_size=syn.draft_vocab_size or syn.vocab_size,
+        aux_layer_ids=ids,
+    )
 
 
 def _generator(seed: int, name: str, device: torch.device) -> torch.Generator:
@@ -101,8 +106,9 @@ def generate_target(syn: SyntheticConfig, out: Path, device: str = "cpu") -> dic
     return record
 
 
-def generate_drafter(syn: SyntheticConfig, target: SyntheticConfig, layer_ids: list[int] | None, out: Path,
-                     device: str = "cpu") -> dict:
+def generate_drafter(
+    syn: SyntheticConfig, target: SyntheticConfig, layer_ids: list[int] | None, out: Path, device: str = "cpu"
+) -> dict:
     shape = drafter_shape(syn, target, layer_ids)
     with torch.device("meta"):
         embed = torch.nn.Embedding(target.vocab_size, target.hidden_size)
@@ -110,19 +116,27 @@ def generate_drafter(syn: SyntheticConfig, target: SyntheticConfig, layer_ids: l
     t0 = time.monotonic()
     state = random_state(model, syn.seed, getattr(torch, syn.dtype), torch.device(device))
     config = {**drafter_config_json(shape), "torch_dtype": syn.dtype}
-    record = {**_record("eagle3-drafter", syn, state, device, t0), "target_spec_digest": target.digest(),
-              "trained_aux_layer_ids": shape.aux_layer_ids}
+    record = {
+        **_record("eagle3-drafter", syn, state, device, t0),
+        "target_spec_digest": target.digest(),
+        "trained_aux_layer_ids": shape.aux_layer_ids,
+    }
     write(out, config, state, record)
     return record
 
 
 def _record(kind: str, syn: SyntheticConfig, state: dict, device: str, t0: float) -> dict:
     return {
-        "kind": kind, "spec": syn.spec(), "spec_digest": syn.digest(), "source": syn.source,
+        "kind": kind,
+        "spec": syn.spec(),
+        "spec_digest": syn.digest(),
+        "source": syn.source,
         "params": sum(v.numel() for v in state.values()),
         "weight_bytes": sum(v.numel() * v.element_size() for v in state.values()),
-        "generated_on": torch.device(device).type, "torch": torch.__version__,
-        "generate_s": round(time.monotonic() - t0, 2), "init": f"N(0, {INIT_STD}) per tensor, seeded by (seed, name)",
+        "generated_on": torch.device(device).type,
+        "torch": torch.__version__,
+        "generate_s": round(time.monotonic() - t0, 2),
+        "init": f"N(0, {INIT_STD}) per tensor, seeded by (seed, name)",
     }
 
 
@@ -137,8 +151,9 @@ def read_conf(group: str, name: str, conf: Path = CONF) -> dict:
     return data
 
 
-def ensure(model: str, drafter: str | None, device: str = "cpu", root: Path = Path("."), force: bool = False,
-           conf: Path = CONF) -> list[str]:
+def ensure(
+    model: str, drafter: str | None, device: str = "cpu", root: Path = Path("."), force: bool = False, conf: Path = CONF
+) -> list[str]:
     """Generate what is missing or stale; returns one line per model (generated or kept)."""
     mconf = read_conf("model", model, conf)
     msyn = from_mapping(mconf["synthetic"])
@@ -157,8 +172,10 @@ def ensure(model: str, drafter: str | None, device: str = "cpu", root: Path = Pa
             rec = generate_target(syn, out, device)
         else:
             rec = generate_drafter(syn, msyn, data.get("layer_ids"), out, device)
-        lines.append(f"{group}={name}: {rec['params'] / 1e6:.1f}M params, {rec['weight_bytes'] / 2**30:.2f} GiB "
-                     f"{syn.dtype}, generated on {rec['generated_on']} in {rec['generate_s']} s -> {out}")
+        lines.append(
+            f"{group}={name}: {rec['params'] / 1e6:.1f}M params, {rec['weight_bytes'] / 2**30:.2f} GiB "
+            f"{syn.dtype}, generated on {rec['generated_on']} in {rec['generate_s']} s -> {out}"
+        )
     return lines
 
 

@@ -46,12 +46,22 @@ def write_tokenizer_files(model_dir: Path, max_len: int) -> None:
         "post_processor": None,
         "decoder": byte_level,
         "model": {
-            "type": "BPE", "dropout": None, "unk_token": None, "continuing_subword_prefix": None,
-            "end_of_word_suffix": None, "fuse_unk": False, "byte_fallback": False,
-            "ignore_merges": False, "vocab": vocab, "merges": [],
+            "type": "BPE",
+            "dropout": None,
+            "unk_token": None,
+            "continuing_subword_prefix": None,
+            "end_of_word_suffix": None,
+            "fuse_unk": False,
+            "byte_fallback": False,
+            "ignore_merges": False,
+            "vocab": vocab,
+            "merges": [],
         },
     }
     (model_dir / "tokenizer.json").write_text(json.dumps(tok, ensure_ascii=False, sort_keys=True))
-    cfg = {"tokenizer_class": "PreTrainedTokenizerFast", "model_max_length": max_len,
-           "clean_up_tokenization_spaces": False}
+    cfg = {
+        "tokenizer_class": "PreTrainedTokenizerFast",
+        "model_max_length": max_len,
+        "clean_up_tokenization_spaces": False,
+    }
     (model_dir / "tokenizer_config.json").write_text(json.dumps(cfg, indent=2, sort_keys=True) + "\n")
