@@ -1,6 +1,6 @@
 """Two measurements of the same sweep, cell by cell, with a verdict (issue 25).
 
-Inputs are two metrics.json-shaped dicts (``views.experiment.to_metrics``: ``{"jobs": {key: entry},
+Inputs are two metrics.json-shaped dicts (``views.metrics_json.to_metrics``: ``{"jobs": {key: entry},
 "cells": {...} (block design), "host": fingerprint}``): reported vs rebuilt, or sweep A vs sweep B.
 Per cell (the block design's cells where both sides have them, else the jobs):
 

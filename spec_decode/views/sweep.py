@@ -25,7 +25,8 @@ from tabulate import tabulate
 from spec_decode.analysis import blocks, control, recommend
 from spec_decode.record import results
 from spec_decode.runner import interrupt, progress
-from spec_decode.views.report import sweep_summary, write_plots
+from spec_decode.views.plots import write_plots
+from spec_decode.views.report import sweep_summary
 from spec_decode.views.tracking import PARENT_ENV, Tracker, experiment_tags
 
 

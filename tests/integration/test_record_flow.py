@@ -12,7 +12,7 @@ import pytest
 from mlflow.tracking import MlflowClient
 
 from spec_decode.record import results
-from spec_decode.views import experiment
+from spec_decode.views import metrics_json
 from spec_decode.views.tracking import display_name
 
 from ..conftest import ROOT, run_py, small
@@ -50,7 +50,7 @@ def test_preflight_refusal_in_a_sweep_counts_and_a_prompt_sweep_keeps_every_entr
         and "benchmark.prompt_index=99" in kids[display_name(refused)].data.tags["status_detail"]
     )
     # one metrics entry per job, keyed by its overrides (two prompts -> two spec jobs, two baselines)
-    metrics = experiment.to_metrics(results.collect(sweep))
+    metrics = metrics_json.to_metrics(results.collect(sweep))
     common = "benchmark.max_new_tokens=48,benchmark.paired=False,"
     tail = ",benchmark.runs=2,benchmark.warmup=1"
     assert set(metrics["jobs"]) == {

@@ -16,7 +16,7 @@ import pytest
 from mlflow.tracking import MlflowClient
 
 from spec_decode.record.results import collect
-from spec_decode.views.experiment import to_metrics
+from spec_decode.views.metrics_json import to_metrics
 
 from ..conftest import ROOT, run_py
 

@@ -204,7 +204,7 @@ def test_plots_handle_repeated_step_counts(tmp_path):
     from matplotlib import pyplot as plt
 
     from spec_decode.record.results import EngineInfo, JobRecord
-    from spec_decode.views import report
+    from spec_decode.views import plots
 
     def rec(steps, tput, prompt):
         return JobRecord(
@@ -228,7 +228,7 @@ def test_plots_handle_repeated_step_counts(tmp_path):
         )
 
     recs = [rec(1, 300, 0), rec(1, 310, 1), rec(3, 500, 0), rec(3, 520, 1)]
-    figs = report.figures(recs)
+    figs = plots.figures(recs)
     assert sorted(figs) == ["accept_len_vs_steps.png", "phases.png", "throughput_vs_steps.png"]
     ax = figs["phases.png"].axes[0]
     assert len(ax.get_xticklabels()) == 4  # one bar per job, not per step count
@@ -252,7 +252,7 @@ def test_plots_read_at_a_glance():
     from matplotlib import pyplot as plt
 
     from spec_decode.record.results import EngineInfo, JobRecord
-    from spec_decode.views import report
+    from spec_decode.views import plots
 
     def rec(steps, nccl, tput, accept):
         cycle = 4.0 + 1.2 * steps
@@ -288,7 +288,7 @@ def test_plots_read_at_a_glance():
         for nccl in ("default", "tuned")
         for k in (1, 2, 3, 5)
     ]
-    figs = report.figures(recs)
+    figs = plots.figures(recs)
     assert sorted(figs) == ["accept_len_vs_steps.png", "phases.png", "speedup_vs_steps.png", "throughput_vs_steps.png"]
     for name, fig in figs.items():
         ax = fig.axes[0]

@@ -4,9 +4,10 @@ step count per concurrency, the cost model's batch-size line (or why it has none
 import pytest
 
 from spec_decode.analysis import concurrency
-from spec_decode.analysis.costmodel import batch_model, describe_batch
+from spec_decode.analysis.batchcost import batch_model, describe_batch
 from spec_decode.record.results import EngineInfo, JobRecord
-from spec_decode.views.report import sweep_summary, write_plots
+from spec_decode.views.plots import write_plots
+from spec_decode.views.report import sweep_summary
 
 pytestmark = pytest.mark.unit
 

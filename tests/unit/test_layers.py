@@ -34,6 +34,7 @@ SIDE_USERS = {  # which floors may import each side package
 KNOWN = {
     # the analysis reads record types and the performance-only rule, which the record owns
     ("analysis.costmodel", "record.results"),
+    ("analysis.batchcost", "record.results"),  # costmodel's batch half (split at 400 lines): the same arrow
     ("analysis.recommend", "record.results"),
     # the embedded engine's launcher starts a ServerProcess that sits in runner/
     ("engines", "runner.server"),

@@ -8,7 +8,7 @@ import json
 import matplotlib
 import pytest
 
-from spec_decode.views import experiment, report
+from spec_decode.views import metrics_json, plots, report
 
 matplotlib.use("Agg")
 pytestmark = pytest.mark.unit
@@ -153,7 +153,7 @@ def test_summary_renders_every_issue21_table():
 
 def test_acceptance_plots_show_the_measured_shares_and_rates():
     recs = sweep()
-    figs = report.figures(recs)
+    figs = plots.figures(recs)
     assert {"acceptance_histogram.png", "accept_rate_by_position.png"} <= set(figs)
     ax = figs["acceptance_histogram.png"].axes[0]
     bars = {c.get_label(): [round(p.get_height(), 4) for p in c.patches] for c in ax.containers}
@@ -169,14 +169,14 @@ def test_acceptance_plots_show_the_measured_shares_and_rates():
 
 def test_metrics_json_keeps_the_issue21_fields_and_renders_the_same_report():
     recs = sweep()
-    metrics = json.loads(json.dumps(experiment.to_metrics(recs)))
+    metrics = json.loads(json.dumps(metrics_json.to_metrics(recs)))
     e = metrics["jobs"]["nccl=default,spec.steps=3"]
     assert e["acceptance"] == {"histogram": [5, 15, 30, 50], "source": "profile"}
     assert e["accept_rate_pos2"] == pytest.approx(80 / 95, abs=1e-4) and e["ttft_ms_p50"] == 12.0
     assert e["lossless"]["verdict"] == "fail" and e["categories"]["code"]["n"] == 4
-    back = experiment.records_from_metrics(metrics)
+    back = metrics_json.records_from_metrics(metrics)
     assert report.sweep_summary(back)[0] == report.sweep_summary(recs)[0]
-    assert sorted(report.figures(back)) == sorted(report.figures(recs))
+    assert sorted(plots.figures(back)) == sorted(plots.figures(recs))
 
 
 def test_a_single_job_run_gets_its_charts_and_a_sweep_child_does_not(tmp_path):

@@ -15,7 +15,7 @@ from spec_decode.analysis.costmodel import chain_accept_len
 from spec_decode.record import host
 from spec_decode.record.results import EngineInfo, JobRecord
 from spec_decode.runner.client import RunRecord
-from spec_decode.views import report
+from spec_decode.views import plots, report
 
 matplotlib.use("Agg")
 
@@ -346,6 +346,6 @@ def test_report_and_plot_legend_label_a_best_beyond_the_measured_steps():
     note = next(line for line in text.splitlines() if line.startswith("EXTRAPOLATION: steps="))
     assert "outside the measured steps 1..3; not measured, not a recommendation" in note
     assert "predicted best: steps=3 " in text  # the best named without a label is a measured step count
-    _, labels = report.figures(recs)["throughput_vs_steps.png"].axes[0].get_legend_handles_labels()
+    _, labels = plots.figures(recs)["throughput_vs_steps.png"].axes[0].get_legend_handles_labels()
     model = next(lb for lb in labels if lb.startswith("cost model"))
     assert "best within measured steps: 3" in model and "by EXTRAPOLATION, not measured" in model

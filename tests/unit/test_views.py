@@ -9,7 +9,7 @@ import pytest
 
 from spec_decode.analysis.checks import Check
 from spec_decode.record.results import EngineInfo, JobRecord
-from spec_decode.views import experiment, report
+from spec_decode.views import experiment, metrics_json, plots, report
 
 pytestmark = pytest.mark.unit
 PKG = Path(__file__).resolve().parents[2] / "spec_decode"
@@ -120,20 +120,20 @@ def test_metrics_are_keyed_by_override_set_and_a_shared_key_is_refused():
         job("benchmark.prompt_index=0,spec.steps=1", 1, 360.0),
         job("benchmark.prompt_index=1,spec.steps=1", 1, 350.0),
     ]
-    m = experiment.to_metrics(recs)
+    m = metrics_json.to_metrics(recs)
     assert set(m["jobs"]) == {"benchmark.prompt_index=0,spec.steps=1", "benchmark.prompt_index=1,spec.steps=1"}
     assert m["jobs"]["benchmark.prompt_index=1,spec.steps=1"]["throughput_tok_s"] == 350.0
     with pytest.raises(ValueError, match="two jobs share the metrics key"):
-        experiment.to_metrics([recs[0], recs[0]])
+        metrics_json.to_metrics([recs[0], recs[0]])
 
 
 def test_report_from_metrics_json_equals_the_report_from_the_records():
     recs = sweep()[::-1]  # a sweep order that is not the keys' alphabetical order
-    metrics = json.loads(json.dumps(experiment.to_metrics(recs)))  # as committed
-    back = experiment.records_from_metrics(metrics)
+    metrics = json.loads(json.dumps(metrics_json.to_metrics(recs)))  # as committed
+    back = metrics_json.records_from_metrics(metrics)
     assert [r.name for r in back] == [r.name for r in recs]  # sweep order kept
     assert report.sweep_summary(back)[0] == report.sweep_summary(recs)[0]
-    assert sorted(report.figures(back)) == [
+    assert sorted(plots.figures(back)) == [
         "accept_len_vs_steps.png",
         "phases.png",
         "speedup_vs_steps.png",
@@ -154,7 +154,7 @@ def test_schema1_metrics_json_still_renders():
             },
         }
     }
-    recs = experiment.records_from_metrics(old)
+    recs = metrics_json.records_from_metrics(old)
     assert [(r.role, r.steps, r.choice("nccl")) for r in recs] == [
         ("baseline", None, "default"),
         ("spec", 2, "default"),
@@ -167,7 +167,7 @@ def test_schema1_metrics_json_still_renders():
 
 def test_facts_are_the_numbers_of_the_metrics():
     recs = sweep()
-    lines = experiment.facts(experiment.to_metrics(recs))
+    lines = experiment.facts(metrics_json.to_metrics(recs))
     assert (
         "- `nccl=default` speedup vs its baseline (95% CI): 1.20x [1.10, 1.30] at 1, 1.60x [1.50, 1.70] at 3 steps"
         in lines
