@@ -6,111 +6,34 @@ GPUs on this machine become warnings (the user is checking a GPU sweep from a la
 
 from __future__ import annotations
 
-import json
 import os
-import shutil
-import subprocess
-from dataclasses import dataclass, field
 from pathlib import Path
 
 from spec_decode.core import drafter
 from spec_decode.core.config import ExperimentConfig
 from spec_decode.core.nccl_names import NCCL_VARIABLES
-from spec_decode.core.prompts import load_prompt_set, load_prompts
-from spec_decode.core.synthetic import generated_matches, load_table
+from spec_decode.core.prompts import load_prompts
 from spec_decode.engines import sglang
 from spec_decode.engines.sglang import installed_version, version_warning
 from spec_decode.record import provenance
 from spec_decode.record.provenance import git_state
 from spec_decode.record.results import PERFORMANCE_ONLY
 from spec_decode.runner import doctor, pairing
+from spec_decode.runner.preflight_items import (
+    Preflight,
+    check_drafter,
+    check_load,
+    check_request_prompts,
+    check_synthetic,
+    has_weights,
+    missing_weights,
+    read_json,
+    visible_gpus,
+)
 
 
 class PreflightError(ValueError):
     """A job that must not start. The message names the key or file and says what to do."""
-
-
-@dataclass
-class Preflight:
-    errors: list[str] = field(default_factory=list)
-    warnings: list[str] = field(default_factory=list)
-
-    def need(self, ok: bool, message: str, *, local: bool = False, dry_run: bool = False) -> bool:
-        """Record ``message`` unless ``ok``. ``local`` marks checks of this machine's files/GPUs,
-        which a dry run only warns about."""
-        if not ok:
-            (self.warnings if (local and dry_run) else self.errors).append(message)
-        return ok
-
-
-def _read_json(path: Path, pf: Preflight, what: str) -> dict | None:
-    try:
-        data = json.loads(path.read_text())
-    except json.JSONDecodeError as e:
-        pf.errors.append(f"{path}: {what} is not valid JSON ({e.msg} at line {e.lineno}); fix or re-pull it")
-        return None
-    if not isinstance(data, dict):
-        pf.errors.append(f"{path}: {what} must be a JSON object")
-        return None
-    return data
-
-
-def _dvc_tracked(root: Path, path: str) -> bool:
-    """Whether DVC tracks ``path`` (a .dvc file or a stage output), asked of DVC itself. Only on the
-    missing-weights path: opening the repo costs a second."""
-    if (root / f"{path}.dvc").exists():
-        return True
-    if not (root / "dvc.yaml").exists():
-        return False
-    # lazy: importing dvc costs ~1 s, paid only for a missing weights path
-    from dvc.exceptions import DvcException
-    from dvc.repo import Repo
-
-    try:
-        with Repo(str(root)) as repo:
-            return bool(repo.find_outs_by_path(str(root / path)))
-    except DvcException:
-        return False
-
-
-def has_weights(model_dir: Path) -> bool:
-    """config.json plus at least one weights file (safetensors, possibly sharded, or a torch .bin)."""
-    if not (model_dir / "config.json").is_file():
-        return False
-    return any(model_dir.glob("*.safetensors")) or any(model_dir.glob("*.bin"))
-
-
-def _git_tracked(root: Path, path: str) -> bool:
-    """Whether git tracks files under ``path`` (the index still lists what was deleted from the tree)."""
-    try:
-        out = subprocess.run(
-            ["git", "-C", str(root), "ls-files", "--", path], capture_output=True, text=True, timeout=30
-        )
-    except (OSError, subprocess.SubprocessError):
-        return False
-    return out.returncode == 0 and bool(out.stdout.strip())
-
-
-def _missing_weights(root: Path, path: str, flag: str) -> str:
-    if _git_tracked(root, path):  # the tiny models live in git: DVC would answer "Everything is up to date"
-        return f"{flag}={path}: weights not found (config.json + *.safetensors); run `git checkout -- {path}`"
-    hint = f"run `dvc pull {path}`"
-    if not _dvc_tracked(root, path):
-        hint += (
-            " (this repo has no DVC pointer for it yet: where the weights live, "
-            f"`dvc add {path} && dvc push`, and commit {path}.dvc)"
-        )
-    return f"{flag}={path}: weights not found (config.json + *.safetensors); {hint}"
-
-
-def visible_gpus() -> int | None:
-    if not shutil.which("nvidia-smi"):
-        return None
-    try:
-        out = subprocess.run(["nvidia-smi", "-L"], capture_output=True, text=True, timeout=10).stdout
-    except (OSError, subprocess.SubprocessError):
-        return None
-    return sum(1 for line in out.splitlines() if line.startswith("GPU "))
 
 
 def check(cfg: ExperimentConfig, root: Path) -> Preflight:
@@ -135,7 +58,7 @@ def check(cfg: ExperimentConfig, root: Path) -> Preflight:
     model_dir = model_dir if model_dir.is_absolute() else root / model_dir
     tcfg: dict | None = None
     if (model_dir / "config.json").is_file():  # the shape checks need only config.json, not the weights
-        tcfg = _read_json(model_dir / "config.json", pf, "the model's config.json")
+        tcfg = read_json(model_dir / "config.json", pf, "the model's config.json")
     if has_weights(model_dir):
         pass  # the weights are here
     elif (
@@ -149,14 +72,14 @@ def check(cfg: ExperimentConfig, root: Path) -> Preflight:
             "the Hugging Face cache (HF_HUB_OFFLINE=1, nothing is downloaded)"
         )
     elif cfg.model.synthetic is None:
-        pf.need(False, _missing_weights(root, cfg.model.path, "model.path"), local=True, dry_run=dry)
-    _check_synthetic(cfg, root, pf)
+        pf.need(False, missing_weights(root, cfg.model.path, "model.path"), local=True, dry_run=dry)
+    check_synthetic(cfg, root, pf)
     lm = drafter.language_model(tcfg)  # Kimi-K2.5 nests its language model under text_config
     n_layers = drafter.num_layers(tcfg) or cfg.model.num_layers
 
     # Drafter: architecture, layer ids (config vs served vs trained), shapes.
     if cfg.speculative:
-        _check_drafter(cfg, root, pf, tcfg, n_layers)
+        check_drafter(cfg, root, pf, tcfg, n_layers)
 
     # Prompts.
     prompts = (
@@ -188,9 +111,9 @@ def check(cfg: ExperimentConfig, root: Path) -> Preflight:
                 )
 
     if cfg.benchmark.request_pass:
-        _check_request_prompts(cfg, root, pf, tcfg)
+        check_request_prompts(cfg, root, pf, tcfg)
     if cfg.benchmark.under_load:
-        _check_load(cfg, root, pf, tcfg)
+        check_load(cfg, root, pf, tcfg)
 
     # Tensor parallel: the target's heads and MLP columns split evenly over the ranks (SGLang
     # asserts the same at load time).
@@ -304,164 +227,9 @@ def check(cfg: ExperimentConfig, root: Path) -> Preflight:
     return pf
 
 
-def _check_synthetic(cfg: ExperimentConfig, root: Path, pf: Preflight) -> None:
-    """Synthetic (random-weight) models: a speculative job forces acceptance, and the weights on disk
-    are the ones the conf's seed and shape make (else: the command that generates them)."""
-    parts = [("model", cfg.model)] + ([("drafter", cfg.drafter)] if cfg.speculative else [])
-    parts = [(group, c) for group, c in parts if c.synthetic is not None]
-    table = cfg.spec.simulate_accept_table
-    if table is not None and cfg.speculative:
-        entry = load_table(table).at(cfg.spec.steps)  # to_experiment has resolved it: it exists
-        if not entry.published:
-            pf.warnings.append(
-                f"spec.simulate_accept_table={table} at spec.steps={cfg.spec.steps}: accept length "
-                f"{entry.accept_len} is not a published number ({entry.source})"
-            )
-    if not parts:
-        return
-    names = " and ".join(f"{group}={c.name}" for group, c in parts)
-    if cfg.speculative:
-        pf.need(
-            cfg.spec.simulate_accept_len is not None,
-            f"{names} has random (synthetic) weights, so its acceptance means nothing: set "
-            "spec.simulate_accept_len=<x> or spec.simulate_accept_table=<name> (forced acceptance, "
-            "performance-only)",
-        )
-    command = f"python -m spec_decode build synthetic --model {cfg.model.name}"
-    if cfg.speculative and cfg.drafter.synthetic is not None:
-        command += f" --drafter {cfg.drafter.name}"
-    for group, c in parts:
-        path = Path(str(c.path))
-        why = generated_matches(path if path.is_absolute() else root / path, c.synthetic)
-        pf.need(
-            why is None,
-            f"{group}.path={c.path}: {why}; run `{command} --device {cfg.hardware.device}`",
-            local=True,
-            dry_run=cfg.dry_run,
-        )
-
-
-def _check_drafter(cfg: ExperimentConfig, root: Path, pf: Preflight, tcfg: dict | None, n_layers: int | None) -> None:
-    d = cfg.drafter
-    path = Path(str(d.path))
-    full = path if path.is_absolute() else root / path
-    if not has_weights(full) and d.synthetic is not None:
-        return  # _check_synthetic names the command that generates it
-    if not has_weights(full):
-        pf.need(False, _missing_weights(root, str(d.path), "drafter.path"), local=True, dry_run=cfg.dry_run)
-        if not (full / "config.json").is_file():  # a config.json alone still gets every check below
-            return
-    dcfg = _read_json(full / "config.json", pf, "the drafter's config.json")
-    if dcfg is None:
-        return
-    served = drafter.configured_layer_ids(dcfg)  # None: SGLang's default capture
-    target = tcfg if tcfg else ({"num_hidden_layers": n_layers} if n_layers else None)
-    # Layer-id mismatches stop the job unless the experiment asks for them on purpose; compared as the
-    # target layers captured under the target family's rule (spec_decode.core.drafter).
-    allow = cfg.preflight.allow_layer_id_mismatch
-    mismatches = pf.warnings if allow else pf.errors
-    note = "allowed by preflight.allow_layer_id_mismatch=true: " if allow else ""
-    if d.layer_ids is not None and not drafter.same_layers(served, list(d.layer_ids), target):
-        mismatches.append(
-            f"{note}drafter={d.name}: the checkpoint has {drafter.describe(served, target)} "
-            f"(eagle_config.{drafter.LAYER_IDS_KEY}) but drafter.layer_ids is "
-            f"{drafter.describe(list(d.layer_ids), target)}; fix whichever is wrong"
-        )
-    try:
-        trained = drafter.trained_layer_ids(full)
-    except ValueError as e:
-        pf.errors.append(str(e))
-        trained = None
-    where = str(full / "config.json")
-    pf.errors.extend(drafter.problems(dcfg, target, where))
-    if (m := drafter.trained_mismatch(trained, served, where, target)) is not None:
-        mismatches.append(note + m)
-
-
 def run(cfg: ExperimentConfig, root: Path) -> list[str]:
     """Raise PreflightError listing every error; return the warnings."""
     pf = check(cfg, root)
     if pf.errors:
         raise PreflightError("preflight failed:\n  - " + "\n  - ".join(pf.errors))
     return pf.warnings
-
-
-def _check_request_prompts(cfg: ExperimentConfig, root: Path, pf: Preflight, tcfg: dict | None) -> None:
-    """benchmark.request_prompts loads (categories valid) and each prompt fits the context."""
-    b = cfg.benchmark
-    path = Path(b.request_prompts) if Path(b.request_prompts).is_absolute() else root / b.request_prompts
-    if not pf.need(
-        path.is_file(),
-        f"benchmark.request_prompts={b.request_prompts}: file not found (benchmark.request_pass=true needs it)",
-    ):
-        return
-    try:
-        items = load_prompt_set(path)
-    except ValueError as e:
-        pf.errors.append(f"benchmark.request_prompts: {e}")
-        return
-    if tcfg and cfg.engine.name == "embedded":
-        ctx = tcfg.get("max_position_embeddings", 0)
-        extra = b.request_max_new_tokens + ((cfg.spec.steps + 1) if cfg.speculative else 0)
-        too_long = [p.index for p in items if len(p.text.encode()) + extra > ctx]
-        pf.need(
-            not too_long,
-            f"benchmark.request_max_new_tokens={b.request_max_new_tokens}: prompts "
-            f"{too_long[:5]} of {path.name} + new tokens + draft exceed the model's context of {ctx}",
-        )
-
-
-def _check_load(cfg: ExperimentConfig, root: Path, pf: Preflight, tcfg: dict | None) -> None:
-    """benchmark.concurrency fits what the server holds (its running batch and its CUDA graphs; a batch
-    above them queues or decodes eagerly, so the figure would not be that concurrency's), and the
-    load prompts load and fit the context."""
-    b, e = cfg.benchmark, cfg.engine
-    n = b.concurrency
-    cap, key = getattr(e, "max_running_requests", None), "engine.max_running_requests"
-    if cap is None and e.name == "sglang" and cfg.speculative:
-        cap, key = sglang.SPEC_MAX_RUNNING_DEFAULT, "engine.max_running_requests (null: SGLang's 48 with speculation)"
-    if cap is not None:
-        pf.need(
-            n <= cap,
-            f"benchmark.concurrency={n} is above {key}={cap}: the server runs at most {cap} requests "
-            f"at once and queues the rest, so the running batch never reaches {n}; raise "
-            f"engine.max_running_requests to >= {n} or lower benchmark.concurrency",
-        )
-    cuda = cfg.hardware.device == "cuda"
-    max_bs = getattr(e, "cuda_graph_max_bs_decode", None)
-    if cuda and e.name == "embedded" and not e.cuda_eager_batching and max_bs is not None and n > max_bs:
-        pf.warnings.append(
-            f"benchmark.concurrency={n} is above engine.cuda_graph_max_bs_decode={max_bs}: the "
-            f"embedded engine's batches of more than {max_bs} requests run its static shapes eagerly "
-            "(no CUDA graph), so the figure measures that fallback; raise "
-            f"engine.cuda_graph_max_bs_decode to >= {n} (or null) to measure graphs"
-        )
-    if cuda and e.name == "sglang" and max_bs is not None and "--disable-cuda-graph" not in e.extra_args:
-        pf.need(
-            n <= max_bs,
-            f"benchmark.concurrency={n} is above engine.cuda_graph_max_bs_decode={max_bs}: batches "
-            f"of more than {max_bs} requests decode without CUDA graphs, so the figure would measure eager "
-            f"decoding; raise engine.cuda_graph_max_bs_decode to >= {n} (or add --disable-cuda-graph to "
-            "engine.extra_args to measure eager on purpose)",
-        )
-    path = Path(b.load_prompts) if Path(b.load_prompts).is_absolute() else root / b.load_prompts
-    if not pf.need(
-        path.is_file(),
-        f"benchmark.load_prompts={b.load_prompts}: file not found (the load "
-        f"protocol of benchmark.concurrency={n} sends its prompts)",
-    ):
-        return
-    try:
-        items = load_prompt_set(path)
-    except ValueError as err:
-        pf.errors.append(f"benchmark.load_prompts: {err}")
-        return
-    if tcfg and e.name == "embedded":
-        ctx = tcfg.get("max_position_embeddings", 0)
-        extra = b.max_new_tokens + ((cfg.spec.steps + 1) if cfg.speculative else 0)
-        too_long = [p.index for p in items if len(p.text.encode()) + extra > ctx]
-        pf.need(
-            not too_long,
-            f"benchmark.max_new_tokens={b.max_new_tokens}: prompts {too_long[:5]} of "
-            f"{path.name} + new tokens + draft exceed the model's context of {ctx}",
-        )
