@@ -9,14 +9,8 @@ from pathlib import Path
 
 from spec_decode.core import store
 from spec_decode.record import results
-from spec_decode.views.tracking import (
-    LOGGED_TAG,
-    RECORD_TAG,
-    Tracker,
-    _status,
-    display_name,
-    log_record,
-)
+from spec_decode.views.mlflow_run import LOGGED_TAG, RECORD_TAG, display_name, log_record, run_status
+from spec_decode.views.tracking import Tracker
 
 
 def sync(directory: Path, tracker: Tracker) -> tuple[int, int]:
@@ -43,7 +37,7 @@ def sync(directory: Path, tracker: Tracker) -> tuple[int, int]:
                 },
             ).info.run_id
         log_record(tracker.client, run_id, rec, Path(rec.out_dir))
-        tracker.client.set_terminated(run_id, status=_status(rec.status))
+        tracker.client.set_terminated(run_id, status=run_status(rec.status))
         uploaded += 1
     return uploaded, present
 

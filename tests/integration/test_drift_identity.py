@@ -8,7 +8,8 @@ import pytest
 from spec_decode.record.results import EngineInfo, JobRecord
 from spec_decode.runner import preflight
 from spec_decode.views import report
-from spec_decode.views.tracking import Tracker, log_record
+from spec_decode.views.mlflow_run import log_record
+from spec_decode.views.tracking import Tracker
 
 from ..conftest import ROOT, compose_experiment
 

@@ -13,7 +13,7 @@ from mlflow.tracking import MlflowClient
 
 from spec_decode.record import results
 from spec_decode.views import metrics_json
-from spec_decode.views.tracking import display_name
+from spec_decode.views.mlflow_run import display_name
 
 from ..conftest import ROOT, run_py, small
 from ..unit.test_record import SCHEMA1
@@ -102,7 +102,8 @@ def test_mlflow_logs_exactly_the_record_written(tmp_path, tmp_store):
 
 
 def test_sync_uploads_schema1_and_half_logged_records_once(tmp_path, tmp_store):
-    from spec_decode.views.tracking import RECORD_TAG, Tracker
+    from spec_decode.views.mlflow_run import RECORD_TAG
+    from spec_decode.views.tracking import Tracker
 
     old = tmp_path / "sweep" / "old"
     old.mkdir(parents=True)

@@ -15,7 +15,7 @@ from spec_decode.runner import recording
 from spec_decode.runner.context import JobContext
 from spec_decode.runner.job import baseline_config
 from spec_decode.runner.server import server_env
-from spec_decode.views.tracking import tags_of
+from spec_decode.views.mlflow_run import tags_of
 
 from ..conftest import compose_experiment
 

@@ -3,7 +3,8 @@
 import pytest
 
 from spec_decode.record.results import EngineInfo, JobRecord
-from spec_decode.views.tracking import display_name, experiment_tags, rounded
+from spec_decode.views.mlflow_run import display_name, rounded
+from spec_decode.views.tracking import experiment_tags
 
 pytestmark = pytest.mark.unit
 
@@ -57,7 +58,7 @@ def test_experiment_opens_in_the_runs_view_with_a_saved_view():
 
 
 def test_a_baseline_reports_no_step_count():
-    from spec_decode.views.tracking import params_of
+    from spec_decode.views.mlflow_run import params_of
 
     base = JobRecord(
         role="baseline",
