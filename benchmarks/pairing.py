@@ -42,8 +42,8 @@ from spec_decode.core.config import register_configs, to_experiment  # noqa: E40
 from spec_decode.core.prompts import load_prompts  # noqa: E402
 from spec_decode.engines import server_extra_env, start_server  # noqa: E402
 from spec_decode.runner import pairing  # noqa: E402
+from spec_decode.runner.baselines import baseline_config  # noqa: E402
 from spec_decode.runner.client import Client  # noqa: E402
-from spec_decode.runner.job import baseline_config  # noqa: E402
 
 VARIANTS = ("interleaved", "concurrent", "concurrent-start", "interleaved-nice", "concurrent-nice")
 

@@ -383,7 +383,7 @@ def resolve_accept_table(cfg: ExperimentConfig) -> None:
 def check_forced_acceptance(cfg: ExperimentConfig) -> None:
     """spec.simulate_accept_len only with speculation. A rule of the composed config, not of
     ExperimentConfig.__post_init__: the job's baseline arm is the same config without its drafter
-    (job.baseline_config), which keeps spec.* and must stay constructible."""
+    (runner.baselines.baseline_config), which keeps spec.* and must stay constructible."""
     x = cfg.spec.simulate_accept_len
     if x is not None and not cfg.speculative:
         raise ConfigError(

@@ -22,6 +22,8 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, Optional
 
+import yaml
+
 DTYPES = ("bfloat16", "float16", "float32")
 RECORD = "synthetic.json"  # written beside the weights: the spec they were generated from
 TABLES_DIR = Path(__file__).resolve().parents[2] / "conf" / "accept_len"
@@ -139,7 +141,6 @@ class AcceptLenTable:
 
 
 def load_table(name: str, tables_dir: Path = TABLES_DIR) -> AcceptLenTable:
-    import yaml
 
     path = tables_dir / f"{name}.yaml"
     if not path.is_file():

@@ -278,7 +278,7 @@ def main(argv: list[str] | None = None) -> None:
         if b is None:
             ap.error(f"--model-path {args.model_path}: no config.json with hidden_size there")
         sizes.append(b)
-    import torch
+    import torch  # lazy: torch costs seconds of start-up; --help and the argument errors above never pay it
 
     backend = args.backend or ("nccl" if torch.cuda.is_available() else "gloo")
     if backend == "nccl" and torch.cuda.device_count() < args.world_size:

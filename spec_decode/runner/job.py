@@ -14,7 +14,6 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import functools
-import re
 import sys
 import time
 from dataclasses import dataclass
@@ -22,9 +21,7 @@ from pathlib import Path
 
 from filelock import FileLock
 
-from spec_decode.analysis import drift
-from spec_decode.core.config import DrafterConfig, ExperimentConfig, config_hash, resolved_dict
-from spec_decode.core.identity import SPEC_ITEM
+from spec_decode.core.config import ExperimentConfig
 from spec_decode.core.lineage import lineage_tags
 from spec_decode.core.prompts import load_prompt_set, load_prompts
 from spec_decode.engines import rank_nccl_env, server_extra_env, start_server
@@ -42,6 +39,7 @@ from spec_decode.runner import (
     recording,
     request_pass,
 )
+from spec_decode.runner.baselines import abs_path, baseline_config, baseline_key, baseline_name, earlier_baselines
 from spec_decode.runner.client import Client, ClientError
 from spec_decode.runner.context import JobContext
 from spec_decode.runner.request_pass import OUTPUTS_FILE, PAIRED_OUTPUTS_FILE
@@ -49,9 +47,6 @@ from spec_decode.runner.server import ServerError
 from spec_decode.runner.slots import SlotTimeout, allocate, pool_for
 
 __all__ = ["JobContext", "JobFailed", "run_job", "measure"]
-
-# Hydra's override_dirname joins "key=value" items with ","; values may hold commas ([1,3,4]).
-_ITEM = re.compile(r",(?=[+~]*[\w./@-]+=)")
 
 
 class JobFailed(RuntimeError):
@@ -61,28 +56,6 @@ class JobFailed(RuntimeError):
 def _say(ctx: JobContext, msg: str) -> None:
     if not ctx.quiet:
         print(msg, file=sys.stderr, flush=True)
-
-
-def baseline_config(cfg: ExperimentConfig) -> ExperimentConfig:
-    return dataclasses.replace(cfg, drafter=DrafterConfig(name="none", path=None, layer_ids=None))
-
-
-def baseline_name(run_name: str) -> str:
-    """The baseline's job name: ``baseline`` plus the spec job's overrides that are not about
-    speculation (``nccl=tuned,spec.steps=2`` -> ``baseline,nccl=tuned``). Unique per baseline in a
-    sweep, stable across reruns: experiments key their metrics by it."""
-    keep = [item for item in _ITEM.split(run_name) if item and not SPEC_ITEM.match(item)]
-    return ",".join(["baseline", *keep])
-
-
-def baseline_key(cfg: ExperimentConfig) -> str:
-    """Jobs that share hardware, model, NCCL profile, engine and benchmark share one baseline."""
-    data = resolved_dict(baseline_config(cfg))
-    data.pop("spec", None)
-    data.pop("name", None)
-    data.pop("tracking", None)
-    readable = f"hardware={cfg.hardware.name},model={cfg.model.name},nccl={cfg.nccl.name},engine={cfg.engine.name}"
-    return f"{readable},{config_hash(data)[:8]}"
 
 
 def ensure_baseline(cfg: ExperimentConfig, ctx: JobContext) -> JobRecord | None:
@@ -141,50 +114,12 @@ def record_refusal(cfg: ExperimentConfig, ctx: JobContext, error: str) -> JobRec
     return rec
 
 
-def earlier_baselines(cfg: ExperimentConfig, ctx: JobContext, rec: JobRecord) -> list[drift.Reference]:
-    """The drift guard's reference: earlier baselines from MLflow when tracking is on and reachable,
-    else from the results.json files under tracking.results_dirs."""
-    if ctx.tracker is not None:
-        found = ctx.tracker.earlier_baselines(rec)
-        if found is not None:
-            return found
-    want = drift.identity(rec.config)
-    refs = []
-    for d in cfg.tracking.results_dirs:
-        for other in results.collect(_abs(ctx.root, d)):
-            if (
-                other.role == "baseline"
-                and other.status == "FINISHED"
-                and other.record_id != rec.record_id
-                and "throughput_tok_s" in other.metrics
-                and drift.identity(other.config) == want
-            ):
-                m = other.metrics
-                ci = (
-                    (m["throughput_tok_s_ci95_lo"], m["throughput_tok_s_ci95_hi"])
-                    if "throughput_tok_s_ci95_lo" in m
-                    else None
-                )
-                refs.append(
-                    drift.Reference(
-                        other.record_id,
-                        m["throughput_tok_s"],
-                        other.started_at,
-                        ci,
-                        other.server_env or {},
-                        drift.data_hashes_of(other.provenance),
-                        other.engine.version,
-                    )
-                )
-    return refs
-
-
 def run_nccl_probe(cfg: ExperimentConfig, ctx: JobContext) -> dict:
     """All-reduce latency under the job's NCCL profile, at the standard sizes and the model's decode
     size (hidden x batch 1 x dtype bytes); gloo with 2 processes on CPU profiles."""
     cuda = cfg.hardware.device == "cuda"
     sizes = list(DEFAULT_SIZES)
-    if (n := decode_bytes(_abs(ctx.root, cfg.model.path))) is not None:
+    if (n := decode_bytes(abs_path(ctx.root, cfg.model.path))) is not None:
         sizes.append(n)  # hidden x the checkpoint's dtype (the tiny target is fp32)
     world = cfg.hardware.tp_size if cuda else max(2, cfg.hardware.tp_size)  # the server's ranks
     _say(ctx, f"[nccl probe] {'nccl' if cuda else 'gloo'} x{world}, nccl={cfg.nccl.name}, sizes {sorted(set(sizes))}")
@@ -215,7 +150,7 @@ def measure(
         *rank_files(profile_path).values(),
     ):
         stale.unlink(missing_ok=True)
-    prompt = load_prompts(_abs(ctx.root, cfg.benchmark.prompts))[cfg.benchmark.prompt_index]
+    prompt = load_prompts(abs_path(ctx.root, cfg.benchmark.prompts))[cfg.benchmark.prompt_index]
     extra_env = server_extra_env(cfg, str(profile_path) if cfg.benchmark.profile else None)
     rec = recording.new_record(cfg, ctx, role, extra_env, warnings)
     rec.nccl_probe = probe
@@ -295,12 +230,7 @@ def _drafter_lineage(cfg: ExperimentConfig, ctx: JobContext) -> dict[str, str]:
             uri = ctx.tracker.uri
         except ConnectionError:
             pass
-    return lineage_tags(_abs(ctx.root, str(cfg.drafter.path)), uri)
-
-
-def _abs(root: Path, p: str) -> Path:
-    path = Path(p)
-    return path if path.is_absolute() else root / path
+    return lineage_tags(abs_path(ctx.root, str(cfg.drafter.path)), uri)
 
 
 @dataclass
@@ -424,7 +354,7 @@ def run_request_pass(
     """After the timed runs (outside their windows, so their numbers cannot change): one greedy request
     per prompt of benchmark.request_prompts -> its entries (returned), the output ids -> ``out/name``."""
     b = cfg.benchmark
-    prompts = load_prompt_set(_abs(ctx.root, b.request_prompts))
+    prompts = load_prompt_set(abs_path(ctx.root, b.request_prompts))
     _say(
         ctx,
         f"[request pass] {len(prompts)} prompts of {b.request_prompts}, {b.request_max_new_tokens} tokens each -> {name}",

@@ -99,32 +99,45 @@ def finish(
     rec.status, rec.error, rec.ended_at = status, error, time.time()
     metrics: dict[str, float] = {}
     take = functools.partial(_take, rec, metrics)
-    take(
-        provenance.server_env_section(
-            measured.live_env,
-            measured.live_env_tree,
-            rec.launches[0]["pid"] if rec.launches else None,
-            cfg.nccl.name,
-            cfg.nccl.env,
-        )
-    )
+    take(_server_env_section(rec, cfg, measured))
     rec.engine.version = (rec.server_info or {}).get("version")
-    runs, prof_runs, spec = rec.runs, _profile_windows(rec), cfg.speculative
-    take(sections.throughput(runs, cfg.benchmark.launches))
+    take(sections.throughput(rec.runs, cfg.benchmark.launches))
     take(sections.server_start(rec.launches))
-    if spec and runs:
-        take(sections.acceptance_counters(runs, cfg.spec.num_draft_tokens or 0))
-    take(sections.profiler_cost(rec.profile_pass, rec.profiled_runs, runs))
-    run_cycles = _phase_profile(rec, cfg, measured.out_dir / "profile.jsonl", take) if spec else None
-    if spec and runs:
-        take(
-            sections.request_acceptance(
-                cfg.spec.steps, prof_runs if run_cycles else runs, run_cycles, rec.requests, rec.acceptance
-            )
-        )
+    if cfg.speculative and rec.runs:
+        take(sections.acceptance_counters(rec.runs, cfg.spec.num_draft_tokens or 0))
+    take(sections.profiler_cost(rec.profile_pass, rec.profiled_runs, rec.runs))
+    if cfg.speculative:
+        _profile_and_request_acceptance(rec, cfg, measured, take)
     take(sections.decode_log_summary(decode_log.read_windows(measured.log_path, measured.log_windows)))
+    _speedup(rec, baseline, take)
+    take(provenance.nccl_section(rec.nccl_probe, rec.provenance))
+    take(Section(metrics=cost_model_metrics(metrics)))
+    take(sections.latency_percentiles(rec.runs))
+    take(request_pass.categories_section(rec.requests))
+    take(lossless_section(rec, cfg, measured.out_dir, baseline))
+    rec.metrics = {k: float(v) for k, v in metrics.items() if v is not None}
+    _checks(rec, cfg)
+
+
+def _server_env_section(rec: JobRecord, cfg: ExperimentConfig, measured: Measured) -> Section:
+    """The first launch's server environment read back, against the NCCL profile's (record.provenance)."""
+    pid = rec.launches[0]["pid"] if rec.launches else None
+    return provenance.server_env_section(measured.live_env, measured.live_env_tree, pid, cfg.nccl.name, cfg.nccl.env)
+
+
+def _profile_and_request_acceptance(rec: JobRecord, cfg: ExperimentConfig, measured: Measured, take) -> None:
+    """The phase profile, then the acceptance per request (from the profiled cycles where there are any)."""
+    run_cycles = _phase_profile(rec, cfg, measured.out_dir / "profile.jsonl", take)
+    if rec.runs:
+        runs = _profile_windows(rec) if run_cycles else rec.runs
+        take(sections.request_acceptance(cfg.spec.steps, runs, run_cycles, rec.requests, rec.acceptance))
+
+
+def _speedup(rec: JobRecord, baseline: JobRecord | None, take) -> None:
+    """The speedup over the paired baseline runs, else the baseline job's; where there is one, the record
+    points at the baseline it used."""
     sp, base_summary = sections.speedup(
-        runs,
+        rec.runs,
         rec.baseline_runs,
         _pairings(rec.launches),
         baseline.runs if baseline is not None else None,
@@ -132,19 +145,17 @@ def finish(
     )
     if take(sp).fields:
         rec.baseline = BaselineRef(baseline and baseline.out_dir, baseline and baseline.mlflow_run_id, base_summary)
-    take(provenance.nccl_section(rec.nccl_probe, rec.provenance))
-    take(Section(metrics=cost_model_metrics(metrics)))
-    take(sections.latency_percentiles(runs))
-    take(request_pass.categories_section(rec.requests))
-    take(lossless_section(rec, cfg, measured.out_dir, baseline))
-    rec.metrics = {k: float(v) for k, v in metrics.items() if v is not None}
+
+
+def _checks(rec: JobRecord, cfg: ExperimentConfig) -> None:
+    """The checks over the finished metrics and runs, then the lossless guard's verdict (a check, or a warning)."""
     rec.checks = run_checks(
         rec.metrics,
-        [r.as_dict() for r in runs],
+        [r.as_dict() for r in rec.runs],
         rec.profile,
         rec.speculative,
-        cfg.spec.steps if spec else 0,
-        [r.as_dict() for r in prof_runs],
+        cfg.spec.steps if cfg.speculative else 0,
+        [r.as_dict() for r in _profile_windows(rec)],
     )
     if (check := lossless.check_of(rec.lossless)) is not None:
         rec.checks.append(check)

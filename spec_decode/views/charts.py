@@ -87,7 +87,7 @@ def concurrency_figures(recs: list[JobRecord]) -> dict:
     (shaded band, point marked); {} unless the records span two or more concurrencies."""
     if not concurrency.swept(recs) or not (cur := concurrency.curves(recs)):
         return {}
-    import matplotlib
+    import matplotlib  # lazy: plotting costs ~1 s of start-up; a sweep at one concurrency never pays it
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
@@ -153,7 +153,7 @@ def legend_outside(ax) -> None:
 def save(fig, path: Path) -> Path:
     fig.tight_layout()
     fig.savefig(path, dpi=110)
-    import matplotlib.pyplot as plt
+    import matplotlib.pyplot as plt  # lazy: as in the figures' makers (matplotlib costs ~1 s of start-up)
 
     plt.close(fig)
     return path

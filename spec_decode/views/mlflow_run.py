@@ -124,7 +124,7 @@ def tags_of(rec: JobRecord) -> dict[str, str]:
 
 
 def log_record(client, run_id: str, rec: JobRecord, out_dir: Path, plots: bool = True) -> None:
-    from mlflow.entities import Metric, Param, RunTag
+    from mlflow.entities import Metric, Param, RunTag  # lazy: mlflow costs seconds of start-up (tracking=off)
 
     now = int(time.time() * 1000)
     metrics = [Metric(k, rounded(k, v), now, 0) for k, v in rec.metrics.items() if math.isfinite(v)]

@@ -112,7 +112,7 @@ class Tracker:
     @property
     def client(self):
         if self._client is None:
-            from mlflow.tracking import MlflowClient
+            from mlflow.tracking import MlflowClient  # lazy: seconds of start-up, paid on first use only
 
             self.reachable()
             # schema creation/migration happens once, under the lock, and whole (a Ctrl-C waits for it)
@@ -125,7 +125,7 @@ class Tracker:
     def reachable(self) -> None:
         """Fail fast on a dead tracking server (MLflow's client would retry for minutes)."""
         if self.uri.startswith(("http://", "https://")):
-            import requests
+            import requests  # lazy: only an http(s) store is probed
 
             try:
                 requests.get(self.uri.rstrip("/") + "/health", timeout=3).raise_for_status()

@@ -16,8 +16,8 @@ from spec_decode.engines.embedded.decoding import FILL_TOKEN, Decoder, ForcedAcc
 from spec_decode.engines.embedded.model import load_drafter, load_target
 from spec_decode.record import results
 from spec_decode.runner import preflight, recording
+from spec_decode.runner.baselines import baseline_config
 from spec_decode.runner.context import JobContext
-from spec_decode.runner.job import baseline_config
 
 from ..conftest import compose_experiment
 

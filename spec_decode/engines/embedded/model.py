@@ -20,6 +20,7 @@ from pathlib import Path
 
 import torch
 import torch.nn.functional as F
+from safetensors.torch import load_file
 from torch import nn
 
 from spec_decode.core.drafter import configured_layer_ids, default_layer_ids
@@ -244,7 +245,6 @@ def _load(model: nn.Module, model_dir: str | Path, device) -> None:
     """The checkpoint's tensors become the module's (``assign``): built on the meta device, nothing is
     initialised or copied twice (an 8B target loads in seconds), and the checkpoint's dtype is the
     model's (a bf16 synthetic target stays bf16; the tiny models are fp32)."""
-    from safetensors.torch import load_file
 
     model.load_state_dict(load_file(str(Path(model_dir) / "model.safetensors"), device=str(device)), assign=True)
     register_rope(model, model.shape, device, model.lm_head.weight.dtype)

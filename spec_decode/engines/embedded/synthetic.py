@@ -24,6 +24,7 @@ from pathlib import Path
 
 import torch
 import yaml
+from safetensors.torch import save_file
 
 from spec_decode.core.drafter import default_layer_ids
 from spec_decode.core.synthetic import RECORD, SyntheticConfig, from_mapping, generated_matches
@@ -84,7 +85,6 @@ def random_state(module: torch.nn.Module, seed: int, dtype: torch.dtype, device:
 
 
 def write(out: Path, config: dict, state: dict, record: dict) -> None:
-    from safetensors.torch import save_file
 
     out.mkdir(parents=True, exist_ok=True)
     (out / RECORD).unlink(missing_ok=True)  # written last: a half-written directory never matches
