@@ -22,6 +22,10 @@ from spec_decode.parsers import decode_log, profile
 if TYPE_CHECKING:
     from spec_decode.record.runs import RunRecord
 
+# the phase profile's metrics: ms per cycle and share of the cycle, per phase
+PHASE_METRICS = ("cycle_ms", "draft_ms", "verify_ms", "extend_ms", "other_ms")
+PHASE_METRICS += ("draft_pct", "verify_pct", "extend_pct", "other_pct")  # (cycle_ms is the whole: no share)
+
 
 @dataclass
 class Section:
@@ -160,17 +164,7 @@ def phase_profile(
         )
     if host_stamps_na:
         summary["host_stamps_na"] = host_stamps_na
-    for k in (
-        "cycle_ms",
-        "draft_ms",
-        "verify_ms",
-        "extend_ms",
-        "other_ms",
-        "draft_pct",
-        "verify_pct",
-        "extend_pct",
-        "other_pct",
-    ):
+    for k in PHASE_METRICS:
         out.metrics[k] = summary[k]
     return out, per_run
 

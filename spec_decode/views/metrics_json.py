@@ -11,6 +11,7 @@ from pathlib import Path
 from spec_decode.analysis import blocks
 from spec_decode.analysis.acceptance import rates_from_metrics
 from spec_decode.analysis.checks import Check
+from spec_decode.analysis.sections import PHASE_METRICS
 from spec_decode.record.results import EngineInfo, JobRecord, section
 
 SUMMARY = ("mean", "std", "n", "ci95_lo", "ci95_hi", "cv", "robust_cv")
@@ -24,15 +25,7 @@ METRICS = (
     "speedup_vs_baseline_ci95_hi",
     "speedup_ci95_halfwidth_pct",
     "non_cycle_pct",
-    "cycle_ms",
-    "draft_ms",
-    "verify_ms",
-    "extend_ms",
-    "other_ms",
-    "draft_pct",
-    "verify_pct",
-    "extend_pct",
-    "other_pct",
+    *PHASE_METRICS,
     "baseline_throughput_tok_s",
     "host_load1",
     "host_load1_max",
