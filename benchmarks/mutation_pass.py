@@ -286,7 +286,7 @@ def main() -> int:
         try:
             path.write_text(planted(m, orig))
             p = subprocess.run(
-                [sys.executable, "-m", "pytest", "-q", "-x", "-p", "no:cacheprovider", *tests],
+                [sys.executable, "-m", "pytest", "-q", "-x", "-n", "0", "-p", "no:cacheprovider", *tests],
                 cwd=ROOT,
                 capture_output=True,
                 text=True,

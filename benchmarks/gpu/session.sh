@@ -6,7 +6,7 @@
 #     STEPS: comma-separated, run in the order given (all = tests,probe,engine,sweep)
 #       profile benchmarks/gpu/engine_profile.py on one GPU (per-graph GPU/host us, kernel counts,
 #               generate us/token; PROFILE_ARGS, e.g. "--variants ops --compile"); profile.json
-#       tests   python -m pytest -m gpu tests/gpu tests/integration/test_nccl_probe.py
+#       tests   python -m pytest -m gpu (one process: -p no:xdist, the ini addopts off) tests/gpu tests/integration/test_nccl_probe.py
 #       probe   NCCL probe, world size 2, nccl=default,tuned,no_p2p, two interleaved repetitions;
 #               NCCL_DEBUG capture per profile (the golden files tests/data/logs/nccl_debug_<p>.log)
 #       engine  benchmarks/embedded_engine.py --device cuda (graph and eager, interleaved) on one GPU
@@ -125,7 +125,7 @@ step_profile() {
 }
 
 step_tests() {
-  bounded 300 "$PY" -m pytest -q -p no:cacheprovider -m gpu tests/gpu tests/integration/test_nccl_probe.py
+  bounded 300 "$PY" -m pytest -q -p no:cacheprovider -p no:xdist -o addopts='--strict-markers -ra' -m gpu tests/gpu tests/integration/test_nccl_probe.py
   local rc=$?
   reap
   return $rc
@@ -173,7 +173,7 @@ step_engine() {
 
 step_batching() {
   local rc=0
-  CUDA_VISIBLE_DEVICES=0 bounded 200 "$PY" -m pytest -q -p no:cacheprovider -m gpu tests/gpu/test_engine_concurrency.py \
+  CUDA_VISIBLE_DEVICES=0 bounded 200 "$PY" -m pytest -q -p no:cacheprovider -p no:xdist -o addopts='--strict-markers -ra' -m gpu tests/gpu/test_engine_concurrency.py \
     "tests/gpu/test_engine_graphs.py::test_16_concurrent_requests_on_cuda_with_graphs_give_the_batch_size_1_outputs" \
     "tests/gpu/test_engine_graphs.py::test_graphs_equal_eager_at_tp1[0]" \
     "tests/gpu/test_engine_graphs.py::test_graphs_equal_eager_at_tp1[3]" || rc=$?

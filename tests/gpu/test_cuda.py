@@ -1,6 +1,6 @@
 """GPU tests (marker `gpu`; never in CI): the embedded engine on CUDA and the CUDA-event timer.
 
-Run on a GPU box: python -m pytest -m gpu tests/gpu
+Run on a GPU box: python -m pytest -n 0 -m gpu tests/gpu
 """
 
 import json

@@ -1,6 +1,6 @@
 """The embedded engine under concurrency on CUDA (issue 28; marker `gpu`; run on the device, never in CI):
 
-    timeout 300 python -m pytest -m gpu -q tests/gpu/test_engine_concurrency.py
+    timeout 300 python -m pytest -n 0 -m gpu -q tests/gpu/test_engine_concurrency.py
 
 - ``--cuda-eager-batching``: the packed (eager) continuous-batching path on the GPU; 16 concurrent
   requests (the load prompt set) return exactly the tokens each returns alone, and really ran batched

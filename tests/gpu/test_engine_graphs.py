@@ -1,6 +1,6 @@
 """CUDA graphs in the embedded engine (marker `gpu`; run on the device, never in CI):
 
-    timeout 900 python -m pytest -m gpu -s tests/gpu/test_engine_graphs.py
+    timeout 900 python -m pytest -n 0 -m gpu -s tests/gpu/test_engine_graphs.py
 
 - tp 1, in process: graph replays equal eager (the same static kernels) token for token and counter
   for counter, baseline and steps 1, 2, 3, 5; graph vs eager baseline tok/s printed (-s); the

@@ -1,6 +1,6 @@
 """The profiler plugin's timer on a real CUDA stream: no host-device sync inside any hook.
 
-Run on a GPU box: python -m pytest -m gpu tests/gpu/test_profiler_gpu.py -s
+Run on a GPU box: python -m pytest -n 0 -m gpu tests/gpu/test_profiler_gpu.py -s
 """
 
 import json

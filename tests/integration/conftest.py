@@ -5,11 +5,14 @@ so a bug still fails the test named for it (and the sweep's own failure fails ev
 
 from __future__ import annotations
 
+import json
+import os
 import subprocess
 from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
+from filelock import FileLock
 
 from ..conftest import run_py, small
 
@@ -36,11 +39,41 @@ class Sweep:
 @pytest.fixture(scope="session")
 def headline_sweep(tmp_path_factory) -> Sweep:
     """`python run.py -m spec.steps=1,3 nccl=tuned,default` (small jobs): 4 spec jobs, each with its paired
-    baseline server (the default baseline strategy: no baseline jobs), the parent run, the summary. Read by test_runner (the sweep's structure in
-    MLflow, the report), test_reliability (no secret leaves the process), test_store_uri (the store comes
-    from MLFLOW_TRACKING_URI alone) and test_mlflow_ui (the UI opens where the sweep said). Tests only
-    read it: anything they write goes to their own tmp_path."""
-    root = tmp_path_factory.mktemp("headline")
+    baseline server (the default baseline strategy: no baseline jobs), the parent run, the summary. Read by
+    test_runner (the sweep's structure in MLflow, the report), test_reliability (no secret leaves the
+    process), test_store_uri (the store comes from MLFLOW_TRACKING_URI alone) and test_mlflow_ui (the UI
+    opens where the sweep said). Tests only read it: anything they write goes to their own tmp_path.
+
+    Once per test run, also with pytest-xdist's workers: the first worker that needs it runs it in the
+    run's shared tmp dir under a file lock; the others wait on the lock and read what it left."""
+    if not os.environ.get("PYTEST_XDIST_WORKER"):  # one process (-n 0)
+        return _run_headline(tmp_path_factory.mktemp("headline"))
+    parent = tmp_path_factory.getbasetemp().parent  # the workers' common parent dir
+    shared, done = parent / "headline", parent / "headline.proc.json"
+    shared.mkdir(exist_ok=True)
+    with FileLock(str(parent / "headline.lock")):
+        if not done.exists():
+            sweep = _run_headline(shared)
+            p = sweep.proc
+            done.write_text(
+                json.dumps(
+                    {
+                        "args": p.args,
+                        "returncode": p.returncode,
+                        "stdout": p.stdout,
+                        "stderr": p.stderr,
+                        "env": sweep.env,
+                    }
+                )
+            )
+    saved = json.loads(done.read_text())
+    proc = subprocess.CompletedProcess(saved["args"], saved["returncode"], saved["stdout"], saved["stderr"])
+    return Sweep(
+        root=shared, dir=shared / "sweep", uri=f"sqlite:///{shared / 'mlflow.db'}", proc=proc, env=saved["env"]
+    )
+
+
+def _run_headline(root: Path) -> Sweep:
     uri = f"sqlite:///{root / 'mlflow.db'}"
     env = {**STRAY_NCCL, **SECRETS, "MLFLOW_TRACKING_URI": uri}
     sweep = root / "sweep"
