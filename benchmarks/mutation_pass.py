@@ -237,7 +237,10 @@ MUTANTS = [
         '                with open(self.path, "a", encoding="utf-8") as f:\n                    f.writelines(json.dumps(x) + "\\n" for x in lines)\n                for _ in lines:\n                    self._pending.popleft()',
         '                for _ in lines:\n                    self._pending.popleft()\n                with open(self.path, "a", encoding="utf-8") as f:\n                    f.writelines(json.dumps(x) + "\\n" for x in lines)',
         named=["tests/unit/test_profiler.py::test_two_sigterms_lose_no_cycle"],
-        now=["tests/unit/test_profiler.py::test_two_sigterms_lose_no_cycle", "tests/unit/test_profiler.py"],
+        now=[
+            "tests/unit/test_profiler.py::test_two_sigterms_lose_no_cycle",
+            "tests/unit/test_profiler.py::test_cycles_leave_the_queue_only_once_they_are_written",
+        ],
     ),
     Mutant(
         "S4",

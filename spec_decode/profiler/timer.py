@@ -183,6 +183,7 @@ class PhaseTimer:
         self._lock = threading.RLock()  # RLock: the SIGTERM handler may interrupt a drain
         self._window: list[dict] = []
         self._stop = threading.Event()
+        self._write_failed = False  # the flusher warns once when a write fails, then keeps retrying
         if flush_s:
             threading.Thread(
                 target=self._flusher, args=(flush_s,), daemon=True, name="spec_decode-profile-flusher"
@@ -194,7 +195,12 @@ class PhaseTimer:
             self.clock.torch.cuda.set_device(device)
         while not self._stop.wait(every_s):
             if self._pending:
-                self.drain()
+                try:
+                    self.drain()
+                except OSError as e:  # a full disk, a directory not there yet: the cycles stay pending
+                    if not self._write_failed:
+                        log.warning("profile %s: write failed (%s); cycles kept, retrying", self.path, e)
+                    self._write_failed = True
 
     # ---- hooks (HookRegistry AROUND signature: fn(original_fn, *args, **kwargs)) -------------------
     def around_cycle(self, original, *args, **kwargs):

@@ -8,6 +8,7 @@ import os
 import signal
 import subprocess
 import sys
+import time
 
 import pytest
 
@@ -124,6 +125,57 @@ def test_timer_never_waits_or_reads_counts_before_events_complete(tmp_path):
     assert timer.drain(wait=True) == 4 and clock.waits > 0  # shutdown may wait
     lines = [json.loads(x) for x in (tmp_path / "p.rank0.jsonl").read_text().splitlines()]
     assert [x["accepted"] for x in lines] == [3] * 5 and {x["rank"] for x in lines} == {0}
+
+
+def test_cycles_leave_the_queue_only_once_they_are_written(tmp_path):
+    """A drain whose write fails (here: the profile's directory is not there yet; in a rank, a full disk
+    or a signal between the write and the dequeue) keeps its cycles pending: the next drain writes every
+    one of them, once. Dequeued before the write, they would be gone."""
+    path = tmp_path / "later" / "p.jsonl"
+    timer = PhaseTimer(str(path), flush_s=None)
+
+    class Result:
+        accept_lens = [2]
+
+    def cycle():
+        timer.phase("verify")(lambda: None)
+        return Result()
+
+    for _ in range(7):
+        timer.around_cycle(cycle)
+    with pytest.raises(OSError):
+        timer.drain()
+    path.parent.mkdir()
+    assert timer.drain() == 7
+    lines = path.read_text().splitlines()
+    assert len(lines) == 7 and len(set(lines)) == 7
+
+
+def test_the_flusher_outlives_a_failed_write_and_loses_no_cycle(tmp_path):
+    """The background flusher of a rank: a write that fails (no directory yet) is retried on its next
+    tick, so the flusher keeps running and every cycle is written once when the write works again."""
+    path = tmp_path / "later" / "p.jsonl"
+    timer = PhaseTimer(str(path), flush_s=0.01)
+
+    class Result:
+        accept_lens = [2]
+
+    def cycle():
+        timer.phase("verify")(lambda: None)
+        return Result()
+
+    for _ in range(5):
+        timer.around_cycle(cycle)
+    deadline = time.monotonic() + 10
+    while not timer._write_failed and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert timer._write_failed  # the flusher tried and failed
+    path.parent.mkdir()
+    while (not path.exists() or len(path.read_text().splitlines()) < 5) and time.monotonic() < deadline:
+        time.sleep(0.01)
+    timer.close()
+    lines = path.read_text().splitlines()
+    assert len(lines) == 5 and len(set(lines)) == 5
 
 
 def test_rank_files_and_agreement(tmp_path):
