@@ -43,7 +43,9 @@ if __name__ == "__main__":
     except ConfigError as e:
         print(f"error: {e}", file=sys.stderr)
         raise SystemExit(2) from None
-    interrupt.started()
+    # interrupt.started() comes with the first thing to clean up (the sweep's parent run, a job); while
+    # Hydra composes before it, a Ctrl-C exits at once (raised inside OmegaConf, it would leave a
+    # half-set config whose clean-up error Hydra reports as the cause, exit 1)
     try:
         main()
         if (sweep := sys.modules.get("spec_decode.views.sweep")) is not None and sweep.EXIT_STATUS:
@@ -51,4 +53,10 @@ if __name__ == "__main__":
     except KeyboardInterrupt as e:  # the job recorded itself KILLED; the sweep's atexit writes the summary
         interrupt.end_open_runs("KILLED")
         print(f"\n{e or interrupt.MESSAGE}: open MLflow runs ended KILLED; results.json files kept", file=sys.stderr)
+        raise SystemExit(interrupt.EXIT_CODE) from None
+    except SystemExit as e:  # a Ctrl-C between two jobs, while Hydra composed the next: Hydra exits 1
+        if not interrupt.interrupted() or e.code in (0, None, interrupt.EXIT_CODE):
+            raise
+        interrupt.end_open_runs("KILLED")
+        print(f"\n{interrupt.MESSAGE}: open MLflow runs ended KILLED; results.json files kept", file=sys.stderr)
         raise SystemExit(interrupt.EXIT_CODE) from None

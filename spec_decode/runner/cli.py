@@ -32,6 +32,7 @@ def _on_sigterm(signum, frame) -> None:
 
 
 def run_from_hydra(cfg: DictConfig) -> float | None:
+    interrupt.started()  # a job: from here on a Ctrl-C cleans up (before it, Hydra composing: exit at once)
     hc = HydraConfig.get()
     try:
         check_composed(cfg)  # a '+key' from a sweeper's params or an experiment file

@@ -2,7 +2,8 @@
 sweep's summary says it was interrupted, and the user sees one line instead of a traceback.
 
 ``install`` arms the handler as the first thing run.py does. Until ``started`` (imports, the override
-check) nothing exists to clean up and Ctrl-C simply exits 130. After it, the first SIGINT raises
+check, Hydra composing the config; the sweep's ``on_multirun_start`` and ``run_from_hydra`` call it)
+nothing exists to clean up and Ctrl-C simply exits 130. After it, the first SIGINT raises
 KeyboardInterrupt where the runner is (the job writes its record KILLED and kills its server tree);
 further ones while that cleanup runs are refused with a line saying so, so that the cleanup finishes.
 """

@@ -128,6 +128,7 @@ class SweepCallback(Callback):
         return {**self.__dict__, "_tracker": None, "_bar": None}
 
     def on_multirun_start(self, config, **kwargs) -> None:
+        interrupt.started()  # the sweep's dir, bar and parent run: from here on a Ctrl-C cleans up
         self.sweep_dir = str(Path(config.hydra.sweep.dir).resolve())
         Path(self.sweep_dir).mkdir(parents=True, exist_ok=True)
         root = Path(config.hydra.runtime.cwd)

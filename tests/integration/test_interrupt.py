@@ -55,6 +55,34 @@ def test_ctrl_c_before_anything_started_exits_quietly(tmp_path, tmp_store):
     assert "Traceback" not in out and "interrupted (Ctrl-C / SIGINT)" in out, out
 
 
+def test_ctrl_c_while_hydra_composes_exits_at_once(tmp_path, tmp_store):
+    """0.6 s in, run.py has imported and Hydra is composing the sweep's config (about 1.1 s here on a
+    quiet 2-core box; later under load): nothing exists to clean up yet, so the process exits at once.
+    A KeyboardInterrupt raised inside OmegaConf instead can leave a half-set config whose clean-up error
+    Hydra reports as the cause ("'NoneType' object has no attribute '_invalidate_flags_cache'", exit 1:
+    seen under a loaded test run)."""
+    proc = start(tmp_path, tmp_store)
+    time.sleep(0.6)
+    proc.send_signal(signal.SIGINT)
+    out, _ = proc.communicate(timeout=60)
+    assert proc.returncode == 130, out
+    assert "interrupted (Ctrl-C / SIGINT): nothing had started" in out, out
+    assert "Traceback" not in out and "HYDRA_FULL_ERROR" not in out, out
+
+
+@pytest.mark.parametrize("delay_s", [1.2, 2.4])
+def test_ctrl_c_at_later_moments_of_the_start_exits_130_with_one_line(tmp_path, tmp_store, delay_s):
+    """Ctrl-C as the sweep opens its parent run or its first job starts: exit 130, no traceback, no error
+    of Hydra's."""
+    proc = start(tmp_path, tmp_store)
+    time.sleep(delay_s)
+    proc.send_signal(signal.SIGINT)
+    out, _ = proc.communicate(timeout=120)
+    assert proc.returncode == 130, out
+    assert "interrupted (Ctrl-C / SIGINT)" in out, out
+    assert "Traceback" not in out and "HYDRA_FULL_ERROR" not in out and "full_key" not in out, out
+
+
 def test_ctrl_c_while_a_run_is_open_ends_every_run_killed_and_lists_every_job(tmp_path, tmp_store):
     proc = start(tmp_path, tmp_store)
     sw = tmp_path / "sw"
