@@ -174,19 +174,23 @@ def check_drafter(cfg: ExperimentConfig, root: Path, pf: Preflight, tcfg: dict |
         mismatches.append(note + m)
 
 
+def _prompt_set(pf: Preflight, root: Path, key: str, value: str, why: str) -> list | None:
+    """benchmark.<key>'s prompt set, or None with the error recorded (the file missing: ``why`` it is needed)."""
+    path = Path(value) if Path(value).is_absolute() else root / value
+    if not pf.need(path.is_file(), f"benchmark.{key}={value}: file not found ({why})"):
+        return None
+    try:
+        return load_prompt_set(path)
+    except ValueError as e:
+        pf.errors.append(f"benchmark.{key}: {e}")
+        return None
+
+
 def check_request_prompts(cfg: ExperimentConfig, root: Path, pf: Preflight, tcfg: dict | None) -> None:
     """benchmark.request_prompts loads (categories valid) and each prompt fits the context."""
     b = cfg.benchmark
-    path = Path(b.request_prompts) if Path(b.request_prompts).is_absolute() else root / b.request_prompts
-    if not pf.need(
-        path.is_file(),
-        f"benchmark.request_prompts={b.request_prompts}: file not found (benchmark.request_pass=true needs it)",
-    ):
-        return
-    try:
-        items = load_prompt_set(path)
-    except ValueError as e:
-        pf.errors.append(f"benchmark.request_prompts: {e}")
+    items = _prompt_set(pf, root, "request_prompts", b.request_prompts, "benchmark.request_pass=true needs it")
+    if items is None:
         return
     if tcfg and cfg.engine.name == "embedded":
         ctx = tcfg.get("max_position_embeddings", 0)
@@ -195,7 +199,7 @@ def check_request_prompts(cfg: ExperimentConfig, root: Path, pf: Preflight, tcfg
         pf.need(
             not too_long,
             f"benchmark.request_max_new_tokens={b.request_max_new_tokens}: prompts "
-            f"{too_long[:5]} of {path.name} + new tokens + draft exceed the model's context of {ctx}",
+            f"{too_long[:5]} of {Path(b.request_prompts).name} + new tokens + draft exceed the model's context of {ctx}",
         )
 
 
@@ -232,17 +236,10 @@ def check_load(cfg: ExperimentConfig, root: Path, pf: Preflight, tcfg: dict | No
             f"decoding; raise engine.cuda_graph_max_bs_decode to >= {n} (or add --disable-cuda-graph to "
             "engine.extra_args to measure eager on purpose)",
         )
-    path = Path(b.load_prompts) if Path(b.load_prompts).is_absolute() else root / b.load_prompts
-    if not pf.need(
-        path.is_file(),
-        f"benchmark.load_prompts={b.load_prompts}: file not found (the load "
-        f"protocol of benchmark.concurrency={n} sends its prompts)",
-    ):
-        return
-    try:
-        items = load_prompt_set(path)
-    except ValueError as err:
-        pf.errors.append(f"benchmark.load_prompts: {err}")
+    items = _prompt_set(
+        pf, root, "load_prompts", b.load_prompts, f"the load protocol of benchmark.concurrency={n} sends its prompts"
+    )
+    if items is None:
         return
     if tcfg and e.name == "embedded":
         ctx = tcfg.get("max_position_embeddings", 0)
@@ -251,5 +248,5 @@ def check_load(cfg: ExperimentConfig, root: Path, pf: Preflight, tcfg: dict | No
         pf.need(
             not too_long,
             f"benchmark.max_new_tokens={b.max_new_tokens}: prompts {too_long[:5]} of "
-            f"{path.name} + new tokens + draft exceed the model's context of {ctx}",
+            f"{Path(b.load_prompts).name} + new tokens + draft exceed the model's context of {ctx}",
         )

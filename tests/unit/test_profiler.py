@@ -127,12 +127,9 @@ def test_timer_never_waits_or_reads_counts_before_events_complete(tmp_path):
     assert [x["accepted"] for x in lines] == [3] * 5 and {x["rank"] for x in lines} == {0}
 
 
-def test_cycles_leave_the_queue_only_once_they_are_written(tmp_path):
-    """A drain whose write fails (here: the profile's directory is not there yet; in a rank, a full disk
-    or a signal between the write and the dequeue) keeps its cycles pending: the next drain writes every
-    one of them, once. Dequeued before the write, they would be gone."""
-    path = tmp_path / "later" / "p.jsonl"
-    timer = PhaseTimer(str(path), flush_s=None)
+def _timer_with_cycles(path, n: int, flush_s: float | None) -> PhaseTimer:
+    """A host-clock timer that has recorded ``n`` one-phase cycles (2 drafts accepted each)."""
+    timer = PhaseTimer(str(path), flush_s=flush_s)
 
     class Result:
         accept_lens = [2]
@@ -141,8 +138,17 @@ def test_cycles_leave_the_queue_only_once_they_are_written(tmp_path):
         timer.phase("verify")(lambda: None)
         return Result()
 
-    for _ in range(7):
+    for _ in range(n):
         timer.around_cycle(cycle)
+    return timer
+
+
+def test_cycles_leave_the_queue_only_once_they_are_written(tmp_path):
+    """A drain whose write fails (here: the profile's directory is not there yet; in a rank, a full disk
+    or a signal between the write and the dequeue) keeps its cycles pending: the next drain writes every
+    one of them, once. Dequeued before the write, they would be gone."""
+    path = tmp_path / "later" / "p.jsonl"
+    timer = _timer_with_cycles(path, 7, flush_s=None)
     with pytest.raises(OSError):
         timer.drain()
     path.parent.mkdir()
@@ -155,17 +161,7 @@ def test_the_flusher_outlives_a_failed_write_and_loses_no_cycle(tmp_path):
     """The background flusher of a rank: a write that fails (no directory yet) is retried on its next
     tick, so the flusher keeps running and every cycle is written once when the write works again."""
     path = tmp_path / "later" / "p.jsonl"
-    timer = PhaseTimer(str(path), flush_s=0.01)
-
-    class Result:
-        accept_lens = [2]
-
-    def cycle():
-        timer.phase("verify")(lambda: None)
-        return Result()
-
-    for _ in range(5):
-        timer.around_cycle(cycle)
+    timer = _timer_with_cycles(path, 5, flush_s=0.01)
     deadline = time.monotonic() + 10
     while not timer._write_failed and time.monotonic() < deadline:
         time.sleep(0.01)
@@ -178,38 +174,26 @@ def test_the_flusher_outlives_a_failed_write_and_loses_no_cycle(tmp_path):
     assert len(lines) == 5 and len(set(lines)) == 5
 
 
+def _cycle_line(t: float, rank: int, cycle_ms: float) -> str:
+    """One profile line: draft 2 + verify 6 + extend 1 ms of a ``cycle_ms`` cycle, 3 drafts accepted."""
+    line = {"t": t, "rank": rank, "draft_ms": 2, "verify_ms": 6, "extend_ms": 1, "cycle_ms": cycle_ms, "accepted": 3}
+    return json.dumps(line) + "\n"
+
+
 def test_rank_files_and_agreement(tmp_path):
     base = tmp_path / "profile.jsonl"
     assert profile.rank_path(base, 3).endswith("profile.dp0.tp3.jsonl")
     for rank, cycle_ms in ((0, 10.0), (1, 10.4)):
         with open(profile.rank_path(base, rank), "w") as f:
             for t in (1.0, 2.0, 3.0, 9.0):  # 9.0 is outside the timed window
-                f.write(
-                    json.dumps(
-                        {
-                            "t": t,
-                            "rank": rank,
-                            "draft_ms": 2,
-                            "verify_ms": 6,
-                            "extend_ms": 1,
-                            "cycle_ms": cycle_ms,
-                            "accepted": 3,
-                        }
-                    )
-                    + "\n"
-                )
+                f.write(_cycle_line(t, rank, cycle_ms))
     summary, per_window = profile.summarize_run_windows(base, [(0.5, 3.5)])
     assert summary["cycles"] == 3 and summary["ranks"] == 2 and [len(w) for w in per_window] == [3]
     agree = summary["rank_agreement"]
     assert agree["ok"] and agree["ranks"]["1"]["cycle_ms_diff_pct"] == pytest.approx(4.0)
     # A rank with fewer cycles (a lost tail) disagrees.
     with open(profile.rank_path(base, 1), "a") as f:
-        f.write(
-            json.dumps(
-                {"t": 3.2, "rank": 1, "draft_ms": 2, "verify_ms": 6, "extend_ms": 1, "cycle_ms": 10.4, "accepted": 3}
-            )
-            + "\n"
-        )
+        f.write(_cycle_line(3.2, 1, 10.4))
     summary, _ = profile.summarize_run_windows(base, [(0.5, 3.5)])
     assert not summary["rank_agreement"]["ok"]
 
@@ -221,20 +205,7 @@ def test_a_rank_15pct_slow_with_equal_cycle_counts_disagrees(tmp_path):
     for rank, cycle_ms in ((0, 10.0), (1, 11.5), (2, 10.9)):
         with open(profile.rank_path(base, rank), "w") as f:
             for t in (1.0, 2.0, 3.0):
-                f.write(
-                    json.dumps(
-                        {
-                            "t": t,
-                            "rank": rank,
-                            "draft_ms": 2,
-                            "verify_ms": 6,
-                            "extend_ms": 1,
-                            "cycle_ms": cycle_ms,
-                            "accepted": 3,
-                        }
-                    )
-                    + "\n"
-                )
+                f.write(_cycle_line(t, rank, cycle_ms))
     agree = profile.summarize_run_windows(base, [(0.5, 3.5)])[0]["rank_agreement"]
     assert agree["ok"] is False
     assert agree["ranks"]["1"]["cycle_ms_diff_pct"] == pytest.approx(15.0)
