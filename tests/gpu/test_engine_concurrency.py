@@ -26,7 +26,8 @@ pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(),
 from spec_decode.parsers.decode_log import read_log  # noqa: E402
 from spec_decode.runner.server import ServerProcess, free_port  # noqa: E402
 
-from ..conftest import DRAFTER, ROOT, TARGET  # noqa: E402
+from ..conftest import ROOT, TARGET  # noqa: E402
+from ..integration.engine_args import spec_flags  # noqa: E402
 
 LOAD = ROOT / "data" / "prompts_load.jsonl"
 TOKENS = 64
@@ -41,22 +42,7 @@ def bodies() -> list[dict]:
 
 def server(tmp_path, name: str, steps: int, *flags: str) -> ServerProcess:
     port = free_port()
-    spec = (
-        [
-            "--speculative-algorithm",
-            "EAGLE3",
-            "--speculative-draft-model-path",
-            str(DRAFTER),
-            "--speculative-num-steps",
-            str(steps),
-            "--speculative-eagle-topk",
-            "1",
-            "--speculative-num-draft-tokens",
-            str(steps + 1),
-        ]
-        if steps
-        else []
-    )
+    spec = spec_flags(steps) if steps else []
     argv = [
         sys.executable,
         "-m",

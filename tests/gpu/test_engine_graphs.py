@@ -29,6 +29,7 @@ from spec_decode.engines.embedded.tokenizer import encode  # noqa: E402
 from spec_decode.runner.server import ServerProcess, free_port  # noqa: E402
 
 from ..conftest import DRAFTER, PROMPTS, TARGET  # noqa: E402
+from ..integration.engine_args import spec_flags  # noqa: E402
 
 STEPS = (1, 2, 3, 5)
 TOKENS = 300
@@ -107,22 +108,7 @@ def test_graph_baseline_throughput_is_printed(models):
 
 def serve_and_generate(tmp_path, tp: int, steps: int, graph: bool) -> list[list[int]]:
     port = free_port()
-    spec = (
-        [
-            "--speculative-algorithm",
-            "EAGLE3",
-            "--speculative-draft-model-path",
-            str(DRAFTER),
-            "--speculative-num-steps",
-            str(steps),
-            "--speculative-eagle-topk",
-            "1",
-            "--speculative-num-draft-tokens",
-            str(steps + 1),
-        ]
-        if steps
-        else []
-    )
+    spec = spec_flags(steps) if steps else []
     argv = [
         sys.executable,
         "-m",
@@ -223,16 +209,7 @@ def test_16_concurrent_requests_on_cuda_with_graphs_give_the_batch_size_1_output
         "cuda",
         "--port",
         str(port),
-        "--speculative-algorithm",
-        "EAGLE3",
-        "--speculative-draft-model-path",
-        str(DRAFTER),
-        "--speculative-num-steps",
-        "3",
-        "--speculative-eagle-topk",
-        "1",
-        "--speculative-num-draft-tokens",
-        "4",
+        *spec_flags(3),
         "--max-running-requests",
         "16",
         "--tp-size",
