@@ -51,12 +51,8 @@ if __name__ == "__main__":
         if (sweep := sys.modules.get("spec_decode.views.sweep")) is not None and sweep.EXIT_STATUS:
             raise SystemExit(sweep.EXIT_STATUS)  # a sweep in which no job finished
     except KeyboardInterrupt as e:  # the job recorded itself KILLED; the sweep's atexit writes the summary
-        interrupt.end_open_runs("KILLED")
-        print(f"\n{e or interrupt.MESSAGE}: open MLflow runs ended KILLED; results.json files kept", file=sys.stderr)
-        raise SystemExit(interrupt.EXIT_CODE) from None
+        interrupt.exit_killed(str(e) or interrupt.MESSAGE)
     except SystemExit as e:  # a Ctrl-C between two jobs, while Hydra composed the next: Hydra exits 1
         if not interrupt.interrupted() or e.code in (0, None, interrupt.EXIT_CODE):
             raise
-        interrupt.end_open_runs("KILLED")
-        print(f"\n{interrupt.MESSAGE}: open MLflow runs ended KILLED; results.json files kept", file=sys.stderr)
-        raise SystemExit(interrupt.EXIT_CODE) from None
+        interrupt.exit_killed(interrupt.MESSAGE)

@@ -15,7 +15,7 @@ import signal
 import sys
 from collections.abc import Iterator
 from contextlib import contextmanager
-from typing import Any
+from typing import Any, NoReturn
 
 EXIT_CODE = 130  # the shell's code for "ended by SIGINT"
 MESSAGE = "interrupted (Ctrl-C / SIGINT)"
@@ -68,6 +68,13 @@ def deferred() -> Iterator[None]:
         if not _state["deferred"] and _state["pending"]:
             _state["pending"] = False
             raise KeyboardInterrupt(MESSAGE)
+
+
+def exit_killed(message: str) -> NoReturn:
+    """run.py's end after a Ctrl-C: every run still open ends KILLED, one line, exit 130."""
+    end_open_runs("KILLED")
+    print(f"\n{message}: open MLflow runs ended KILLED; results.json files kept", file=sys.stderr)
+    raise SystemExit(EXIT_CODE) from None
 
 
 def opened(run_id: str, client: Any) -> None:

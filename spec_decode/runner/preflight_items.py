@@ -186,21 +186,30 @@ def _prompt_set(pf: Preflight, root: Path, key: str, value: str, why: str) -> li
         return None
 
 
+def _fits_context(
+    pf: Preflight, cfg: ExperimentConfig, tcfg: dict | None, items: list, key: str, new_tokens: int, prompts: str
+) -> None:
+    """On the embedded engine (one byte a token), each prompt + ``new_tokens`` (benchmark.<key>) + a draft
+    fits the target's context."""
+    if not tcfg or cfg.engine.name != "embedded":
+        return
+    ctx = tcfg.get("max_position_embeddings", 0)
+    extra = new_tokens + ((cfg.spec.steps + 1) if cfg.speculative else 0)
+    too_long = [p.index for p in items if len(p.text.encode()) + extra > ctx]
+    pf.need(
+        not too_long,
+        f"benchmark.{key}={new_tokens}: prompts {too_long[:5]} of {Path(prompts).name} + new tokens + draft "
+        f"exceed the model's context of {ctx}",
+    )
+
+
 def check_request_prompts(cfg: ExperimentConfig, root: Path, pf: Preflight, tcfg: dict | None) -> None:
     """benchmark.request_prompts loads (categories valid) and each prompt fits the context."""
     b = cfg.benchmark
     items = _prompt_set(pf, root, "request_prompts", b.request_prompts, "benchmark.request_pass=true needs it")
     if items is None:
         return
-    if tcfg and cfg.engine.name == "embedded":
-        ctx = tcfg.get("max_position_embeddings", 0)
-        extra = b.request_max_new_tokens + ((cfg.spec.steps + 1) if cfg.speculative else 0)
-        too_long = [p.index for p in items if len(p.text.encode()) + extra > ctx]
-        pf.need(
-            not too_long,
-            f"benchmark.request_max_new_tokens={b.request_max_new_tokens}: prompts "
-            f"{too_long[:5]} of {Path(b.request_prompts).name} + new tokens + draft exceed the model's context of {ctx}",
-        )
+    _fits_context(pf, cfg, tcfg, items, "request_max_new_tokens", b.request_max_new_tokens, b.request_prompts)
 
 
 def check_load(cfg: ExperimentConfig, root: Path, pf: Preflight, tcfg: dict | None) -> None:
@@ -241,12 +250,4 @@ def check_load(cfg: ExperimentConfig, root: Path, pf: Preflight, tcfg: dict | No
     )
     if items is None:
         return
-    if tcfg and e.name == "embedded":
-        ctx = tcfg.get("max_position_embeddings", 0)
-        extra = b.max_new_tokens + ((cfg.spec.steps + 1) if cfg.speculative else 0)
-        too_long = [p.index for p in items if len(p.text.encode()) + extra > ctx]
-        pf.need(
-            not too_long,
-            f"benchmark.max_new_tokens={b.max_new_tokens}: prompts {too_long[:5]} of "
-            f"{Path(b.load_prompts).name} + new tokens + draft exceed the model's context of {ctx}",
-        )
+    _fits_context(pf, cfg, tcfg, items, "max_new_tokens", b.max_new_tokens, b.load_prompts)
