@@ -88,3 +88,33 @@ def compose_experiment(*overrides: str):
     register_configs()
     with initialize_config_dir(config_dir=str(ROOT / "conf"), version_base="1.3"):
         return to_experiment(compose("config", overrides=list(overrides)))
+
+
+# Tests that compare speeds inside one run (the A/A control's twins) assume the machine's load does not
+# change between their arms; with two xdist workers the other worker's tests would change it. A test
+# marked `quiet` runs with no other test beside it: it takes the run's quiet lock and then every worker's
+# busy lock (each worker holds its own across a test's setup, call and teardown); other tests wait at the
+# quiet lock before they start.
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_protocol(item, nextitem):
+    worker = os.environ.get("PYTEST_XDIST_WORKER")
+    if not worker:  # one process: nothing runs beside it
+        yield
+        return
+    from contextlib import ExitStack  # lazy: only under xdist
+
+    from filelock import FileLock
+
+    locks = Path(tempfile.gettempdir()) / f"spec_decode_test_locks_{os.environ['PYTEST_XDIST_TESTRUNUID']}"
+    locks.mkdir(exist_ok=True)
+    quiet = FileLock(str(locks / "quiet.lock"))
+    with ExitStack() as held:
+        if item.get_closest_marker("quiet"):
+            held.enter_context(quiet)
+            for i in range(int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1"))):
+                held.enter_context(FileLock(str(locks / f"busy-gw{i}.lock")))
+        else:
+            with quiet:  # a quiet test is running: wait for it
+                pass
+            held.enter_context(FileLock(str(locks / f"busy-{worker}.lock")))
+        yield

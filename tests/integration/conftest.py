@@ -63,14 +63,13 @@ def headline_sweep(tmp_path_factory) -> Sweep:
                         "stdout": p.stdout,
                         "stderr": p.stderr,
                         "env": sweep.env,
+                        "uri": sweep.uri,
                     }
                 )
             )
     saved = json.loads(done.read_text())
     proc = subprocess.CompletedProcess(saved["args"], saved["returncode"], saved["stdout"], saved["stderr"])
-    return Sweep(
-        root=shared, dir=shared / "sweep", uri=f"sqlite:///{shared / 'mlflow.db'}", proc=proc, env=saved["env"]
-    )
+    return Sweep(root=shared, dir=shared / "sweep", uri=saved["uri"], proc=proc, env=saved["env"])
 
 
 def _run_headline(root: Path) -> Sweep:

@@ -20,7 +20,7 @@ from spec_decode.views.metrics_json import to_metrics
 
 from ..conftest import ROOT, run_py
 
-pytestmark = pytest.mark.integration
+pytestmark = [pytest.mark.integration, pytest.mark.quiet]  # the A/A twins must see the same load
 FAULT = "engine.launcher=[python,tests/fault_server.py]"
 # 12 pairs x 64 tokens per spec job: a few seconds each; the 95% speedup intervals under this host's
 # load (1-min load 4-6 on 2 cores) were +-10..20% with a baseline job per twin, +-6..7% paired (load 2-3).
