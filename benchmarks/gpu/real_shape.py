@@ -150,12 +150,29 @@ def measure(target, drafter, steps: int, accept_len: float | None, args, runner)
     }
 
 
-def runner_for(target, drafter, steps: int, device: str):
+def runner_for(target, drafter, steps: int, device: str, attention: str = "bmm"):
     if not device.startswith("cuda"):
         return None  # the CPU rank decodes eagerly (scheduler.run_rank does the same)
     gc.collect()
     torch.cuda.empty_cache()
-    return StaticRunner(target, drafter, steps, use_graphs=True)
+    return StaticRunner(target, drafter, steps, use_graphs=True, attention=attention)
+
+
+def graph_kernels(runner, top: int = 14) -> dict:
+    """The baseline's decode graph (decode@1): GPU us per replay (CUDA events over back-to-back replays),
+    kernels per replay and the kernels by total time (torch.profiler), as engine_profile.py measures."""
+    sys.path.insert(0, str(Path(__file__).resolve().parent))
+    from engine_profile import gpu_us, kernels  # benchmarks/gpu is scripts, not a package: by path
+
+    graph = runner.graphs["decode@1"]
+    us, host = gpu_us(graph.replay)
+    count, by_time = kernels(graph.replay)
+    return {
+        "decode_gpu_us": round(us, 1),
+        "host_us": round(host, 1),
+        "kernels": count,
+        "top": [[name, c, round(t, 1)] for name, c, t in by_time[:top]],
+    }
 
 
 def table(rows: list[dict], base: dict) -> str:
@@ -187,6 +204,14 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--short", type=int, default=40, help="new tokens of the short one (its prefill cancels)")
     ap.add_argument("--repeats", type=int, default=5)
     ap.add_argument("--bandwidth-tbs", type=float, default=4.3)
+    ap.add_argument(
+        "--attention",
+        default="bmm",
+        help="the static path's attention, comma-separated to compare (bmm: the engine's default; sdpa)",
+    )
+    ap.add_argument(
+        "--kernels", action="store_true", help="CUDA: the baseline decode graph's GPU us and kernels by time"
+    )
     ap.add_argument("--out", default=os.environ.get("OUT", str(ROOT / "outputs")) + "/real_shape")
     args = ap.parse_args(argv)
     if args.device.startswith("cuda") and not torch.cuda.is_available():
@@ -208,32 +233,67 @@ def main(argv: list[str] | None = None) -> int:
         drop_training_copies(target)
         load_s = time.monotonic() - t0 - generate_s
         print(f"loaded in {load_s:.1f} s ({args.device}, {target.lm_head.weight.dtype})", flush=True)
-        runner = runner_for(target, None, 1, args.device)
-        base = {**measure(target, None, 0, None, args, runner), **roofline(target, None, 0, args.bandwidth_tbs)}
-        base["ratio"] = round(base["cycle_ms"] / base["roofline_ms"], 3)
-        print(
-            f"baseline: {base['cycle_ms']:.3f} ms/step (roofline {base['roofline_ms']:.3f}), {base['tok_s']:.1f} tok/s",
-            flush=True,
-        )
-        rows = []
-        for steps in [int(s) for s in args.steps.split(",")]:
-            runner = runner_for(target, drafter, steps, args.device)
-            for x in [float(v) for v in args.accept_lens.split(",")]:
-                if x > steps + 1:
-                    continue
-                row = {
-                    **measure(target, drafter, steps, x, args, runner),
-                    **roofline(target, drafter, steps, args.bandwidth_tbs),
-                }
-                row["ratio"] = round(row["cycle_ms"] / row["roofline_ms"], 3)
-                rows.append(row)
-                print(
-                    f"steps {steps} accept {x}: cycle {row['cycle_ms']:.3f} ms (roofline {row['roofline_ms']:.3f}, "
-                    f"ratio {row['ratio']:.2f}), {row['tok_s']:.1f} tok/s",
-                    flush=True,
-                )
-            del runner
-    md = table(rows, base)
+        variants = {}
+        for attention in args.attention.split(","):
+            base, rows = measure_all(target, drafter, args, attention)
+            variants[attention] = {"baseline": base, "rows": rows}
+    for attention, v in variants.items():
+        write_variant(out, args, attention, v, multiple=len(variants) > 1)
+    record = {
+        "device": torch.cuda.get_device_name() if args.device.startswith("cuda") else "cpu",
+        "torch": torch.__version__,
+        "args": vars(args),
+        **variants[args.attention.split(",")[0]],
+        "variants": variants,
+        "generate_s": round(generate_s, 1),
+        "load_s": round(load_s, 1),
+        "loadavg": os.getloadavg(),
+    }
+    record["verdict"], record["facts"] = verdict_and_facts(args, record["baseline"], record["rows"])
+    (out / "real_shape.json").write_text(json.dumps(record, indent=2) + "\n")
+    return 0
+
+
+def measure_all(target, drafter, args, attention: str) -> tuple[dict, list[dict]]:
+    """The baseline and every (steps, accept length) cell with one attention variant."""
+    runner = runner_for(target, None, 1, args.device, attention)
+    base = {**measure(target, None, 0, None, args, runner), **roofline(target, None, 0, args.bandwidth_tbs)}
+    base["ratio"] = round(base["cycle_ms"] / base["roofline_ms"], 3)
+    base["attention"] = attention
+    print(
+        f"[{attention}] baseline: {base['cycle_ms']:.3f} ms/step (roofline {base['roofline_ms']:.3f}), "
+        f"{base['tok_s']:.1f} tok/s",
+        flush=True,
+    )
+    if args.kernels and runner is not None and "decode@1" in runner.graphs:
+        base["graph"] = graph_kernels(runner)
+        g = base["graph"]
+        print(f"[{attention}] decode graph: {g['decode_gpu_us']} us GPU per replay, {g['kernels']:.0f} kernels")
+        for name, c, us in g["top"]:
+            print(f"  {us:8.1f} us  x{c:4.0f}  {name}")
+    del runner
+    rows = []
+    for steps in [int(s) for s in args.steps.split(",")]:
+        runner = runner_for(target, drafter, steps, args.device, attention)
+        for x in [float(v) for v in args.accept_lens.split(",")]:
+            if x > steps + 1:
+                continue
+            row = {
+                **measure(target, drafter, steps, x, args, runner),
+                **roofline(target, drafter, steps, args.bandwidth_tbs),
+            }
+            row["ratio"] = round(row["cycle_ms"] / row["roofline_ms"], 3)
+            rows.append(row)
+            print(
+                f"[{attention}] steps {steps} accept {x}: cycle {row['cycle_ms']:.3f} ms (roofline "
+                f"{row['roofline_ms']:.3f}, ratio {row['ratio']:.2f}), {row['tok_s']:.1f} tok/s",
+                flush=True,
+            )
+        del runner
+    return base, rows
+
+
+def verdict_and_facts(args, base: dict, rows: list[dict]) -> tuple[str, str]:
     worst = max([base, *rows], key=lambda r: r["ratio"])
     verdict = (
         f"must show (cycle within {MUST_SHOW_RATIO:.2f}x of the roofline estimate at tp 1): "
@@ -248,28 +308,22 @@ def main(argv: list[str] | None = None) -> int:
         if rows
         else ""
     )
+    return verdict, facts
+
+
+def write_variant(out: Path, args, attention: str, v: dict, multiple: bool) -> None:
+    base, rows = v["baseline"], v["rows"]
+    md = table(rows, base)
+    verdict, facts = verdict_and_facts(args, base, rows)
     device_name = torch.cuda.get_device_name() if args.device.startswith("cuda") else "cpu"
-    record = {
-        "device": device_name,
-        "torch": torch.__version__,
-        "args": vars(args),
-        "baseline": base,
-        "rows": rows,
-        "verdict": verdict,
-        "facts": facts,
-        "generate_s": round(generate_s, 1),
-        "load_s": round(load_s, 1),
-        "loadavg": os.getloadavg(),
-    }
-    (out / "real_shape.json").write_text(json.dumps(record, indent=2) + "\n")
-    (out / "real_shape.md").write_text(
+    name = f"real_shape_{attention}.md" if multiple else "real_shape.md"
+    (out / name).write_text(
         f"{device_name}, {args.model} + {args.drafter}, tp 1, token mode "
-        f"{args.token_mode}\n\n{md}\n\n{facts}\n\n{verdict}\n"
+        f"{args.token_mode}, attention {attention}\n\n{md}\n\n{facts}\n\n{verdict}\n"
     )
-    print(md)
+    print(f"\n## attention {attention}\n{md}")
     print(facts)
     print(verdict)
-    return 0
 
 
 if __name__ == "__main__":

@@ -3,7 +3,8 @@
 # calls of <= 9 minutes. Run from the repository root, the wheels in .whl/ (carry: [".whl"]):
 #
 #   bash benchmarks/gpu/session.sh STEPS [sweep overrides...]
-#     STEPS: comma-separated, run in the order given (all = tests,probe,engine,sweep)
+#     STEPS: comma-separated, run in the order given (all = tests,probe,engine,sweep); a step named
+#            twice runs twice (tests,tests: two consecutive runs; the second log is tests-2.log)
 #       profile benchmarks/gpu/engine_profile.py on one GPU (per-graph GPU/host us, kernel counts,
 #               generate us/token; PROFILE_ARGS, e.g. "--variants ops --compile"); profile.json
 #       tests   python -m pytest -m gpu (one process: -p no:xdist, the ini addopts off) tests/gpu tests/integration/test_nccl_probe.py
@@ -17,6 +18,9 @@
 #               the bs-1 graph path == eager, steps 0 and 3), then benchmarks/embedded_batching.py at
 #               concurrency 1,2,4,8,16,32 (graphs, baseline vs steps 3; BATCHING_ARGS adds flags, e.g.
 #               "--paths static,eager"); batching.json
+#       realshape  benchmarks/gpu/real_shape.py on one GPU (issue 31: the 8B-shaped synthetic pair, cycle
+#               against the roofline; REAL_SHAPE_ARGS, e.g. "--steps 1,3 --attention sdpa,bmm --kernels");
+#               real_shape.tgz
 #       sweep   python run.py -m experiment=$SESSION_EXPERIMENT tracking=off [overrides]
 #               (default embedded_h200x2_steps_nccl; on one GPU add hardware=h200x1)
 #   e.g.  bash benchmarks/gpu/session.sh tests,probe,engine     # call 1
@@ -41,7 +45,7 @@ PY=${PYTHON:-python3}
 BUDGET_S=${SESSION_BUDGET_S:-540}
 mkdir -p "$OUT" "$WORK"
 for s in ${STEPS//,/ }; do
-  case $s in profile|tests|probe|engine|batching|sweep) ;; *) echo "session.sh: unknown step '$s' (profile, tests, probe, engine, batching, sweep, all)" >&2; exit 2;; esac
+  case $s in profile|tests|probe|engine|batching|realshape|sweep) ;; *) echo "session.sh: unknown step '$s' (profile, tests, probe, engine, batching, realshape, sweep, all)" >&2; exit 2;; esac
 done
 
 # The lent machine's rule (KINDS.md): NVLink multicast stays off in every NCCL process. The runner
@@ -184,6 +188,16 @@ step_batching() {
   return $rc
 }
 
+step_realshape() {
+  local rc
+  rm -rf "$WORK/real_shape"
+  # shellcheck disable=SC2086  # REAL_SHAPE_ARGS is a list of flags
+  CUDA_VISIBLE_DEVICES=0 bounded 360 "$PY" benchmarks/gpu/real_shape.py --out "$WORK/real_shape" ${REAL_SHAPE_ARGS:-}
+  rc=$?
+  [ -d "$WORK/real_shape" ] && tar -czf "$OUT/real_shape.tgz" -C "$WORK" real_shape
+  return $rc
+}
+
 step_sweep() {
   local dir rc
   local exp=${SESSION_EXPERIMENT:-embedded_h200x2_steps_nccl}
@@ -202,7 +216,9 @@ export PYTHONPATH="$SITE:$PWD${PYTHONPATH:+:$PYTHONPATH}"
 status=0
 for s in ${STEPS//,/ }; do
   echo "[session] === $s (t=${SECONDS}s, budget left $(left)s)"
-  if [ "$s" = sweep ]; then step_sweep "$@" 2>&1 | tee "$OUT/$s.log"; else "step_$s" 2>&1 | tee "$OUT/$s.log"; fi
+  log="$OUT/$s.log" n=2
+  while [ -e "$log" ]; do log="$OUT/$s-$n.log"; n=$((n + 1)); done
+  if [ "$s" = sweep ]; then step_sweep "$@" 2>&1 | tee "$log"; else "step_$s" 2>&1 | tee "$log"; fi
   rc=${PIPESTATUS[0]}
   echo "[session] === $s exit $rc after ${SECONDS}s"
   [ "$rc" = 0 ] || status=1
