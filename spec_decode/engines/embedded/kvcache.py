@@ -92,7 +92,6 @@ class CacheRows:
         heads = torch.arange(cache.k.shape[2], device=slot_ids.device)
         self._head_rows = heads[None, :, None]  # (1, Hkv, 1)
         self._where: torch.Tensor | None = None
-        self._mask_rows: torch.Tensor | None = None  # bmm attention's mask, made once per forward
 
     def mask(self, pos: torch.Tensor) -> torch.Tensor:
         """(B*T, max_len), additive (graph_ops) or bool; also where this forward writes (once per forward)."""
@@ -101,22 +100,9 @@ class CacheRows:
         self._where = (
             (self.slot_ids.view(b, 1, 1) * c.k.shape[2] + self._head_rows) * c.max_len + pos.view(b, 1, t)
         ).reshape(-1)
-        self._mask_rows = None
         if c.mask_table is not None:
             return c.mask_table.index_select(0, pos)  # 0 or -inf
         return c.keys[None, :] <= pos[:, None]
-
-    def _bmm_mask(self, mask: torch.Tensor, nkv: int, g: int) -> torch.Tensor:
-        """The additive (B*T, max_len) mask as bmm attention's (B*nkv or 1, g*T, max_len) rows: a
-        broadcast view for one row of one query head per kv head, else built at the forward's first
-        layer and reused by the others (one copy per forward, not per layer)."""
-        b, t, slots = self.b, self.t, self.cache.max_len
-        if b == 1 and g == 1:
-            return mask.view(1, t, slots)
-        if self._mask_rows is None:
-            m = mask.view(b, 1, 1, t, slots).expand(b, nkv, g, t, slots)
-            self._mask_rows = m.reshape(b * nkv, g * t, slots) if b > 1 else m[0, :1].reshape(1, g * t, slots)
-        return self._mask_rows
 
     def attend(self, layer: int, q, k, v, pos: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
         """q (1, H, B*T, hd), k/v (1, Hkv, B*T, hd) -> (1, H, B*T, hd), each row over its own slot."""
@@ -128,29 +114,23 @@ class CacheRows:
         # each row's slot, gathered (a device index: no host read, so capturable): (B, Hkv, max_len, hd)
         keys, values = kl.index_select(0, self.slot_ids), vl.index_select(0, self.slot_ids)
         qr = q[0].view(nh, b, t, hd).transpose(0, 1)  # (B, H, T, hd)
-        if c.attention == "bmm":
-            # grouped-query attention as nkv groups of g query heads each (query head j reads kv head
-            # j // g, as SDPA's enable_gqa): one (g*T, hd) @ (hd, slots) product per row and kv head
-            g = nh // nkv
-            n, rows = b * nkv, g * t
-            scores = torch.baddbmm(
-                self._bmm_mask(mask, nkv, g),
-                qr.reshape(n, rows, hd),
-                keys.reshape(n, slots, hd).transpose(1, 2),
-                alpha=hd**-0.5,
-            )
+        if c.attention == "bmm" and nh == nkv:
+            n = b * nh
+            m = mask.view(b, 1, t, slots)
+            m = m[0] if b == 1 else m.expand(b, nh, t, slots).reshape(n, t, slots)
+            scores = torch.baddbmm(m, qr.reshape(n, t, hd), keys.reshape(n, slots, hd).transpose(1, 2), alpha=hd**-0.5)
             p = torch.softmax(scores, -1)
             vals = values.reshape(n, slots, hd)
-            if rows == 1 or slots % PV_SPLIT:
+            if t == 1 or slots % PV_SPLIT:
                 out = torch.bmm(p, vals)
             else:
-                # several query rows: cuBLAS runs (rows, slots) @ (slots, hd) as one small tile per kv head
+                # T > 1: cuBLAS runs (heads, T, slots) @ (heads, slots, hd) as one small tile per head
                 # looping over all slots; PV_SPLIT * heads products over slots / PV_SPLIT, then a sum,
                 # took 2/3 of the time on an H200 (benchmarks/gpu/engine_profile.py --attention-micro).
                 chunk = slots // PV_SPLIT
-                pp = p.view(n, rows, PV_SPLIT, chunk).transpose(1, 2).reshape(n * PV_SPLIT, rows, chunk)
+                pp = p.view(n, t, PV_SPLIT, chunk).transpose(1, 2).reshape(n * PV_SPLIT, t, chunk)
                 part = torch.bmm(pp, vals.reshape(n * PV_SPLIT, chunk, hd))
-                out = part.view(n, PV_SPLIT, rows, hd).sum(1)
+                out = part.view(n, PV_SPLIT, t, hd).sum(1)
             out = out.view(b, nh, t, hd)
         else:
             out = F.scaled_dot_product_attention(
