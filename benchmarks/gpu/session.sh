@@ -192,7 +192,8 @@ step_realshape() {
   local rc
   rm -rf "$WORK/real_shape"
   # shellcheck disable=SC2086  # REAL_SHAPE_ARGS is a list of flags
-  CUDA_VISIBLE_DEVICES=0 bounded 360 "$PY" benchmarks/gpu/real_shape.py --out "$WORK/real_shape" ${REAL_SHAPE_ARGS:-}
+  # The repository first on the path: real_shape reads conf/ next to the spec_decode it imports.
+  CUDA_VISIBLE_DEVICES=0 PYTHONPATH="$PWD:$PYTHONPATH" bounded 360 "$PY" benchmarks/gpu/real_shape.py --out "$WORK/real_shape" ${REAL_SHAPE_ARGS:-}
   rc=$?
   [ -d "$WORK/real_shape" ] && tar -czf "$OUT/real_shape.tgz" -C "$WORK" real_shape
   return $rc

@@ -114,6 +114,8 @@ class CacheRows:
         # each row's slot, gathered (a device index: no host read, so capturable): (B, Hkv, max_len, hd)
         keys, values = kl.index_select(0, self.slot_ids), vl.index_select(0, self.slot_ids)
         qr = q[0].view(nh, b, t, hd).transpose(0, 1)  # (B, H, T, hd)
+        # bmm for multi-head targets only: a grouped-query bf16 target (the 8B shape) runs SDPA, cuDNN's
+        # flash kernel on an H200 (5.7 us a layer; a grouped bmm measured slower: 7456 vs 6740 us a decode)
         if c.attention == "bmm" and nh == nkv:
             n = b * nh
             m = mask.view(b, 1, t, slots)

@@ -144,7 +144,10 @@ def read_conf(group: str, name: str, conf: Path = CONF) -> dict:
     path = conf / group / f"{name}.yaml"
     if not path.is_file():
         have = sorted(p.stem for p in (conf / group).glob("*.yaml") if "synthetic" in p.read_text())
-        raise SystemExit(f"--{group} {name}: no conf/{group}/{name}.yaml (synthetic ones: {', '.join(have)})")
+        raise SystemExit(
+            f"--{group} {name}: no {path} (synthetic ones there: {', '.join(have) or 'none'}; an installed copy of "
+            "spec_decode reads the conf/ beside it: run from the repository, with it first on PYTHONPATH)"
+        )
     data = yaml.safe_load(path.read_text())
     if not data.get("synthetic"):
         raise SystemExit(f"conf/{group}/{name}.yaml has no synthetic section: its weights are real, not generated")
