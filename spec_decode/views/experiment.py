@@ -29,6 +29,7 @@ from pathlib import Path
 from tabulate import tabulate
 
 from spec_decode.analysis import compare as cmp
+from spec_decode.analysis import concurrency
 from spec_decode.analysis.costmodel import nonneg_line
 from spec_decode.record.results import collect
 from spec_decode.views.metrics_json import records_from_metrics, to_metrics
@@ -69,12 +70,21 @@ def facts(metrics: dict) -> list[str]:
     recs = [r for r in records_from_metrics(metrics) if r.status == "FINISHED" and "throughput_tok_s" in r.metrics]
     spec = [r for r in recs if r.speculative and r.steps is not None]
     lines = []
-    for prof in sorted({r.choice("nccl") for r in spec}):
-        mine = sorted((r for r in spec if r.choice("nccl") == prof), key=lambda r: r.steps)
+    # one group per NCCL profile, and per concurrency where the sweep has that axis (a step-count line
+    # across concurrencies would mix batch sizes)
+    by_load = concurrency.swept(recs)
+    groups = sorted({(r.choice("nccl"), concurrency.concurrency_of(r) if by_load else None) for r in spec})
+    for prof_c in groups:
+        prof, conc = prof_c
+        mine = sorted(
+            (r for r in spec if (r.choice("nccl"), concurrency.concurrency_of(r) if by_load else None) == prof_c),
+            key=lambda r: r.steps,
+        )
+        label = f"`nccl={prof}`" + (f" at concurrency {conc}" if by_load else "")
         with_ci = [r for r in mine if "speedup_vs_baseline_ci95_lo" in r.metrics]
         if with_ci:
             lines.append(
-                f"- `nccl={prof}` speedup vs its baseline (95% CI): "
+                f"- {label} speedup vs its baseline (95% CI): "
                 + ", ".join(
                     f"{r.metrics['speedup_vs_baseline']:.2f}x [{r.metrics['speedup_vs_baseline_ci95_lo']:.2f}, "
                     f"{r.metrics['speedup_vs_baseline_ci95_hi']:.2f}] at {r.steps}"
@@ -84,7 +94,7 @@ def facts(metrics: dict) -> list[str]:
             )
         best = max(mine, key=lambda r: r.metrics["throughput_tok_s"])
         lines.append(
-            f"- `nccl={prof}` best measured: {best.steps} steps at {best.metrics['throughput_tok_s']:.1f} "
+            f"- {label} best measured: {best.steps} steps at {best.metrics['throughput_tok_s']:.1f} "
             f"tok/s [{best.metrics['throughput_tok_s_ci95_lo']:.1f}, {best.metrics['throughput_tok_s_ci95_hi']:.1f}]"
         )
         phased = [r for r in mine if "verify_ms" in r.metrics]
@@ -93,7 +103,7 @@ def facts(metrics: dict) -> list[str]:
             da, db, dq = nonneg_line([r.steps for r in phased], [r.metrics["draft_ms"] for r in phased])
             r2 = " / ".join("-" if q["r2"] is None else f"{q['r2']:.2f}" for q in (vq, dq))
             lines.append(
-                f"- `nccl={prof}` verify = {va:.2f} + {vb:.3f} ms per verified token; "
+                f"- {label} verify = {va:.2f} + {vb:.3f} ms per verified token; "
                 f"draft = {da:.2f} + {db:.3f} ms per step (least squares with costs >= 0 over "
                 f"{len(phased)} jobs; R^2 {r2})"
             )

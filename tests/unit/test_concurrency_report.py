@@ -148,3 +148,31 @@ def test_cost_model_learns_the_batch_from_paired_baselines_when_there_is_no_base
     for r in spec:  # a separate baseline job's figure is not a paired point
         r.speedup_vs_baseline = {"method": "welch"}
     assert not batch_model(spec)["learned"]
+
+
+def test_the_readme_facts_give_the_speedups_per_concurrency_not_one_line_across_them():
+    from spec_decode.views.experiment import facts
+    from spec_decode.views.metrics_json import to_metrics
+
+    recs = [speedup(c, k, s, s - 0.1, s + 0.1) for c, k, s in ((1, 1, 1.5), (16, 1, 0.9), (1, 3, 1.8), (16, 3, 0.95))]
+    for i, r in enumerate(recs):
+        r.out_dir = f"/sweep/{i}"
+        m = r.metrics
+        r.throughput_tok_s = {
+            "mean": m["throughput_tok_s"],
+            "ci95_lo": m["throughput_tok_s_ci95_lo"],
+            "ci95_hi": m["throughput_tok_s_ci95_hi"],
+        }
+    lines = facts(to_metrics(recs))
+    speedups = [x for x in lines if "speedup vs its baseline" in x]
+    assert speedups == [
+        "- `nccl=default` at concurrency 1 speedup vs its baseline (95% CI): 1.50x [1.40, 1.60] at 1, "
+        "1.80x [1.70, 1.90] at 3 steps",
+        "- `nccl=default` at concurrency 16 speedup vs its baseline (95% CI): 0.90x [0.80, 1.00] at 1, "
+        "0.95x [0.85, 1.05] at 3 steps",
+    ]
+    one = facts(to_metrics([r for r in recs if r.config["benchmark"]["concurrency"] == 1]))
+    assert (
+        "- `nccl=default` speedup vs its baseline (95% CI): 1.50x [1.40, 1.60] at 1, 1.80x [1.70, 1.90] at 3 steps"
+        in one
+    )
