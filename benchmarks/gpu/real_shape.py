@@ -37,6 +37,7 @@ from spec_decode.analysis.stats import summarize
 from spec_decode.engines.embedded import synthetic
 from spec_decode.engines.embedded.decoding import Decoder, ForcedAcceptance
 from spec_decode.engines.embedded.graphs import StaticRunner
+from spec_decode.engines.embedded.kvcache import slot_rows
 from spec_decode.engines.embedded.model import load_drafter, load_target
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -172,7 +173,28 @@ def graph_kernels(runner, top: int = 14) -> dict:
         "host_us": round(host, 1),
         "kernels": count,
         "top": [[name, c, round(t, 1)] for name, c, t in by_time[:top]],
+        "slot_gather_us": gather_micro(runner, gpu_us),
     }
+
+
+def gather_micro(runner, gpu_us) -> dict:
+    """One layer's K slot gathered for one row, torch's index_select against kvcache.slot_rows (8-byte
+    words), as GPU us per call: 32 calls captured in one graph (a decode step's layers), interleaved sets."""
+    kl, ids = runner.tcache.k[0], runner.bufs["decode@1"]["slots"]
+    assert torch.equal(slot_rows(kl, ids), kl.index_select(0, ids))
+    out = {}
+    for name, fn in (("index_select", lambda: kl.index_select(0, ids)), ("slot_rows", lambda: slot_rows(kl, ids))):
+        stream = torch.cuda.Stream()
+        stream.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(stream):
+            fn()
+        torch.cuda.synchronize()
+        g = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(g, stream=stream):
+            for _ in range(32):
+                fn()
+        out[name] = round(gpu_us(g.replay)[0] / 32, 2)
+    return out
 
 
 def table(rows: list[dict], base: dict) -> str:
@@ -269,6 +291,7 @@ def measure_all(target, drafter, args, attention: str) -> tuple[dict, list[dict]
         base["graph"] = graph_kernels(runner)
         g = base["graph"]
         print(f"[{attention}] decode graph: {g['decode_gpu_us']} us GPU per replay, {g['kernels']:.0f} kernels")
+        print(f"[{attention}] one layer's K slot gathered (us per call): {g['slot_gather_us']}")
         for name, c, us in g["top"]:
             print(f"  {us:8.1f} us  x{c:4.0f}  {name}")
     del runner
