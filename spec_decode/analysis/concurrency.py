@@ -71,8 +71,13 @@ def crossover(points: list[dict]) -> dict:
     point, how = _crossing(cs, [p["speedup"] for p in points])
     lo, lo_how = _crossing(cs, [p["lo"] for p in points])
     hi, hi_how = _crossing(cs, [p["hi"] for p in points])
+    # a curve that pays again at a higher concurrency (a baseline that stops scaling, say): where the
+    # first point after the crossing has its 95% lower bound above 1
+    after = [p for p in points if point is not None and p["concurrency"] > point]
+    recovers = next((p["concurrency"] for p in after if p["lo"] > 1), None)
     return {
         "concurrency": point,
+        "recovers": recovers,
         "how": how,
         "lo": lo,
         "lo_how": lo_how,
@@ -91,7 +96,8 @@ def describe_crossover(x: dict) -> str:
         tail = f" (the 95% lower bound falls below 1 from concurrency {lo})" if x["lo"] is not None else ""
         return f"not reached: speedup >= 1 up to concurrency {top}{tail}"
     where = f"<= {x['concurrency']:.0f}" if x["how"] == "at or below" else f"{x['concurrency']:.1f}"
-    return f"{where}, 95% interval [{lo}, {hi}]"
+    again = f"; above 1 again from concurrency {x['recovers']} (95% lower bound > 1)" if x.get("recovers") else ""
+    return f"{where}, 95% interval [{lo}, {hi}]{again}"
 
 
 def recommend_per_concurrency(recs: list[JobRecord]) -> dict[int, recommend.Recommendation | None]:

@@ -75,6 +75,19 @@ def test_crossover_not_reached_says_so_and_where_the_lower_bound_dips():
     assert concurrency.describe_crossover(below).startswith("<= 2, 95% interval")
 
 
+def test_a_curve_that_pays_again_at_a_higher_concurrency_says_where():
+    """The H200 sweep's steps 1: below 1 at concurrency 1 and 2, above again at 32 (a baseline that stops
+    scaling); "<= 1" alone would read as "never pays"."""
+    pts = [speedup(1, 1, 0.82, 0.67, 0.999), speedup(8, 1, 0.96, 0.85, 1.07), speedup(32, 1, 1.44, 1.3, 1.59)]
+    x = concurrency.crossover(concurrency.curves(pts)[("default", 1)])
+    assert x["reached"] and x["recovers"] == 32
+    assert concurrency.describe_crossover(x) == (
+        "<= 1, 95% interval [1.0, 1.0]; above 1 again from concurrency 32 (95% lower bound > 1)"
+    )
+    falls = concurrency.crossover(concurrency.curves(pts[:2])[("default", 1)])
+    assert falls["recovers"] is None and "again" not in concurrency.describe_crossover(falls)
+
+
 def batch_sweep(spec_fixed: float, spec_per: float) -> list[JobRecord]:
     """Baseline step = 1 + 0.5 x batch ms; steps=3 (accept len 2.5) step = spec_fixed + spec_per x batch ms."""
     out = []
