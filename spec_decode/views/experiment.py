@@ -92,6 +92,17 @@ def facts(metrics: dict) -> list[str]:
                 )
                 + " steps"
             )
+        rerun = [r for r in with_ci if "speedup_vs_baseline_rerun95_lo" in r.metrics]
+        if rerun:  # the block design's prediction interval for a rebuild (analysis.blocks)
+            lines.append(
+                f"- {label} rerun interval (95%: where an equal-size rebuild's speedup lands): "
+                + ", ".join(
+                    f"[{r.metrics['speedup_vs_baseline_rerun95_lo']:.2f}, "
+                    f"{r.metrics['speedup_vs_baseline_rerun95_hi']:.2f}] at {r.steps}"
+                    for r in rerun
+                )
+                + " steps"
+            )
         best = max(mine, key=lambda r: r.metrics["throughput_tok_s"])
         lines.append(
             f"- {label} best measured: {best.steps} steps at {best.metrics['throughput_tok_s']:.1f} "

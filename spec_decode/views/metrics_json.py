@@ -24,6 +24,8 @@ METRICS = (
     "speedup_vs_baseline_ci95_lo",
     "speedup_vs_baseline_ci95_hi",
     "speedup_ci95_halfwidth_pct",
+    "speedup_vs_baseline_rerun95_lo",  # the block design's rerun interval (analysis.blocks)
+    "speedup_vs_baseline_rerun95_hi",
     "non_cycle_pct",
     *PHASE_METRICS,
     "baseline_throughput_tok_s",
