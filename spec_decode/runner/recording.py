@@ -13,12 +13,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from spec_decode.analysis import drift, lossless, sections
-from spec_decode.analysis.checks import cost_model_metrics, run_checks
+from spec_decode.analysis.checks import cost_model_metrics, host_oversubscribed, run_checks
 from spec_decode.analysis.drift import Reference
 from spec_decode.analysis.sections import Section
 from spec_decode.core.config import ExperimentConfig, config_hash, resolved_dict
 from spec_decode.parsers import decode_log
-from spec_decode.record import provenance
+from spec_decode.record import host, provenance
 from spec_decode.record.results import BaselineRef, EngineInfo, JobRecord, performance_only
 from spec_decode.runner import request_pass
 from spec_decode.runner.context import JobContext
@@ -149,6 +149,7 @@ def _speedup(rec: JobRecord, baseline: JobRecord | None, take) -> None:
 
 def _checks(rec: JobRecord, cfg: ExperimentConfig) -> None:
     """The checks over the finished metrics and runs, then the lossless guard's verdict (a check, or a warning)."""
+    busy = host.metrics_of([x["host"] for x in rec.launches if "host" in x]).get("host_load1")
     rec.checks = run_checks(
         rec.metrics,
         [r.as_dict() for r in rec.runs],
@@ -156,6 +157,7 @@ def _checks(rec: JobRecord, cfg: ExperimentConfig) -> None:
         rec.speculative,
         cfg.spec.steps if cfg.speculative else 0,
         [r.as_dict() for r in _profile_windows(rec)],
+        host_oversubscribed(busy, ((rec.provenance or {}).get("host") or {}).get("usable_cores")),
     )
     if (check := lossless.check_of(rec.lossless)) is not None:
         rec.checks.append(check)
