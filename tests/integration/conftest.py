@@ -41,8 +41,9 @@ def headline_sweep(tmp_path_factory) -> Sweep:
     """`python run.py -m spec.steps=1,3 nccl=tuned,default` (small jobs): 4 spec jobs, each with its paired
     baseline server (the default baseline strategy: no baseline jobs), the parent run, the summary. Read by
     test_runner (the sweep's structure in MLflow, the report), test_reliability (no secret leaves the
-    process), test_store_uri (the store comes from MLFLOW_TRACKING_URI alone) and test_mlflow_ui (the UI
-    opens where the sweep said). Tests only read it: anything they write goes to their own tmp_path.
+    process), test_store_uri (the store comes from MLFLOW_TRACKING_URI alone), test_mlflow_ui (the UI
+    opens where the sweep said), test_record_flow (each job's MLflow run holds the record it wrote) and
+    test_acceptance_flow (the acceptance histogram and rates, the recommendation). Tests only read it: anything they write goes to their own tmp_path.
 
     Once per test run, also with pytest-xdist's workers: the first worker that needs it runs it in the
     run's shared tmp dir under a file lock; the others wait on the lock and read what it left."""

@@ -1,6 +1,6 @@
 """Per-position acceptance from real processes: the profile a real embedded server writes gives the same
-histogram as its own meta_info counters, request by request; a real sweep (run.py, MLflow in tmp)
-records the histogram and rates in results.json, logs the charts on each child run and the step
+histogram as its own meta_info counters, request by request; a real sweep (the shared headline sweep:
+run.py, MLflow in tmp) records the histogram and rates in results.json, logs the charts on each child run and the step
 recommendation on the parent."""
 
 import json
@@ -15,7 +15,7 @@ from spec_decode.parsers.profile import read_ranks, summarize_run_windows
 from spec_decode.record import results
 from spec_decode.runner.client import RunRecord
 
-from ..conftest import PROMPTS, run_py, small
+from ..conftest import PROMPTS
 from .engine_args import embedded_server, spec_flags
 
 pytestmark = pytest.mark.integration
@@ -82,20 +82,13 @@ def test_profile_histogram_equals_the_servers_counters_per_request(tmp_path):
     assert acc["accept_len_unweighted"] != pytest.approx(acc["accept_len_weighted"], abs=1e-9)
 
 
-def test_sweep_records_and_logs_acceptance_and_the_recommendation(tmp_path, tmp_store):
-    sweep = tmp_path / "sweep"
-    run_py(
-        [
-            "-m",
-            "spec.steps=1,3",
-            "benchmark.baseline_arm=false",
-            *small(),
-            *tmp_store["overrides"],
-            f"hydra.sweep.dir={sweep}",
-        ]
-    )
-    recs = {r.steps: r for r in results.collect(sweep)}
-    for k, rec in recs.items():
+def test_sweep_records_and_logs_acceptance_and_the_recommendation(tmp_path, headline_sweep):
+    # the shared sweep (tests/integration/conftest.py): spec.steps=1,3 x nccl=tuned,default, small jobs
+    sweep = headline_sweep.dir
+    recs = results.collect(sweep)
+    assert sorted(r.steps for r in recs) == [1, 1, 3, 3]
+    for rec in recs:
+        k = rec.steps
         acc = rec.acceptance
         assert acc["source"] == "profile" and len(acc["histogram"]) == k + 1
         runs = rec.profiled_runs  # the profile's histogram is of the profiled pass (issue 27)
@@ -109,19 +102,20 @@ def test_sweep_records_and_logs_acceptance_and_the_recommendation(tmp_path, tmp_
         assert [rec.metrics[f"accept_rate_pos{i}"] for i in range(1, k + 1)] == acc["per_position"]
         assert rec.metrics["accept_len_request_weighted"] == pytest.approx(rec.metrics["accept_len"])
         assert "accept_rate_pos%d" % (k + 1) not in rec.metrics
-    c = MlflowClient(tmp_store["uri"])
-    for rec in recs.values():
+    c = MlflowClient(headline_sweep.uri)
+    for rec in recs:
         assert not c.list_artifacts(rec.mlflow_run_id, "plots")  # a child's charts are the parent's, drawn once
         logged = c.get_run(rec.mlflow_run_id).data.metrics
         assert logged["accept_rate_pos1"] == pytest.approx(rec.metrics["accept_rate_pos1"], abs=1e-4)
-    parent = c.get_run(c.get_run(recs[1].mlflow_run_id).data.tags["mlflow.parentRunId"])
+    parent = c.get_run(c.get_run(recs[0].mlflow_run_id).data.tags["mlflow.parentRunId"])
     plots = {a.path for a in c.list_artifacts(parent.info.run_id, "plots")}
     assert {"plots/acceptance_histogram.png", "plots/accept_rate_by_position.png"} <= plots
     # two runs per job: no spread can be judged, so no cell competes -- and the tag says so
     assert parent.data.tags["recommendation"] == (
-        "cannot decide: no stable cell: 2 of 2 noisy (> 5%); rerun with more runs or on a quieter machine"
+        "cannot decide: no stable cell: 4 of 4 noisy (> 5%); rerun with more runs or on a quieter machine"
     )
     doc = json.loads(open(c.download_artifacts(parent.info.run_id, "recommendation.json", str(tmp_path))).read())
+    assert len(doc["verdicts"]) == 4
     assert {v["reason"] for v in doc["verdicts"]} == {"noisy: unknown spread with 2 run(s) (< 3)"}
     summary = (sweep / "sweep_summary.txt").read_text()
     assert "acceptance rate by draft position" in summary and "recommendation: cannot decide" in summary

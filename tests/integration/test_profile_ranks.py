@@ -7,8 +7,11 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
+from dataclasses import dataclass
+from pathlib import Path
 
 import pytest
+from mlflow.tracking import MlflowClient
 
 from spec_decode.parsers.profile import read_profile
 
@@ -25,12 +28,12 @@ TUNED = {
 }
 
 
-def job(tmp_path, *overrides, env=None) -> dict:
+def job(tmp_path, *overrides, env=None, tracking=("tracking=off",)) -> dict:
     run_py(
         [
             "hardware.tp_size=2",
             "benchmark.baseline_arm=false",
-            "tracking=off",
+            *tracking,
             *small(),
             *overrides,
             f"hydra.run.dir={tmp_path}",
@@ -40,8 +43,35 @@ def job(tmp_path, *overrides, env=None) -> dict:
     return json.loads((tmp_path / "results.json").read_text())
 
 
-def test_two_ranks_write_their_own_profiles_and_the_runner_uses_rank_0(tmp_path):
-    rec = job(tmp_path, "spec.steps=3")
+@dataclass(frozen=True)
+class Shared:
+    dir: Path
+    rec: dict
+    uri: str
+
+
+@pytest.fixture(scope="module")
+def shared(tmp_path_factory) -> Shared:
+    """One tp=2 job that five tests read, each with its own assertions (a job is ~10 s of two rank
+    processes here): the flusher off (only the SIGTERM handler writes cycles), 3 timed runs then a
+    profiled pass of 2 pairs, nccl=tuned with a stray NCCL_PROTO in run.py's environment, logged to its
+    own MLflow store."""
+    root = tmp_path_factory.mktemp("profile_ranks")
+    db, art = root / "mlflow.db", root / "mlartifacts"
+    rec = job(
+        root / "job",
+        "spec.steps=2",
+        "benchmark.runs=3",
+        "benchmark.profile_pairs=2",
+        "nccl=tuned",
+        env={"SPEC_DECODE_PROFILE_FLUSH_S": "0", "NCCL_PROTO": "Simple"},
+        tracking=(f"tracking.uri=sqlite:///{db}", f"tracking.artifact_location={art}"),
+    )
+    return Shared(dir=root / "job", rec=rec, uri=f"sqlite:///{db}")
+
+
+def test_two_ranks_write_their_own_profiles_and_the_runner_uses_rank_0(shared):
+    tmp_path, rec = shared.dir, shared.rec
     files = sorted(p.name for p in tmp_path.glob("profile.dp*.tp*.jsonl"))
     assert files == ["profile.dp0.tp0.jsonl", "profile.dp0.tp1.jsonl"]
     for r in (0, 1):
@@ -58,9 +88,10 @@ def test_two_ranks_write_their_own_profiles_and_the_runner_uses_rank_0(tmp_path)
     assert rec["metrics"]["accept_len"] > 1.5 and rec["metrics"]["verify_ms"] > 0
 
 
-def test_sigterm_writes_the_tail_no_cycle_lost(tmp_path):
-    # Flusher off: only the plugin's SIGTERM handler (the runner's stop) can write the cycles.
-    rec = job(tmp_path, "spec.steps=2", env={"SPEC_DECODE_PROFILE_FLUSH_S": "0"})
+def test_sigterm_writes_the_tail_no_cycle_lost(shared):
+    # Flusher off (SPEC_DECODE_PROFILE_FLUSH_S=0): only the plugin's SIGTERM handler (the runner's stop)
+    # can write the cycles.
+    tmp_path, rec = shared.dir, shared.rec
     prof = rec["profile"]
     assert prof["cycles"] == sum(r["spec_verify_ct"] for r in rec["profiled_runs"]) and prof["complete"]
     # every rank drained its buffer on SIGTERM (read as the job reads them: a line that an interrupted
@@ -69,8 +100,8 @@ def test_sigterm_writes_the_tail_no_cycle_lost(tmp_path):
     assert ranks[0] == ranks[1]
 
 
-def test_timed_runs_run_with_dormant_hooks_and_the_profiled_pass_reports_its_effect(tmp_path):
-    rec = job(tmp_path, "spec.steps=2", "benchmark.runs=3", "benchmark.profile_pairs=2")
+def test_timed_runs_run_with_dormant_hooks_and_the_profiled_pass_reports_its_effect(shared):
+    tmp_path, rec = shared.dir, shared.rec  # benchmark.runs=3, benchmark.profile_pairs=2
     cycles = [c for f in tmp_path.glob("profile.dp*.tp*.jsonl") for c in map(json.loads, f.read_text().splitlines())]
     timed = [(r["start_wall"], r["end_wall"]) for r in rec["runs"]]
     assert cycles and not [c for c in cycles for lo, hi in timed if lo <= c["t"] <= hi]  # none timed
@@ -132,10 +163,14 @@ def test_two_dp_replicas_at_tp_rank_0_write_two_files_never_one(tmp_path):
 
 
 @pytest.mark.parametrize("nccl", ["tuned", "default"])
-def test_every_process_carries_exactly_the_nccl_profile(tmp_path, nccl):
-    rec = job(
-        tmp_path, f"nccl={nccl}", "spec.steps=1", "benchmark.runs=1", env={"NCCL_PROTO": "Simple"}
-    )  # a stray shell variable must not reach any rank
+def test_every_process_carries_exactly_the_nccl_profile(request, tmp_path, nccl):
+    # a stray shell variable (NCCL_PROTO=Simple in run.py's environment) must not reach any rank; tuned is
+    # the shared job's profile
+    if nccl == "tuned":
+        rec = request.getfixturevalue("shared").rec
+    else:
+        rec = job(tmp_path, f"nccl={nccl}", "spec.steps=1", "benchmark.runs=1", env={"NCCL_PROTO": "Simple"})
+    assert rec["config"]["nccl"]["name"] == nccl
     procs = rec["server_env_processes"]
     assert len(procs) >= 3  # the front and two ranks
     for env in procs.values():
@@ -182,17 +217,10 @@ def test_doctor_items_for_a_missing_plugin_and_a_wrong_hook_target():
     assert check_hook_targets("embedded").ok
 
 
-def test_benchmark_runs_lead_to_their_drafters_training(tmp_path, tmp_store):
+def test_benchmark_runs_lead_to_their_drafters_training(shared):
     """The lineage tags: a benchmark run names its drafter's weights, training data and training run."""
-    import json as _json
-
-    from mlflow.tracking import MlflowClient
-
-    run_py(
-        ["spec.steps=2", "benchmark.baseline_arm=false", *small(), *tmp_store["overrides"], f"hydra.run.dir={tmp_path}"]
-    )
-    training = _json.loads((ROOT / "models/tiny/drafter/training.json").read_text())
-    c = MlflowClient(tmp_store["uri"])
+    training = json.loads((ROOT / "models/tiny/drafter/training.json").read_text())
+    c = MlflowClient(shared.uri)
     exp = c.get_experiment_by_name("spec-decode-bench")
     (run,) = c.search_runs([exp.experiment_id])
     tags = run.data.tags

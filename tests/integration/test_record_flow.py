@@ -87,18 +87,21 @@ def test_tracking_off_jobs_carry_checks_and_drift(tmp_path):
     assert not list(tmp_path.rglob("mlflow.db"))
 
 
-def test_mlflow_logs_exactly_the_record_written(tmp_path, tmp_store):
-    run_py(["drafter=none", *small(), *tmp_store["overrides"], f"hydra.run.dir={tmp_path / 'job'}"])
-    written = (tmp_path / "job" / "results.json").read_bytes()
-    rec = results.read(tmp_path / "job")
-    c = MlflowClient(tmp_store["uri"])
-    logged = Path(c.download_artifacts(rec.mlflow_run_id, "results.json", str(tmp_path / "dl"))).read_bytes()
-    assert logged == written
-    run = c.get_run(rec.mlflow_run_id)
-    assert run.data.metrics["throughput_tok_s"] == pytest.approx(
-        rec.metrics["throughput_tok_s"], abs=0.05
-    )  # logged at 0.1 tok/s
-    assert run.data.tags["checks.failed"] == (",".join(rec.failed_checks) or "none")
+def test_mlflow_logs_exactly_the_record_written(tmp_path, headline_sweep):
+    # every job of the shared sweep (tests/integration/conftest.py): its MLflow run holds the bytes it wrote
+    c = MlflowClient(headline_sweep.uri)
+    jobs = sorted(f.parent for f in headline_sweep.dir.glob("*/results.json"))
+    assert len(jobs) == 4
+    for i, job in enumerate(jobs):
+        written = (job / "results.json").read_bytes()
+        rec = results.read(job)
+        logged = Path(c.download_artifacts(rec.mlflow_run_id, "results.json", str(tmp_path / str(i)))).read_bytes()
+        assert logged == written
+        run = c.get_run(rec.mlflow_run_id)
+        assert run.data.metrics["throughput_tok_s"] == pytest.approx(
+            rec.metrics["throughput_tok_s"], abs=0.05
+        )  # logged at 0.1 tok/s
+        assert run.data.tags["checks.failed"] == (",".join(rec.failed_checks) or "none")
 
 
 def test_sync_uploads_schema1_and_half_logged_records_once(tmp_path, tmp_store):

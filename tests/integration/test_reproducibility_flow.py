@@ -20,7 +20,7 @@ from spec_decode.views.metrics_json import to_metrics
 
 from ..conftest import ROOT, run_py
 
-pytestmark = [pytest.mark.integration, pytest.mark.quiet]  # the A/A twins must see the same load
+pytestmark = pytest.mark.integration
 FAULT = "engine.launcher=[python,tests/fault_server.py]"
 # 12 pairs x 64 tokens per spec job: a few seconds each; the 95% speedup intervals under this host's
 # load (1-min load 4-6 on 2 cores) were +-10..20% with a baseline job per twin, +-6..7% paired (load 2-3).
@@ -52,6 +52,7 @@ def compare(*args: str, uri: str) -> subprocess.CompletedProcess:
     )
 
 
+@pytest.mark.quiet  # the A/A twins must see the same load (the block design test compares no twins)
 def test_aa_control_and_compare_on_real_sweeps(tmp_path, tmp_store):
     a_dir, a_run, c = sweep(tmp_path, tmp_store, "a")
     assert {r.role for r in collect(a_dir)} == {"spec"} and all(r.baseline_runs for r in collect(a_dir))  # paired
