@@ -77,16 +77,12 @@ def log_t_interval(values: list[float], confidence: float = 0.95) -> tuple[float
     return math.exp(m), math.exp(m - half), math.exp(m + half)
 
 
-def rerun_interval(values: list[float], rerun_n: int | None = None, confidence: float = 0.95) -> tuple[float, float]:
-    """Where the geometric mean of a rerun of ``rerun_n`` (default: as many) values lands with
-    probability ``confidence``: a Student-t prediction interval on the logs, sd * sqrt(1/n + 1/rerun_n)."""
-    n = len(values)
-    if n < 2:
-        return float("nan"), float("nan")
-    logs = [math.log(v) for v in values]
-    m, sd = statistics.fmean(logs), statistics.stdev(logs)
-    half = st.t.ppf(0.5 + confidence / 2, n - 1) * sd * math.sqrt(1 / n + 1 / (rerun_n or n))
-    return math.exp(m - half), math.exp(m + half)
+def rerun_interval(values: list[float], confidence: float = 0.95) -> tuple[float, float]:
+    """Where the geometric mean of an equal-size rerun lands with probability ``confidence``: the
+    Student-t prediction interval on the logs, sd * sqrt(1/n + 1/n), i.e. the CI's half-width x sqrt 2."""
+    g, lo, hi = log_t_interval(values, confidence)
+    half = math.sqrt(2) * math.log(hi / g) if len(values) >= 2 else float("nan")
+    return g * math.exp(-half), g * math.exp(half)
 
 
 def fold(blocks: list[JobRecord]) -> JobRecord:

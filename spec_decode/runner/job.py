@@ -191,7 +191,6 @@ def measure(
             if cfg.benchmark.under_load
             else []
         )  # benchmark.concurrency / request_rate (issue 28)
-        rec.metrics.update(host.metrics_of([x["host"] for x in rec.launches if "host" in x]))
         if rec.role == "baseline" and rec.status == "FINISHED":
             recording.add_drift(rec, earlier_baselines(cfg, ctx, rec))
         results.write(out, rec)  # the one write

@@ -115,6 +115,7 @@ def finish(
     take(sections.latency_percentiles(rec.runs))
     take(request_pass.categories_section(rec.requests))
     take(lossless_section(rec, cfg, measured.out_dir, baseline))
+    take(Section(metrics=host.metrics_of([x["host"] for x in rec.launches if "host" in x])))  # record/host.py
     rec.metrics = {k: float(v) for k, v in metrics.items() if v is not None}
     _checks(rec, cfg)
 
@@ -149,7 +150,6 @@ def _speedup(rec: JobRecord, baseline: JobRecord | None, take) -> None:
 
 def _checks(rec: JobRecord, cfg: ExperimentConfig) -> None:
     """The checks over the finished metrics and runs, then the lossless guard's verdict (a check, or a warning)."""
-    busy = host.metrics_of([x["host"] for x in rec.launches if "host" in x]).get("host_load1")
     rec.checks = run_checks(
         rec.metrics,
         [r.as_dict() for r in rec.runs],
@@ -157,7 +157,9 @@ def _checks(rec: JobRecord, cfg: ExperimentConfig) -> None:
         rec.speculative,
         cfg.spec.steps if cfg.speculative else 0,
         [r.as_dict() for r in _profile_windows(rec)],
-        host_oversubscribed(busy, ((rec.provenance or {}).get("host") or {}).get("usable_cores")),
+        host_oversubscribed(
+            rec.metrics.get("host_load1"), ((rec.provenance or {}).get("host") or {}).get("usable_cores")
+        ),
     )
     if (check := lossless.check_of(rec.lossless)) is not None:
         rec.checks.append(check)

@@ -73,13 +73,12 @@ def facts(metrics: dict) -> list[str]:
     # one group per NCCL profile, and per concurrency where the sweep has that axis (a step-count line
     # across concurrencies would mix batch sizes)
     by_load = concurrency.swept(recs)
-    groups = sorted({(r.choice("nccl"), concurrency.concurrency_of(r) if by_load else None) for r in spec})
-    for prof_c in groups:
-        prof, conc = prof_c
-        mine = sorted(
-            (r for r in spec if (r.choice("nccl"), concurrency.concurrency_of(r) if by_load else None) == prof_c),
-            key=lambda r: r.steps,
-        )
+
+    def group(r) -> tuple:
+        return r.choice("nccl"), concurrency.concurrency_of(r) if by_load else None
+
+    for prof, conc in sorted({group(r) for r in spec}):
+        mine = sorted((r for r in spec if group(r) == (prof, conc)), key=lambda r: r.steps)
         label = f"`nccl={prof}`" + (f" at concurrency {conc}" if by_load else "")
         with_ci = [r for r in mine if "speedup_vs_baseline_ci95_lo" in r.metrics]
         if with_ci:
