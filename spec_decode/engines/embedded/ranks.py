@@ -108,6 +108,8 @@ class RankGroup:
         self.lock = threading.Lock()  # guards the pipe to rank 0 and the waiting calls
         self.closing = False
         self.dead: RankDied | None = None
+        self._deaths: dict[int, str] = {}  # rank -> how it died, said once (see _died)
+        self._reaping = threading.Lock()
         ctx = multiprocessing.get_context("spawn")  # as SGLang: a fresh interpreter per rank
         self.procs, self.conns, self.copiers = [], [], []
         for rank in range(self.spec.tp_size):
@@ -211,13 +213,19 @@ class RankGroup:
 
     # ---- failure ---------------------------------------------------------------------------------
     def _died(self, rank: int) -> RankDied:
-        p, copier = self.procs[rank], self.copiers[rank]
-        p.join(timeout=1)
-        copier.join(timeout=1)  # its last lines reach the log before our error does
-        code = p.exitcode
-        how = f"signal {signal.Signals(-code).name}" if code is not None and code < 0 else f"exit code {code}"
-        tail = "\n".join(f"    {line}" for line in copier.tail) or "    (no output)"
-        return RankDied(f"rank {rank} (pid {p.pid}) died ({how}); its last log lines:\n{tail}")
+        """How ``rank`` died, with its last log lines. The dispatcher and the monitor both ask at
+        once: two threads joining one process race in multiprocessing (one reaps it, the other's
+        waitpid gets ECHILD and reads exit code None), so one thread reaps and the answer is kept."""
+        with self._reaping:
+            if rank not in self._deaths:
+                p, copier = self.procs[rank], self.copiers[rank]
+                p.join(timeout=1)
+                copier.join(timeout=1)  # its last lines reach the log before our error does
+                code = p.exitcode
+                how = f"signal {signal.Signals(-code).name}" if code is not None and code < 0 else f"exit code {code}"
+                tail = "\n".join(f"    {line}" for line in copier.tail) or "    (no output)"
+                self._deaths[rank] = f"rank {rank} (pid {p.pid}) died ({how}); its last log lines:\n{tail}"
+            return RankDied(self._deaths[rank])
 
     def _monitor(self, on_death) -> None:
         sentinels = {p.sentinel: r for r, p in enumerate(self.procs)}
