@@ -23,7 +23,7 @@ import re
 import statistics
 from dataclasses import dataclass
 
-from spec_decode.analysis.blocks import drop_block
+from spec_decode.analysis.blocks import ci_holds_a_rebuild, drop_block
 from spec_decode.core.identity import SPEC_ITEM
 
 # What a comparison names when it differs (the load is a condition of the run, reported beside it).
@@ -66,6 +66,7 @@ class Row:
     inside: bool | None = None  # B's speedup inside A's 95% rerun interval, else its CI (issue 25's count)
     inside_ci: bool | None = None  # B's speedup inside A's 95% CI
     judged_by: str = "CI"  # "rerun interval" where A has one (the block design), else "CI"
+    a_df: int | None = None  # the degrees of freedom of A's intervals (the block design: blocks - 1)
 
     @property
     def differs(self) -> bool:
@@ -159,6 +160,7 @@ def compare_cell(key: str, a: dict | None, b: dict | None) -> Row:
             rerun[0] <= b["speedup_vs_baseline"] <= rerun[1] if rerun else in_ci,
             in_ci,
             "rerun interval" if rerun else "CI",
+            int(m.group(1)) if (m := re.search(r"t with (\d+) df", a.get("interval", ""))) else None,
         )
     if role == "baseline" and "throughput_tok_s" in a and "throughput_tok_s" in b:
         ratio = b["throughput_tok_s"] / a["throughput_tok_s"]
@@ -200,7 +202,8 @@ def verdict(rows: list[Row]) -> str:
 
 def coverage(rows: list[Row]) -> str | None:
     """``k of n B speedups inside A's 95% rerun interval`` (the issue's rerun criterion; stricter than
-    overlap), and inside A's CI, which even a perfect CI holds only ~89% of the time at 4 blocks."""
+    overlap), and inside A's CI, which even a perfect CI holds only ~89% of the time at 4 blocks
+    (``blocks.ci_holds_a_rebuild``: 86% at 8)."""
     judged = [r for r in rows if r.inside is not None]
     if not judged:
         return None
@@ -210,8 +213,16 @@ def coverage(rows: list[Row]) -> str | None:
     return (
         f"coverage: {sum(r.inside for r in judged)} of {len(judged)} speedups of B inside A's 95% rerun interval "
         f"(where an equal-size rebuild lands with 95%; {sum(bool(r.inside_ci) for r in judged)} of {len(judged)} "
-        "inside A's 95% CI, which a rebuild's own noise leaves ~89% of the time at 4 blocks)"
+        f"inside A's 95% CI, which a rebuild's own noise leaves {ci_note(judged)})"
     )
+
+
+def ci_note(judged: list[Row]) -> str:
+    """How often a CI holds an equal-size rebuild, for A's degrees of freedom."""
+    dfs = sorted({r.a_df for r in judged if r.a_df})
+    if not dfs:
+        return "short of 95% of the time"
+    return ", ".join(f"~{100 * ci_holds_a_rebuild(df):.0f}% of the time at {df + 1} blocks" for df in dfs)
 
 
 def load_note(metrics: dict) -> str:
