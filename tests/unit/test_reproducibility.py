@@ -288,6 +288,20 @@ def test_compare_names_host_differences():
     ]
 
 
+def test_compare_notes_loads_half_a_machine_apart_and_not_closer():
+    """The committed embedded_steps_nccl (load 1.0) against the 8-block run at load 3.4 on the same 2-core
+    VM: 4 of 8 cells outside the rerun intervals. compare says the loads differ; 1.0 vs 1.4 it does not."""
+    host = {"cpu_model": "AMD EPYC", "usable_cores": 2}
+
+    def side(*loads):
+        return {"host": host, "jobs": {f"j{i}": {"host_load1": x} for i, x in enumerate(loads)}}
+
+    notes = compare.host_notes(side(1.0, 0.9, 1.5), side(3.4, 3.1, 4.9))
+    assert "loads differ: median 1.0 vs 3.4 on 2 usable cores; the speedup moves with the host's load" in notes[1]
+    assert not any(n.startswith("loads differ") for n in compare.host_notes(side(1.0, 1.1), side(1.4, 1.3)))
+    assert compare.load_difference(side(1.0), {"host": host, "jobs": {"j": {}}}) is None  # not recorded
+
+
 # ---- host -----------------------------------------------------------------------------------------
 CPUINFO = """processor\t: 0
 vendor_id\t: GenuineIntel
