@@ -67,9 +67,10 @@ RULES = [
         "suite",
         r"python -m pytest",
         "job",
-        "the whole suite is hours on 2 cores (docs/testing.md): run as written + --collect-only; every test collects",
+        "the whole suite is ~12 min on 2 cores (docs/testing.md): run as written + --collect-only -n 0 (one "
+        "process collects, not two workers); every test collects",
         must=(r"\d+ tests? collected",),
-        test_form=" --collect-only",
+        test_form=" --collect-only -n 0",
     ),
     Rule("server", r"^mlflow ui\b", "job", "serves the runs page on 127.0.0.1:5000 (HTTP 200), then stopped"),
     Rule("help", r"--help$", "test", "usage printed", must=(r"(?i)usage|== Configuration groups ==",)),

@@ -16,7 +16,7 @@ from ..conftest import ROOT, SLOTS_DIR, small
 pytestmark = pytest.mark.integration
 
 
-def start(tmp_path, tmp_store):
+def start(tmp_path, fresh_store):
     return subprocess.Popen(
         [
             sys.executable,
@@ -24,7 +24,7 @@ def start(tmp_path, tmp_store):
             "-m",
             "spec.steps=1,2",
             *small(),
-            *tmp_store["overrides"],
+            *fresh_store["overrides"],
             "benchmark.paired=false",  # a baseline job to interrupt, shared by the sweep's two jobs
             f"hydra.sweep.dir={tmp_path / 'sw'}",
             f"hardware.slots_dir={SLOTS_DIR}",
@@ -46,8 +46,8 @@ def wait_for(cond, timeout=180):
     raise AssertionError("condition not reached")
 
 
-def test_ctrl_c_before_anything_started_exits_quietly(tmp_path, tmp_store):
-    proc = start(tmp_path, tmp_store)
+def test_ctrl_c_before_anything_started_exits_quietly(tmp_path, fresh_store):
+    proc = start(tmp_path, fresh_store)
     time.sleep(0.3)  # still importing
     proc.send_signal(signal.SIGINT)
     out, _ = proc.communicate(timeout=60)
@@ -55,13 +55,13 @@ def test_ctrl_c_before_anything_started_exits_quietly(tmp_path, tmp_store):
     assert "Traceback" not in out and "interrupted (Ctrl-C / SIGINT)" in out, out
 
 
-def test_ctrl_c_while_hydra_composes_exits_at_once(tmp_path, tmp_store):
+def test_ctrl_c_while_hydra_composes_exits_at_once(tmp_path, fresh_store):
     """0.6 s in, run.py has imported and Hydra is composing the sweep's config (about 1.1 s here on a
     quiet 2-core box; later under load): nothing exists to clean up yet, so the process exits at once.
     A KeyboardInterrupt raised inside OmegaConf instead can leave a half-set config whose clean-up error
     Hydra reports as the cause ("'NoneType' object has no attribute '_invalidate_flags_cache'", exit 1:
     seen under a loaded test run)."""
-    proc = start(tmp_path, tmp_store)
+    proc = start(tmp_path, fresh_store)
     time.sleep(0.6)
     proc.send_signal(signal.SIGINT)
     out, _ = proc.communicate(timeout=60)
@@ -71,10 +71,10 @@ def test_ctrl_c_while_hydra_composes_exits_at_once(tmp_path, tmp_store):
 
 
 @pytest.mark.parametrize("delay_s", [1.2, 2.4])
-def test_ctrl_c_at_later_moments_of_the_start_exits_130_with_one_line(tmp_path, tmp_store, delay_s):
+def test_ctrl_c_at_later_moments_of_the_start_exits_130_with_one_line(tmp_path, fresh_store, delay_s):
     """Ctrl-C as the sweep opens its parent run or its first job starts: exit 130, no traceback, no error
     of Hydra's."""
-    proc = start(tmp_path, tmp_store)
+    proc = start(tmp_path, fresh_store)
     time.sleep(delay_s)
     proc.send_signal(signal.SIGINT)
     out, _ = proc.communicate(timeout=120)
@@ -83,8 +83,8 @@ def test_ctrl_c_at_later_moments_of_the_start_exits_130_with_one_line(tmp_path, 
     assert "Traceback" not in out and "HYDRA_FULL_ERROR" not in out and "full_key" not in out, out
 
 
-def test_ctrl_c_while_a_run_is_open_ends_every_run_killed_and_lists_every_job(tmp_path, tmp_store):
-    proc = start(tmp_path, tmp_store)
+def test_ctrl_c_while_a_run_is_open_ends_every_run_killed_and_lists_every_job(tmp_path, fresh_store):
+    proc = start(tmp_path, fresh_store)
     sw = tmp_path / "sw"
     # the first job's baseline server is up: its MLflow run is RUNNING, nothing of the sweep is recorded
     wait_for(lambda: any(p.stat().st_size > 0 for p in sw.glob("baselines/*/server.log")))
@@ -96,7 +96,7 @@ def test_ctrl_c_while_a_run_is_open_ends_every_run_killed_and_lists_every_job(tm
     assert "interrupted (Ctrl-C / SIGINT): 1 of 2 planned job(s) started" in summary, summary
     assert "  NOT RUN spec.steps=2," in summary, summary
     assert "KILLED" in summary.splitlines()[0] + summary  # the interrupted baseline, by status
-    c = MlflowClient(tmp_store["uri"])
+    c = MlflowClient(fresh_store["uri"])
     exp = c.get_experiment_by_name("spec-decode-bench")
     runs = c.search_runs([exp.experiment_id])
     assert runs and not [r.info.run_name for r in runs if r.info.status == "RUNNING"], [

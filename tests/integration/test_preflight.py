@@ -4,8 +4,12 @@ a baseline whose server lost its NCCL variables (real processes, a real MLflow s
 import json
 import os
 import shutil
+from pathlib import Path
 
 import pytest
+from mlflow.tracking import MlflowClient
+
+from spec_decode.record import results
 
 from ..conftest import DRAFTER, ROOT, compose_experiment, run_py, small
 
@@ -149,6 +153,14 @@ def test_drift_guard_flags_a_baseline_that_lost_its_nccl_variables(tmp_path, tmp
     ok = json.loads((tmp_path / "ok1" / "results.json").read_text())
     assert ok["drift"]["env_differences"] == []
     assert ok["server_env"]["NCCL_PROTO"] == "LL"
+    # a baseline-only job (drafter=none) is logged like any other: its MLflow run holds the record it wrote
+    c = MlflowClient(tmp_store["uri"])
+    rec = results.read(tmp_path / "ok1")
+    logged = Path(c.download_artifacts(rec.mlflow_run_id, "results.json", str(tmp_path / "dl"))).read_bytes()
+    assert logged == (tmp_path / "ok1" / "results.json").read_bytes()
+    assert c.get_run(rec.mlflow_run_id).data.metrics["throughput_tok_s"] == pytest.approx(
+        rec.metrics["throughput_tok_s"], abs=0.05
+    )
 
 
 # Kimi-K2.5 and its MLA drafter, from config fixtures (published config.json fields, no weights).

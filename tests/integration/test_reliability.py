@@ -203,7 +203,7 @@ def _read(d: Path, pattern: str) -> str:
     return files[0].read_text(errors="replace") if files else ""
 
 
-def test_taken_port_is_replaced_and_two_sweeps_share_one_fresh_store(tmp_path, tmp_store):
+def test_taken_port_is_replaced_and_two_sweeps_share_one_fresh_store(tmp_path, fresh_store):
     busy = socket.socket()
     busy.bind(("127.0.0.1", 0))
     busy.listen()
@@ -222,7 +222,7 @@ def test_taken_port_is_replaced_and_two_sweeps_share_one_fresh_store(tmp_path, t
                     f"engine.port={port}",
                     "benchmark.paired=false",
                     *small(),
-                    *tmp_store["overrides"],
+                    *fresh_store["overrides"],
                     f"hydra.sweep.dir={tmp_path / f's{i}'}",
                 ],
                 cwd=ROOT,
@@ -239,7 +239,7 @@ def test_taken_port_is_replaced_and_two_sweeps_share_one_fresh_store(tmp_path, t
     recs = [json.loads(f.read_text()) for i in range(2) for f in (tmp_path / f"s{i}").rglob("results.json")]
     assert len(recs) == 2 * (1 + 1) and all(r["status"] == "FINISHED" for r in recs)
     assert all(r["launches"][0]["port"] != port for r in recs)
-    _, rs = runs(tmp_store["uri"])
+    _, rs = runs(fresh_store["uri"])
     assert len([r for r in rs if r.data.tags.get("spec_decode.role") == "sweep"]) == 2
     assert all(r.info.status == "FINISHED" for r in rs)
 

@@ -10,6 +10,7 @@ import json
 import os
 import subprocess
 import sys
+from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
@@ -52,9 +53,31 @@ def compare(*args: str, uri: str) -> subprocess.CompletedProcess:
     )
 
 
+@dataclass(frozen=True)
+class Healthy:
+    dir: Path
+    run: str
+    client: MlflowClient
+    store: dict
+
+
+@pytest.fixture(scope="module")
+def healthy(tmp_path_factory) -> Healthy:
+    """The plain sweep (its A/A twins healthy), made in the setup of the first test that asks for it: the
+    `quiet` test below, so the twins see the same load (conftest's quiet lock covers a test's setup)."""
+    root = tmp_path_factory.mktemp("aa")
+    db = root / "mlflow.db"
+    store = {
+        "uri": f"sqlite:///{db}",
+        "overrides": [f"tracking.uri=sqlite:///{db}", f"tracking.artifact_location={root / 'mlartifacts'}"],
+    }
+    d, run, c = sweep(root, store, "a")
+    return Healthy(d, run, c, store)
+
+
 @pytest.mark.quiet  # the A/A twins must see the same load (the block design test compares no twins)
-def test_aa_control_and_compare_on_real_sweeps(tmp_path, tmp_store):
-    a_dir, a_run, c = sweep(tmp_path, tmp_store, "a")
+def test_aa_control_agrees_on_a_plain_sweep_and_compare_agrees_with_itself(healthy):
+    a_dir, a_run, c = healthy.dir, healthy.run, healthy.client
     assert {r.role for r in collect(a_dir)} == {"spec"} and all(r.baseline_runs for r in collect(a_dir))  # paired
     tags = c.get_run(a_run).data.tags
     assert tags["aa_control"].startswith("ok: A/A control agrees: 1 known-identical pair"), tags["aa_control"]
@@ -72,15 +95,19 @@ def test_aa_control_and_compare_on_real_sweeps(tmp_path, tmp_store):
     assert kid.data.tags["host.cpu"] == rec["provenance"]["host"]["cpu_model"] and "host_load1" in kid.data.metrics
 
     # the same sweep through two sources (multirun dir, MLflow parent id via MLFLOW_TRACKING_URI): agree, exit 0
-    same = compare(str(a_dir), a_run, uri=tmp_store["uri"])
+    same = compare(str(a_dir), a_run, uri=healthy.store["uri"])
     assert same.returncode == 0, same.stdout + same.stderr
     assert "verdict: agree: all 2 spec cell(s)" in same.stdout and "hosts: same fingerprint" in same.stdout
 
-    # planted bias in one twin: the nccl=tuned spec server runs at half speed -> the control disagrees,
-    # the recommendation refuses, and compare A vs this sweep names that cell and exits 1
-    b_dir, b_run, _ = sweep(
+
+def test_a_planted_bias_makes_the_aa_control_disagree_and_compare_exit_1(healthy, tmp_path):
+    """Not `quiet`: a twin slowed to half speed is told apart whatever runs beside it (the fault server
+    scales each request's own time), so the other worker goes on during this sweep."""
+    # the nccl=tuned spec server runs at half speed -> the control disagrees, the recommendation refuses,
+    # and compare (the healthy sweep vs this one) names that cell and exits 1
+    b_dir, b_run, c = sweep(
         tmp_path,
-        tmp_store,
+        healthy.store,
         "b",
         FAULT,
         "+engine.env.FAULT=slow:0.5",
@@ -91,7 +118,7 @@ def test_aa_control_and_compare_on_real_sweeps(tmp_path, tmp_store):
     assert tags["aa_control"].startswith("disagree: A/A control DISAGREES"), tags["aa_control"]
     assert tags["recommendation"].startswith("cannot decide: refused: A/A control DISAGREES")
     assert "noise exceeds the stated intervals" in (b_dir / "sweep_summary.txt").read_text()
-    diff = compare(str(a_dir), str(b_dir), uri=tmp_store["uri"])
+    diff = compare(str(healthy.dir), str(b_dir), uri=healthy.store["uri"])
     assert diff.returncode == 1, diff.stdout + diff.stderr
     tuned = next(line for line in diff.stdout.splitlines() if line.startswith("nccl=tuned,spec.steps=3"))
     assert "DIFFERS: speedup intervals disjoint" in tuned

@@ -159,7 +159,7 @@ def test_single_run_logs_a_standalone_run_with_real_metrics(tmp_path, tmp_store)
     assert job[0].data.metrics["throughput_tok_s"] == pytest.approx(rec["metrics"]["throughput_tok_s"], abs=0.05)
 
 
-def test_dry_run_prints_commands_and_env_and_launches_nothing(tmp_path, tmp_store):
+def test_dry_run_prints_commands_and_env_and_launches_nothing(tmp_path, fresh_store):
     t0 = time.monotonic()
     p = run_py(
         [
@@ -171,7 +171,7 @@ def test_dry_run_prints_commands_and_env_and_launches_nothing(tmp_path, tmp_stor
             "spec.steps=1,3",
             "nccl=tuned,default",
             "dry_run=true",
-            *tmp_store["overrides"],
+            *fresh_store["overrides"],
             f"hydra.sweep.dir={tmp_path / 'dry'}",
         ]
     )
