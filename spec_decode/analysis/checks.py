@@ -21,6 +21,11 @@ IN_CYCLE_TOL = 0.01
 # out) are fixed costs per request, reported, not bounded (a 48-token test request spends 15-25% there,
 # a 500-token one 2-4%); between cycles is loop time no cycle covers, at most 5% of the decode span.
 NON_CYCLE_GAP_MAX_PCT = 5.0
+# Streamed requests: the server writes each cycle's tokens to the HTTP stream between cycles, work the
+# bound above does not count. Measured on the 2-core VM at load ~1 (2026-12-01): 3.9-5.5% of the decode
+# span between cycles in 16 healthy streamed jobs (embedded_depth), 2.3-4.5% in 64 unstreamed ones
+# (embedded_steps_nccl); 5% failed 6 of the 16 streamed jobs. The streamed bound keeps 1.5x over them.
+STREAMED_GAP_MAX_PCT = 8.0
 ENGINE_CLIENT_TOL = 0.05  # client wall time vs server e2e latency
 COLLAPSE_ACCEPT_LEN = 1.05
 
@@ -57,13 +62,15 @@ def run_checks(
     steps: int = 0,
     profile_runs: list[dict] | None = None,
     oversubscribed: str | None = None,
+    streamed: bool = False,
 ) -> list[Check]:
     """``runs``: the timed runs as dicts (``wall_s``, ``e2e_latency_s``, ``completion_tokens``,
     ``spec_verify_ct``); ``profile``: the phase summary with ``per_run`` (``parsers.profile.run_timing``
     for each run) or None; ``steps``: draft steps per cycle (bounds the last cycle's overshoot).
     ``profile_runs``: the runs the profile was measured in (the profiled pass; default ``runs``): the
     profile's counts are compared with theirs. ``oversubscribed``: why the host had more runnable work
-    than cores while the job ran (``host_oversubscribed``), or None. Reads only. Each check compares two
+    than cores while the job ran (``host_oversubscribed``), or None. ``streamed``: the requests streamed
+    their tokens (the gap bound is ``STREAMED_GAP_MAX_PCT``). Reads only. Each check compares two
     figures of the same thing, measured two ways."""
     prof_runs = runs if profile_runs is None else profile_runs
     m = metrics
@@ -119,13 +126,15 @@ def run_checks(
         # between cycles, so the gaps measure the host's contention, not the engine (2-core VM at load
         # 3.5: 15 of 96 healthy jobs at 5.0-5.5% between cycles); the total is judged.
         total_only = host_na or batched or bool(oversubscribed)
+        bound = STREAMED_GAP_MAX_PCT if streamed else NON_CYCLE_GAP_MAX_PCT
         out.append(
             _check(
                 "time_outside_cycles",
-                outside >= 0 and (total_only or gap_pct <= NON_CYCLE_GAP_MAX_PCT),
+                outside >= 0 and (total_only or gap_pct <= bound),
                 round(pct, 3),
                 "outside >= 0 ms"
-                + ("" if total_only else f"; between cycles <= {NON_CYCLE_GAP_MAX_PCT:g}% of the decode span")
+                + ("" if total_only else f"; between cycles <= {bound:g}% of the decode span")
+                + (" (streamed: each cycle's tokens are written between cycles)" if streamed and not total_only else "")
                 + (" (batched: gaps hold other requests' prefills)" if batched else "")
                 + (f" ({oversubscribed}: gaps include waits for a CPU)" if oversubscribed and not batched else ""),
                 f"request wall {wall / n:.1f} ms vs cycles {sum(t['cycle_ms_sum'] for t in timing) / n:.1f} ms: "

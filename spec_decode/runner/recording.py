@@ -160,6 +160,7 @@ def _checks(rec: JobRecord, cfg: ExperimentConfig) -> None:
         host_oversubscribed(
             rec.metrics.get("host_load1"), ((rec.provenance or {}).get("host") or {}).get("usable_cores")
         ),
+        cfg.benchmark.stream,
     )
     if (check := lossless.check_of(rec.lossless)) is not None:
         rec.checks.append(check)

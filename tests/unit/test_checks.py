@@ -99,6 +99,25 @@ def test_outside_time_of_3_5_percent_is_no_longer_a_failure():
     assert checks["throughput_in_cycles_vs_accept_over_cycle"].ok
 
 
+def test_streamed_requests_have_their_own_gap_bound():
+    """embedded_depth (streamed, 2026-12-01, load 1.2 on 2 cores): 16 healthy jobs had 3.9-5.5% of the
+    decode span between cycles, where the server writes each cycle's tokens; 5% failed 6 of them. Streamed,
+    5.5% passes and 9% still fails; unstreamed, 5.5% fails."""
+    pairs = healthy()
+    runs = [r for r, _ in pairs]
+    m = {"accept_len": 3.6, "cycle_ms": 70.0, "draft_ms": 15, "verify_ms": 45, "extend_ms": 9, "other_pct": 1.4}
+
+    def outside(share, streamed):
+        prof = {"per_run": [dict(t, gap_ms=share * t["span_ms"]) for _, t in pairs]}
+        return {c.name: c for c in run_checks(m, runs, prof, True, STEPS, streamed=streamed)}["time_outside_cycles"]
+
+    assert outside(0.055, True).ok is True and "between cycles <= 8% of the decode span (streamed" in (
+        outside(0.055, True).expected
+    )
+    assert outside(0.09, True).ok is False
+    assert outside(0.055, False).ok is False and "streamed" not in outside(0.055, False).expected
+
+
 @pytest.mark.parametrize("scale", [1.10, 0.90, 1.02])
 def test_planted_fault_scaled_cycle_times_fails(scale):
     """A profile whose cycle durations are scaled (a wrong clock, a timer around the wrong call)."""
