@@ -21,8 +21,9 @@ IN_CYCLE_TOL = 0.01
 # out) are fixed costs per request, reported, not bounded (a 48-token test request spends 15-25% there,
 # a 500-token one 2-4%); between cycles is loop time no cycle covers, at most 5% of the decode span.
 NON_CYCLE_GAP_MAX_PCT = 5.0
-# Streamed requests: the server writes each cycle's tokens to the HTTP stream between cycles, work the
-# bound above does not count. Measured on the 2-core VM at load ~1 (2026-12-01): 3.9-5.5% of the decode
+# Streamed requests: the rank sends each cycle's tokens inside the cycle, but the front and the client
+# then handle every chunk (pipe read, HTTP chunk, SSE parse) on the same cores as the rank, whose loop
+# waits longer between cycles (the likely cause; not measured apart). Measured on the 2-core VM at load ~1 (2026-12-01): 3.9-5.5% of the decode
 # span between cycles in 16 healthy streamed jobs (embedded_depth), 2.3-4.5% in 64 unstreamed ones
 # (embedded_steps_nccl); 5% failed 6 of the 16 streamed jobs. The streamed bound keeps 1.5x over them.
 STREAMED_GAP_MAX_PCT = 8.0
@@ -134,7 +135,11 @@ def run_checks(
                 round(pct, 3),
                 "outside >= 0 ms"
                 + ("" if total_only else f"; between cycles <= {bound:g}% of the decode span")
-                + (" (streamed: each cycle's tokens are written between cycles)" if streamed and not total_only else "")
+                + (
+                    " (streamed: the front and the client handle each cycle's chunk beside the rank)"
+                    if streamed and not total_only
+                    else ""
+                )
                 + (" (batched: gaps hold other requests' prefills)" if batched else "")
                 + (f" ({oversubscribed}: gaps include waits for a CPU)" if oversubscribed and not batched else ""),
                 f"request wall {wall / n:.1f} ms vs cycles {sum(t['cycle_ms_sum'] for t in timing) / n:.1f} ms: "
