@@ -63,15 +63,6 @@ def run_py(
     return proc
 
 
-def _store(tmp_path: Path) -> dict:
-    db = tmp_path / "mlflow.db"
-    art = tmp_path / "mlartifacts"
-    return {
-        "uri": f"sqlite:///{db}",
-        "overrides": [f"tracking.uri=sqlite:///{db}", f"tracking.artifact_location={art}"],
-    }
-
-
 # An empty MLflow sqlite store, its tables made and its migrations run, once per test process: MLflow
 # takes ~1.5 s of CPU to create a store and ~0.6 s to open one (measured 2026-12-01), and some 40 tests
 # each start with a new one. `tmp_store` hands each test a copy; `fresh_store` none.
@@ -79,24 +70,34 @@ _EMPTY_STORE = Path(tempfile.mkdtemp(prefix="spec_decode_test_store_")) / "mlflo
 atexit.register(shutil.rmtree, _EMPTY_STORE.parent, True)
 
 
+def store_at(d: Path, *, copy_empty: bool = True) -> dict:
+    """An MLflow sqlite store + artifact dir in ``d``, as Hydra overrides and as a client URI. With
+    ``copy_empty`` the db file is a copy of an empty store made once per test process (the same file
+    run.py would create, minus the wait); without, no file exists yet."""
+    db = d / "mlflow.db"
+    if copy_empty:
+        if not _EMPTY_STORE.exists():
+            from mlflow.tracking import MlflowClient  # lazy: mlflow costs ~1 s of start-up; unit tests never pay it
+
+            MlflowClient(f"sqlite:///{_EMPTY_STORE}").search_experiments()
+        shutil.copyfile(_EMPTY_STORE, db)
+    return {
+        "uri": f"sqlite:///{db}",
+        "overrides": [f"tracking.uri=sqlite:///{db}", f"tracking.artifact_location={d / 'mlartifacts'}"],
+    }
+
+
 @pytest.fixture
 def tmp_store(tmp_path: Path) -> dict:
-    """An MLflow sqlite store + artifact dir in tmp_path, as Hydra overrides and as a client URI: a copy of
-    an empty store made once per test process (the same file run.py would create, minus the wait)."""
-    if not _EMPTY_STORE.exists():
-        from mlflow.tracking import MlflowClient  # lazy: mlflow costs ~1 s of start-up; unit tests never pay it
-
-        MlflowClient(f"sqlite:///{_EMPTY_STORE}").search_experiments()
-    store = _store(tmp_path)
-    shutil.copyfile(_EMPTY_STORE, tmp_path / "mlflow.db")
-    return store
+    """``store_at(tmp_path)``: a copy of the empty store."""
+    return store_at(tmp_path)
 
 
 @pytest.fixture
 def fresh_store(tmp_path: Path) -> dict:
     """``tmp_store`` with no file yet: for the tests about the store's creation (a Ctrl-C while it is
     made, two sweeps creating one at once, a dry run that must create none)."""
-    return _store(tmp_path)
+    return store_at(tmp_path, copy_empty=False)
 
 
 def small(*extra: str) -> list[str]:

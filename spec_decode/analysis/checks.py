@@ -23,9 +23,10 @@ IN_CYCLE_TOL = 0.01
 NON_CYCLE_GAP_MAX_PCT = 5.0
 # Streamed requests: the rank sends each cycle's tokens inside the cycle, but the front and the client
 # then handle every chunk (pipe read, HTTP chunk, SSE parse) on the same cores as the rank, whose loop
-# waits longer between cycles (the likely cause; not measured apart). Measured on the 2-core VM at load ~1 (2026-12-01): 3.9-5.5% of the decode
-# span between cycles in 16 healthy streamed jobs (embedded_depth), 2.3-4.5% in 64 unstreamed ones
-# (embedded_steps_nccl); 5% failed 6 of the 16 streamed jobs. The streamed bound keeps 1.5x over them.
+# waits longer between cycles (the likely cause; not measured apart). Measured on the 2-core VM at load
+# ~1 (2026-12-01): 3.9-5.5% of the decode span between cycles in 16 healthy streamed jobs
+# (embedded_depth), 2.3-4.5% in 64 unstreamed ones (embedded_steps_nccl); 5% failed 6 of the 16
+# streamed jobs. The streamed bound keeps 1.5x over them.
 STREAMED_GAP_MAX_PCT = 8.0
 ENGINE_CLIENT_TOL = 0.05  # client wall time vs server e2e latency
 COLLAPSE_ACCEPT_LEN = 1.05

@@ -19,7 +19,7 @@ from mlflow.tracking import MlflowClient
 from spec_decode.record.results import collect
 from spec_decode.views.metrics_json import to_metrics
 
-from ..conftest import ROOT, run_py
+from ..conftest import ROOT, run_py, store_at
 
 pytestmark = pytest.mark.integration
 FAULT = "engine.launcher=[python,tests/fault_server.py]"
@@ -66,11 +66,7 @@ def healthy(tmp_path_factory) -> Healthy:
     """The plain sweep (its A/A twins healthy), made in the setup of the first test that asks for it: the
     `quiet` test below, so the twins see the same load (conftest's quiet lock covers a test's setup)."""
     root = tmp_path_factory.mktemp("aa")
-    db = root / "mlflow.db"
-    store = {
-        "uri": f"sqlite:///{db}",
-        "overrides": [f"tracking.uri=sqlite:///{db}", f"tracking.artifact_location={root / 'mlartifacts'}"],
-    }
+    store = store_at(root)
     d, run, c = sweep(root, store, "a")
     return Healthy(d, run, c, store)
 
