@@ -17,12 +17,14 @@ import functools
 import logging
 import os
 import pkgutil
+import sys
 from collections import defaultdict
 from enum import Enum
 from importlib.metadata import entry_points
 
 log = logging.getLogger("spec_decode.engines.plugins")
 GROUP = "sglang.srt.plugins"
+SGLANG_REGISTRY = "sglang.srt.plugins.hook_registry"
 
 
 class _HookType(Enum):
@@ -139,5 +141,9 @@ def load_plugins() -> list[str]:
             log.exception("plugin %s failed to load", ep.name)
             continue
         loaded.append(ep.name)
-    registry()[0].apply_hooks()
+    # Hooks are registered through a registry someone asked for (registry(), or SGLang's module taken
+    # directly): with none asked for there is nothing to apply, and resolving it here would try to
+    # import sglang -- and with it torch, ~1 s -- in a process that needs neither (the embedded front).
+    if registry.cache_info().currsize or SGLANG_REGISTRY in sys.modules:
+        registry()[0].apply_hooks()
     return loaded

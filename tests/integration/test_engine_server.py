@@ -4,6 +4,7 @@ import json
 import os
 import subprocess
 import time
+from pathlib import Path
 
 import pytest
 import requests
@@ -163,6 +164,11 @@ class TestSpecServer:
         assert named in r.json()["error"]["message"]
         assert requests.post(srv.base_url + "/generate", json=BODY, timeout=30).status_code == 200
 
+    def test_with_the_profiler_the_front_loads_decoding_for_its_hooks(self, spec_server):
+        """SPEC_DECODE_PROFILE set: the front imports decoding (and torch) before the plugins, as before."""
+        srv, _ = spec_server
+        assert libtorch_mapped(srv.pid)
+
     def test_malformed_json_is_400(self, spec_server):
         srv, _ = spec_server
         r = requests.post(srv.base_url + "/generate", data=b"{not json", timeout=10)
@@ -174,6 +180,24 @@ def test_baseline_server_has_no_spec_fields(tmp_path):
         out = requests.post(srv.base_url + "/generate", json=BODY, timeout=30).json()
         assert out["meta_info"]["completion_tokens"] == 64
         assert not [k for k in out["meta_info"] if k.startswith("spec_")]
+
+
+def libtorch_mapped(pid: int) -> bool:
+    """Whether torch's shared library is mapped into process ``pid`` (torch imported there)."""
+    return "libtorch" in Path(f"/proc/{pid}/maps").read_text()
+
+
+def test_the_front_never_loads_torch_without_the_profiler(tmp_path, monkeypatch):
+    """The front (HTTP, rank group) computes nothing with torch: importing it cost each server ~1 s of CPU
+    (docs/testing.md). Only its rank loads torch -- seen through the same check, so a check that cannot
+    see torch would fail here too."""
+    monkeypatch.delenv("SPEC_DECODE_PROFILE", raising=False)  # the server inherits our environment
+    with embedded_server(tmp_path / "server.log", startup_timeout_s=60) as srv:
+        r = requests.post(srv.base_url + "/generate", json=BODY, timeout=30)
+        assert r.status_code == 200
+        (rank,) = requests.get(srv.base_url + "/server_info", timeout=5).json()["rank_pids"]
+        assert libtorch_mapped(rank)
+        assert not libtorch_mapped(srv.pid), "the front imported torch (python -X importtime shows through what)"
 
 
 def start(args: list[str], timeout: float = 60) -> subprocess.CompletedProcess:

@@ -26,7 +26,10 @@ import random
 import sys
 from pathlib import Path
 
+from spec_decode.engines.embedded.server_args import RankSpec, SimulatedAcceptance, tp_size_error
+
 EXIT_BAD_INPUT = 2
+PROFILE_ENV = "SPEC_DECODE_PROFILE"  # the profiler plugin's switch (spec_decode/profiler/plugin.py register)
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -138,12 +141,8 @@ def resolve_seed_and_forcing(args: argparse.Namespace, parser: argparse.Argument
     it); SGLANG_SIMULATE_ACC_LEN > 0 forces acceptance with speculation (exit 2 on a bad value)."""
     if args.random_seed is None:
         args.random_seed = random.randint(0, 1 << 30)
-    from spec_decode.engines.embedded.decoding import (
-        ForcedAcceptance,  # lazy: torch; a bad flag exits first
-    )
-
     try:
-        forced = ForcedAcceptance.from_env(args.speculative_num_steps or 0, args.random_seed)
+        forced = SimulatedAcceptance.from_env()
     except ValueError as e:
         parser.error(str(e))
     if forced is not None and args.speculative_algorithm:
@@ -201,10 +200,6 @@ def check_models(args: argparse.Namespace) -> list[int] | None:
 
 def check_tp_size(args: argparse.Namespace, parser: argparse.ArgumentParser) -> None:
     """--tp-size must shard the target evenly (exit 2 naming the flag and the head counts)."""
-    from spec_decode.engines.embedded.parallel import (
-        tp_size_error,  # lazy: torch; a bad flag exits first
-    )
-
     cfg = json.loads((Path(args.model_path) / "config.json").read_text())
     heads, kv_heads = cfg["num_attention_heads"], cfg.get("num_key_value_heads", cfg["num_attention_heads"])
     err = tp_size_error(args.tp_size, heads, kv_heads, cfg["intermediate_size"])
@@ -230,12 +225,15 @@ def main(argv: list[str] | None = None) -> None:
         parser.error(f"--cuda-graph-max-bs-decode must be >= 1 (got {args.cuda_graph_max_bs_decode})")
     resolve_seed_and_forcing(args, parser)
 
-    # Imported only now: a bad flag or model exits above without waiting for torch to load.
-    from spec_decode.engines.embedded import decoding  # noqa: F401 - the profiler's hook targets; loaded before the plugins
+    # Imported only now: a bad flag or model exits above without loading the HTTP side (its imports).
     from spec_decode.engines.embedded.ranks import RankDied, RankGroup
-    from spec_decode.engines.embedded.scheduler import RankSpec
     from spec_decode.engines.embedded.server import EngineState, bind, exit_on_rank_death, serve
     from spec_decode.engines.plugins import load_plugins
+
+    if os.environ.get(PROFILE_ENV):
+        # The profiler plugin hooks decoding's Decoder: its module is loaded before the plugins, and
+        # with it torch -- only then. Without the variable the front runs torch-free (the ranks load it).
+        from spec_decode.engines.embedded import decoding  # noqa: F401
 
     try:
         httpd = bind(args.host, args.port)

@@ -23,7 +23,6 @@ lossless: performance work only.
 
 from __future__ import annotations
 
-import math
 import os
 from dataclasses import dataclass, field
 
@@ -42,6 +41,12 @@ from spec_decode.engines.embedded.graphs import StaticRunner
 from spec_decode.engines.embedded.kvcache import SlotCache
 from spec_decode.engines.embedded.loop import BatchLoop
 from spec_decode.engines.embedded.model import Eagle3Drafter, LlamaTarget
+from spec_decode.engines.embedded.server_args import (  # noqa: F401 - SIMULATE_*: re-exported, their old home
+    SIMULATE_METHODS,
+    SIMULATE_TOKEN_MODES,
+    SimulatedAcceptance,
+    max_new_tokens,
+)
 
 
 @dataclass
@@ -57,8 +62,6 @@ class Generation:
 
 
 FILL_TOKEN = 100  # SGLang's token mode "fixed": every committed token is id 100 ("some legit token id")
-SIMULATE_METHODS = ("match-expected", "multinomial")
-SIMULATE_TOKEN_MODES = ("fixed", "real-draft-token")
 
 
 class ForcedAcceptance:
@@ -76,45 +79,26 @@ class ForcedAcceptance:
     every position with token id 100; ``real-draft-token`` commits the first n-1 draft tokens and the
     target's prediction after them as the bonus. The draws come from this object's own generator,
     seeded with the server's --random-seed: every rank draws the same sequence (SGLang draws from the
-    seeded global torch generator of each rank)."""
+    seeded global torch generator of each rank). The settings and their rules are
+    ``server_args.SimulatedAcceptance`` (torch-free: the front checks them before any rank starts)."""
 
     def __init__(
         self, accept_len: float, steps: int, method: str = "match-expected", token_mode: str = "fixed", seed: int = 0
     ):
-        if not (math.isfinite(accept_len) and accept_len > 0):
-            raise ValueError(f"SGLANG_SIMULATE_ACC_LEN={accept_len}: must be a number > 0")
-        if method not in SIMULATE_METHODS:
-            raise ValueError(f"SGLANG_SIMULATE_ACC_METHOD={method!r}: expected one of {', '.join(SIMULATE_METHODS)}")
-        if token_mode not in SIMULATE_TOKEN_MODES:
-            raise ValueError(f"SGLANG_SIMULATE_ACC_TOKEN_MODE={token_mode!r}: expected 'fixed' or 'real-draft-token'")
+        self.settings = SimulatedAcceptance(accept_len, method, token_mode)  # a bad value: ValueError
         self.accept_len, self.steps, self.method, self.token_mode = accept_len, steps, method, token_mode
         self.generator = torch.Generator(device="cpu").manual_seed(seed)
 
     @classmethod
     def from_env(cls, steps: int, seed: int, env=os.environ) -> ForcedAcceptance | None:
         """None unless SGLANG_SIMULATE_ACC_LEN is set > 0 (SGLang: "turn off if < 0"; default -1)."""
-        raw = env.get("SGLANG_SIMULATE_ACC_LEN", "").strip()
-        if not raw:
+        settings = SimulatedAcceptance.from_env(env)
+        if settings is None:
             return None
-        try:
-            value = float(raw)
-        except ValueError:
-            raise ValueError(f"SGLANG_SIMULATE_ACC_LEN={raw!r}: not a number") from None
-        if not value > 0:
-            return None
-        return cls(
-            value,
-            steps,
-            env.get("SGLANG_SIMULATE_ACC_METHOD", "match-expected"),
-            env.get("SGLANG_SIMULATE_ACC_TOKEN_MODE", "fixed"),
-            seed,
-        )
+        return cls(settings.accept_len, steps, settings.method, settings.token_mode, seed)
 
     def describe(self) -> str:
-        return (
-            f"forced acceptance: SGLANG_SIMULATE_ACC_LEN={self.accept_len} method={self.method} "
-            f"token_mode={self.token_mode} (performance-only: outputs are not lossless)"
-        )
+        return self.settings.describe()
 
     def draw(self) -> int:
         top = self.steps + 1
@@ -137,11 +121,6 @@ class ForcedAcceptance:
         elif n > 1:
             pred[: n - 1] = draft[: n - 1]  # pred[n - 1], the target's next token after them, is the bonus
         return pred
-
-
-def max_new_tokens(context: int, steps: int, prompt_len: int) -> int:
-    """The longest generation that fits the context (the last cycle may overshoot by steps + 1)."""
-    return context - prompt_len - steps - 1
 
 
 class Decoder:

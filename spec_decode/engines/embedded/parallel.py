@@ -20,31 +20,13 @@ this CPU at 1 and 2 threads; ``test_engine_tp`` asserts bit-equal logits). The r
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass
 
 import torch
 import torch.distributed as dist
 
-
-def shard_units(num_attention_heads: int, num_key_value_heads: int, intermediate_size: int) -> int:
-    """How many equal slices the sharded dimensions are cut into; every valid tp size divides it."""
-    return math.gcd(num_attention_heads, num_key_value_heads, intermediate_size)
-
-
-def tp_size_error(
-    tp_size: int, num_attention_heads: int, num_key_value_heads: int, intermediate_size: int
-) -> str | None:
-    """Why ``--tp-size`` cannot shard this target (None if it can)."""
-    units = shard_units(num_attention_heads, num_key_value_heads, intermediate_size)
-    valid = [d for d in range(1, units + 1) if units % d == 0]
-    if tp_size >= 1 and units % tp_size == 0:
-        return None
-    return (
-        f"--tp-size {tp_size}: must be >= 1 and divide the target's num_attention_heads "
-        f"({num_attention_heads}), num_key_value_heads ({num_key_value_heads}) and "
-        f"intermediate_size ({intermediate_size}); valid sizes: {', '.join(map(str, valid))}"
-    )
+# the sharding rule without torch (the front checks --tp-size with it); re-exported, its old home
+from spec_decode.engines.embedded.server_args import shard_units, tp_size_error  # noqa: F401
 
 
 def pair_sum(parts: torch.Tensor) -> torch.Tensor:

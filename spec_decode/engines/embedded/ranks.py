@@ -25,7 +25,7 @@ import threading
 import time
 from dataclasses import replace
 
-from spec_decode.engines.embedded.scheduler import RankSpec, run_rank
+from spec_decode.engines.embedded.server_args import RankSpec
 from spec_decode.runner.server import free_port
 
 log = logging.getLogger("spec_decode.embedded")
@@ -39,6 +39,15 @@ class RankDied(RuntimeError):
 class RidInFlight(ValueError):
     """A call named a request id that a call still waiting holds (ids are the ranks' keys: SGLang's
     Req.rid). Raised by ``submit`` before anything is sent; the HTTP front answers it with a 400."""
+
+
+def _rank_main(rank: int, spec: RankSpec, cmd_conn, log_conn) -> None:
+    """What a spawned rank process runs: the scheduler's ``run_rank``. The front pickles this function,
+    not ``run_rank``: pickling a function imports its module, and the scheduler's imports torch."""
+    # lazy: torch loads in the rank processes only (the front never imports the scheduler)
+    from spec_decode.engines.embedded.scheduler import run_rank
+
+    run_rank(rank, spec, cmd_conn, log_conn)
 
 
 class _OutputCopier(threading.Thread):
@@ -115,7 +124,7 @@ class RankGroup:
         for rank in range(self.spec.tp_size):
             ours, theirs = ctx.Pipe()
             out_r, out_w = ctx.Pipe(duplex=False)
-            p = ctx.Process(target=run_rank, args=(rank, self.spec, theirs, out_w), name=f"rank{rank}")
+            p = ctx.Process(target=_rank_main, args=(rank, self.spec, theirs, out_w), name=f"rank{rank}")
             p.start()
             theirs.close()
             out_w.close()  # only the rank holds the write end: EOF when it dies

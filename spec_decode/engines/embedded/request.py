@@ -14,7 +14,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-from spec_decode.engines.embedded.decoding import max_new_tokens
+from spec_decode.engines.embedded.server_args import max_new_tokens
 from spec_decode.engines.embedded.tokenizer import encode
 
 VOCAB = 256  # byte-level: token id == byte value

@@ -21,7 +21,7 @@ import signal
 import sys
 import threading
 import time
-from dataclasses import asdict, dataclass
+from dataclasses import asdict
 from datetime import timedelta
 
 import torch
@@ -32,6 +32,7 @@ from spec_decode.engines.embedded.graphs import StaticRunner
 from spec_decode.engines.embedded.loop import BatchLoop
 from spec_decode.engines.embedded.model import load_drafter, load_target, read_config
 from spec_decode.engines.embedded.parallel import TensorParallel, shard_units
+from spec_decode.engines.embedded.server_args import RankSpec  # also its old home here (benchmarks, tests)
 from spec_decode.engines.plugins import load_plugins
 
 log = logging.getLogger("spec_decode.embedded")
@@ -39,29 +40,6 @@ log = logging.getLogger("spec_decode.embedded")
 PR_SET_PDEATHSIG = 1
 FRONT_GONE_EXIT = 3  # exit code of a rank whose front disappeared
 IDLE_POLL_S = 0.5  # an idle rank 0 broadcasts an empty command list this often
-
-
-@dataclass(frozen=True)
-class RankSpec:
-    """What every rank needs to start (picklable: it travels to the spawned processes)."""
-
-    model_path: str
-    draft_model_path: str | None
-    steps: int
-    tp_size: int
-    device: str
-    cpu_threads: int
-    random_seed: int | None
-    decode_log_interval: int
-    log_level: str
-    dist_port: int
-    front_pid: int
-    disable_cuda_graph: bool = False  # on CUDA: run the static shapes eagerly (SGLang's flag)
-    max_running_requests: int = 16  # SGLang's --max-running-requests: the rest wait in the queue
-    disable_overlap_schedule: bool = False  # SGLang's flag: process each result before the next launch
-    cuda_eager_batching: bool = False  # on CUDA: the packed eager path (batches) instead of the static one
-    cuda_graph_max_bs: int | None = None  # --cuda-graph-max-bs-decode; None: --max-running-requests
-    static_path: bool = False  # on CPU: the static path's shapes, eagerly (--static-path: tests and debugging)
 
 
 class Counters:
