@@ -151,12 +151,19 @@ def measure(target, drafter, steps: int, accept_len: float | None, args, runner)
     }
 
 
-def runner_for(target, drafter, steps: int, device: str, attention: str = "bmm"):
+def runner_for(target, drafter, steps: int, device: str, attention: str = "bmm", compile: bool = False):
     if not device.startswith("cuda"):
         return None  # the CPU rank decodes eagerly (scheduler.run_rank does the same)
     gc.collect()
     torch.cuda.empty_cache()
-    return StaticRunner(target, drafter, steps, use_graphs=True, attention=attention)
+    t0 = time.monotonic()
+    runner = StaticRunner(target, drafter, steps, use_graphs=True, attention=attention, compile=compile)
+    print(
+        f"  runner (steps {steps}, compile {compile}): {time.monotonic() - t0:.1f} s to build and capture", flush=True
+    )
+    if runner.capture_error:
+        print(f"  capture failed, eager: {runner.capture_error}", flush=True)
+    return runner
 
 
 def graph_kernels(runner, top: int = 14) -> dict:
@@ -232,6 +239,12 @@ def main(argv: list[str] | None = None) -> int:
         help="the static path's attention, comma-separated to compare (bmm: the engine's default; sdpa)",
     )
     ap.add_argument(
+        "--compile",
+        default="off",
+        help="torch.compile of the static shapes (StaticRunner compile, the server's --enable-torch-compile): "
+        "off, on, or off,on to compare; crossed with --attention",
+    )
+    ap.add_argument(
         "--kernels", action="store_true", help="CUDA: the baseline decode graph's GPU us and kernels by time"
     )
     ap.add_argument("--out", default=os.environ.get("OUT", str(ROOT / "outputs")) + "/real_shape")
@@ -257,15 +270,17 @@ def main(argv: list[str] | None = None) -> int:
         print(f"loaded in {load_s:.1f} s ({args.device}, {target.lm_head.weight.dtype})", flush=True)
         variants = {}
         for attention in args.attention.split(","):
-            base, rows = measure_all(target, drafter, args, attention)
-            variants[attention] = {"baseline": base, "rows": rows}
+            for comp in args.compile.split(","):
+                name = attention if comp == "off" else f"{attention}+compile"
+                base, rows = measure_all(target, drafter, args, attention, comp == "on", name)
+                variants[name] = {"baseline": base, "rows": rows}
     for attention, v in variants.items():
         write_variant(out, args, attention, v, multiple=len(variants) > 1)
     record = {
         "device": torch.cuda.get_device_name() if args.device.startswith("cuda") else "cpu",
         "torch": torch.__version__,
         "args": vars(args),
-        **variants[args.attention.split(",")[0]],
+        **next(iter(variants.values())),
         "variants": variants,
         "generate_s": round(generate_s, 1),
         "load_s": round(load_s, 1),
@@ -276,28 +291,28 @@ def main(argv: list[str] | None = None) -> int:
     return 0
 
 
-def measure_all(target, drafter, args, attention: str) -> tuple[dict, list[dict]]:
-    """The baseline and every (steps, accept length) cell with one attention variant."""
-    runner = runner_for(target, None, 1, args.device, attention)
+def measure_all(target, drafter, args, attention: str, compile: bool, label: str) -> tuple[dict, list[dict]]:
+    """The baseline and every (steps, accept length) cell with one attention (and compile) variant."""
+    runner = runner_for(target, None, 1, args.device, attention, compile)
     base = {**measure(target, None, 0, None, args, runner), **roofline(target, None, 0, args.bandwidth_tbs)}
     base["ratio"] = round(base["cycle_ms"] / base["roofline_ms"], 3)
-    base["attention"] = attention
+    base["attention"], base["compile"] = attention, compile
     print(
-        f"[{attention}] baseline: {base['cycle_ms']:.3f} ms/step (roofline {base['roofline_ms']:.3f}), "
+        f"[{label}] baseline: {base['cycle_ms']:.3f} ms/step (roofline {base['roofline_ms']:.3f}), "
         f"{base['tok_s']:.1f} tok/s",
         flush=True,
     )
     if args.kernels and runner is not None and "decode@1" in runner.graphs:
         base["graph"] = graph_kernels(runner)
         g = base["graph"]
-        print(f"[{attention}] decode graph: {g['decode_gpu_us']} us GPU per replay, {g['kernels']:.0f} kernels")
-        print(f"[{attention}] one layer's K slot gathered (us per call): {g['slot_gather_us']}")
+        print(f"[{label}] decode graph: {g['decode_gpu_us']} us GPU per replay, {g['kernels']:.0f} kernels")
+        print(f"[{label}] one layer's K slot gathered (us per call): {g['slot_gather_us']}")
         for name, c, us in g["top"]:
             print(f"  {us:8.1f} us  x{c:4.0f}  {name}")
     del runner
     rows = []
     for steps in [int(s) for s in args.steps.split(",")]:
-        runner = runner_for(target, drafter, steps, args.device, attention)
+        runner = runner_for(target, drafter, steps, args.device, attention, compile)
         for x in [float(v) for v in args.accept_lens.split(",")]:
             if x > steps + 1:
                 continue
@@ -308,7 +323,7 @@ def measure_all(target, drafter, args, attention: str) -> tuple[dict, list[dict]
             row["ratio"] = round(row["cycle_ms"] / row["roofline_ms"], 3)
             rows.append(row)
             print(
-                f"[{attention}] steps {steps} accept {x}: cycle {row['cycle_ms']:.3f} ms (roofline "
+                f"[{label}] steps {steps} accept {x}: cycle {row['cycle_ms']:.3f} ms (roofline "
                 f"{row['roofline_ms']:.3f}, ratio {row['ratio']:.2f}), {row['tok_s']:.1f} tok/s",
                 flush=True,
             )
@@ -339,12 +354,12 @@ def write_variant(out: Path, args, attention: str, v: dict, multiple: bool) -> N
     md = table(rows, base)
     verdict, facts = verdict_and_facts(args, base, rows)
     device_name = torch.cuda.get_device_name() if args.device.startswith("cuda") else "cpu"
-    name = f"real_shape_{attention}.md" if multiple else "real_shape.md"
+    name = f"real_shape_{attention.replace('+', '_')}.md" if multiple else "real_shape.md"
     (out / name).write_text(
         f"{device_name}, {args.model} + {args.drafter}, tp 1, token mode "
-        f"{args.token_mode}, attention {attention}\n\n{md}\n\n{facts}\n\n{verdict}\n"
+        f"{args.token_mode}, variant {attention}\n\n{md}\n\n{facts}\n\n{verdict}\n"
     )
-    print(f"\n## attention {attention}\n{md}")
+    print(f"\n## variant {attention}\n{md}")
     print(facts)
     print(verdict)
 

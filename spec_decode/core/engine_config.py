@@ -84,8 +84,19 @@ class EmbeddedEngineConfig(EngineConfig):
     # --cuda-graph-max-bs-decode (SGLang 0.5.23's flag): the static path's largest graph batch size; batches
     # above it run eagerly. null = max_running_requests (its cap: SGLang's capture list stops at the pool).
     cuda_graph_max_bs_decode: Optional[int] = None
+    # --enable-torch-compile (SGLang's flag name; CUDA static path only): each static shape through
+    # torch.compile before capture (fused elementwise kernels; ~30 s more start-up per step count on the
+    # 8B shape at one graph bucket). docs/embedded-engine.md has what it gains.
+    torch_compile: bool = False
 
     def check(self, spec: SpecConfig, hardware: HardwareConfig) -> None:
+        if self.torch_compile and (hardware.device != "cuda" or self.cuda_eager_batching):
+            raise ConfigError(
+                f"engine.torch_compile=true with hardware={hardware.name} (device {hardware.device})"
+                f"{' and engine.cuda_eager_batching=true' if self.cuda_eager_batching else ''}: it compiles "
+                "the CUDA static path's shapes; set it false, or use a CUDA hardware profile without "
+                "cuda_eager_batching"
+            )
         if self.max_running_requests < 1:
             raise ConfigError(
                 f"engine.max_running_requests={self.max_running_requests}: must be >= 1 "

@@ -4,7 +4,8 @@
 
 - tp 1, in process: graph replays equal eager (the same static kernels) token for token and counter
   for counter, baseline and steps 1, 2, 3, 5; graph vs eager baseline tok/s printed (-s); the
-  default fewer-kernel path (graph_ops) agrees with the plain static kernels (up to near-ties);
+  default fewer-kernel path (graph_ops) agrees with the plain static kernels (up to near-ties); the
+  torch.compile'd shapes replay like their eager run and agree with the uncompiled path (near-ties);
 - tp 2 (needs 2 GPUs), real servers: `--tp-size 2 --device cuda` with graphs (NCCL all-reduces
   captured inside) equals `--disable-cuda-graph`, baseline and steps 3;
 - 16 concurrent requests batched in the graph buckets (tp 1; tp 2 with 2 GPUs) equal each alone.
@@ -83,6 +84,25 @@ def test_fewer_kernel_path_decodes_like_the_plain_static_path():
             want, got = plain.generate(ids, TOKENS).output_ids, ops.generate(ids, TOKENS).output_ids
             same = sum(a == b for a, b in zip(want, got)) / len(want)
             assert got[:50] == want[:50] and same > 0.95, f"steps={steps}: agreement {same:.2f}"
+
+
+@pytest.mark.parametrize("steps", (0, 3))
+def test_compiled_shapes_replay_like_their_eager_run(models, steps):
+    """StaticRunner(compile=True) (the server's --enable-torch-compile): the compiled shapes captured in
+    graphs equal the same compiled shapes run eagerly, token for token and counter for counter; against
+    the uncompiled path, the same tokens up to near-ties (inductor rounds its fused fp32 work once)."""
+    target, drafter = models
+    d = drafter if steps else None
+    graph = Decoder(target, d, steps, StaticRunner(target, d, steps, use_graphs=True, compile=True))
+    eager = Decoder(target, d, steps, StaticRunner(target, d, steps, use_graphs=False, compile=True))
+    plain = Decoder(target, d, steps, StaticRunner(target, d, steps, use_graphs=True))
+    assert graph.cuda_graph and graph.runner.capture_error is None
+    for ids in prompts():
+        g, e, p = graph.generate(ids, TOKENS), eager.generate(ids, TOKENS), plain.generate(ids, TOKENS)
+        assert g.output_ids == e.output_ids, f"steps={steps}: compiled graph replay differs from compiled eager"
+        assert (g.verify_ct, g.correct_drafts, g.histogram) == (e.verify_ct, e.correct_drafts, e.histogram)
+        same = sum(a == b for a, b in zip(p.output_ids, g.output_ids)) / len(p.output_ids)
+        assert g.output_ids[:50] == p.output_ids[:50] and same > 0.95, f"steps={steps}: agreement {same:.2f}"
 
 
 def test_graph_baseline_throughput_is_printed(models):

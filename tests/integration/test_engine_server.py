@@ -217,7 +217,7 @@ def _drafter_copy(tmp_path, edit) -> str:
     return str(d)
 
 
-@pytest.mark.parametrize("case", ["unknown_flag", "partial_spec", "topk"])
+@pytest.mark.parametrize("case", ["unknown_flag", "partial_spec", "topk", "compile_on_cpu"])
 def test_bad_flags_exit_2_naming_the_flag(case):
     args = {
         "unknown_flag": ["--model-path", str(TARGET), "--cuda-graph-max-bs", "8"],
@@ -240,8 +240,11 @@ def test_bad_flags_exit_2_naming_the_flag(case):
             "--speculative-num-draft-tokens",
             "8",
         ],
+        # compiles the static path's shapes: not on CPU's dynamic path (--static-path or --device cuda)
+        "compile_on_cpu": ["--model-path", str(TARGET), "--enable-torch-compile"],
     }[case]
     named = {
+        "compile_on_cpu": "--enable-torch-compile",
         "unknown_flag": "--cuda-graph-max-bs",
         "partial_spec": "--speculative-num-steps",
         "topk": "--speculative-eagle-topk",

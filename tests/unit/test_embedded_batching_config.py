@@ -24,3 +24,15 @@ def test_scheduling_keys_reach_the_server_command():
 def test_a_cap_below_one_is_refused_naming_the_key():
     with pytest.raises(ConfigError, match=r"engine.max_running_requests=0: must be >= 1"):
         compose_experiment("engine=embedded", "engine.max_running_requests=0")
+
+
+def test_torch_compile_reaches_the_server_command_on_cuda_and_is_refused_on_cpu():
+    argv = server_command(compose_experiment("engine=embedded", "hardware=h200x1", "engine.torch_compile=true"), 30000)
+    assert "--enable-torch-compile" in argv
+    assert "--enable-torch-compile" not in server_command(compose_experiment("engine=embedded", "hardware=h200x1"), 1)
+    with pytest.raises(ConfigError, match=r"engine.torch_compile=true with hardware=cpu .*CUDA"):
+        compose_experiment("engine=embedded", "engine.torch_compile=true")
+    with pytest.raises(ConfigError, match=r"engine.torch_compile=true .*engine.cuda_eager_batching=true"):
+        compose_experiment(
+            "engine=embedded", "hardware=h200x1", "engine.torch_compile=true", "engine.cuda_eager_batching=true"
+        )

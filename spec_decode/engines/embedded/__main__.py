@@ -91,6 +91,12 @@ def build_parser() -> argparse.ArgumentParser:
         "--max-running-requests, no static buffers, no CUDA graphs) instead of the static path",
     )
     p.add_argument(
+        "--enable-torch-compile",
+        action="store_true",
+        help="the static path (--device cuda, or --static-path): each static shape through torch.compile "
+        "before its graph is captured (SGLang's flag name): fused elementwise kernels, a slower start-up",
+    )
+    p.add_argument(
         "--disable-overlap-schedule",
         action="store_true",
         help="process each batch's result before the next batch is scheduled (SGLang's flag); "
@@ -223,6 +229,11 @@ def main(argv: list[str] | None = None) -> None:
         parser.error(f"--max-running-requests must be >= 1 (got {args.max_running_requests})")
     if args.cuda_graph_max_bs_decode is not None and args.cuda_graph_max_bs_decode < 1:
         parser.error(f"--cuda-graph-max-bs-decode must be >= 1 (got {args.cuda_graph_max_bs_decode})")
+    if args.enable_torch_compile and not ((args.device == "cuda" and not args.cuda_eager_batching) or args.static_path):
+        parser.error(
+            "--enable-torch-compile compiles the static path's shapes: it needs --device cuda without "
+            "--cuda-eager-batching (or --static-path on CPU)"
+        )
     resolve_seed_and_forcing(args, parser)
 
     # Imported only now: a bad flag or model exits above without loading the HTTP side (its imports).
@@ -264,6 +275,7 @@ def main(argv: list[str] | None = None) -> None:
         cuda_eager_batching=args.cuda_eager_batching,
         cuda_graph_max_bs=args.cuda_graph_max_bs_decode,
         static_path=args.static_path,
+        torch_compile=args.enable_torch_compile,
     )
     try:
         group = RankGroup(spec)

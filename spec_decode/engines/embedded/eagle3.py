@@ -114,12 +114,15 @@ class Eagle3Drafter(nn.Module):
         self.graph_ops = True
         return self
 
-    def forward_static(self, tokens: torch.Tensor, hidden: torch.Tensor, pos: torch.Tensor, cache: CacheRows):
-        """``forward`` at the positions ``pos`` (T,), capturable (see LlamaTarget.forward_static)."""
+    def forward_static(
+        self, tokens: torch.Tensor, hidden: torch.Tensor, pos: torch.Tensor, cache: CacheRows, rot_rows: bool = True
+    ):
+        """``forward`` at the positions ``pos`` (T,), capturable (see LlamaTarget.forward_static, also for
+        ``rot_rows``)."""
         g = self.graph_ops
         x, residual = self._inputs(tokens, hidden, g)
         attn = self.midlayer.self_attn
-        if g:
+        if g and rot_rows:
             q, k, v = attn.qkv_graph(x, *self.cos_sin.index_select(0, pos).chunk(2, dim=-1))
         else:
             q, k, v = attn.qkv(x, self.cos.index_select(0, pos), self.sin.index_select(0, pos))

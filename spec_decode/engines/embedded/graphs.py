@@ -53,6 +53,7 @@ class StaticRunner:
         attention: str = "bmm",
         max_bs: int = 1,
         slots: int | None = None,
+        compile: bool = False,
     ):
         """``max_bs``: the largest captured batch size (SGLang's --cuda-graph-max-bs-decode);
         ``slots``: requests the caches hold (default max_bs; the server's --max-running-requests),
@@ -60,7 +61,18 @@ class StaticRunner:
         in fewer kernels (model.py's prepare_graph_ops; it changes the models it is given, for every
         runner on them), with ``attention`` "bmm" (default: on an H200 SDPA's fp32 kernel took 104 us
         per layer for one query over the 1024 slots, baddbmm/softmax/bmm 12 us;
-        benchmarks/gpu/engine_profile.py) or "sdpa". Graphs or eager, the same kernels run."""
+        benchmarks/gpu/engine_profile.py) or "sdpa". Graphs or eager, the same kernels run.
+        ``compile``: each shape's function through ``torch.compile`` (inductor: the elementwise work
+        between the GEMMs and attention fused into generated kernels; RoPE from the plain q/k, without
+        graph_ops' rotated rows), compiled in the warm-up before capture; off by default (~30 s of
+        start-up per step count on the 8B shape; other rounding, as graph_ops)."""
+        self.compile = compile
+        if compile:
+            # start-up: dynamo loads only when compiling. Every shape of every runner in the process is
+            # the same lambda's code, so each is one more recompile of it: allow this runner's too
+            from torch import _dynamo
+
+            _dynamo.config.recompile_limit += 4 * len(capture_bs(max_bs))
         self.target, self.drafter, self.k = target, drafter, steps
         dev = target.lm_head.weight.device
         self.device = dev
@@ -158,14 +170,19 @@ class StaticRunner:
         if self.dcache is not None:
             bufs["drows"] = self.dcache.rows(bufs["slots"], t)
         self.bufs[name] = bufs
-        self.fns[name] = lambda: fn(bufs)
+        run = lambda: fn(bufs)  # noqa: E731
+        if self.compile:  # no autograd graph to trace (a caller outside no_grad: the weights require grad)
+            run = torch.compile(torch.no_grad()(run), fullgraph=True, dynamic=False)
+        self.fns[name] = run
 
     def _decode(self, b) -> None:
-        logits, _ = self.target.forward_static(b["ids"], b["pos"], b["trows"])
+        logits, _ = self.target.forward_static(b["ids"], b["pos"], b["trows"], rot_rows=not self.compile)
         b["tok"].copy_(logits.argmax(-1))
 
     def _verify(self, b) -> None:
-        logits, aux = self.target.forward_static(b["ids"], b["pos"], b["trows"], self.capture_ids)
+        logits, aux = self.target.forward_static(
+            b["ids"], b["pos"], b["trows"], self.capture_ids, rot_rows=not self.compile
+        )
         pred = logits.argmax(-1).view(b["pred"].shape)
         b["pred"].copy_(pred)
         drafts = b["ids"].view(b["pred"].shape)[:, 1:]
@@ -173,12 +190,12 @@ class StaticRunner:
         b["aux"].copy_(aux)
 
     def _draft(self, b) -> None:
-        dl, h = self.drafter.forward_static(b["tok"], b["h"], b["pos"], b["drows"])
+        dl, h = self.drafter.forward_static(b["tok"], b["h"], b["pos"], b["drows"], rot_rows=not self.compile)
         b["next"].copy_(self.drafter.to_target_ids(dl.argmax(-1)))
         b["h_out"].copy_(h)
 
     def _extend(self, b) -> None:
-        dl, dh = self.drafter.forward_static(b["ids"], b["feats"], b["pos"], b["drows"])
+        dl, dh = self.drafter.forward_static(b["ids"], b["feats"], b["pos"], b["drows"], rot_rows=not self.compile)
         b["first"].copy_(self.drafter.to_target_ids(dl.index_select(0, b["last"]).argmax(-1)))
         b["h_out"].copy_(dh.index_select(1, b["last"]))
 

@@ -87,7 +87,10 @@ def slot_rows(store: torch.Tensor, slot_ids: torch.Tensor) -> torch.Tensor:
     torch's kernel for a few indices moves one element per thread step, so a bf16 slot (2-byte elements)
     copied at ~0.8 TB/s on an H200 (9.6 us for an 8B-shaped layer's 4 MiB K slot; 67 such copies were
     0.62 ms of a 6.74 ms decode step, benchmarks/gpu/real_shape.py --kernels)."""
-    if store.is_contiguous() and (store.shape[-1] * store.element_size()) % 8 == 0 and store.data_ptr() % 8 == 0:
+    words = store.is_contiguous() and (store.shape[-1] * store.element_size()) % 8 == 0
+    # torch.compile (StaticRunner's ``compile``) cannot trace a host address; it only sees a cache's
+    # layer views, whose offsets are whole layers of such rows, so 8-byte aligned
+    if words and (torch.compiler.is_compiling() or store.data_ptr() % 8 == 0):
         return store.view(torch.int64).index_select(0, slot_ids).view(store.dtype)
     return store.index_select(0, slot_ids)
 
@@ -116,39 +119,75 @@ class CacheRows:
 
     def attend(self, layer: int, q, k, v, pos: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
         """q (1, H, B*T, hd), k/v (1, Hkv, B*T, hd) -> (1, H, B*T, hd), each row over its own slot."""
-        c, b, t = self.cache, self.b, self.t
-        kl, vl = c.k[layer], c.v[layer]  # (slots, Hkv, max_len, hd)
-        nh, nkv, hd, slots = q.shape[1], k.shape[1], q.shape[-1], c.max_len
-        for store, new in ((kl, k), (vl, v)):
-            store.view(-1, hd).index_copy_(0, self._where, new[0].view(nkv, b, t, hd).transpose(0, 1).reshape(-1, hd))
-        # each row's slot, gathered (a device index: no host read, so capturable): (B, Hkv, max_len, hd)
-        keys, values = slot_rows(kl, self.slot_ids), slot_rows(vl, self.slot_ids)
-        qr = q[0].view(nh, b, t, hd).transpose(0, 1)  # (B, H, T, hd)
-        # bmm for multi-head targets only: a grouped-query bf16 target (the 8B shape) runs SDPA, cuDNN's
-        # flash kernel on an H200 (5.7 us a layer; a grouped bmm measured slower: 7456 vs 6740 us a decode)
-        if c.attention == "bmm" and nh == nkv:
-            n = b * nh
-            m = mask.view(b, 1, t, slots)
-            m = m[0] if b == 1 else m.expand(b, nh, t, slots).reshape(n, t, slots)
-            scores = torch.baddbmm(m, qr.reshape(n, t, hd), keys.reshape(n, slots, hd).transpose(1, 2), alpha=hd**-0.5)
-            p = torch.softmax(scores, -1)
-            vals = values.reshape(n, slots, hd)
-            if t == 1 or slots % PV_SPLIT:
-                out = torch.bmm(p, vals)
-            else:
-                # T > 1: cuBLAS runs (heads, T, slots) @ (heads, slots, hd) as one small tile per head
-                # looping over all slots; PV_SPLIT * heads products over slots / PV_SPLIT, then a sum,
-                # took 2/3 of the time on an H200 (benchmarks/gpu/engine_profile.py --attention-micro).
-                chunk = slots // PV_SPLIT
-                pp = p.view(n, t, PV_SPLIT, chunk).transpose(1, 2).reshape(n * PV_SPLIT, t, chunk)
-                part = torch.bmm(pp, vals.reshape(n * PV_SPLIT, chunk, hd))
-                out = part.view(n, PV_SPLIT, t, hd).sum(1)
-            out = out.view(b, nh, t, hd)
-        else:
-            out = F.scaled_dot_product_attention(
-                qr, keys, values, attn_mask=mask.view(b, 1, t, slots), enable_gqa=nh != nkv
+        c = self.cache
+        if torch.compiler.is_compiling():
+            # one opaque op for torch.compile (StaticRunner's ``compile``): traced, the in-place cache
+            # write became a copy of the layer's whole store (every slot) per layer
+            return torch.ops.spec_decode.attend_rows(
+                q, k, v, c.k, c.v, layer, self._where, self.slot_ids, mask, self.t, c.attention == "bmm"
             )
-        return out.transpose(0, 1).reshape(1, nh, b * t, hd)
+        return attend_rows(q, k, v, c.k, c.v, layer, self._where, self.slot_ids, mask, self.t, c.attention == "bmm")
+
+
+def attend_rows(q, k, v, k_store, v_store, layer: int, where, slot_ids, mask, t: int, bmm: bool) -> torch.Tensor:
+    """CacheRows.attend's work: write the rows' new K/V at ``where`` in layer ``layer`` of the stores
+    (layers, slots, Hkv, max_len, hd), gather each row's slot, attend under ``mask``."""
+    kl, vl = k_store[layer], v_store[layer]  # (slots, Hkv, max_len, hd)
+    b = slot_ids.shape[0]
+    nh, nkv, hd, slots = q.shape[1], k.shape[1], q.shape[-1], k_store.shape[3]
+    for store, new in ((kl, k), (vl, v)):
+        store.view(-1, hd).index_copy_(0, where, new[0].view(nkv, b, t, hd).transpose(0, 1).reshape(-1, hd))
+    # each row's slot, gathered (a device index: no host read, so capturable): (B, Hkv, max_len, hd)
+    keys, values = slot_rows(kl, slot_ids), slot_rows(vl, slot_ids)
+    qr = q[0].view(nh, b, t, hd).transpose(0, 1)  # (B, H, T, hd)
+    # bmm for multi-head targets only: a grouped-query bf16 target (the 8B shape) runs SDPA, cuDNN's
+    # flash kernel on an H200 (5.7 us a layer; a grouped bmm measured slower: 7456 vs 6740 us a decode)
+    if bmm and nh == nkv:
+        n = b * nh
+        m = mask.view(b, 1, t, slots)
+        m = m[0] if b == 1 else m.expand(b, nh, t, slots).reshape(n, t, slots)
+        scores = torch.baddbmm(m, qr.reshape(n, t, hd), keys.reshape(n, slots, hd).transpose(1, 2), alpha=hd**-0.5)
+        p = torch.softmax(scores, -1)
+        vals = values.reshape(n, slots, hd)
+        if t == 1 or slots % PV_SPLIT:
+            out = torch.bmm(p, vals)
+        else:
+            # T > 1: cuBLAS runs (heads, T, slots) @ (heads, slots, hd) as one small tile per head
+            # looping over all slots; PV_SPLIT * heads products over slots / PV_SPLIT, then a sum,
+            # took 2/3 of the time on an H200 (benchmarks/gpu/engine_profile.py --attention-micro).
+            chunk = slots // PV_SPLIT
+            pp = p.view(n, t, PV_SPLIT, chunk).transpose(1, 2).reshape(n * PV_SPLIT, t, chunk)
+            part = torch.bmm(pp, vals.reshape(n * PV_SPLIT, chunk, hd))
+            out = part.view(n, PV_SPLIT, t, hd).sum(1)
+        out = out.view(b, nh, t, hd)
+    else:
+        out = F.scaled_dot_product_attention(
+            qr, keys, values, attn_mask=mask.view(b, 1, t, slots), enable_gqa=nh != nkv
+        )
+    return out.transpose(0, 1).reshape(1, nh, b * t, hd)
+
+
+# The same function as an operator that torch.compile leaves whole (it mutates the stores in place).
+@torch.library.custom_op("spec_decode::attend_rows", mutates_args=("k_store", "v_store"))
+def _attend_op(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    k_store: torch.Tensor,
+    v_store: torch.Tensor,
+    layer: int,
+    where: torch.Tensor,
+    slot_ids: torch.Tensor,
+    mask: torch.Tensor,
+    t: int,
+    bmm: bool,
+) -> torch.Tensor:
+    return attend_rows(q, k, v, k_store, v_store, layer, where, slot_ids, mask, t, bmm).contiguous()
+
+
+@_attend_op.register_fake
+def _(q, k, v, k_store, v_store, layer, where, slot_ids, mask, t, bmm):
+    return q.new_empty(q.shape)
 
 
 class SlotCache:

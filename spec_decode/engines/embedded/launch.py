@@ -17,4 +17,6 @@ def engine_flags(cfg: ExperimentConfig) -> list[str]:
         flags.append("--cuda-eager-batching")
     if e.cuda_graph_max_bs_decode is not None:
         flags += ["--cuda-graph-max-bs-decode", str(e.cuda_graph_max_bs_decode)]
+    if e.torch_compile:
+        flags.append("--enable-torch-compile")
     return flags

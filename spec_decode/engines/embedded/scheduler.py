@@ -311,6 +311,7 @@ def run_rank(rank: int, spec: RankSpec, cmd_conn, log_conn) -> None:
             use_graphs=not spec.disable_cuda_graph,
             max_bs=max_bs,
             slots=spec.max_running_requests,
+            compile=spec.torch_compile,
         )
         runner.agree_on_graphs(group)  # a capture that failed on any rank: every rank runs eagerly
     forced = ForcedAcceptance.from_env(spec.steps, spec.random_seed or 0) if drafter is not None else None

@@ -41,6 +41,7 @@ class RankSpec:
     cuda_eager_batching: bool = False  # on CUDA: the packed eager path (batches) instead of the static one
     cuda_graph_max_bs: int | None = None  # --cuda-graph-max-bs-decode; None: --max-running-requests
     static_path: bool = False  # on CPU: the static path's shapes, eagerly (--static-path: tests and debugging)
+    torch_compile: bool = False  # on CUDA: the static shapes through torch.compile (--enable-torch-compile)
 
 
 @dataclass(frozen=True)
