@@ -62,6 +62,11 @@ def bench(name: str, root: Path, extra: list[str]) -> Path:
     return d / "metrics.json"
 
 
+def forced_accept_len(r) -> float | None:
+    """The job's forced accept length (spec.simulate_accept_len), None when acceptance is real."""
+    return (r.config.get("spec") or {}).get("simulate_accept_len")
+
+
 def facts(metrics: dict) -> list[str]:
     """The numbers an experiment's conclusion cites, generated from its metrics.json (so prose never
     drifts from the table): speedups with CIs per profile, the best measured step count, acceptance
@@ -70,16 +75,25 @@ def facts(metrics: dict) -> list[str]:
     recs = [r for r in records_from_metrics(metrics) if r.status == "FINISHED" and "throughput_tok_s" in r.metrics]
     spec = [r for r in recs if r.speculative and r.steps is not None]
     lines = []
-    # one group per NCCL profile, and per concurrency where the sweep has that axis (a step-count line
-    # across concurrencies would mix batch sizes)
+    # one group per NCCL profile, and per concurrency / forced accept length where the sweep has that axis
+    # (a step-count line across them would mix batch sizes / acceptances)
     by_load = concurrency.swept(recs)
+    by_forced = len({forced_accept_len(r) for r in spec}) > 1
 
     def group(r) -> tuple:
-        return r.choice("nccl"), concurrency.concurrency_of(r) if by_load else None
+        conc = concurrency.concurrency_of(r) if by_load else None
+        return r.choice("nccl"), conc, forced_accept_len(r) if by_forced else None
 
-    for prof, conc in sorted({group(r) for r in spec}):
-        mine = sorted((r for r in spec if group(r) == (prof, conc)), key=lambda r: r.steps)
-        label = f"`nccl={prof}`" + (f" at concurrency {conc}" if by_load else "")
+    def order(g: tuple) -> tuple:  # None (an axis not swept) sorts first, numbers as numbers
+        return tuple((x is not None, x if x is not None else 0) for x in g)
+
+    for prof, conc, forced in sorted({group(r) for r in spec}, key=order):
+        mine = sorted((r for r in spec if group(r) == (prof, conc, forced)), key=lambda r: r.steps)
+        label = (
+            f"`nccl={prof}`"
+            + (f" at concurrency {conc}" if by_load else "")
+            + (f" at forced accept length {forced}" if by_forced else "")
+        )
         with_ci = [r for r in mine if "speedup_vs_baseline_ci95_lo" in r.metrics]
         if with_ci:
             lines.append(
@@ -121,19 +135,21 @@ def facts(metrics: dict) -> list[str]:
     if paid:
         above = [r for r in paid if r.metrics["speedup_vs_baseline_ci95_lo"] > 1.0]
         lines.append(f"- {len(above)} of {len(paid)} spec jobs have a speedup whose 95% CI lies above 1.0")
-    by_steps: dict[int, list[float]] = {}
-    for r in spec:
-        if "accept_len" in r.metrics:
-            by_steps.setdefault(r.steps, []).append(r.metrics["accept_len"])
-    if by_steps:
-        ks = sorted(by_steps)
-        lines.append(
-            "- accept length "
-            + " / ".join(f"{statistics.fmean(by_steps[k]):.2f}" for k in ks)
-            + " at "
-            + " / ".join(str(k) for k in ks)
-            + " steps"
-        )
+    for forced in sorted({forced_accept_len(r) for r in spec} if by_forced else {None}):
+        by_steps: dict[int, list[float]] = {}
+        for r in spec:
+            if "accept_len" in r.metrics and (not by_forced or forced_accept_len(r) == forced):
+                by_steps.setdefault(r.steps, []).append(r.metrics["accept_len"])
+        if by_steps:
+            ks = sorted(by_steps)
+            lines.append(
+                "- accept length "
+                + " / ".join(f"{statistics.fmean(by_steps[k]):.2f}" for k in ks)
+                + " at "
+                + " / ".join(str(k) for k in ks)
+                + " steps"
+                + (f" (forced to {forced})" if by_forced else "")
+            )
     base = [r for r in recs if not r.speculative]
     if base:
         vals = [r.metrics["throughput_tok_s"] for r in base]

@@ -189,3 +189,33 @@ def test_the_readme_facts_give_the_speedups_per_concurrency_not_one_line_across_
         "- `nccl=default` speedup vs its baseline (95% CI): 1.50x [1.40, 1.60] at 1, 1.80x [1.70, 1.90] at 3 steps"
         in one
     )
+
+
+def test_the_readme_facts_give_the_speedups_per_forced_accept_length():
+    """A forced-acceptance sweep (spec.simulate_accept_len=2.0,3.5): one speedup / best-step line per
+    accept length; a best step count across them would compare 2.0 with 3.5."""
+    from spec_decode.views.experiment import facts
+    from spec_decode.views.metrics_json import to_metrics
+
+    recs = [speedup(1, k, s, s - 0.1, s + 0.1) for k, s in ((1, 1.5), (3, 1.3), (3, 2.4), (5, 2.2))]
+    for i, (r, forced) in enumerate(zip(recs, (2.0, 2.0, 3.5, 3.5))):
+        r.out_dir = f"/sweep/{i}"
+        r.config["spec"]["simulate_accept_len"] = forced
+        r.name = f"spec.simulate_accept_len={forced},spec.steps={r.steps}"
+        m = r.metrics
+        m["throughput_tok_s"] = 100 * m["speedup_vs_baseline"]
+        r.throughput_tok_s = {
+            "mean": m["throughput_tok_s"],
+            "ci95_lo": m["throughput_tok_s"] - 1,
+            "ci95_hi": m["throughput_tok_s"] + 1,
+        }
+    lines = facts(to_metrics(recs))
+    assert [x for x in lines if "speedup vs its baseline" in x] == [
+        "- `nccl=default` at forced accept length 2.0 speedup vs its baseline (95% CI): 1.50x [1.40, 1.60] at 1, "
+        "1.30x [1.20, 1.40] at 3 steps",
+        "- `nccl=default` at forced accept length 3.5 speedup vs its baseline (95% CI): 2.40x [2.30, 2.50] at 3, "
+        "2.20x [2.10, 2.30] at 5 steps",
+    ]
+    best = [x for x in lines if "best measured" in x]
+    assert best[0].startswith("- `nccl=default` at forced accept length 2.0 best measured: 1 steps")
+    assert best[1].startswith("- `nccl=default` at forced accept length 3.5 best measured: 3 steps")
