@@ -14,9 +14,10 @@ pytestmark = pytest.mark.integration
 EXPERIMENTS = sorted(p.stem for p in (ROOT / "conf" / "experiment").glob("*.yaml"))
 
 
-# The dry runs take 2 blocks where an experiment has the block axis: every cell still composes and passes
-# preflight, in a quarter of embedded_steps_nccl's 64 dry jobs (~0.2 s each).
-BLOCKS = 2
+# The dry runs take 1 block where an experiment has the block axis: every cell still composes and passes
+# preflight once, in an eighth of embedded_steps_nccl's 64 dry jobs (~0.2 s each; the file took 54 s at
+# 2 blocks, 43 s at 1, one run each on 2 workers).
+BLOCKS = 1
 
 
 def sweep_points(name: str) -> int:

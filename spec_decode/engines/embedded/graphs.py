@@ -54,6 +54,7 @@ class StaticRunner:
         max_bs: int = 1,
         slots: int | None = None,
         compile: bool = False,
+        compile_backend: str = "inductor",
     ):
         """``max_bs``: the largest captured batch size (SGLang's --cuda-graph-max-bs-decode);
         ``slots``: requests the caches hold (default max_bs; the server's --max-running-requests),
@@ -66,7 +67,7 @@ class StaticRunner:
         between the GEMMs and attention fused into generated kernels; RoPE from the plain q/k, without
         graph_ops' rotated rows), compiled in the warm-up before capture; off by default (~30 s of
         start-up per step count on the 8B shape; other rounding, as graph_ops)."""
-        self.compile = compile
+        self.compile, self.compile_backend = compile, compile_backend  # backend: tests ("aot_eager")
         if compile:
             # start-up: dynamo loads only when compiling. Every shape of every runner in the process is
             # the same lambda's code, so each is one more recompile of it: allow this runner's too
@@ -172,7 +173,7 @@ class StaticRunner:
         self.bufs[name] = bufs
         run = lambda: fn(bufs)  # noqa: E731
         if self.compile:  # no autograd graph to trace (a caller outside no_grad: the weights require grad)
-            run = torch.compile(torch.no_grad()(run), fullgraph=True, dynamic=False)
+            run = torch.compile(torch.no_grad()(run), fullgraph=True, dynamic=False, backend=self.compile_backend)
         self.fns[name] = run
 
     def _decode(self, b) -> None:
