@@ -168,7 +168,8 @@ def test_ctrl_c_kills_the_server_and_ends_runs_killed(tmp_path, tmp_store):
             "+engine.env.FAULT_GRANDCHILD=1",
             f"+engine.env.FAULT_MARKER={marker}",
             "engine.request_timeout_s=120",
-            *small(),
+            # one server per job (no baseline arm, no profiled pass): what is killed is the spec server
+            *small("benchmark.baseline_arm=false", "benchmark.profile=false"),
             *tmp_store["overrides"],
             f"hydra.sweep.dir={tmp_path}",
         ],
@@ -221,7 +222,7 @@ def test_taken_port_is_replaced_and_two_sweeps_share_one_fresh_store(tmp_path, f
                     "spec.steps=1",
                     f"engine.port={port}",
                     "benchmark.paired=false",
-                    *small(),
+                    *small("benchmark.profile=false"),  # the port and the store are the point, not the profile
                     *fresh_store["overrides"],
                     f"hydra.sweep.dir={tmp_path / f's{i}'}",
                 ],
@@ -249,7 +250,14 @@ def test_dead_tracking_server_keeps_results_and_sync_uploads_once(tmp_path, tmp_
     t0 = time.monotonic()
     sweep = tmp_path / "sweep"
     p = run_py(
-        ["-m", "spec.steps=1", f"tracking.uri={dead}", "benchmark.paired=false", *small(), f"hydra.sweep.dir={sweep}"]
+        [
+            "-m",
+            "spec.steps=1",
+            f"tracking.uri={dead}",
+            "benchmark.paired=false",
+            *small(),
+            f"hydra.sweep.dir={sweep}",
+        ]
     )  # the job strategy: two records (job + baseline job)
     assert time.monotonic() - t0 < 120
     recs = [json.loads(f.read_text()) for f in sweep.rglob("results.json")]
