@@ -134,7 +134,7 @@ def test_malformed_experiment_yaml_names_the_file(tmp_path):
 
 
 def test_drift_guard_flags_a_baseline_that_lost_its_nccl_variables(tmp_path, tmp_store):
-    base = ["drafter=none", "nccl=tuned", *small(), *tmp_store["overrides"]]
+    base = ["drafter=none", "nccl=tuned", *small("benchmark.profile=false"), *tmp_store["overrides"]]
     for i in range(2):
         run_py([*base, f"hydra.run.dir={tmp_path / f'ok{i}'}"])
     run_py(
