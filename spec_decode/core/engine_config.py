@@ -97,6 +97,12 @@ class EmbeddedEngineConfig(EngineConfig):
                 "the CUDA static path's shapes; set it false, or use a CUDA hardware profile without "
                 "cuda_eager_batching"
             )
+        if self.torch_compile and hardware.tp_size > 1:
+            raise ConfigError(
+                f"engine.torch_compile=true with hardware.tp_size={hardware.tp_size}: the compiled shapes "
+                "with NCCL all-reduces inside are not tested yet (no 2-GPU machine); use tp 1, or "
+                "engine.torch_compile=false"
+            )
         if self.max_running_requests < 1:
             raise ConfigError(
                 f"engine.max_running_requests={self.max_running_requests}: must be >= 1 "

@@ -36,3 +36,5 @@ def test_torch_compile_reaches_the_server_command_on_cuda_and_is_refused_on_cpu(
         compose_experiment(
             "engine=embedded", "hardware=h200x1", "engine.torch_compile=true", "engine.cuda_eager_batching=true"
         )
+    with pytest.raises(ConfigError, match=r"engine.torch_compile=true with hardware.tp_size=2"):
+        compose_experiment("engine=embedded", "hardware=h200x2", "engine.torch_compile=true")

@@ -234,6 +234,8 @@ def main(argv: list[str] | None = None) -> None:
             "--enable-torch-compile compiles the static path's shapes: it needs --device cuda without "
             "--cuda-eager-batching (or --static-path on CPU)"
         )
+    if args.enable_torch_compile and args.tp_size > 1:
+        parser.error("--enable-torch-compile: not tested at --tp-size > 1 yet (all-reduces inside the compiled shapes)")
     resolve_seed_and_forcing(args, parser)
 
     # Imported only now: a bad flag or model exits above without loading the HTTP side (its imports).
