@@ -131,6 +131,11 @@ class JobRecord:
     def steps(self) -> int | None:
         return (self.config.get("spec") or {}).get("steps") if self.speculative else None
 
+    @property
+    def forced_accept_len(self) -> float | None:
+        """spec.simulate_accept_len as configured (the baseline arm keeps it too); None: real acceptance."""
+        return (self.config.get("spec") or {}).get("simulate_accept_len")
+
     # ---- JSON -----------------------------------------------------------------------------------
     def to_dict(self) -> dict[str, Any]:
         out: dict[str, Any] = {}
@@ -241,7 +246,7 @@ def performance_only(rec: JobRecord) -> bool:
     real, its outputs and acceptance are not the drafter's. A baseline record that shares such a
     config (the job's baseline arm keeps spec.*) decodes plainly and is not performance-only -- unless
     its model is synthetic."""
-    forced = (rec.config.get("spec") or {}).get("simulate_accept_len")
+    forced = rec.forced_accept_len
     synthetic = any((rec.config.get(group) or {}).get("synthetic") for group in ("model", "drafter"))
     # A synthetic (random-weight) target: its outputs mean nothing, whatever the arm (issue 31).
     return (forced is not None and bool(rec.speculative)) or synthetic

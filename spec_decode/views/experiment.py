@@ -62,11 +62,6 @@ def bench(name: str, root: Path, extra: list[str]) -> Path:
     return d / "metrics.json"
 
 
-def forced_accept_len(r) -> float | None:
-    """The job's forced accept length (spec.simulate_accept_len), None when acceptance is real."""
-    return (r.config.get("spec") or {}).get("simulate_accept_len")
-
-
 def facts(metrics: dict) -> list[str]:
     """The numbers an experiment's conclusion cites, generated from its metrics.json (so prose never
     drifts from the table): speedups with CIs per profile, the best measured step count, acceptance
@@ -78,11 +73,11 @@ def facts(metrics: dict) -> list[str]:
     # one group per NCCL profile, and per concurrency / forced accept length where the sweep has that axis
     # (a step-count line across them would mix batch sizes / acceptances)
     by_load = concurrency.swept(recs)
-    by_forced = len({forced_accept_len(r) for r in spec}) > 1
+    by_forced = len({r.forced_accept_len for r in spec}) > 1
 
     def group(r) -> tuple:
         conc = concurrency.concurrency_of(r) if by_load else None
-        return r.choice("nccl"), conc, forced_accept_len(r) if by_forced else None
+        return r.choice("nccl"), conc, r.forced_accept_len if by_forced else None
 
     def order(g: tuple) -> tuple:  # None (an axis not swept) sorts first, numbers as numbers
         return tuple((x is not None, x if x is not None else 0) for x in g)
@@ -135,10 +130,10 @@ def facts(metrics: dict) -> list[str]:
     if paid:
         above = [r for r in paid if r.metrics["speedup_vs_baseline_ci95_lo"] > 1.0]
         lines.append(f"- {len(above)} of {len(paid)} spec jobs have a speedup whose 95% CI lies above 1.0")
-    for forced in sorted({forced_accept_len(r) for r in spec} if by_forced else {None}):
+    for forced in sorted({r.forced_accept_len for r in spec} if by_forced else {None}):
         by_steps: dict[int, list[float]] = {}
         for r in spec:
-            if "accept_len" in r.metrics and (not by_forced or forced_accept_len(r) == forced):
+            if "accept_len" in r.metrics and (not by_forced or r.forced_accept_len == forced):
                 by_steps.setdefault(r.steps, []).append(r.metrics["accept_len"])
         if by_steps:
             ks = sorted(by_steps)

@@ -112,7 +112,7 @@ def _entry(i: int, r: JobRecord) -> dict:
     entry.update({k: round(v, 6) for k, v in m.items() if ISSUE21_METRICS.match(k)})
     if r.acceptance and r.acceptance.get("histogram"):
         entry["acceptance"] = {k: r.acceptance.get(k) for k in ("histogram", "source")}
-    simulated = (r.config.get("spec") or {}).get("simulate_accept_len")
+    simulated = r.forced_accept_len
     if simulated is not None:  # forced acceptance: the record is performance-only
         entry["axes"]["spec.simulate_accept_len"] = simulated
     for name in SECTIONS:

@@ -120,13 +120,10 @@ class CacheRows:
     def attend(self, layer: int, q, k, v, pos: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
         """q (1, H, B*T, hd), k/v (1, Hkv, B*T, hd) -> (1, H, B*T, hd), each row over its own slot."""
         c = self.cache
-        if torch.compiler.is_compiling():
-            # one opaque op for torch.compile (StaticRunner's ``compile``): traced, the in-place cache
-            # write became a copy of the layer's whole store (every slot) per layer
-            return torch.ops.spec_decode.attend_rows(
-                q, k, v, c.k, c.v, layer, self._where, self.slot_ids, mask, self.t, c.attention == "bmm"
-            )
-        return attend_rows(q, k, v, c.k, c.v, layer, self._where, self.slot_ids, mask, self.t, c.attention == "bmm")
+        # under torch.compile (StaticRunner's ``compile``) one opaque op: traced, the in-place cache write
+        # became a copy of the layer's whole store (every slot) per layer
+        fn = torch.ops.spec_decode.attend_rows if torch.compiler.is_compiling() else attend_rows
+        return fn(q, k, v, c.k, c.v, layer, self._where, self.slot_ids, mask, self.t, c.attention == "bmm")
 
 
 def attend_rows(q, k, v, k_store, v_store, layer: int, where, slot_ids, mask, t: int, bmm: bool) -> torch.Tensor:
