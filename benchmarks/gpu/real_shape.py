@@ -81,23 +81,25 @@ def drafter_bytes(drafter) -> int:
     return sum(nbytes(t) for name, t in drafter.state_dict().items() if name not in ("d2t", "t2d"))
 
 
-def kv_bytes(model, layers: int) -> int:
-    """The static KV cache of one model: our CUDA path attends over every slot at every step."""
+def kv_bytes(model, layers: int, positions: float) -> int:
+    """The K/V of ``positions`` tokens that one forward of the model must read (the context's)."""
     s = model.shape
-    return (
-        2
-        * layers
-        * s.num_key_value_heads
-        * s.max_position_embeddings
-        * s.head_dim
-        * model.lm_head.weight.element_size()
-    )
+    return int(2 * layers * s.num_key_value_heads * positions * s.head_dim * model.lm_head.weight.element_size())
 
 
-def roofline(target, drafter, steps: int, bandwidth_tbs: float) -> dict:
+def context(args) -> float:
+    """The mean position of the timed tokens: a cycle is timed as the long generation minus the short
+    one, so over the positions from the short one's end to the long one's."""
+    return len(PROMPT) + (args.short + args.tokens) / 2
+
+
+def roofline(target, drafter, steps: int, bandwidth_tbs: float, positions: float) -> dict:
+    """Weights read once per forward plus the context's K/V, at ``bandwidth_tbs``. (Until 2026-12-02 the
+    K/V term was the whole static cache, max_len positions, which the masked attention paths read every
+    step: 0.268 GB more on the 8B shape, a 1.8% more lenient roofline.)"""
     bw = bandwidth_tbs * 1e12
-    t_w, t_kv = target_bytes(target), kv_bytes(target, target.shape.num_hidden_layers)
-    d_w, d_kv = (drafter_bytes(drafter), kv_bytes(drafter, 1)) if drafter is not None else (0, 0)
+    t_w, t_kv = target_bytes(target), kv_bytes(target, target.shape.num_hidden_layers, positions)
+    d_w, d_kv = (drafter_bytes(drafter), kv_bytes(drafter, 1, positions)) if drafter is not None else (0, 0)
     target_ms, drafter_ms = (t_w + t_kv) / bw * 1e3, (d_w + d_kv) / bw * 1e3
     return {
         "target_weight_bytes": t_w,
@@ -105,61 +107,76 @@ def roofline(target, drafter, steps: int, bandwidth_tbs: float) -> dict:
         "drafter_weight_bytes": d_w,
         "drafter_kv_bytes": d_kv,
         "bandwidth_tbs": bandwidth_tbs,
+        "context_positions": positions,
         "target_forward_ms": round(target_ms, 4),
         "drafter_forward_ms": round(drafter_ms, 4),
         "roofline_ms": round(target_ms + steps * drafter_ms, 4),
     }
 
 
-def timed(decoder: Decoder, ids: list[int], n: int, device: str, forced: ForcedAcceptance | None):
+def timed(decoder: Decoder, ids: list[int], n: int, device: str, forced: ForcedAcceptance | None, overlap: bool):
     if forced is not None:
         forced.generator.manual_seed(0)
     sync(device)
     t0 = time.perf_counter()
-    gen = decoder.generate(ids, n)
+    gen = decoder.generate(ids, n, overlap=overlap)
     sync(device)
     return time.perf_counter() - t0, gen
 
 
-def measure(target, drafter, steps: int, accept_len: float | None, args, runner) -> dict:
+def measure(target, drafter, steps: int, accept_len: float | None, args, runner) -> dict[str, dict]:
+    """Per overlap mode (``--overlap``, interleaved within each repeat): the cycle (long generation minus
+    the short one, over their step difference) and tok/s."""
     forced = ForcedAcceptance(accept_len, steps, token_mode=args.token_mode, seed=0) if drafter is not None else None
     decoder = Decoder(target, drafter, steps, runner, forced)
     ids = list(PROMPT)
-    timed(decoder, ids, args.short, args.device, forced)  # warm (lazy inits, allocator)
-    cycles, tok_s = [], []
+    modes = args.overlap.split(",")
+    timed(decoder, ids, args.short, args.device, forced, False)  # warm (lazy inits, allocator)
+    cycles, tok_s, last = {m: [] for m in modes}, {m: [] for m in modes}, {}
     for _ in range(args.repeats):
-        w_short, g_short = timed(decoder, ids, args.short, args.device, forced)
-        w_long, g_long = timed(decoder, ids, args.tokens, args.device, forced)
-        if drafter is None:
-            n_short, n_long = g_short.decode_steps, g_long.decode_steps
-        else:
-            n_short, n_long = g_short.verify_ct, g_long.verify_ct
-        cycles.append((w_long - w_short) / (n_long - n_short) * 1e3)
-        tok_s.append(len(g_long.output_ids) / w_long)
-    cyc, tps = summarize(cycles), summarize(tok_s)
-    accept = len(g_long.output_ids) / g_long.verify_ct if drafter is not None else 1.0
-    return {
-        "steps": steps,
-        "accept_len_forced": accept_len,
-        "accept_len_measured": round(accept, 3),
-        "cycle_ms": round(cyc.median, 4),
-        "cycle_ms_ci95": [round(cyc.ci95_lo, 4), round(cyc.ci95_hi, 4)],
-        "cycle_ms_runs": [round(c, 4) for c in cycles],
-        "tok_s": round(tps.median, 1),
-        "tok_s_ci95": [round(tps.ci95_lo, 1), round(tps.ci95_hi, 1)],
-        "cuda_graph": decoder.cuda_graph,
-    }
+        for mode in modes:
+            on = mode == "on"
+            w_short, g_short = timed(decoder, ids, args.short, args.device, forced, on)
+            w_long, g_long = timed(decoder, ids, args.tokens, args.device, forced, on)
+            if drafter is None:
+                n_short, n_long = g_short.decode_steps, g_long.decode_steps
+            else:
+                n_short, n_long = g_short.verify_ct, g_long.verify_ct
+            cycles[mode].append((w_long - w_short) / (n_long - n_short) * 1e3)
+            tok_s[mode].append(len(g_long.output_ids) / w_long)
+            last[mode] = g_long
+    out = {}
+    for mode in modes:
+        cyc, tps, g_long = summarize(cycles[mode]), summarize(tok_s[mode]), last[mode]
+        accept = len(g_long.output_ids) / g_long.verify_ct if drafter is not None else 1.0
+        out[mode] = {
+            "steps": steps,
+            "overlap": mode == "on",
+            "accept_len_forced": accept_len,
+            "accept_len_measured": round(accept, 3),
+            "cycle_ms": round(cyc.median, 4),
+            "cycle_ms_ci95": [round(cyc.ci95_lo, 4), round(cyc.ci95_hi, 4)],
+            "cycle_ms_runs": [round(c, 4) for c in cycles[mode]],
+            "tok_s": round(tps.median, 1),
+            "tok_s_ci95": [round(tps.ci95_lo, 1), round(tps.ci95_hi, 1)],
+            "cuda_graph": decoder.cuda_graph,
+        }
+    return out
 
 
-def runner_for(target, drafter, steps: int, device: str, attention: str = "bmm", compile: bool = False):
+def runner_for(target, drafter, steps: int, device: str, attention: str = "auto", compile: bool = False):
     if not device.startswith("cuda"):
         return None  # the CPU rank decodes eagerly (scheduler.run_rank does the same)
     gc.collect()
     torch.cuda.empty_cache()
     t0 = time.monotonic()
-    runner = StaticRunner(target, drafter, steps, use_graphs=True, attention=attention, compile=compile)
+    runner = StaticRunner(
+        target, drafter, steps, use_graphs=True, attention=None if attention == "auto" else attention, compile=compile
+    )
     print(
-        f"  runner (steps {steps}, compile {compile}): {time.monotonic() - t0:.1f} s to build and capture", flush=True
+        f"  runner (steps {steps}, compile {compile}, attention {runner.attention}): "
+        f"{time.monotonic() - t0:.1f} s to build and capture",
+        flush=True,
     )
     if runner.capture_error:
         print(f"  capture failed, eager: {runner.capture_error}", flush=True)
@@ -204,6 +221,74 @@ def gather_micro(runner, gpu_us) -> dict:
     return out
 
 
+def gemm_micro(target, tokens: tuple[int, ...] = (1, 4)) -> list[dict]:
+    """Each projection of a decode step in the layouts it could run in, as GPU us per layer and TB/s of
+    its weight: 32 calls (one per layer, each its own weight, so none is served from L2) captured in
+    one graph. ``unit``: the engine's per-unit batched matmul (o/down: partials + the tree sum);
+    ``dense``: one matmul over the units side by side, x @ W (in, out) (o/down: a view of the same
+    weight, the units' sum inside the GEMM); ``linear``: F.linear with (out, in) rows (HF's layout)."""
+    sys.path.insert(0, str(Path(__file__).resolve().parent))
+    from engine_profile import gpu_us
+
+    from spec_decode.engines.embedded.parallel import tree_sum
+
+    layers = target.model.layers
+    h = target.shape.hidden_size
+    rows = []
+
+    def graphed(fn):
+        stream = torch.cuda.Stream()
+        stream.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(stream):
+            fn()
+        torch.cuda.synchronize()
+        g = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(g, stream=stream):
+            fn()
+        return gpu_us(g.replay)[0] / len(layers)
+
+    for proj in ("qkv", "o", "gate_up", "down"):
+        units = [
+            {"qkv": lyr.self_attn.u_qkv, "o": lyr.self_attn.u_o, "gate_up": lyr.mlp.u_gate_up, "down": lyr.mlp.u_down}[
+                proj
+            ]
+            for lyr in layers
+        ]
+        n, cin, cout = units[0].shape
+        row_parallel = proj in ("o", "down")
+        if row_parallel:  # (n, c_in, out): the units stacked along the input
+            dense = [u.view(n * cin, cout) for u in units]
+        else:  # (n, in, c): the units side by side along the output
+            dense = [u.permute(1, 0, 2).reshape(cin, n * cout).contiguous() for u in units]
+        linear = [w.t().contiguous() for w in dense]
+        weight = units[0].numel() * units[0].element_size()
+        for t in tokens:
+            if row_parallel:
+                xa = torch.randn(n, t, cin, device=units[0].device, dtype=units[0].dtype)
+                x2 = xa.transpose(0, 1).reshape(t, n * cin)
+                variants = {
+                    "unit": lambda xa=xa, ws=units: [tree_sum(torch.bmm(xa, u)) for u in ws],
+                    "dense": lambda x2=x2, ws=dense: [x2 @ w for w in ws],
+                    "linear": lambda x2=x2, ws=linear: [torch.nn.functional.linear(x2, w) for w in ws],
+                }
+            else:
+                x = torch.randn(1, t, h, device=units[0].device, dtype=units[0].dtype)
+                variants = {
+                    "unit": lambda x=x, ws=units: [torch.matmul(x, u) for u in ws],
+                    "dense": lambda x=x, ws=dense: [x[0] @ w for w in ws],
+                    "linear": lambda x=x, ws=linear: [torch.nn.functional.linear(x[0], w) for w in ws],
+                }
+            for name, fn in variants.items():
+                us = graphed(fn)
+                rows.append(
+                    {"proj": proj, "tokens": t, "layout": name, "us": round(us, 2), "tbs": round(weight / us / 1e6, 2)}
+                )
+                print(f"  gemm {proj:8s} T={t} {name:6s} {us:8.2f} us  {weight / us / 1e6:5.2f} TB/s", flush=True)
+        variants = dense = linear = None  # the copies (~14 GB for all four) go before the next projection
+        torch.cuda.empty_cache()
+    return rows
+
+
 def table(rows: list[dict], base: dict) -> str:
     lines = [
         "| steps | accept len (forced / measured) | cycle ms [95% CI] | roofline ms | ratio | tok/s | "
@@ -235,8 +320,15 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--bandwidth-tbs", type=float, default=4.3)
     ap.add_argument(
         "--attention",
-        default="bmm",
-        help="the static path's attention, comma-separated to compare (bmm: the engine's default; sdpa)",
+        default="auto",
+        help="the static path's attention, comma-separated to compare: auto (the engine's choice: slots when "
+        "compiled on CUDA, else bmm), bmm (SDPA for a grouped-query target), sdpa, slots (Triton, in place)",
+    )
+    ap.add_argument(
+        "--overlap",
+        default="on",
+        help="the decode loop's overlap scheduler (SGLang's default, the server's): on, off, or off,on to "
+        "compare (interleaved within each repeat, the same runners)",
     )
     ap.add_argument(
         "--compile",
@@ -246,6 +338,11 @@ def main(argv: list[str] | None = None) -> int:
     )
     ap.add_argument(
         "--kernels", action="store_true", help="CUDA: the baseline decode graph's GPU us and kernels by time"
+    )
+    ap.add_argument(
+        "--gemm-micro",
+        action="store_true",
+        help="CUDA: each projection's GEMM in the per-unit, dense and linear layouts (us, TB/s), then exit",
     )
     ap.add_argument("--out", default=os.environ.get("OUT", str(ROOT / "outputs")) + "/real_shape")
     args = ap.parse_args(argv)
@@ -268,12 +365,14 @@ def main(argv: list[str] | None = None) -> int:
         drop_training_copies(target)
         load_s = time.monotonic() - t0 - generate_s
         print(f"loaded in {load_s:.1f} s ({args.device}, {target.lm_head.weight.dtype})", flush=True)
+        if args.gemm_micro:
+            (out / "gemm_micro.json").write_text(json.dumps(gemm_micro(target), indent=2) + "\n")
+            return 0
         variants = {}
         for attention in args.attention.split(","):
             for comp in args.compile.split(","):
                 name = attention if comp == "off" else f"{attention}+compile"
-                base, rows = measure_all(target, drafter, args, attention, comp == "on", name)
-                variants[name] = {"baseline": base, "rows": rows}
+                variants.update(measure_all(target, drafter, args, attention, comp == "on", name))
     for attention, v in variants.items():
         write_variant(out, args, attention, v, multiple=len(variants) > 1)
     record = {
@@ -291,44 +390,49 @@ def main(argv: list[str] | None = None) -> int:
     return 0
 
 
-def measure_all(target, drafter, args, attention: str, compile: bool, label: str) -> tuple[dict, list[dict]]:
-    """The baseline and every (steps, accept length) cell with one attention (and compile) variant."""
+def measure_all(target, drafter, args, attention: str, compile: bool, label: str) -> dict[str, dict]:
+    """The baseline and every (steps, accept length) cell with one attention (and compile) variant, per
+    overlap mode: {variant name: {"baseline": ..., "rows": [...]}}."""
+    modes = args.overlap.split(",")
+    name = {m: label + (f"+overlap-{m}" if len(modes) > 1 else "") for m in modes}
+    out = {name[m]: {"baseline": None, "rows": []} for m in modes}
+    positions = context(args)
     runner = runner_for(target, None, 1, args.device, attention, compile)
-    base = {**measure(target, None, 0, None, args, runner), **roofline(target, None, 0, args.bandwidth_tbs)}
-    base["ratio"] = round(base["cycle_ms"] / base["roofline_ms"], 3)
-    base["attention"], base["compile"] = attention, compile
-    print(
-        f"[{label}] baseline: {base['cycle_ms']:.3f} ms/step (roofline {base['roofline_ms']:.3f}), "
-        f"{base['tok_s']:.1f} tok/s",
-        flush=True,
-    )
+    for m, base in measure(target, None, 0, None, args, runner).items():
+        base.update(roofline(target, None, 0, args.bandwidth_tbs, positions))
+        base["ratio"] = round(base["cycle_ms"] / base["roofline_ms"], 3)
+        base["attention"], base["compile"] = runner.attention if runner else attention, compile
+        out[name[m]]["baseline"] = base
+        print(
+            f"[{name[m]}] baseline: {base['cycle_ms']:.3f} ms/step (roofline {base['roofline_ms']:.3f}), "
+            f"{base['tok_s']:.1f} tok/s",
+            flush=True,
+        )
     if args.kernels and runner is not None and "decode@1" in runner.graphs:
-        base["graph"] = graph_kernels(runner)
-        g = base["graph"]
-        print(f"[{label}] decode graph: {g['decode_gpu_us']} us GPU per replay, {g['kernels']:.0f} kernels")
-        print(f"[{label}] one layer's K slot gathered (us per call): {g['slot_gather_us']}")
-        for name, c, us in g["top"]:
-            print(f"  {us:8.1f} us  x{c:4.0f}  {name}")
+        graph = graph_kernels(runner)
+        for m in modes:
+            out[name[m]]["baseline"]["graph"] = graph
+        print(f"[{label}] decode graph: {graph['decode_gpu_us']} us GPU per replay, {graph['kernels']:.0f} kernels")
+        print(f"[{label}] one layer's K slot gathered (us per call): {graph['slot_gather_us']}")
+        for kname, c, us in graph["top"]:
+            print(f"  {us:8.1f} us  x{c:4.0f}  {kname}")
     del runner
-    rows = []
     for steps in [int(s) for s in args.steps.split(",")]:
         runner = runner_for(target, drafter, steps, args.device, attention, compile)
         for x in [float(v) for v in args.accept_lens.split(",")]:
             if x > steps + 1:
                 continue
-            row = {
-                **measure(target, drafter, steps, x, args, runner),
-                **roofline(target, drafter, steps, args.bandwidth_tbs),
-            }
-            row["ratio"] = round(row["cycle_ms"] / row["roofline_ms"], 3)
-            rows.append(row)
-            print(
-                f"[{label}] steps {steps} accept {x}: cycle {row['cycle_ms']:.3f} ms (roofline "
-                f"{row['roofline_ms']:.3f}, ratio {row['ratio']:.2f}), {row['tok_s']:.1f} tok/s",
-                flush=True,
-            )
+            for m, row in measure(target, drafter, steps, x, args, runner).items():
+                row.update(roofline(target, drafter, steps, args.bandwidth_tbs, positions))
+                row["ratio"] = round(row["cycle_ms"] / row["roofline_ms"], 3)
+                out[name[m]]["rows"].append(row)
+                print(
+                    f"[{name[m]}] steps {steps} accept {x}: cycle {row['cycle_ms']:.3f} ms (roofline "
+                    f"{row['roofline_ms']:.3f}, ratio {row['ratio']:.2f}), {row['tok_s']:.1f} tok/s",
+                    flush=True,
+                )
         del runner
-    return base, rows
+    return out
 
 
 def verdict_and_facts(args, base: dict, rows: list[dict]) -> tuple[str, str]:
@@ -340,7 +444,8 @@ def verdict_and_facts(args, base: dict, rows: list[dict]) -> tuple[str, str]:
     )
     facts = (
         f"target {args.model}: {base['target_weight_bytes'] / 1e9:.2f} GB of weights read per forward (embedding excluded) + "
-        f"{base['target_kv_bytes'] / 1e9:.3f} GB static KV cache; drafter {args.drafter}: "
+        f"{base['target_kv_bytes'] / 1e9:.3f} GB K/V of the context (mean position {base['context_positions']:.0f}); "
+        f"drafter {args.drafter}: "
         f"{rows[0]['drafter_weight_bytes'] / 1e9:.3f} GB + {rows[0]['drafter_kv_bytes'] / 1e9:.4f} GB KV per "
         f"forward; bandwidth {args.bandwidth_tbs} TB/s; roofline = target / bw + steps x drafter / bw"
         if rows

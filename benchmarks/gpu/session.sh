@@ -8,6 +8,7 @@
 #       profile benchmarks/gpu/engine_profile.py on one GPU (per-graph GPU/host us, kernel counts,
 #               generate us/token; PROFILE_ARGS, e.g. "--variants ops --compile"); profile.json
 #       tests   python -m pytest -m gpu (one process: -p no:xdist, the ini addopts off) tests/gpu tests/integration/test_nccl_probe.py
+#               (GPU_TESTS, e.g. "tests/gpu/test_slot_attention.py", runs those instead)
 #       probe   NCCL probe, world size 2, nccl=default,tuned,no_p2p, two interleaved repetitions;
 #               NCCL_DEBUG capture per profile (the golden files tests/data/logs/nccl_debug_<p>.log)
 #       engine  benchmarks/embedded_engine.py --device cuda (graph and eager, interleaved) on one GPU
@@ -20,7 +21,7 @@
 #               "--paths static,eager"); batching.json
 #       realshape  benchmarks/gpu/real_shape.py on one GPU (issue 31: the 8B-shaped synthetic pair, cycle
 #               against the roofline; REAL_SHAPE_ARGS, e.g. "--steps 1,3 --attention sdpa,bmm --kernels");
-#               real_shape.tgz
+#               real_shape.tgz (REAL_SHAPE_TIMEOUT_S, default 360)
 #       sweep   python run.py -m experiment=$SESSION_EXPERIMENT tracking=off [overrides]
 #               (default embedded_h200x2_steps_nccl; on one GPU add hardware=h200x1)
 #   e.g.  bash benchmarks/gpu/session.sh tests,probe,engine     # call 1
@@ -129,7 +130,9 @@ step_profile() {
 }
 
 step_tests() {
-  bounded 300 "$PY" -m pytest -q -p no:cacheprovider -p no:xdist -o addopts='--strict-markers -ra' -m gpu tests/gpu tests/integration/test_nccl_probe.py
+  # shellcheck disable=SC2086  # GPU_TESTS is a list of paths / node ids
+  bounded 300 "$PY" -m pytest -q -s -p no:cacheprovider -p no:xdist -o addopts='--strict-markers -ra' -m gpu \
+    ${GPU_TESTS:-tests/gpu tests/integration/test_nccl_probe.py}
   local rc=$?
   reap
   return $rc
@@ -193,7 +196,7 @@ step_realshape() {
   rm -rf "$WORK/real_shape"
   # shellcheck disable=SC2086  # REAL_SHAPE_ARGS is a list of flags
   # The repository first on the path: real_shape reads conf/ next to the spec_decode it imports.
-  CUDA_VISIBLE_DEVICES=0 PYTHONPATH="$PWD:$PYTHONPATH" bounded 360 "$PY" benchmarks/gpu/real_shape.py --out "$WORK/real_shape" ${REAL_SHAPE_ARGS:-}
+  CUDA_VISIBLE_DEVICES=0 PYTHONPATH="$PWD:$PYTHONPATH" bounded "${REAL_SHAPE_TIMEOUT_S:-360}" "$PY" benchmarks/gpu/real_shape.py --out "$WORK/real_shape" ${REAL_SHAPE_ARGS:-}
   rc=$?
   [ -d "$WORK/real_shape" ] && tar -czf "$OUT/real_shape.tgz" -C "$WORK" real_shape
   return $rc

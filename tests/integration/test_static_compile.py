@@ -41,3 +41,29 @@ def test_compiled_static_shapes_decode_like_the_uncompiled_ones():
         assert got.output_ids[:20] == want.output_ids[:20] and same > 0.9, f"agreement {same:.2f}"
         assert got.verify_ct <= 1.2 * want.verify_ct
     assert counters["stats"]["unique_graphs"] - before >= 3  # verify@1, draft@1, extend@1
+
+
+def test_slot_attention_is_refused_where_it_cannot_run():
+    """slot_attention's Triton kernels ("slots", the compiled default on CUDA for bf16/fp16): on this CPU
+    (no Triton in the CPU wheel, fp32 tiny models) a request for them names why, before any shape runs;
+    the compiled default falls back to the masked attention."""
+    target, drafter = tiny_models(threads=1)
+    with pytest.raises(ValueError, match=r"attention 'slots' (needs Triton|runs on CUDA only|is for bf16)"):
+        StaticRunner(target, None, 0, use_graphs=False, graph_ops=True, attention="slots")
+    assert StaticRunner(target, None, 0, use_graphs=False, graph_ops=True, compile=True).attention == "bmm"
+
+
+def test_dense_row_parallel_products_equal_the_unit_sums():
+    """The compiled tp-1 path's o_proj and down_proj as one GEMM over the units (``dense``) compute what
+    the per-unit partials and their tree sum compute, up to fp32 rounding: the units' order and the
+    heads' order within them agree with out_partials / partials."""
+    from spec_decode.engines.embedded.parallel import tree_sum
+
+    target, _ = tiny_models(threads=1)
+    layer = target.model.layers[2]
+    g = torch.Generator().manual_seed(0)
+    a = torch.randn(1, layer.self_attn.nh, 3, layer.self_attn.hd, generator=g)
+    x = torch.randn(1, 3, target.shape.hidden_size, generator=g)
+    with torch.no_grad():
+        assert torch.allclose(layer.self_attn.out_dense(a), tree_sum(layer.self_attn.out_partials(a)), atol=1e-5)
+        assert torch.allclose(layer.mlp.dense(x), tree_sum(layer.mlp.partials(x)), atol=1e-5)

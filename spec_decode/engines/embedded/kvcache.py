@@ -6,6 +6,8 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
+from spec_decode.engines.embedded import slot_attention
+
 
 class KVCache:
     """Preallocated per-layer K/V for batch 1. Rolling back only lowers ``length``: attention reads
@@ -63,14 +65,20 @@ class StaticKVCache:
         self.keys = torch.arange(max_len, device=device)
         self.max_len, self.slots = max_len, slots
         self.mask_table: torch.Tensor | None = None  # (max_len, max_len) additive, prepare_graph_ops
-        self.attention = "sdpa"  # or "bmm" (prepare_graph_ops)
+        self.attention = "sdpa"  # or "bmm", "slots" (prepare_graph_ops)
 
     def prepare_graph_ops(self, attention: str = "sdpa") -> None:
         """Fewer kernels per step: the additive mask of every position precomputed (one gather per
         forward instead of a compare per forward plus SDPA's bool-to-float conversion per layer), and
-        ``attention`` "bmm" = baddbmm(mask, q, k^T) + softmax + bmm (3 kernels) instead of SDPA."""
-        if attention not in ("sdpa", "bmm"):
-            raise ValueError(f"attention must be 'sdpa' or 'bmm', not {attention!r}")
+        ``attention`` "bmm" = baddbmm(mask, q, k^T) + softmax + bmm (3 kernels) instead of SDPA, or
+        "slots": slot_attention's Triton kernels, reading each row's slot in place up to its position
+        (CUDA, bf16/fp16; no mask, no gather)."""
+        if attention not in ("sdpa", "bmm", "slots"):
+            raise ValueError(f"attention must be 'sdpa', 'bmm' or 'slots', not {attention!r}")
+        if attention == "slots":
+            why = slot_attention.unavailable_reason(self.k)
+            if why:
+                raise ValueError(f"attention 'slots' {why}")
         keys = self.keys.to(torch.float32)
         self.mask_table = torch.zeros(self.max_len, self.max_len, device=self.k.device, dtype=self.k.dtype).masked_fill(
             keys[None, :] > keys[:, None], float("-inf")
@@ -109,6 +117,8 @@ class CacheRows:
     def mask(self, pos: torch.Tensor) -> torch.Tensor:
         """(B*T, max_len), additive (graph_ops) or bool; also where this forward writes (once per forward)."""
         c, b, t = self.cache, self.b, self.t
+        if c.attention == "slots":  # the kernels mask by position themselves and write at (slot, pos)
+            return None
         # flat index of (slot, head, pos) in a layer's (slots * Hkv * max_len) rows, ordered (B, Hkv, T)
         self._where = (
             (self.slot_ids.view(b, 1, 1) * c.k.shape[2] + self._head_rows) * c.max_len + pos.view(b, 1, t)
@@ -120,9 +130,13 @@ class CacheRows:
     def attend(self, layer: int, q, k, v, pos: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
         """q (1, H, B*T, hd), k/v (1, Hkv, B*T, hd) -> (1, H, B*T, hd), each row over its own slot."""
         c = self.cache
+        compiling = torch.compiler.is_compiling()
+        if c.attention == "slots":
+            fn = torch.ops.spec_decode.attend_slots if compiling else slot_attention.attend_slots
+            return fn(q, k, v, c.k, c.v, layer, self.slot_ids, pos, self.t)
         # under torch.compile (StaticRunner's ``compile``) one opaque op: traced, the in-place cache write
         # became a copy of the layer's whole store (every slot) per layer
-        fn = torch.ops.spec_decode.attend_rows if torch.compiler.is_compiling() else attend_rows
+        fn = torch.ops.spec_decode.attend_rows if compiling else attend_rows
         return fn(q, k, v, c.k, c.v, layer, self._where, self.slot_ids, mask, self.t, c.attention == "bmm")
 
 

@@ -169,6 +169,14 @@ class Attention(nn.Module):
 
         return apply_rope(heads(q, qpu), cos, sin), apply_rope(heads(k, kpu), cos, sin), heads(v, kpu)
 
+    def out_dense(self, a: torch.Tensor) -> torch.Tensor:
+        """a (1, local heads, T, hd) -> o_proj (T, h) in one GEMM over the units (their sum in the GEMM's
+        fp32 accumulator, not ``out_partials`` + a tree sum): the per-unit weights viewed as one matrix,
+        units stacked along its input, heads in order. tp 1 under torch.compile (other rounding)."""
+        n, qpu, _ = self.local
+        t = a.shape[2]
+        return a[0].transpose(0, 1).reshape(t, n * qpu * self.hd) @ self.u_o.view(n * qpu * self.hd, -1)
+
     def out_partials(self, a: torch.Tensor) -> torch.Tensor:
         """a (1, local heads, T, hd) -> per-unit o_proj partials (local units, T, h)."""
         n, qpu, _ = self.local
@@ -206,6 +214,14 @@ class MLP(nn.Module):
         self.u_down = self.down_proj.weight.view(h, u, fpu).permute(1, 2, 0)[lo:hi].contiguous().detach()
         if tp.size > 1:
             self.gate_proj = self.up_proj = self.down_proj = None
+
+    def dense(self, x: torch.Tensor) -> torch.Tensor:
+        """x (1, T, h) -> the MLP's output (T, h), down_proj in one GEMM over the units (as
+        Attention.out_dense)."""
+        gate, up = torch.matmul(x, self.u_gate_up).chunk(2, dim=-1)  # (units, T, fpu)
+        n, t, fpu = gate.shape
+        act = (F.silu(gate) * up).transpose(0, 1).reshape(t, n * fpu)
+        return act @ self.u_down.view(n * fpu, -1)
 
     def partials(self, x: torch.Tensor) -> torch.Tensor:
         """x (1, T, h) -> per-unit down_proj partials (local units, T, h)."""

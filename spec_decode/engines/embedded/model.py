@@ -176,13 +176,18 @@ class LlamaTarget(nn.Module):
         cache: CacheRows,
         capture: list[int] | None = None,
         rot_rows: bool = True,
+        dense: bool = False,
     ):
         """``forward`` with no host value in it (CUDA-graph capturable): (1, T) tokens at the
         positions ``pos`` (T,), T = B rows x cache.t tokens packed row after row (``cache`` is a
         StaticKVCache's ``rows`` view: each row attends over its own slot). Returns logits (T, V) and
         the captured features or None; the caller keeps the lengths. ``rot_rows`` False (graph_ops
         under torch.compile): RoPE from the plain q/k, which inductor fuses into one kernel, instead of
-        the rotated rows' extra weights (a third more of the q/k/v bytes read per step)."""
+        the rotated rows' extra weights (a third more of the q/k/v bytes read per step). ``dense`` (tp 1
+        under torch.compile): o_proj and down_proj as one GEMM each over the units instead of per-unit
+        partials and the tree sum (12.9 against 16.8 us for o, 32.0 against 36.0 us for down on the 8B
+        shape, H200; benchmarks/gpu/real_shape.py --gemm-micro): other rounding, so tp 1 only, where no
+        tp size has to match it bit for bit."""
         t, g = ids.shape[1], self.graph_ops
         if g:
             cos, sin = self.cos_sin.index_select(0, pos).chunk(2, dim=-1)
@@ -192,12 +197,15 @@ class LlamaTarget(nn.Module):
         x = self.model.embed_tokens(ids)
         outs = {}
         reduce = self.tp.reduce
+        dense = dense and self.tp.size == 1
         for i, layer in enumerate(self.model.layers):
             attn = layer.self_attn
             qkv = attn.qkv_sharded_graph if g and rot_rows else attn.qkv_sharded
             q, k, v = qkv(layer.input_layernorm.static(x, g), cos, sin)
-            x = x + reduce(attn.out_partials(cache.attend(i, q, k, v, pos, mask))).view(1, t, -1)
-            x = x + reduce(layer.mlp.partials(layer.post_attention_layernorm.static(x, g))).view(1, t, -1)
+            a = cache.attend(i, q, k, v, pos, mask)
+            x = x + (attn.out_dense(a) if dense else reduce(attn.out_partials(a))).view(1, t, -1)
+            h = layer.post_attention_layernorm.static(x, g)
+            x = x + (layer.mlp.dense(h) if dense else reduce(layer.mlp.partials(h))).view(1, t, -1)
             if capture and i in capture:
                 outs[i] = x
         logits = self.lm_head(self.model.norm.static(x, g))[0]
