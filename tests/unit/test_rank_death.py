@@ -43,7 +43,11 @@ def test_every_thread_that_asks_hears_the_signal_that_killed_the_rank():
     ctx = multiprocessing.get_context("fork")  # cheap: the race is in the parent's reaping
     for _ in range(40):  # unserialised, about 1 round in 3 read "exit code None" here
         group = _group_of_one_sleeper(ctx)
-        time.sleep(0.01)
+        # killed once it has spoken (its line is what the answer quotes): a fixed 10 ms sleep lost that
+        # race on a loaded 2-core machine ("its last log lines: (no output)")
+        deadline = time.monotonic() + 10
+        while not group.copiers[0].tail and time.monotonic() < deadline:
+            time.sleep(0.001)
         answers: list[str] = []
         askers = [threading.Thread(target=_ask, args=(group, answers)) for _ in range(2)]
         os.kill(group.procs[0].pid, signal.SIGKILL)
