@@ -56,7 +56,7 @@ def test_slot_attention_is_refused_where_it_cannot_run():
 def test_dense_row_parallel_products_equal_the_unit_sums():
     """The compiled tp-1 path's o_proj and down_proj as one GEMM over the units (``dense``) compute what
     the per-unit partials and their tree sum compute, up to fp32 rounding: the units' order and the
-    heads' order within them agree with out_partials / partials."""
+    heads' order within them agree with out_partials / partials; q/k/v on x spread per unit as broadcast."""
     from spec_decode.engines.embedded.parallel import tree_sum
 
     target, _ = tiny_models(threads=1)
@@ -67,3 +67,6 @@ def test_dense_row_parallel_products_equal_the_unit_sums():
     with torch.no_grad():
         assert torch.allclose(layer.self_attn.out_dense(a), tree_sum(layer.self_attn.out_partials(a)), atol=1e-5)
         assert torch.allclose(layer.mlp.dense(x), tree_sum(layer.mlp.partials(x)), atol=1e-5)
+        cos, sin = target.cos[:3], target.sin[:3]
+        for want, got in zip(layer.self_attn.qkv_sharded(x, cos, sin), layer.self_attn.qkv_sharded(x, cos, sin, True)):
+            assert torch.allclose(want, got, atol=1e-6)  # q/k/v on x spread per unit: the same products

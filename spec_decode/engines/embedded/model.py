@@ -187,7 +187,8 @@ class LlamaTarget(nn.Module):
         under torch.compile): o_proj and down_proj as one GEMM each over the units instead of per-unit
         partials and the tree sum (12.9 against 16.8 us for o, 32.0 against 36.0 us for down on the 8B
         shape, H200; benchmarks/gpu/real_shape.py --gemm-micro): other rounding, so tp 1 only, where no
-        tp size has to match it bit for bit."""
+        tp size has to match it bit for bit; and the per-unit q/k/v and gate/up products on x copied per
+        unit by us (layers.spread_rows), not broadcast."""
         t, g = ids.shape[1], self.graph_ops
         if g:
             cos, sin = self.cos_sin.index_select(0, pos).chunk(2, dim=-1)
@@ -200,8 +201,11 @@ class LlamaTarget(nn.Module):
         dense = dense and self.tp.size == 1
         for i, layer in enumerate(self.model.layers):
             attn = layer.self_attn
-            qkv = attn.qkv_sharded_graph if g and rot_rows else attn.qkv_sharded
-            q, k, v = qkv(layer.input_layernorm.static(x, g), cos, sin)
+            xn = layer.input_layernorm.static(x, g)
+            if g and rot_rows:
+                q, k, v = attn.qkv_sharded_graph(xn, cos, sin)
+            else:
+                q, k, v = attn.qkv_sharded(xn, cos, sin, spread=dense)
             a = cache.attend(i, q, k, v, pos, mask)
             x = x + (attn.out_dense(a) if dense else reduce(attn.out_partials(a))).view(1, t, -1)
             h = layer.post_attention_layernorm.static(x, g)
