@@ -226,9 +226,11 @@ def gemm_micro(target, tokens: tuple[int, ...] = (1, 4)) -> list[dict]:
     its weight: 32 calls (one per layer, each its own weight, so none is served from L2) captured in
     one graph. ``unit``: the engine's per-unit batched matmul (o/down: partials + the tree sum);
     ``dense``: one matmul over the units side by side, x @ W (in, out) (o/down: a view of the same
-    weight, the units' sum inside the GEMM); ``linear``: F.linear with (out, in) rows (HF's layout)."""
+    weight, the units' sum inside the GEMM); ``linear``: F.linear with (out, in) rows (HF's layout);
+    ``triton``: gemv.py's split-K GEMV on the engine's own weights, the best of its configs."""
     sys.path.insert(0, str(Path(__file__).resolve().parent))
     from engine_profile import gpu_us
+    from gemv import CONFIGS, gemv  # Triton: CUDA machines only, so imported here
 
     from spec_decode.engines.embedded.parallel import tree_sum
 
@@ -278,6 +280,37 @@ def gemm_micro(target, tokens: tuple[int, ...] = (1, 4)) -> list[dict]:
                     "dense": lambda x=x, ws=dense: [x[0] @ w for w in ws],
                     "linear": lambda x=x, ws=linear: [torch.nn.functional.linear(x[0], w) for w in ws],
                 }
+            xs = x2 if row_parallel else x[0]
+            ws = dense if row_parallel else units
+            want = xs @ dense[0]
+            best = None
+            for cfg in CONFIGS:  # Triton's split-K GEMV (gemv.py): checked against cuBLAS, then timed
+                if (dense[0].shape[1] if row_parallel else cout) % cfg[1]:
+                    continue
+                got = gemv(xs, ws[0], *cfg)
+                err = ((got.float() - want.float()).norm() / want.float().norm()).item()
+                if err > 1e-2:
+                    print(f"  gemm {proj} T={t} triton {cfg}: relative error {err:.2e}, skipped", flush=True)
+                    continue
+                us = graphed(lambda xs=xs, ws=ws, cfg=cfg: [gemv(xs, w, *cfg) for w in ws])
+                if best is None or us < best[0]:
+                    best = (us, cfg)
+            if best is not None:
+                rows.append(
+                    {
+                        "proj": proj,
+                        "tokens": t,
+                        "layout": "triton",
+                        "config": list(best[1]),
+                        "us": round(best[0], 2),
+                        "tbs": round(weight / best[0] / 1e6, 2),
+                    }
+                )
+                print(
+                    f"  gemm {proj:8s} T={t} triton {best[0]:8.2f} us  {weight / best[0] / 1e6:5.2f} TB/s "
+                    f"(block_k, block_n, split_k, stages, warps = {best[1]})",
+                    flush=True,
+                )
             for name, fn in variants.items():
                 us = graphed(fn)
                 rows.append(
