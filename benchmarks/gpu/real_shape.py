@@ -198,6 +198,50 @@ def graph_kernels(runner, top: int = 14) -> dict:
         "kernels": count,
         "top": [[name, c, round(t, 1)] for name, c, t in by_time[:top]],
         "slot_gather_us": gather_micro(runner, gpu_us),
+        "loop_gaps": [loop_gaps(runner.target, runner, overlap=o) for o in (False, True)],
+    }
+
+
+def loop_gaps(target, runner, tokens: int = 64, overlap: bool = True, top: int = 8) -> dict:
+    """Where the GPU idles in the decode loop itself (``Decoder.generate``, the baseline): torch.profiler's
+    CUDA activity over one generation, merged into busy intervals. Per step: the wall, the GPU busy time
+    and the idle time between the first and the last kernel; the longest gaps with the kernels around
+    them (a gap after the step's last kernel and before the next graph's first is host time the loop did
+    not hide)."""
+    from torch.profiler import ProfilerActivity, profile
+
+    decoder = Decoder(target, None, 0, runner)
+    ids = list(PROMPT)
+    decoder.generate(ids, 8, overlap=overlap)
+    torch.cuda.synchronize()
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        t0 = time.perf_counter()
+        gen = decoder.generate(ids, tokens, overlap=overlap)
+        torch.cuda.synchronize()
+        wall = time.perf_counter() - t0
+    spans = sorted(
+        (e.time_range.start, e.time_range.end, e.name)
+        for e in prof.events()
+        if e.device_type == torch.autograd.DeviceType.CUDA
+    )
+    busy, gaps, end, prev = 0.0, [], None, None
+    for start, stop, name in spans:
+        if end is not None and start > end:
+            gaps.append((start - end, prev, name))
+        if end is None or start > end:
+            busy += stop - start
+        elif stop > end:
+            busy += stop - end
+        end, prev = (stop, name) if end is None or stop > end else (end, prev)
+    steps = gen.decode_steps
+    idle = sum(g for g, _, _ in gaps)
+    return {
+        "overlap": overlap,
+        "steps": steps,
+        "wall_us_per_step": round(wall * 1e6 / steps, 1),
+        "gpu_busy_us_per_step": round(busy / steps, 1),
+        "gpu_idle_us_per_step": round(idle / steps, 1),
+        "top_gaps": [[round(g, 1), a[:60], b[:60]] for g, a, b in sorted(gaps, reverse=True)[:top]],
     }
 
 
@@ -447,6 +491,8 @@ def measure_all(target, drafter, args, attention: str, compile: bool, label: str
             out[name[m]]["baseline"]["graph"] = graph
         print(f"[{label}] decode graph: {graph['decode_gpu_us']} us GPU per replay, {graph['kernels']:.0f} kernels")
         print(f"[{label}] one layer's K slot gathered (us per call): {graph['slot_gather_us']}")
+        for gaps in graph["loop_gaps"]:
+            print(f"[{label}] decode loop, profiled: {gaps}")
         for kname, c, us in graph["top"]:
             print(f"  {us:8.1f} us  x{c:4.0f}  {kname}")
     del runner
