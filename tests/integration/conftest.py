@@ -10,11 +10,12 @@ import os
 import subprocess
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Callable
 
 import pytest
 from filelock import FileLock
 
-from ..conftest import run_py, small
+from ..conftest import run_py, small, store_at
 
 # Put into the headline sweep's environment; tests/integration/test_reliability.py then proves that none
 # of them reaches a file, the MLflow store or an artifact.
@@ -89,3 +90,70 @@ def _run_headline(root: Path) -> Sweep:
         env=env,
     )
     return Sweep(root=root, dir=sweep, uri=uri, proc=proc, env=env)
+
+
+@dataclass(frozen=True)
+class Job:
+    dir: Path  # hydra.run.dir: results.json, run.log
+    proc: subprocess.CompletedProcess  # run.py's exit, stdout and stderr (the console a user sees)
+    uri: str | None = None  # its MLflow store (None: tracking off)
+
+
+def _once(tmp_path_factory, name: str, run: Callable[[Path], Job]) -> Job:
+    """``run(root)`` once per test run, as `headline_sweep` is: in one process into a tmp dir; under
+    pytest-xdist the first worker that needs it runs it in the run's shared tmp dir under a file lock,
+    the other reads what it left (run.py's exit and output, saved beside it)."""
+    if not os.environ.get("PYTEST_XDIST_WORKER"):  # one process (-n 0)
+        return run(tmp_path_factory.mktemp(name))
+    parent = tmp_path_factory.getbasetemp().parent  # the workers' common parent dir
+    shared, done = parent / name, parent / f"{name}.proc.json"
+    with FileLock(str(parent / f"{name}.lock")):
+        if not done.exists():
+            shared.mkdir(exist_ok=True)
+            job = run(shared)
+            p = job.proc
+            saved = {"args": p.args, "returncode": p.returncode, "stdout": p.stdout, "stderr": p.stderr}
+            done.write_text(json.dumps({**saved, "dir": str(job.dir), "uri": job.uri}))
+    saved = json.loads(done.read_text())
+    proc = subprocess.CompletedProcess(saved["args"], saved["returncode"], saved["stdout"], saved["stderr"])
+    return Job(dir=Path(saved["dir"]), proc=proc, uri=saved["uri"])
+
+
+@pytest.fixture(scope="session")
+def streamed_job(tmp_path_factory) -> Job:
+    """`python run.py benchmark.stream=true benchmark.baseline_arm=false` (small, no profiled pass,
+    tracking off): one streamed job, its server alone. Read by test_first_hour (the latency percentiles
+    it prints, with their counts) and test_streaming_engine (the record's latency section and tok/s
+    definition). Once per test run (`_once`); tests only read it."""
+    return _once(tmp_path_factory, "streamed", _run_streamed)
+
+
+def _run_streamed(root: Path) -> Job:
+    out = root / "job"
+    proc = run_py(
+        [
+            *small("benchmark.profile=false"),
+            "benchmark.stream=true",
+            "benchmark.baseline_arm=false",
+            "tracking=off",
+            f"hydra.run.dir={out}",
+        ],
+        check=False,  # a FAILED job (a server without SSE) is the readers' to judge
+    )
+    return Job(dir=out, proc=proc)
+
+
+@pytest.fixture(scope="session")
+def single_job(tmp_path_factory) -> Job:
+    """`python run.py` (small): one job as the README's first command runs it -- paired baseline
+    server, profiled pass, its own MLflow store (a copy of the empty one) -- not on a terminal. Read by
+    test_runner (the standalone MLflow run and its real metrics) and test_progress (no progress output
+    when stderr is not a terminal). Once per test run (`_once`); tests only read it."""
+    return _once(tmp_path_factory, "single", _run_single)
+
+
+def _run_single(root: Path) -> Job:
+    store = store_at(root)
+    out = root / "job"
+    proc = run_py([*small(), *store["overrides"], f"hydra.run.dir={out}"])
+    return Job(dir=out, proc=proc, uri=store["uri"])

@@ -8,7 +8,7 @@ import shlex
 
 import pytest
 
-from ..conftest import ROOT, run_py, small
+from ..conftest import ROOT, run_py
 
 pytestmark = pytest.mark.integration
 
@@ -21,10 +21,10 @@ def test_experiment_with_a_sweep_without_m_is_refused(tmp_path):
     assert not (tmp_path / "results.json").exists() and "Traceback" not in p.stderr
 
 
-def test_streamed_job_prints_latency_percentiles_with_counts(tmp_path):
-    p = run_py(
-        ["benchmark.stream=true", "benchmark.baseline_arm=false", *small(), "tracking=off", f"hydra.run.dir={tmp_path}"]
-    )
+def test_streamed_job_prints_latency_percentiles_with_counts(streamed_job):
+    # the shared streamed job (tests/integration/conftest.py): what run.py printed
+    p = streamed_job.proc
+    assert p.returncode == 0, p.stderr[-2000:]
     out = p.stdout + p.stderr
     for name, n in (("TTFT", r"n=2; P99 of 2 samples is near the maximum"), ("ITL ", r"n=\d+"), ("TPOT", r"n=2")):
         assert re.search(rf"  {name} P50 [\d.]+  P90 [\d.]+  P99 [\d.]+ ms  \({n}", out), out[-2000:]

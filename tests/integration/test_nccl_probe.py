@@ -85,7 +85,7 @@ def test_job_with_probe_records_latencies_and_provenance(tmp_path):
             "nccl=tuned",
             "tracking=off",
             "benchmark.baseline_arm=false",
-            *small(),
+            *small("benchmark.profile=false"),  # the probe runs in preflight, before the server
             f"hydra.run.dir={tmp_path}",
         ]
     )

@@ -11,7 +11,7 @@ import termios
 
 import pytest
 
-from ..conftest import ROOT, own_slots, run_py, small
+from ..conftest import ROOT, own_slots, small
 
 pytestmark = pytest.mark.integration
 
@@ -49,7 +49,7 @@ def test_sweep_on_a_terminal_shows_phases_runs_tok_s_and_eta(tmp_path):
             "-m",
             "spec.steps=1,2",
             "benchmark.baseline_arm=false",
-            *small("benchmark.runs=3"),
+            *small("benchmark.runs=3", "benchmark.profile=false"),  # the phases asserted come before it
             "tracking=off",
             f"hydra.sweep.dir={tmp_path}",
         ]
@@ -61,6 +61,7 @@ def test_sweep_on_a_terminal_shows_phases_runs_tok_s_and_eta(tmp_path):
     assert "running job 2/2" in out
 
 
-def test_no_progress_when_not_a_terminal(tmp_path):
-    p = run_py(["benchmark.baseline_arm=false", *small(), "tracking=off", f"hydra.run.dir={tmp_path}"])
+def test_no_progress_when_not_a_terminal(single_job):
+    # the shared single job (tests/integration/conftest.py): run.py's stderr was a pipe, not a terminal
+    p = single_job.proc
     assert "tok/s so far" not in p.stderr and "\r" not in p.stderr

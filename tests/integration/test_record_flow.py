@@ -28,7 +28,7 @@ def test_preflight_refusal_in_a_sweep_counts_and_a_prompt_sweep_keeps_every_entr
             "-m",
             "benchmark.prompt_index=0,1,99",
             "spec.steps=1",
-            *small(),
+            *small("benchmark.profile=false"),  # the refusal and the entries are the point, not the profile
             *tmp_store["overrides"],
             "benchmark.paired=false",
             f"hydra.sweep.dir={sweep}",
@@ -51,7 +51,7 @@ def test_preflight_refusal_in_a_sweep_counts_and_a_prompt_sweep_keeps_every_entr
     )
     # one metrics entry per job, keyed by its overrides (two prompts -> two spec jobs, two baselines)
     metrics = metrics_json.to_metrics(results.collect(sweep))
-    common = "benchmark.max_new_tokens=48,benchmark.paired=False,"
+    common = "benchmark.max_new_tokens=48,benchmark.paired=False,benchmark.profile=False,"
     tail = ",benchmark.runs=2,benchmark.warmup=1"
     assert set(metrics["jobs"]) == {
         f"baseline,{common}benchmark.prompt_index=0{tail}",

@@ -56,7 +56,7 @@ def test_server_exit_during_start_fails_fast_and_the_sweep_goes_on(tmp_path, tmp
             "+engine.env.FAULT_IF_ARG=--speculative-num-steps:1",
             f"+engine.env.FAULT_MARKER={marker}",
             "benchmark.paired=false",  # the job strategy: a baseline job the failed start must not take down
-            *small(),
+            *small("benchmark.profile=false"),  # the failed start and the sweep going on are the point
             *tmp_store["overrides"],
             f"hydra.sweep.dir={tmp_path}",
         ],
@@ -255,7 +255,7 @@ def test_dead_tracking_server_keeps_results_and_sync_uploads_once(tmp_path, tmp_
             "spec.steps=1",
             f"tracking.uri={dead}",
             "benchmark.paired=false",
-            *small(),
+            *small("benchmark.profile=false"),  # the records and their upload are the point, not the profile
             f"hydra.sweep.dir={sweep}",
         ]
     )  # the job strategy: two records (job + baseline job)

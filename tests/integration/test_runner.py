@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 from mlflow.tracking import MlflowClient
 
-from ..conftest import run_py, small
+from ..conftest import run_py
 
 pytestmark = pytest.mark.integration
 TUNED = {
@@ -147,13 +147,13 @@ def test_sweep_steps_by_nccl_gives_parent_children_and_paired_baselines(tmp_path
     }
 
 
-def test_single_run_logs_a_standalone_run_with_real_metrics(tmp_path, tmp_store):
-    run_py([*small(), *tmp_store["overrides"], f"hydra.run.dir={tmp_path / 'job'}"])
-    rec = json.loads((tmp_path / "job" / "results.json").read_text())
+def test_single_run_logs_a_standalone_run_with_real_metrics(single_job):
+    # the shared single job (tests/integration/conftest.py): `python run.py` (small), its own store
+    rec = json.loads((single_job.dir / "results.json").read_text())
     assert rec["status"] == "FINISHED" and rec["engine"]["name"] == "embedded"
     assert len(rec["runs"]) == 2 and all(r["completion_tokens"] == 48 for r in rec["runs"])
     assert rec["acceptance"]["accept_len"] > 1.5 and rec["profile"]["cycles"] > 0
-    _, runs = runs_of(tmp_store["uri"])
+    _, runs = runs_of(single_job.uri)
     job = [r for r in runs if r.data.params.get("role") == "spec"]
     assert len(job) == 1 and "mlflow.parentRunId" not in job[0].data.tags
     assert job[0].data.metrics["throughput_tok_s"] == pytest.approx(rec["metrics"]["throughput_tok_s"], abs=0.05)

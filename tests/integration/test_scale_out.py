@@ -6,6 +6,7 @@ import os
 import subprocess
 import sys
 import time
+from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
@@ -16,6 +17,7 @@ from spec_decode.runner.server import free_port, kill_tree
 from spec_decode.runner.slots import allocate
 
 from ..conftest import run_py, small
+from ..slot_worker import worker
 
 pytestmark = pytest.mark.integration
 
@@ -29,22 +31,75 @@ def structure(uri: str):
     return parents, kids
 
 
-def test_submitit_local_sweep_logs_like_the_basic_launcher(tmp_path, tmp_store):
-    run_py(
+@dataclass(frozen=True)
+class Served:
+    root: Path  # slots/, sweep/ (its .submitit/), srv.db, srv-artifacts/, mlflow.log
+    uri: str  # the MLflow tracking server, named to run.py only through MLFLOW_TRACKING_URI
+
+
+@pytest.fixture(scope="module")
+def served_sweep(tmp_path_factory) -> Served:
+    """One sweep for the two tests below (one run.py, one set of server launches, not two): submitit_local
+    workers (two jobs at once, each its own process) logging through the REST API to a real `mlflow
+    server` (its own sqlite store and artifact dir). What each test reads is its own: the records and the
+    run structure (as the basic launcher logs them), and what the server stored."""
+    root = tmp_path_factory.mktemp("served")
+    port = free_port()
+    env = {**os.environ, "MLFLOW_SERVER_ENABLE_JOB_EXECUTION": "false", "MLFLOW_DISABLE_TELEMETRY": "true"}
+    mlflow_bin = str(Path(sys.executable).parent / "mlflow")
+    server = subprocess.Popen(
         [
-            "-m",
-            "hydra/launcher=local_parallel",
-            "hardware.parallel_jobs=2",
-            f"hardware.slots_dir={tmp_path / 'slots'}",
-            "spec.steps=1,2",
-            *small(),
-            *tmp_store["overrides"],
-            "benchmark.paired=false",  # the baseline job, shared by the two parallel jobs (file lock)
-            f"hydra.sweep.dir={tmp_path / 'sweep'}",
+            mlflow_bin,
+            "server",
+            "--backend-store-uri",
+            f"sqlite:///{root / 'srv.db'}",
+            "--artifacts-destination",
+            str(root / "srv-artifacts"),
+            "--host",
+            "127.0.0.1",
+            "--port",
+            str(port),
+            "--workers",
+            "1",
         ],
-        timeout=600,
+        env=env,
+        stdout=open(root / "mlflow.log", "w"),
+        stderr=subprocess.STDOUT,
+        start_new_session=True,
     )
-    parents, kids = structure(tmp_store["uri"])
+    uri = f"http://127.0.0.1:{port}"
+    try:
+        deadline = time.monotonic() + 90
+        while time.monotonic() < deadline:
+            assert server.poll() is None, (root / "mlflow.log").read_text()[-2000:]
+            try:
+                if requests.get(uri + "/health", timeout=1).status_code == 200:
+                    break
+            except requests.RequestException:
+                time.sleep(0.5)
+        run_py(
+            [
+                "-m",
+                "hydra/launcher=local_parallel",
+                "hardware.parallel_jobs=2",
+                f"hardware.slots_dir={root / 'slots'}",
+                "tracking=server",
+                "spec.steps=1,2",
+                *small(),
+                "benchmark.paired=false",  # the baseline job, shared by the two parallel jobs (file lock)
+                f"hydra.sweep.dir={root / 'sweep'}",
+            ],
+            env={"MLFLOW_TRACKING_URI": uri},
+            timeout=600,
+        )
+        yield Served(root, uri)
+    finally:
+        kill_tree(server.pid)
+    assert server.poll() is not None
+
+
+def test_submitit_local_sweep_logs_like_the_basic_launcher(served_sweep):
+    parents, kids = structure(served_sweep.uri)
     assert len(parents) == 1 and parents[0].info.status == "FINISHED"
     assert sorted(k.data.params["role"] for k in kids) == ["baseline", "spec", "spec"]
     assert all(k.info.status == "FINISHED" for k in kids)
@@ -54,72 +109,23 @@ def test_submitit_local_sweep_logs_like_the_basic_launcher(tmp_path, tmp_store):
     for d, k in out_dirs.items():
         rec = json.loads((Path(d) / "results.json").read_text())
         assert rec["record_id"] == k.data.tags["spec_decode.record_id"] and rec["mlflow_run_id"] == k.info.run_id
-    assert (tmp_path / "sweep" / ".submitit").is_dir()  # really ran through submitit
+    assert (served_sweep.root / "sweep" / ".submitit").is_dir()  # really ran through submitit
 
 
-def test_sweep_against_a_real_mlflow_server(tmp_path):
-    port = free_port()
-    env = {**os.environ, "MLFLOW_SERVER_ENABLE_JOB_EXECUTION": "false", "MLFLOW_DISABLE_TELEMETRY": "true"}
-    mlflow_bin = str(Path(sys.executable).parent / "mlflow")
-    server = subprocess.Popen(
-        [
-            mlflow_bin,
-            "server",
-            "--backend-store-uri",
-            f"sqlite:///{tmp_path / 'srv.db'}",
-            "--artifacts-destination",
-            str(tmp_path / "srv-artifacts"),
-            "--host",
-            "127.0.0.1",
-            "--port",
-            str(port),
-            "--workers",
-            "1",
-        ],
-        env=env,
-        stdout=open(tmp_path / "mlflow.log", "w"),
-        stderr=subprocess.STDOUT,
-        start_new_session=True,
-    )
-    uri = f"http://127.0.0.1:{port}"
-    try:
-        deadline = time.monotonic() + 90
-        while time.monotonic() < deadline:
-            assert server.poll() is None, (tmp_path / "mlflow.log").read_text()[-2000:]
-            try:
-                if requests.get(uri + "/health", timeout=1).status_code == 200:
-                    break
-            except requests.RequestException:
-                time.sleep(0.5)
-        run_py(
-            ["-m", "tracking=server", "spec.steps=1,3", *small(), f"hydra.sweep.dir={tmp_path / 'sweep'}"],
-            env={"MLFLOW_TRACKING_URI": uri},
-        )
-        parents, kids = structure(uri)  # through the REST API
-        assert len(parents) == 1 and len(kids) == 2  # two spec jobs, each with its paired baseline server
-        assert all(k.info.status == "FINISHED" and "throughput_tok_s" in k.data.metrics for k in kids)
-        c = MlflowClient(uri)
-        assert "results.json" in {a.path for a in c.list_artifacts(kids[0].info.run_id)}
-        assert list((tmp_path / "srv-artifacts").rglob("results.json"))  # stored by the server
-    finally:
-        kill_tree(server.pid)
-    assert server.poll() is not None
-
-
-def _worker(slots_dir, out, hold_s, crash):
-    with allocate("gpu", ["0", "1", "2", "3"], 2, Path(slots_dir), timeout_s=60, poll_s=0.02) as mine:
-        t0 = time.time()
-        if crash:
-            os._exit(1)  # dies holding its GPUs
-        time.sleep(hold_s)
-        with open(out, "a") as f:
-            f.write(json.dumps({"slots": mine, "t0": t0, "t1": time.time()}) + "\n")
+def test_sweep_against_a_real_mlflow_server(served_sweep):
+    uri = served_sweep.uri
+    parents, kids = structure(uri)  # through the REST API
+    assert len(parents) == 1 and len(kids) == 3  # two spec jobs and the baseline job
+    assert all(k.info.status == "FINISHED" and "throughput_tok_s" in k.data.metrics for k in kids)
+    c = MlflowClient(uri)
+    assert all("results.json" in {a.path for a in c.list_artifacts(k.info.run_id)} for k in kids)
+    assert len(list((served_sweep.root / "srv-artifacts").rglob("results.json"))) == 3  # stored by the server
 
 
 def test_slot_allocator_never_shares_a_gpu_and_frees_slots_of_dead_jobs(tmp_path):
     out = tmp_path / "log.jsonl"
     ctx = mp.get_context("spawn")
-    procs = [ctx.Process(target=_worker, args=(tmp_path / "slots", out, 0.3, i == 0)) for i in range(6)]
+    procs = [ctx.Process(target=worker, args=(tmp_path / "slots", out, 0.3, i == 0)) for i in range(6)]
     for p in procs:
         p.start()
     for p in procs:

@@ -14,7 +14,6 @@ import requests
 
 from spec_decode.runner.client import Client
 
-from ..conftest import run_py, small
 from .engine_args import embedded_server, spec_flags
 
 pytestmark = pytest.mark.integration
@@ -70,19 +69,10 @@ def test_streamed_record_equals_the_non_stream_answer_one_chunk_per_cycle(server
     assert r.spec_verify_ct - 5 <= chunks <= r.spec_verify_ct + 1, (chunks, r.spec_verify_ct)
 
 
-def test_streamed_job_has_latency_percentiles_and_tok_s_definition(tmp_path, tmp_store):
-    out = tmp_path / "job"
-    proc = run_py(
-        [
-            *small(),
-            "benchmark.stream=true",
-            "benchmark.baseline_arm=false",
-            *tmp_store["overrides"],
-            f"hydra.run.dir={out}",
-        ],
-        check=False,
-    )
-    rec = json.loads((out / "results.json").read_text())
+def test_streamed_job_has_latency_percentiles_and_tok_s_definition(streamed_job):
+    # the shared streamed job (tests/integration/conftest.py): its record
+    proc = streamed_job.proc
+    rec = json.loads((streamed_job.dir / "results.json").read_text())
     if rec["status"] == "FAILED" and any(s in (rec["error"] or "") for s in NO_SSE):
         pytest.skip(f"the embedded server answers a stream request without SSE: {rec['error'][:200]}")
     assert proc.returncode == 0 and rec["status"] == "FINISHED", rec["error"]
