@@ -190,9 +190,9 @@ def shutdown(
     deadline = t0 + grace_s
     orphans_told = False
     while (alive := left()) and time.monotonic() < deadline:
-        if not orphans_told and procs and not _alive(procs[0]):
-            # The launcher is gone and left processes behind (our embedded front dies at once on
-            # SIGTERM; SGLang's launcher stops its children itself first): tell them, as it would have.
+        if not orphans_told and not (procs and _alive(procs[0])):
+            # The launcher is gone (also: died and reaped before this stop) and left processes behind (our
+            # embedded front dies at once on SIGTERM; SGLang's stops its children first): tell them.
             orphans_told = True
             for p in alive:
                 try:

@@ -81,3 +81,17 @@ def test_children_a_dead_launcher_left_behind_get_sigterm_and_drain(tmp_path):
     info = shutdown(p.pid, grace_s=10.0, reap=p.poll)
     assert info["drained"] and info["killed"] == [] and time.monotonic() - t0 < 5.0, info
     assert out.read_text().splitlines() == ["rank tail written"] and gone(p.pid, child)
+
+
+def test_children_of_a_launcher_already_dead_and_reaped_get_sigterm_at_once(tmp_path):
+    """A server that died mid-run (a fault, an OOM kill) and whose launcher the runner already reaped: its
+    tree is gone from the process table, its group is not. The rest of the group is told at once and
+    drains -- not left the whole grace period without a word, then SIGKILLed (a test saw 30 s of it)."""
+    out = tmp_path / "reaped.txt"
+    p, child = launch(out, "die")
+    p.kill()
+    p.wait(timeout=5)  # reaped: psutil no longer knows the launcher's pid
+    t0 = time.monotonic()
+    info = shutdown(p.pid, grace_s=10.0, reap=p.poll)
+    assert info["drained"] and info["killed"] == [] and time.monotonic() - t0 < 5.0, info
+    assert out.read_text().splitlines() == ["rank tail written"] and gone(child)
