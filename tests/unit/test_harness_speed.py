@@ -57,8 +57,8 @@ def warmup_and_files(tmp_path, verify_ct: int = 4):
 def test_a_late_flush_is_waited_for(tmp_path):
     run, log, prof, lines = warmup_and_files(tmp_path)
     writer = threading.Timer(0.25, lambda: open(rank_path(prof, 0), "w").write(lines))
+    t0 = time.monotonic()  # before the timer starts: it fires >= 0.25 s after t0 whatever the load
     writer.start()
-    t0 = time.monotonic()
     items = doctor.warmup_checks(run, prof, log, 0, speculative=True)
     writer.join()
     assert time.monotonic() - t0 >= 0.25
