@@ -102,7 +102,16 @@ def _wrap(original, hook, hook_type):
     return wrapper
 
 
+# Modules only the embedded engine's own processes import (its HTTP front, its rank scheduler) before
+# loading plugins (the profiler plugin tells its engine by them too).
+EMBEDDED_PROCESS_MODULES = ("spec_decode.engines.embedded.server", "spec_decode.engines.embedded.scheduler")
+
+
 def _sglang_registry():
+    if any(m in sys.modules for m in EMBEDDED_PROCESS_MODULES):
+        # our engine's process: we load its plugins, so ours is the one registry (trying sglang's cost
+        # ~1.5 s of CPU per process where sglang is installed without its runtime: it imports torch first)
+        return None
     try:
         from sglang.srt.plugins.hook_registry import (  # lazy: only inside SGLang (optional)
             HookRegistry,
@@ -127,9 +136,11 @@ def __getattr__(name: str):
     raise AttributeError(name)
 
 
-def load_plugins() -> list[str]:
+def load_plugins(apply: bool = True) -> list[str]:
     """Load every ``sglang.srt.plugins`` entry point (only the names in ``SGLANG_PLUGINS`` when that
-    is set, as SGLang does), call it, then apply the registered hooks. Returns the names loaded."""
+    is set, as SGLang does), call it, then apply the registered hooks (``apply``; the embedded front,
+    which runs no decoding, registers them only: applying would import their targets, and torch with
+    them, for hooks that could never fire there). Returns the names loaded."""
     allowed = {n.strip() for n in os.environ.get("SGLANG_PLUGINS", "").split(",") if n.strip()}
     loaded = []
     for ep in entry_points(group=GROUP):
@@ -144,6 +155,6 @@ def load_plugins() -> list[str]:
     # Hooks are registered through a registry someone asked for (registry(), or SGLang's module taken
     # directly): with none asked for there is nothing to apply, and resolving it here would try to
     # import sglang -- and with it torch, ~1 s -- in a process that needs neither (the embedded front).
-    if registry.cache_info().currsize or SGLANG_REGISTRY in sys.modules:
+    if apply and (registry.cache_info().currsize or SGLANG_REGISTRY in sys.modules):
         registry()[0].apply_hooks()
     return loaded

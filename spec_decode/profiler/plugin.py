@@ -23,6 +23,7 @@ import signal
 import sys
 import threading
 
+from spec_decode.engines.plugins import EMBEDDED_PROCESS_MODULES
 from spec_decode.profiler.switch import ENV as SWITCH_ENV
 from spec_decode.profiler.switch import Switch
 
@@ -46,10 +47,10 @@ TARGETS = {
 }
 
 
-# Modules only the embedded engine's own processes import (its HTTP front, its rank scheduler) before
-# loading plugins. Not the package itself: loading this plugin imports spec_decode.engines, whose
-# argv builders import spec_decode.engines.embedded.launch -- inside SGLang's processes too.
-EMBEDDED_PROCESS_MODULES = ("spec_decode.engines.embedded.server", "spec_decode.engines.embedded.scheduler")
+# The embedded engine's processes are told by modules only they import before loading plugins
+# (spec_decode.engines.plugins.EMBEDDED_PROCESS_MODULES). Not the package itself: loading this plugin
+# imports spec_decode.engines, whose argv builders import spec_decode.engines.embedded.launch -- inside
+# SGLang's processes too.
 
 
 def current_engine() -> str:

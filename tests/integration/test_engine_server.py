@@ -164,10 +164,16 @@ class TestSpecServer:
         assert named in r.json()["error"]["message"]
         assert requests.post(srv.base_url + "/generate", json=BODY, timeout=30).status_code == 200
 
-    def test_with_the_profiler_the_front_loads_decoding_for_its_hooks(self, spec_server):
-        """SPEC_DECODE_PROFILE set: the front imports decoding (and torch) before the plugins, as before."""
-        srv, _ = spec_server
-        assert libtorch_mapped(srv.pid)
+    def test_with_the_profiler_the_front_registers_its_hooks_without_torch(self, spec_server):
+        """SPEC_DECODE_PROFILE set: the front loads the plugin (its log says so) but applies no hook: they
+        target decoding, which it never runs, and importing it cost ~1.4 s of CPU per launch (torch). The
+        rank, which decodes, has torch and applied them."""
+        srv, d = spec_server
+        (rank,) = requests.get(srv.base_url + "/server_info", timeout=5).json()["rank_pids"]
+        assert libtorch_mapped(rank) and not libtorch_mapped(srv.pid)
+        text = (d / "server.log").read_text()
+        assert f"front (pid {srv.pid}): plugins loaded: ['spec_decode_profiler']" in text
+        assert "Applied 1 hook(s) to spec_decode.engines.embedded.decoding.Decoder.cycle" in text  # the rank's
 
     def test_malformed_json_is_400(self, spec_server):
         srv, _ = spec_server

@@ -52,6 +52,20 @@ def test_register_only_registers_no_torch_no_thread_no_file(tmp_path):
     assert list(tmp_path.iterdir()) == []
 
 
+def test_an_embedded_process_registers_in_our_registry_without_trying_sglangs():
+    """In our engine's processes (the front, a rank: their modules loaded first) our registry is the one:
+    where sglang is installed without its runtime, trying its registry imported torch and more before
+    failing, ~1.5 s of CPU in every profiled process."""
+    code = (
+        "import sys; import spec_decode.engines.embedded.server; "
+        "from spec_decode.engines.plugins import registry; "
+        "print('SOURCE', registry()[2], 'SGLANG', 'sglang' in sys.modules, 'TORCH', 'torch' in sys.modules)"
+    )
+    p = _run(code, {})
+    assert p.returncode == 0, p.stderr
+    assert "SOURCE spec_decode SGLANG False TORCH False" in p.stdout
+
+
 class Mark:
     """A device event stand-in: complete only when the test says so."""
 
