@@ -41,11 +41,15 @@ def maps_torch(pid: int) -> bool:
     return "libtorch" in Path(f"/proc/{pid}/maps").read_text()
 
 
-def launch(tree: Path, log_path: Path) -> dict:
-    """One short server life of ``tree``'s front; its numbers."""
+def launch(tree: Path, log_path: Path, profile: bool = False) -> dict:
+    """One short server life of ``tree``'s front; its numbers. ``profile``: with SPEC_DECODE_PROFILE set
+    (the profiler plugin loaded in the front and the rank, as a job's speculative server has it)."""
     port = free_port()
     argv = [*ENGINE, "--model-path", str(TARGET), "--port", str(port)]
-    srv = ServerProcess(argv, env={"PYTHONPATH": str(tree)}, log_path=log_path, host="127.0.0.1", port=port)
+    env = {"PYTHONPATH": str(tree)}
+    if profile:
+        env["SPEC_DECODE_PROFILE"] = str(log_path.with_suffix(".profile.jsonl"))
+    srv = ServerProcess(argv, env=env, log_path=log_path, host="127.0.0.1", port=port)
     with srv:
         r = requests.post(srv.base_url + "/generate", json=BODY, timeout=60)
         r.raise_for_status()
@@ -63,6 +67,7 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--tree", action="append", default=None, help="NAME=PATH of a source tree (repeat)")
     ap.add_argument("--launches", type=int, default=5, help="launches per tree")
+    ap.add_argument("--profile", action="store_true", help="with SPEC_DECODE_PROFILE set (the profiler plugin)")
     args = ap.parse_args()
     trees = {}
     for spec in args.tree or [f"this={ROOT}"]:
@@ -72,7 +77,7 @@ def main() -> None:
     rows: dict[str, list[dict]] = {name: [] for name in trees}
     for i in range(args.launches):
         for name, tree in trees.items():
-            row = launch(tree, logs / f"{name}.{i}.log")
+            row = launch(tree, logs / f"{name}.{i}.log", args.profile)
             rows[name].append(row)
             shown = " ".join(f"{k}={v:.3f}" if isinstance(v, float) else f"{k}={v}" for k, v in row.items())
             print(f"# {name} #{i}: {shown}", flush=True)
