@@ -64,6 +64,21 @@ def gpu_us(fn, sets: int = 5) -> tuple[float, float]:
     return statistics.median(gpu), statistics.median(host)
 
 
+def capture(fn, calls: int = 1) -> torch.cuda.CUDAGraph:
+    """``calls`` calls of ``fn`` in one CUDA graph, after one warm call on the capture's side stream."""
+    stream = torch.cuda.Stream()
+    stream.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(stream):
+        fn()
+    torch.cuda.synchronize()
+    g = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(g, stream=stream):
+        for _ in range(calls):
+            fn()
+    torch.cuda.synchronize()
+    return g
+
+
 def eager_us(fn, n: int = 50) -> float:
     fn()
     torch.cuda.synchronize()

@@ -22,25 +22,12 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from engine_profile import gpu_us  # noqa: E402
+from engine_profile import capture, gpu_us  # noqa: E402
 
 from spec_decode.engines.embedded import slot_attention  # noqa: E402
 from spec_decode.engines.embedded.kvcache import StaticKVCache, attend_rows  # noqa: E402
 
 LAYERS, NH, NKV, HD, MAX_LEN, POS = 32, 32, 8, 128, 2048, 300
-
-
-def graphed(fn) -> torch.cuda.CUDAGraph:
-    stream = torch.cuda.Stream()
-    stream.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(stream):
-        fn()
-    torch.cuda.synchronize()
-    g = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(g, stream=stream):
-        fn()
-    torch.cuda.synchronize()
-    return g
 
 
 def sync_wall_us(g: torch.cuda.CUDAGraph, n: int = 200) -> float:
@@ -87,7 +74,7 @@ def main() -> int:
     }
     print(f"{'variant':45s} {'GPU us':>9s} {'host us':>9s} {'replay+sync us':>15s}")
     for name, fn in variants.items():
-        g = graphed(fn)
+        g = capture(fn)
         gpu, host = gpu_us(g.replay)
         print(f"{name:45s} {gpu:9.1f} {host:9.1f} {sync_wall_us(g):15.1f}", flush=True)
     return 0

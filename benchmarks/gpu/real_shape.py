@@ -187,7 +187,7 @@ def graph_kernels(runner, top: int = 14) -> dict:
     """The baseline's decode graph (decode@1): GPU us per replay (CUDA events over back-to-back replays),
     kernels per replay and the kernels by total time (torch.profiler), as engine_profile.py measures."""
     sys.path.insert(0, str(Path(__file__).resolve().parent))
-    from engine_profile import gpu_us, kernels  # benchmarks/gpu is scripts, not a package: by path
+    from engine_profile import capture, gpu_us, kernels  # benchmarks/gpu is scripts, not a package: by path
 
     graph = runner.graphs["decode@1"]
     us, host = gpu_us(graph.replay)
@@ -197,7 +197,7 @@ def graph_kernels(runner, top: int = 14) -> dict:
         "host_us": round(host, 1),
         "kernels": count,
         "top": [[name, c, round(t, 1)] for name, c, t in by_time[:top]],
-        "slot_gather_us": gather_micro(runner, gpu_us),
+        "slot_gather_us": gather_micro(runner, gpu_us, capture),
         "loop_gaps": [loop_gaps(runner.target, runner, overlap=o) for o in (False, True)],
     }
 
@@ -245,23 +245,14 @@ def loop_gaps(target, runner, tokens: int = 64, overlap: bool = True, top: int =
     }
 
 
-def gather_micro(runner, gpu_us) -> dict:
+def gather_micro(runner, gpu_us, capture) -> dict:
     """One layer's K slot gathered for one row, torch's index_select against kvcache.slot_rows (8-byte
     words), as GPU us per call: 32 calls captured in one graph (a decode step's layers), interleaved sets."""
     kl, ids = runner.tcache.k[0], runner.bufs["decode@1"]["slots"]
     assert torch.equal(slot_rows(kl, ids), kl.index_select(0, ids))
     out = {}
     for name, fn in (("index_select", lambda: kl.index_select(0, ids)), ("slot_rows", lambda: slot_rows(kl, ids))):
-        stream = torch.cuda.Stream()
-        stream.wait_stream(torch.cuda.current_stream())
-        with torch.cuda.stream(stream):
-            fn()
-        torch.cuda.synchronize()
-        g = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(g, stream=stream):
-            for _ in range(32):
-                fn()
-        out[name] = round(gpu_us(g.replay)[0] / 32, 2)
+        out[name] = round(gpu_us(capture(fn, 32).replay)[0] / 32, 2)
     return out
 
 
@@ -273,7 +264,7 @@ def gemm_micro(target, tokens: tuple[int, ...] = (1, 4)) -> list[dict]:
     weight, the units' sum inside the GEMM); ``linear``: F.linear with (out, in) rows (HF's layout);
     ``triton``: gemv.py's split-K GEMV on the engine's own weights, the best of its configs."""
     sys.path.insert(0, str(Path(__file__).resolve().parent))
-    from engine_profile import gpu_us
+    from engine_profile import capture, gpu_us
     from gemv import CONFIGS, gemv  # Triton: CUDA machines only, so imported here
 
     from spec_decode.engines.embedded.parallel import tree_sum
@@ -283,15 +274,7 @@ def gemm_micro(target, tokens: tuple[int, ...] = (1, 4)) -> list[dict]:
     rows = []
 
     def graphed(fn):
-        stream = torch.cuda.Stream()
-        stream.wait_stream(torch.cuda.current_stream())
-        with torch.cuda.stream(stream):
-            fn()
-        torch.cuda.synchronize()
-        g = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(g, stream=stream):
-            fn()
-        return gpu_us(g.replay)[0] / len(layers)
+        return gpu_us(capture(fn).replay)[0] / len(layers)
 
     for proj in ("qkv", "o", "gate_up", "down"):
         units = [

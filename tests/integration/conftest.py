@@ -10,7 +10,7 @@ import os
 import subprocess
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable
+from typing import Callable, TypeVar
 
 import pytest
 from filelock import FileLock
@@ -26,6 +26,7 @@ SECRETS = {
 }
 # A stray shell variable: no server of the sweep may see it (the NCCL profile alone decides NCCL_*).
 STRAY_NCCL = {"NCCL_PROTO": "Simple"}
+T = TypeVar("T")
 
 
 @dataclass(frozen=True)
@@ -46,32 +47,8 @@ def headline_sweep(tmp_path_factory) -> Sweep:
     opens where the sweep said), test_record_flow (each job's MLflow run holds the record it wrote) and
     test_acceptance_flow (the acceptance histogram and rates, the recommendation). Tests only read it: anything they write goes to their own tmp_path.
 
-    Once per test run, also with pytest-xdist's workers: the first worker that needs it runs it in the
-    run's shared tmp dir under a file lock; the others wait on the lock and read what it left."""
-    if not os.environ.get("PYTEST_XDIST_WORKER"):  # one process (-n 0)
-        return _run_headline(tmp_path_factory.mktemp("headline"))
-    parent = tmp_path_factory.getbasetemp().parent  # the workers' common parent dir
-    shared, done = parent / "headline", parent / "headline.proc.json"
-    shared.mkdir(exist_ok=True)
-    with FileLock(str(parent / "headline.lock")):
-        if not done.exists():
-            sweep = _run_headline(shared)
-            p = sweep.proc
-            done.write_text(
-                json.dumps(
-                    {
-                        "args": p.args,
-                        "returncode": p.returncode,
-                        "stdout": p.stdout,
-                        "stderr": p.stderr,
-                        "env": sweep.env,
-                        "uri": sweep.uri,
-                    }
-                )
-            )
-    saved = json.loads(done.read_text())
-    proc = subprocess.CompletedProcess(saved["args"], saved["returncode"], saved["stdout"], saved["stderr"])
-    return Sweep(root=shared, dir=shared / "sweep", uri=saved["uri"], proc=proc, env=saved["env"])
+    Once per test run, also with pytest-xdist's workers (`_once`)."""
+    return _once(tmp_path_factory, "headline", _run_headline)
 
 
 def _run_headline(root: Path) -> Sweep:
@@ -99,24 +76,40 @@ class Job:
     uri: str | None = None  # its MLflow store (None: tracking off)
 
 
-def _once(tmp_path_factory, name: str, run: Callable[[Path], Job]) -> Job:
-    """``run(root)`` once per test run, as `headline_sweep` is: in one process into a tmp dir; under
-    pytest-xdist the first worker that needs it runs it in the run's shared tmp dir under a file lock,
-    the other reads what it left (run.py's exit and output, saved beside it)."""
-    if not os.environ.get("PYTEST_XDIST_WORKER"):  # one process (-n 0)
+def _once(tmp_path_factory, name: str, run: Callable[[Path], T]) -> T:
+    """``run(root)`` once per test run: in one process (-n 0) into a tmp dir; under pytest-xdist the first
+    worker that needs it runs it in the run's shared tmp dir under a file lock, the others wait on the lock
+    and read what it left (its fields, run.py's exit and output among them, saved beside it as JSON)."""
+    if not os.environ.get("PYTEST_XDIST_WORKER"):
         return run(tmp_path_factory.mktemp(name))
     parent = tmp_path_factory.getbasetemp().parent  # the workers' common parent dir
-    shared, done = parent / name, parent / f"{name}.proc.json"
+    shared, done = parent / name, parent / f"{name}.json"
     with FileLock(str(parent / f"{name}.lock")):
         if not done.exists():
             shared.mkdir(exist_ok=True)
-            job = run(shared)
-            p = job.proc
-            saved = {"args": p.args, "returncode": p.returncode, "stdout": p.stdout, "stderr": p.stderr}
-            done.write_text(json.dumps({**saved, "dir": str(job.dir), "uri": job.uri}))
+            result = run(shared)
+            done.write_text(
+                json.dumps({"type": type(result).__name__, **{k: _saved(v) for k, v in vars(result).items()}})
+            )
     saved = json.loads(done.read_text())
-    proc = subprocess.CompletedProcess(saved["args"], saved["returncode"], saved["stdout"], saved["stderr"])
-    return Job(dir=Path(saved["dir"]), proc=proc, uri=saved["uri"])
+    cls = {c.__name__: c for c in (Sweep, Job)}[saved.pop("type")]
+    return cls(**{k: _loaded(v) for k, v in saved.items()})
+
+
+def _saved(v):
+    if isinstance(v, Path):
+        return {"path": str(v)}
+    if isinstance(v, subprocess.CompletedProcess):
+        return {"proc": [v.args, v.returncode, v.stdout, v.stderr]}
+    return v
+
+
+def _loaded(v):
+    if isinstance(v, dict) and v.keys() == {"path"}:
+        return Path(v["path"])
+    if isinstance(v, dict) and v.keys() == {"proc"}:
+        return subprocess.CompletedProcess(*v["proc"])
+    return v
 
 
 @pytest.fixture(scope="session")
