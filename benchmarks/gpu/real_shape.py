@@ -36,9 +36,11 @@ import torch
 from spec_decode.analysis.stats import summarize
 from spec_decode.engines.embedded import synthetic
 from spec_decode.engines.embedded.decoding import Decoder, ForcedAcceptance
+from spec_decode.engines.embedded.gemv import config_for, gemv
 from spec_decode.engines.embedded.graphs import StaticRunner
 from spec_decode.engines.embedded.kvcache import slot_rows
 from spec_decode.engines.embedded.model import load_drafter, load_target
+from spec_decode.engines.embedded.parallel import tree_sum
 
 ROOT = Path(__file__).resolve().parents[2]
 PROMPT = b"def fibonacci(n):\n    # return the n-th Fibonacci number\n"
@@ -164,17 +166,25 @@ def measure(target, drafter, steps: int, accept_len: float | None, args, runner)
     return out
 
 
-def runner_for(target, drafter, steps: int, device: str, attention: str = "auto", compile: bool = False):
+def runner_for(
+    target, drafter, steps: int, device: str, attention: str = "auto", compile: bool = False, gemv: str = "cublas"
+):
     if not device.startswith("cuda"):
         return None  # the CPU rank decodes eagerly (scheduler.run_rank does the same)
     gc.collect()
     torch.cuda.empty_cache()
     t0 = time.monotonic()
     runner = StaticRunner(
-        target, drafter, steps, use_graphs=True, attention=None if attention == "auto" else attention, compile=compile
+        target,
+        drafter,
+        steps,
+        use_graphs=True,
+        attention=None if attention == "auto" else attention,
+        compile=compile,
+        gemv=gemv if compile else "cublas",
     )
     print(
-        f"  runner (steps {steps}, compile {compile}, attention {runner.attention}): "
+        f"  runner (steps {steps}, compile {compile}, attention {runner.attention}, gemv {runner.gemv}): "
         f"{time.monotonic() - t0:.1f} s to build and capture",
         flush=True,
     )
@@ -202,15 +212,33 @@ def graph_kernels(runner, top: int = 14) -> dict:
     }
 
 
-def loop_gaps(target, runner, tokens: int = 64, overlap: bool = True, top: int = 8) -> dict:
-    """Where the GPU idles in the decode loop itself (``Decoder.generate``, the baseline): torch.profiler's
-    CUDA activity over one generation, merged into busy intervals. Per step: the wall, the GPU busy time
-    and the idle time between the first and the last kernel; the longest gaps with the kernels around
-    them (a gap after the step's last kernel and before the next graph's first is host time the loop did
-    not hide)."""
+def cycle_kernels(runner, drafter, steps: int, accept_len: float, token_mode: str) -> dict:
+    """A speculative cycle's parts (batch 1): GPU us per replay of the verify, draft and re-extend graphs
+    (a cycle replays verify once, draft steps - 1 times, extend once), and the loop's GPU idle per cycle
+    (loop_gaps) at this forced accept length, overlap on."""
+    sys.path.insert(0, str(Path(__file__).resolve().parent))
+    from engine_profile import gpu_us  # benchmarks/gpu is scripts, not a package: by path
+
+    out = {f"{n}_gpu_us": round(gpu_us(runner.graphs[f"{n}@1"].replay)[0], 1) for n in ("verify", "draft", "extend")}
+    out["graphs_us_per_cycle"] = round(
+        out["verify_gpu_us"] + (steps - 1) * out["draft_gpu_us"] + out["extend_gpu_us"], 1
+    )
+    forced = ForcedAcceptance(accept_len, steps, token_mode=token_mode, seed=0)
+    out["loop"] = loop_gaps(runner.target, runner, drafter=drafter, steps=steps, forced=forced)
+    return out
+
+
+def loop_gaps(
+    target, runner, tokens: int = 64, overlap: bool = True, top: int = 8, drafter=None, steps: int = 0, forced=None
+) -> dict:
+    """Where the GPU idles in the decode loop itself (``Decoder.generate``; the baseline, or with a drafter
+    the speculative cycle): torch.profiler's CUDA activity over one generation, merged into busy
+    intervals. Per step (cycle): the wall, the GPU busy time and the idle time between the first and the
+    last kernel; the longest gaps with the kernels around them (a gap after the step's last kernel and
+    before the next graph's first is host time the loop did not hide)."""
     from torch.profiler import ProfilerActivity, profile
 
-    decoder = Decoder(target, None, 0, runner)
+    decoder = Decoder(target, drafter, steps, runner, forced)
     ids = list(PROMPT)
     decoder.generate(ids, 8, overlap=overlap)
     torch.cuda.synchronize()
@@ -233,14 +261,14 @@ def loop_gaps(target, runner, tokens: int = 64, overlap: bool = True, top: int =
         elif stop > end:
             busy += stop - end
         end, prev = (stop, name) if end is None or stop > end else (end, prev)
-    steps = gen.decode_steps
+    n = gen.decode_steps
     idle = sum(g for g, _, _ in gaps)
     return {
         "overlap": overlap,
-        "steps": steps,
-        "wall_us_per_step": round(wall * 1e6 / steps, 1),
-        "gpu_busy_us_per_step": round(busy / steps, 1),
-        "gpu_idle_us_per_step": round(idle / steps, 1),
+        "steps": n,
+        "wall_us_per_step": round(wall * 1e6 / n, 1),
+        "gpu_busy_us_per_step": round(busy / n, 1),
+        "gpu_idle_us_per_step": round(idle / n, 1),
         "top_gaps": [[round(g, 1), a[:60], b[:60]] for g, a, b in sorted(gaps, reverse=True)[:top]],
     }
 
@@ -256,18 +284,28 @@ def gather_micro(runner, gpu_us, capture) -> dict:
     return out
 
 
+# (block_k, block_n, split_k, stages, warps) configs of the engine's GEMV that --gemm-micro tries per shape
+GEMV_SWEEP = [
+    *[(128, 128, s, 3, 4) for s in (1, 2, 4, 8, 16)],
+    (64, 128, 8, 4, 4),
+    (128, 64, 8, 3, 4),
+    (128, 64, 16, 3, 4),
+    (256, 128, 4, 3, 8),
+    (128, 256, 2, 3, 8),
+    (128, 256, 4, 3, 8),
+]
+
+
 def gemm_micro(target, tokens: tuple[int, ...] = (1, 4)) -> list[dict]:
     """Each projection of a decode step in the layouts it could run in, as GPU us per layer and TB/s of
     its weight: 32 calls (one per layer, each its own weight, so none is served from L2) captured in
     one graph. ``unit``: the engine's per-unit batched matmul (o/down: partials + the tree sum);
     ``dense``: one matmul over the units side by side, x @ W (in, out) (o/down: a view of the same
     weight, the units' sum inside the GEMM); ``linear``: F.linear with (out, in) rows (HF's layout);
-    ``triton``: gemv.py's split-K GEMV on the engine's own weights, the best of its configs."""
+    ``triton``: the engine's split-K GEMV (spec_decode/engines/embedded/gemv.py) on its own weights, the
+    best of GEMV_SWEEP; ``triton-engine``: the config the engine takes (gemv.config_for)."""
     sys.path.insert(0, str(Path(__file__).resolve().parent))
     from engine_profile import capture, gpu_us
-    from gemv import CONFIGS, gemv  # Triton: CUDA machines only, so imported here
-
-    from spec_decode.engines.embedded.parallel import tree_sum
 
     layers = target.model.layers
     h = target.shape.hidden_size
@@ -311,15 +349,25 @@ def gemm_micro(target, tokens: tuple[int, ...] = (1, 4)) -> list[dict]:
             ws = dense if row_parallel else units
             want = xs @ dense[0]
             best = None
-            for cfg in CONFIGS:  # Triton's split-K GEMV (gemv.py): checked against cuBLAS, then timed
-                if (dense[0].shape[1] if row_parallel else cout) % cfg[1]:
+            c = dense[0].shape[1] if row_parallel else cout
+            engine = config_for(
+                xs.shape[1], dense[0].shape[1], c, torch.cuda.get_device_properties(0).multi_processor_count
+            )
+            for cfg in [engine, *GEMV_SWEEP]:  # the engine's split-K GEMV: checked against cuBLAS, then timed
+                if c % cfg[1]:
                     continue
-                got = gemv(xs, ws[0], *cfg)
+                got = gemv(xs, ws[0], cfg)
                 err = ((got.float() - want.float()).norm() / want.float().norm()).item()
                 if err > 1e-2:
                     print(f"  gemm {proj} T={t} triton {cfg}: relative error {err:.2e}, skipped", flush=True)
                     continue
-                us = graphed(lambda xs=xs, ws=ws, cfg=cfg: [gemv(xs, w, *cfg) for w in ws])
+                us = graphed(lambda xs=xs, ws=ws, cfg=cfg: [gemv(xs, w, cfg) for w in ws])
+                if cfg is engine:
+                    rows.append(
+                        {"proj": proj, "tokens": t, "layout": "triton-engine", "config": list(cfg), "us": round(us, 2),
+                         "tbs": round(weight / us / 1e6, 2)}
+                    )  # fmt: skip
+                    print(f"  gemm {proj:8s} T={t} triton-engine {us:8.2f} us  {weight / us / 1e6:5.2f} TB/s {cfg}")
                 if best is None or us < best[0]:
                     best = (us, cfg)
             if best is not None:
@@ -397,6 +445,12 @@ def main(argv: list[str] | None = None) -> int:
         "off, on, or off,on to compare; crossed with --attention",
     )
     ap.add_argument(
+        "--gemv",
+        default="cublas",
+        help="with --compile on: the target's projections by cublas (torch's matmuls) or triton "
+        "(spec_decode/engines/embedded/gemv.py), or cublas,triton to compare",
+    )
+    ap.add_argument(
         "--kernels", action="store_true", help="CUDA: the baseline decode graph's GPU us and kernels by time"
     )
     ap.add_argument(
@@ -431,8 +485,10 @@ def main(argv: list[str] | None = None) -> int:
         variants = {}
         for attention in args.attention.split(","):
             for comp in args.compile.split(","):
-                name = attention if comp == "off" else f"{attention}+compile"
-                variants.update(measure_all(target, drafter, args, attention, comp == "on", name))
+                for gemv in args.gemv.split(",") if comp == "on" else ["cublas"]:
+                    name = attention if comp == "off" else f"{attention}+compile"
+                    name += f"+{gemv}" if len(args.gemv.split(",")) > 1 and comp == "on" else ""
+                    variants.update(measure_all(target, drafter, args, attention, comp == "on", name, gemv))
     for attention, v in variants.items():
         write_variant(out, args, attention, v, multiple=len(variants) > 1)
     record = {
@@ -450,18 +506,21 @@ def main(argv: list[str] | None = None) -> int:
     return 0
 
 
-def measure_all(target, drafter, args, attention: str, compile: bool, label: str) -> dict[str, dict]:
+def measure_all(
+    target, drafter, args, attention: str, compile: bool, label: str, gemv: str = "cublas"
+) -> dict[str, dict]:
     """The baseline and every (steps, accept length) cell with one attention (and compile) variant, per
     overlap mode: {variant name: {"baseline": ..., "rows": [...]}}."""
     modes = args.overlap.split(",")
     name = {m: label + (f"+overlap-{m}" if len(modes) > 1 else "") for m in modes}
     out = {name[m]: {"baseline": None, "rows": []} for m in modes}
     positions = context(args)
-    runner = runner_for(target, None, 1, args.device, attention, compile)
+    runner = runner_for(target, None, 1, args.device, attention, compile, gemv)
     for m, base in measure(target, None, 0, None, args, runner).items():
         base.update(roofline(target, None, 0, args.bandwidth_tbs, positions))
         base["ratio"] = round(base["cycle_ms"] / base["roofline_ms"], 3)
         base["attention"], base["compile"] = runner.attention if runner else attention, compile
+        base["gemv"] = runner.gemv if runner else "cublas"
         out[name[m]]["baseline"] = base
         print(
             f"[{name[m]}] baseline: {base['cycle_ms']:.3f} ms/step (roofline {base['roofline_ms']:.3f}), "
@@ -480,13 +539,20 @@ def measure_all(target, drafter, args, attention: str, compile: bool, label: str
             print(f"  {us:8.1f} us  x{c:4.0f}  {kname}")
     del runner
     for steps in [int(s) for s in args.steps.split(",")]:
-        runner = runner_for(target, drafter, steps, args.device, attention, compile)
+        runner = runner_for(target, drafter, steps, args.device, attention, compile, gemv)
         for x in [float(v) for v in args.accept_lens.split(",")]:
             if x > steps + 1:
                 continue
+            cycle = None
+            if args.kernels and runner is not None and runner.graphs:
+                cycle = cycle_kernels(runner, drafter, steps, x, args.token_mode)
+                print(f"[{label}] steps {steps} accept {x}, graphs and loop: {cycle}", flush=True)
             for m, row in measure(target, drafter, steps, x, args, runner).items():
                 row.update(roofline(target, drafter, steps, args.bandwidth_tbs, positions))
                 row["ratio"] = round(row["cycle_ms"] / row["roofline_ms"], 3)
+                row["gemv"] = runner.gemv if runner else "cublas"
+                if cycle is not None:
+                    row["graph"] = cycle
                 out[name[m]]["rows"].append(row)
                 print(
                     f"[{name[m]}] steps {steps} accept {x}: cycle {row['cycle_ms']:.3f} ms (roofline "

@@ -21,7 +21,8 @@
 #               "--paths static,eager"); batching.json
 #       realshape  benchmarks/gpu/real_shape.py on one GPU (issue 31: the 8B-shaped synthetic pair, cycle
 #               against the roofline; REAL_SHAPE_ARGS, e.g. "--steps 1,3 --attention sdpa,bmm --kernels");
-#               real_shape.tgz (REAL_SHAPE_TIMEOUT_S, default 360)
+#               real_shape.tgz (REAL_SHAPE_TIMEOUT_S, default 360); realshape,realshape runs it twice,
+#               the second with REAL_SHAPE_ARGS_2 if set, into real_shape-2.tgz
 #       sweep   python run.py -m experiment=$SESSION_EXPERIMENT tracking=off [overrides]
 #               (default embedded_h200x2_steps_nccl; on one GPU add hardware=h200x1)
 #   e.g.  bash benchmarks/gpu/session.sh tests,probe,engine     # call 1
@@ -192,13 +193,20 @@ step_batching() {
 }
 
 step_realshape() {
-  local rc
+  # The n-th realshape step of a call takes REAL_SHAPE_ARGS_n if set (else REAL_SHAPE_ARGS) and writes
+  # real_shape-n.tgz (the first: real_shape.tgz), e.g. the GEMM micro-benchmark, then the cycles. (A step
+  # runs in a pipeline's subshell: n is counted from the archives already written.)
+  local rc args n=1 suffix=""
+  while [ -e "$OUT/real_shape$suffix.tgz" ]; do n=$((n + 1)); suffix="-$n"; done
+  args="REAL_SHAPE_ARGS_$n"
+  args=${!args-${REAL_SHAPE_ARGS:-}}
   rm -rf "$WORK/real_shape"
-  # shellcheck disable=SC2086  # REAL_SHAPE_ARGS is a list of flags
+  echo "[session] real_shape.py $args"
+  # shellcheck disable=SC2086  # args is a list of flags
   # The repository first on the path: real_shape reads conf/ next to the spec_decode it imports.
-  CUDA_VISIBLE_DEVICES=0 PYTHONPATH="$PWD:$PYTHONPATH" bounded "${REAL_SHAPE_TIMEOUT_S:-360}" "$PY" benchmarks/gpu/real_shape.py --out "$WORK/real_shape" ${REAL_SHAPE_ARGS:-}
+  CUDA_VISIBLE_DEVICES=0 PYTHONPATH="$PWD:$PYTHONPATH" bounded "${REAL_SHAPE_TIMEOUT_S:-360}" "$PY" benchmarks/gpu/real_shape.py --out "$WORK/real_shape" $args
   rc=$?
-  [ -d "$WORK/real_shape" ] && tar -czf "$OUT/real_shape.tgz" -C "$WORK" real_shape
+  [ -d "$WORK/real_shape" ] && tar -czf "$OUT/real_shape$suffix.tgz" -C "$WORK" real_shape
   return $rc
 }
 

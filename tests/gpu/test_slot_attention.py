@@ -19,8 +19,7 @@ import pytest
 torch = pytest.importorskip("torch")
 pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")]
 
-from spec_decode.core.synthetic import SyntheticConfig  # noqa: E402
-from spec_decode.engines.embedded import slot_attention, synthetic  # noqa: E402
+from spec_decode.engines.embedded import slot_attention  # noqa: E402
 from spec_decode.engines.embedded.decoding import Decoder  # noqa: E402
 from spec_decode.engines.embedded.graphs import StaticRunner  # noqa: E402
 from spec_decode.engines.embedded.kvcache import StaticKVCache, attend_rows  # noqa: E402
@@ -86,18 +85,6 @@ def test_replays_in_a_cuda_graph_for_other_slots_and_positions():
         graph.replay()
         torch.cuda.synchronize()
         assert torch.equal(out, want) and torch.equal(ks, ref_k) and torch.equal(vs, ref_v)
-
-
-@pytest.fixture(scope="module")
-def bf16_pair(tmp_path_factory):
-    """A small synthetic target (grouped-query, 4 layers) and drafter in bf16, seeded."""
-    root = tmp_path_factory.mktemp("bf16_pair")
-    shape = dict(vocab_size=256, hidden_size=256, num_attention_heads=8, num_key_value_heads=2, intermediate_size=512)
-    tsyn = SyntheticConfig(num_hidden_layers=4, max_position_embeddings=512, **shape)
-    dsyn = SyntheticConfig(num_hidden_layers=1, max_position_embeddings=512, seed=1, **shape)
-    synthetic.generate_target(tsyn, root / "target", DEV)
-    synthetic.generate_drafter(dsyn, tsyn, None, root / "drafter", DEV)
-    return root / "target", root / "drafter"
 
 
 def test_compiled_slots_path_replays_like_its_eager_run_and_agrees_with_sdpa(bf16_pair):
