@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from spec_decode.runner import doctor, preflight
+from spec_decode.runner import doctor, preflight, preflight_items
 
 from ..conftest import DRAFTER, PROMPTS, ROOT, TARGET, compose_experiment
 
@@ -65,6 +65,22 @@ def test_dvc_tracked_weights_say_dvc_pull_and_that_restores_them(tmp_path):
     assert cmd == "dvc pull weights/drafter"
     sh(f"{Path(sys.executable).parent}/{cmd}", repo)
     assert weights_ok(cfg, repo)
+
+
+def test_a_sweep_asks_dvc_once_and_again_when_the_pipeline_changes(tmp_path):
+    """A sweep's jobs share one process: the answer "does DVC track this path" is kept for the same
+    dvc.yaml and dvc.lock (opening the repo costs ~0.6 s of CPU per job), and asked again when they change."""
+    repo = tmp_path / "repo"
+    repo.mkdir()
+    sh("git init -q && dvc init -q", repo)
+    stage = "stages:\n  make:\n    cmd: echo\n    outs:\n      - weights/a\n"
+    (repo / "dvc.yaml").write_text(stage)
+    untracked = "this repo has no DVC pointer for it yet"
+    assert untracked not in preflight_items.missing_weights(repo, "weights/a", "drafter.path")
+    assert untracked in preflight_items.missing_weights(repo, "weights/b", "drafter.path")
+    assert untracked in preflight_items.missing_weights(repo, "weights/b", "drafter.path")  # kept: same answer
+    (repo / "dvc.yaml").write_text(stage + "      - weights/b\n")  # now a stage makes it
+    assert untracked not in preflight_items.missing_weights(repo, "weights/b", "drafter.path")
 
 
 def test_doctor_says_sglang_is_absent_not_moved_and_the_extra_it_names_exists():
