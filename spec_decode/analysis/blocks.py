@@ -35,9 +35,7 @@ import math
 import statistics
 from typing import TYPE_CHECKING
 
-from scipy import stats as st
-
-from spec_decode.analysis.stats import robust_cv, summarize
+from spec_decode.analysis.stats import robust_cv, summarize, t_cdf, t_ppf
 
 if TYPE_CHECKING:  # the record type, for annotations only: analysis sits below record
     from spec_decode.record.results import JobRecord
@@ -73,7 +71,7 @@ def log_t_interval(values: list[float], confidence: float = 0.95) -> tuple[float
     m = statistics.fmean(logs)
     if len(logs) < 2:
         return math.exp(m), float("nan"), float("nan")
-    half = st.t.ppf(0.5 + confidence / 2, len(logs) - 1) * statistics.stdev(logs) / math.sqrt(len(logs))
+    half = t_ppf(0.5 + confidence / 2, len(logs) - 1) * statistics.stdev(logs) / math.sqrt(len(logs))
     return math.exp(m), math.exp(m - half), math.exp(m + half)
 
 
@@ -89,8 +87,8 @@ def ci_holds_a_rebuild(df: int, confidence: float = 0.95) -> float:
     """How often an equal-size rebuild's estimate lands inside the reported CI of a cell with ``df``
     degrees of freedom, both with the same launch-level sd: P(|t_df| < t_crit / sqrt 2). The rebuild's
     own noise is what the CI leaves out (0.89 at 4 blocks, 0.86 at 8); the rerun interval puts it in."""
-    crit = st.t.ppf(0.5 + confidence / 2, df)
-    return float(2 * st.t.cdf(crit / math.sqrt(2), df) - 1)
+    crit = t_ppf(0.5 + confidence / 2, df)
+    return float(2 * t_cdf(crit / math.sqrt(2), df) - 1)
 
 
 def fold(blocks: list[JobRecord]) -> JobRecord:

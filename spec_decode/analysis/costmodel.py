@@ -34,9 +34,9 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 from scipy import optimize
-from scipy import stats as st
 
 from spec_decode.analysis.acceptance import rates_from_metrics
+from spec_decode.analysis.stats import t_ppf
 from spec_decode.record.results import performance_only
 
 if TYPE_CHECKING:
@@ -212,7 +212,7 @@ def fit(points: list[Point], max_steps: int = 8) -> Fit:
         f.scale = statistics.median(m / raw_tok_s(f, p.steps) for p, m in measured)
         rel = [f.scale * raw_tok_s(f, p.steps) / m - 1 for p, m in measured]
         f.rel_sd = statistics.stdev(rel) if len(rel) > 1 else 0.0
-    t = st.t.ppf(0.975, max(f.n - 1, 1))
+    t = t_ppf(0.975, max(f.n - 1, 1))
     by_k = {p.steps: p for p in points}
     for k in range(1, max(max_steps, max(ks)) + 1):
         pred = f.scale * raw_tok_s(f, k)

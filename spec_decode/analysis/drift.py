@@ -24,7 +24,7 @@ import math
 import statistics
 from dataclasses import asdict, dataclass, field
 
-from scipy import stats as st
+from spec_decode.analysis.stats import t_ppf
 
 ENV_PREFIXES = ("NCCL_", "SGLANG_", "CUDA_")
 # Earlier baselines needed before an interval can raise an alarm: with 2 points the t-interval's
@@ -90,7 +90,7 @@ def interval(means: list[float]) -> tuple[float, float] | None:
     if len(means) < MIN_EARLIER:
         return None
     m, sd, n = statistics.fmean(means), statistics.stdev(means), len(means)
-    half = st.t.ppf(0.975, n - 1) * sd * math.sqrt(1 + 1 / n)
+    half = t_ppf(0.975, n - 1) * sd * math.sqrt(1 + 1 / n)
     return m - half, m + half
 
 

@@ -74,3 +74,12 @@ def test_acceptance_conventions():
     old = stats.acceptance(173, 100, None, None, 3)
     assert old["accept_rate_incl_bonus"] == pytest.approx(0.577, abs=1e-3)
     assert old["accept_rate_draft"] is None
+
+
+@pytest.mark.parametrize("df", [1, 2, 4, 11, 29.5, 1e6])
+def test_t_through_scipy_special_is_scipy_stats_t_bit_for_bit(df):
+    """stats.t_ppf / t_cdf (scipy.special, cheaper to import) give exactly scipy.stats.t's numbers."""
+    for p in (0.5, 0.8, 0.9, 0.95, 0.975, 0.995, 1e-6, 1 - 1e-9):
+        assert stats.t_ppf(p, df) == st.t.ppf(p, df)
+    for x in (-3.0, -0.2, 0.0, 0.7, 1.96, 12.0):
+        assert stats.t_cdf(x, df) == st.t.cdf(x, df)

@@ -36,7 +36,6 @@ import logging
 import torch
 
 from spec_decode.engines.embedded import capture, slot_attention
-from spec_decode.engines.embedded import gemv as gemv_kernels
 from spec_decode.engines.embedded.buckets import bucket, capture_bs
 from spec_decode.engines.embedded.kvcache import SlotCache
 
@@ -56,7 +55,6 @@ class StaticRunner:
         slots: int | None = None,
         compile: bool = False,
         compile_backend: str = "inductor",
-        gemv: str = "cublas",
     ):
         """``max_bs``: the largest captured batch size (SGLang's --cuda-graph-max-bs-decode);
         ``slots``: requests the caches hold (default max_bs; the server's --max-running-requests),
@@ -71,16 +69,8 @@ class StaticRunner:
         ``compile``: each shape's function through ``torch.compile`` (inductor: the elementwise work
         between the GEMMs and attention fused into generated kernels; RoPE from the plain q/k, without
         graph_ops' rotated rows), compiled in the warm-up before capture; off by default (~30 s of
-        start-up per step count on the 8B shape; other rounding, as graph_ops). ``gemv``: the target's
-        projections at tp 1 under compile by "cublas" (torch's matmuls) or "triton" (gemv.py)."""
+        start-up per step count on the 8B shape; other rounding, as graph_ops)."""
         self.compile, self.compile_backend = compile, compile_backend  # backend: tests ("aot_eager")
-        if gemv not in ("cublas", "triton"):
-            raise ValueError(f"StaticRunner gemv={gemv!r}: 'cublas' or 'triton'")
-        if gemv == "triton" and (why := gemv_kernels.unavailable_reason(target.lm_head.weight)) is not None:
-            raise ValueError(f"StaticRunner gemv='triton' {why}")
-        self.gemv = gemv
-        # the target's static forward under compile: RoPE from plain q/k, dense projections at tp 1
-        self.tstatic = dict(rot_rows=not compile, dense=compile, gemv=gemv == "triton")
         if compile:
             # start-up: dynamo loads only when compiling. Every shape of every runner in the process is
             # the same lambda's code, so each is one more recompile of it: allow this runner's too
@@ -193,11 +183,15 @@ class StaticRunner:
         self.fns[name] = run
 
     def _decode(self, b) -> None:
-        logits, _ = self.target.forward_static(b["ids"], b["pos"], b["trows"], **self.tstatic)
+        logits, _ = self.target.forward_static(
+            b["ids"], b["pos"], b["trows"], rot_rows=not self.compile, dense=self.compile
+        )
         b["tok"].copy_(logits.argmax(-1))
 
     def _verify(self, b) -> None:
-        logits, aux = self.target.forward_static(b["ids"], b["pos"], b["trows"], self.capture_ids, **self.tstatic)
+        logits, aux = self.target.forward_static(
+            b["ids"], b["pos"], b["trows"], self.capture_ids, rot_rows=not self.compile, dense=self.compile
+        )
         pred = logits.argmax(-1).view(b["pred"].shape)
         b["pred"].copy_(pred)
         drafts = b["ids"].view(b["pred"].shape)[:, 1:]

@@ -10,7 +10,6 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from spec_decode.engines.embedded import gemv
 from spec_decode.engines.embedded.parallel import TensorParallel
 from spec_decode.engines.embedded.shapes import LlamaShape
 
@@ -166,18 +165,12 @@ class Attention(nn.Module):
         if tp.size > 1:
             self.q_proj = self.k_proj = self.v_proj = self.o_proj = None
 
-    def qkv_sharded(
-        self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, spread: bool = False, triton: bool = False
-    ):
+    def qkv_sharded(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, spread: bool = False):
         """x (1, T, in) -> this rank's q (1, local heads, T, hd), k, v (1, local kv heads, T, hd).
-        ``spread`` (under torch.compile): the same products, x copied per unit by us (see spread_rows);
-        ``triton``: one GEMV over the units side by side, read in place (gemv.py)."""
+        ``spread`` (under torch.compile): the same products, x copied per unit by us (see spread_rows)."""
         n, qpu, kpu = self.local
         t, hd = x.shape[1], self.hd
-        if triton:
-            y = gemv.project(x[0], self.u_qkv).view(t, n, -1).transpose(0, 1)  # (units, T, c), a view
-        else:
-            y = torch.bmm(spread_rows(x, n), self.u_qkv) if spread else torch.matmul(x, self.u_qkv)
+        y = torch.bmm(spread_rows(x, n), self.u_qkv) if spread else torch.matmul(x, self.u_qkv)  # (units, T, c)
         q, k, v = y.split([qpu * hd, kpu * hd, kpu * hd], dim=-1)
 
         def heads(z: torch.Tensor, per: int) -> torch.Tensor:
@@ -185,15 +178,13 @@ class Attention(nn.Module):
 
         return apply_rope(heads(q, qpu), cos, sin), apply_rope(heads(k, kpu), cos, sin), heads(v, kpu)
 
-    def out_dense(self, a: torch.Tensor, triton: bool = False) -> torch.Tensor:
+    def out_dense(self, a: torch.Tensor) -> torch.Tensor:
         """a (1, local heads, T, hd) -> o_proj (T, h) in one GEMM over the units (their sum in the GEMM's
         fp32 accumulator, not ``out_partials`` + a tree sum): the per-unit weights viewed as one matrix,
-        units stacked along its input, heads in order. tp 1 under torch.compile (other rounding);
-        ``triton``: gemv.py's GEMV on that view."""
+        units stacked along its input, heads in order. tp 1 under torch.compile (other rounding)."""
         n, qpu, _ = self.local
         t = a.shape[2]
-        a2, w = a[0].transpose(0, 1).reshape(t, n * qpu * self.hd), self.u_o.view(n * qpu * self.hd, -1)
-        return gemv.project(a2.contiguous(), w) if triton else a2 @ w
+        return a[0].transpose(0, 1).reshape(t, n * qpu * self.hd) @ self.u_o.view(n * qpu * self.hd, -1)
 
     def out_partials(self, a: torch.Tensor) -> torch.Tensor:
         """a (1, local heads, T, hd) -> per-unit o_proj partials (local units, T, h)."""
@@ -233,17 +224,11 @@ class MLP(nn.Module):
         if tp.size > 1:
             self.gate_proj = self.up_proj = self.down_proj = None
 
-    def dense(self, x: torch.Tensor, triton: bool = False) -> torch.Tensor:
+    def dense(self, x: torch.Tensor) -> torch.Tensor:
         """x (1, T, h) -> the MLP's output (T, h), down_proj in one GEMM over the units (as
-        Attention.out_dense); gate/up on x spread per unit (spread_rows). ``triton``: both as gemv.py's
-        GEMV (gate/up over the units side by side, in place)."""
-        n, t = self.u_gate_up.shape[0], x.shape[1]
-        if triton:
-            gate, up = gemv.project(x[0], self.u_gate_up).view(t, n, -1).chunk(2, dim=-1)  # (T, units, fpu)
-            fpu = gate.shape[-1]
-            return gemv.project((F.silu(gate) * up).reshape(t, n * fpu), self.u_down.view(n * fpu, -1))
-        gate, up = torch.bmm(spread_rows(x, n), self.u_gate_up).chunk(2, dim=-1)
-        fpu = gate.shape[-1]
+        Attention.out_dense); gate/up on x spread per unit (spread_rows)."""
+        gate, up = torch.bmm(spread_rows(x, self.u_gate_up.shape[0]), self.u_gate_up).chunk(2, dim=-1)
+        n, t, fpu = gate.shape
         act = (F.silu(gate) * up).transpose(0, 1).reshape(t, n * fpu)
         return act @ self.u_down.view(n * fpu, -1)
 

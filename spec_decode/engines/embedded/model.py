@@ -25,7 +25,6 @@ from torch import nn
 
 from spec_decode.core.drafter import configured_layer_ids, default_layer_ids
 from spec_decode.engines.embedded.eagle3 import Eagle3Drafter, Eagle3Layer
-from spec_decode.engines.embedded.gemv import MAX_ROWS as MAX_GEMV_ROWS
 from spec_decode.engines.embedded.kvcache import (
     PV_SPLIT,
     CacheRows,
@@ -178,7 +177,6 @@ class LlamaTarget(nn.Module):
         capture: list[int] | None = None,
         rot_rows: bool = True,
         dense: bool = False,
-        gemv: bool = False,
     ):
         """``forward`` with no host value in it (CUDA-graph capturable): (1, T) tokens at the
         positions ``pos`` (T,), T = B rows x cache.t tokens packed row after row (``cache`` is a
@@ -190,8 +188,7 @@ class LlamaTarget(nn.Module):
         partials and the tree sum (12.9 against 16.8 us for o, 32.0 against 36.0 us for down on the 8B
         shape, H200; benchmarks/gpu/real_shape.py --gemm-micro): other rounding, so tp 1 only, where no
         tp size has to match it bit for bit; and the per-unit q/k/v and gate/up products on x copied per
-        unit by us (layers.spread_rows), not broadcast. ``gemv`` (with ``dense``): the four projections
-        as gemv.py's Triton GEMV on the same weights (CUDA, bf16/fp16, T <= 16 rows)."""
+        unit by us (layers.spread_rows), not broadcast."""
         t, g = ids.shape[1], self.graph_ops
         if g:
             cos, sin = self.cos_sin.index_select(0, pos).chunk(2, dim=-1)
@@ -202,18 +199,17 @@ class LlamaTarget(nn.Module):
         outs = {}
         reduce = self.tp.reduce
         dense = dense and self.tp.size == 1
-        tri = gemv and dense and t <= MAX_GEMV_ROWS
         for i, layer in enumerate(self.model.layers):
             attn = layer.self_attn
             xn = layer.input_layernorm.static(x, g)
             if g and rot_rows:
                 q, k, v = attn.qkv_sharded_graph(xn, cos, sin)
             else:
-                q, k, v = attn.qkv_sharded(xn, cos, sin, spread=dense, triton=tri)
+                q, k, v = attn.qkv_sharded(xn, cos, sin, spread=dense)
             a = cache.attend(i, q, k, v, pos, mask)
-            x = x + (attn.out_dense(a, tri) if dense else reduce(attn.out_partials(a))).view(1, t, -1)
+            x = x + (attn.out_dense(a) if dense else reduce(attn.out_partials(a))).view(1, t, -1)
             h = layer.post_attention_layernorm.static(x, g)
-            x = x + (layer.mlp.dense(h, tri) if dense else reduce(layer.mlp.partials(h))).view(1, t, -1)
+            x = x + (layer.mlp.dense(h) if dense else reduce(layer.mlp.partials(h))).view(1, t, -1)
             if capture and i in capture:
                 outs[i] = x
         logits = self.lm_head(self.model.norm.static(x, g))[0]
