@@ -1,5 +1,8 @@
-"""The projections of a few rows in Triton: a split-K GEMV over the engine's own weight layouts, for the
-static path at tp 1 under torch.compile (``StaticRunner(gemv="triton")``).
+"""The projections of a few rows in Triton: a split-K GEMV over the engine's own weight layouts, set beside
+cuBLAS by ``real_shape.py --gemm-micro`` (issue 31). Measured on the H200 (2026-12-02) it did not beat
+cuBLAS on any of the 8B shape's projections (docs/embedded-engine.md, "A Triton GEMV"), and a decode step
+with it in the engine (its four projections as one custom operator each) took 5.55 against 4.67 ms: it
+stays a benchmark, not an engine path.
 
 At a decode step's one row (a verify's k + 1), a projection is a read of its weight: cuBLAS ran the
 8B shape's q/k/v at 3.1 TB/s whatever the layout, o at 2.6 and down at 3.7 (gate/up at 4.2), against
@@ -10,8 +13,8 @@ chunks whose fp32 partials a second kernel sums in a fixed order (skipped at spl
 matrix (o/down: the per-unit weights viewed as units stacked along the input) or per-unit matrices
 (n, K, c) side by side (q/k/v, gate/up: column j of y is unit j // c's column j % c), read in place.
 
-The config of a shape is a fixed function of (K, N, c) and the device's SM count (``config_for``), not
-a timing at start-up: the sums' order, hence the rounding, is the same in every run of a build.
+``config_for``: the config an engine would take, a fixed function of (K, N, c) and the SM count (no
+timing at start-up, so the sums' order and rounding would be the same in every run).
 """
 
 from __future__ import annotations
@@ -124,21 +127,3 @@ def gemv(x: torch.Tensor, w: torch.Tensor, config: tuple[int, int, int, int, int
         block = 1024
         _sum_splits[(triton.cdiv(t * ncols, block),)](parts, y, t, ncols, TP=MAX_ROWS, SPLIT_K=split_k, BLOCK=block)
     return y
-
-
-# An operator that torch.compile leaves whole (inductor would otherwise see two opaque Triton launches
-# and their buffers inside the traced graph), as slot_attention's attend_slots.
-@torch.library.custom_op("spec_decode::gemv", mutates_args=())
-def _gemv_op(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
-    return gemv(x, w)
-
-
-@_gemv_op.register_fake
-def _(x, w):
-    n = w.shape[0] * w.shape[2] if w.dim() == 3 else w.shape[1]
-    return x.new_empty(x.shape[0], n)
-
-
-def project(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
-    """``gemv`` as the operator that torch.compile keeps: x (T, K) -> (T, N)."""
-    return torch.ops.spec_decode.gemv(x, w)

@@ -36,7 +36,6 @@ import torch
 from spec_decode.analysis.stats import summarize
 from spec_decode.engines.embedded import synthetic
 from spec_decode.engines.embedded.decoding import Decoder, ForcedAcceptance
-from spec_decode.engines.embedded.gemv import config_for, gemv
 from spec_decode.engines.embedded.graphs import StaticRunner
 from spec_decode.engines.embedded.kvcache import slot_rows
 from spec_decode.engines.embedded.model import load_drafter, load_target
@@ -166,9 +165,7 @@ def measure(target, drafter, steps: int, accept_len: float | None, args, runner)
     return out
 
 
-def runner_for(
-    target, drafter, steps: int, device: str, attention: str = "auto", compile: bool = False, gemv: str = "cublas"
-):
+def runner_for(target, drafter, steps: int, device: str, attention: str = "auto", compile: bool = False):
     if not device.startswith("cuda"):
         return None  # the CPU rank decodes eagerly (scheduler.run_rank does the same)
     gc.collect()
@@ -181,10 +178,9 @@ def runner_for(
         use_graphs=True,
         attention=None if attention == "auto" else attention,
         compile=compile,
-        gemv=gemv if compile else "cublas",
     )
     print(
-        f"  runner (steps {steps}, compile {compile}, attention {runner.attention}, gemv {runner.gemv}): "
+        f"  runner (steps {steps}, compile {compile}, attention {runner.attention}): "
         f"{time.monotonic() - t0:.1f} s to build and capture",
         flush=True,
     )
@@ -214,12 +210,15 @@ def graph_kernels(runner, top: int = 14) -> dict:
 
 def cycle_kernels(runner, drafter, steps: int, accept_len: float, token_mode: str) -> dict:
     """A speculative cycle's parts (batch 1): GPU us per replay of the verify, draft and re-extend graphs
-    (a cycle replays verify once, draft steps - 1 times, extend once), and the loop's GPU idle per cycle
-    (loop_gaps) at this forced accept length, overlap on."""
+    (a cycle replays verify once, draft steps - 1 times, extend once), the verify graph's kernels by
+    time, and the loop's GPU idle per cycle (loop_gaps) at this forced accept length, overlap on."""
     sys.path.insert(0, str(Path(__file__).resolve().parent))
-    from engine_profile import gpu_us  # benchmarks/gpu is scripts, not a package: by path
+    from engine_profile import gpu_us, kernels  # benchmarks/gpu is scripts, not a package: by path
 
     out = {f"{n}_gpu_us": round(gpu_us(runner.graphs[f"{n}@1"].replay)[0], 1) for n in ("verify", "draft", "extend")}
+    count, by_time = kernels(runner.graphs["verify@1"].replay)
+    out["verify_kernels"] = count
+    out["verify_top"] = [[name[:90], c, round(t, 1)] for name, c, t in by_time[:12]]
     out["graphs_us_per_cycle"] = round(
         out["verify_gpu_us"] + (steps - 1) * out["draft_gpu_us"] + out["extend_gpu_us"], 1
     )
@@ -302,10 +301,11 @@ def gemm_micro(target, tokens: tuple[int, ...] = (1, 4)) -> list[dict]:
     one graph. ``unit``: the engine's per-unit batched matmul (o/down: partials + the tree sum);
     ``dense``: one matmul over the units side by side, x @ W (in, out) (o/down: a view of the same
     weight, the units' sum inside the GEMM); ``linear``: F.linear with (out, in) rows (HF's layout);
-    ``triton``: the engine's split-K GEMV (spec_decode/engines/embedded/gemv.py) on its own weights, the
-    best of GEMV_SWEEP; ``triton-engine``: the config the engine takes (gemv.config_for)."""
+    ``triton``: gemv.py's split-K GEMV on the engine's own weights, the best of GEMV_SWEEP;
+    ``triton-engine``: the config gemv.config_for would give an engine."""
     sys.path.insert(0, str(Path(__file__).resolve().parent))
     from engine_profile import capture, gpu_us
+    from gemv import config_for, gemv  # benchmarks/gpu is scripts, not a package: by path
 
     layers = target.model.layers
     h = target.shape.hidden_size
@@ -445,12 +445,6 @@ def main(argv: list[str] | None = None) -> int:
         "off, on, or off,on to compare; crossed with --attention",
     )
     ap.add_argument(
-        "--gemv",
-        default="cublas",
-        help="with --compile on: the target's projections by cublas (torch's matmuls) or triton "
-        "(spec_decode/engines/embedded/gemv.py), or cublas,triton to compare",
-    )
-    ap.add_argument(
         "--kernels", action="store_true", help="CUDA: the baseline decode graph's GPU us and kernels by time"
     )
     ap.add_argument(
@@ -485,10 +479,8 @@ def main(argv: list[str] | None = None) -> int:
         variants = {}
         for attention in args.attention.split(","):
             for comp in args.compile.split(","):
-                for gemv in args.gemv.split(",") if comp == "on" else ["cublas"]:
-                    name = attention if comp == "off" else f"{attention}+compile"
-                    name += f"+{gemv}" if len(args.gemv.split(",")) > 1 and comp == "on" else ""
-                    variants.update(measure_all(target, drafter, args, attention, comp == "on", name, gemv))
+                name = attention if comp == "off" else f"{attention}+compile"
+                variants.update(measure_all(target, drafter, args, attention, comp == "on", name))
     for attention, v in variants.items():
         write_variant(out, args, attention, v, multiple=len(variants) > 1)
     record = {
@@ -506,21 +498,18 @@ def main(argv: list[str] | None = None) -> int:
     return 0
 
 
-def measure_all(
-    target, drafter, args, attention: str, compile: bool, label: str, gemv: str = "cublas"
-) -> dict[str, dict]:
+def measure_all(target, drafter, args, attention: str, compile: bool, label: str) -> dict[str, dict]:
     """The baseline and every (steps, accept length) cell with one attention (and compile) variant, per
     overlap mode: {variant name: {"baseline": ..., "rows": [...]}}."""
     modes = args.overlap.split(",")
     name = {m: label + (f"+overlap-{m}" if len(modes) > 1 else "") for m in modes}
     out = {name[m]: {"baseline": None, "rows": []} for m in modes}
     positions = context(args)
-    runner = runner_for(target, None, 1, args.device, attention, compile, gemv)
+    runner = runner_for(target, None, 1, args.device, attention, compile)
     for m, base in measure(target, None, 0, None, args, runner).items():
         base.update(roofline(target, None, 0, args.bandwidth_tbs, positions))
         base["ratio"] = round(base["cycle_ms"] / base["roofline_ms"], 3)
         base["attention"], base["compile"] = runner.attention if runner else attention, compile
-        base["gemv"] = runner.gemv if runner else "cublas"
         out[name[m]]["baseline"] = base
         print(
             f"[{name[m]}] baseline: {base['cycle_ms']:.3f} ms/step (roofline {base['roofline_ms']:.3f}), "
@@ -539,7 +528,7 @@ def measure_all(
             print(f"  {us:8.1f} us  x{c:4.0f}  {kname}")
     del runner
     for steps in [int(s) for s in args.steps.split(",")]:
-        runner = runner_for(target, drafter, steps, args.device, attention, compile, gemv)
+        runner = runner_for(target, drafter, steps, args.device, attention, compile)
         for x in [float(v) for v in args.accept_lens.split(",")]:
             if x > steps + 1:
                 continue
@@ -550,7 +539,6 @@ def measure_all(
             for m, row in measure(target, drafter, steps, x, args, runner).items():
                 row.update(roofline(target, drafter, steps, args.bandwidth_tbs, positions))
                 row["ratio"] = round(row["cycle_ms"] / row["roofline_ms"], 3)
-                row["gemv"] = runner.gemv if runner else "cublas"
                 if cycle is not None:
                     row["graph"] = cycle
                 out[name[m]]["rows"].append(row)

@@ -53,17 +53,6 @@ def test_slot_attention_is_refused_where_it_cannot_run():
     assert StaticRunner(target, None, 0, use_graphs=False, graph_ops=True, compile=True).attention == "bmm"
 
 
-def test_triton_gemv_is_refused_where_it_cannot_run():
-    """gemv.py's Triton projections (``gemv="triton"``): on this CPU (no Triton in the CPU wheel, fp32
-    tiny models) the request names why, before any shape is made; an unknown value names the choices."""
-    target, _ = tiny_models(threads=1)
-    with pytest.raises(ValueError, match=r"gemv='triton' (needs Triton|runs on CUDA only|is for bf16)"):
-        StaticRunner(target, None, 0, use_graphs=False, graph_ops=True, compile=True, gemv="triton")
-    with pytest.raises(ValueError, match=r"gemv='cutlass': 'cublas' or 'triton'"):
-        StaticRunner(target, None, 0, use_graphs=False, gemv="cutlass")
-    assert StaticRunner(target, None, 0, use_graphs=False, graph_ops=True, compile=True).gemv == "cublas"
-
-
 def test_dense_row_parallel_products_equal_the_unit_sums():
     """The compiled tp-1 path's o_proj and down_proj as one GEMM over the units (``dense``) compute what
     the per-unit partials and their tree sum compute, up to fp32 rounding: the units' order and the

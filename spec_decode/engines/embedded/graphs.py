@@ -351,7 +351,7 @@ class StaticRunner:
     ):
         """One target forward over each row's [last, d1..dk]; returns (accepted counts, preds (n, k+1),
         features (n, k+1, w)). ``accept``: forced acceptance (SGLANG_SIMULATE_ACC_LEN) -- commit these
-        counts instead of the verified ones; the verify itself runs (and is read) as always."""
+        counts instead of the verified ones; the verify itself runs as always (its counts unread)."""
         n, t = len(caches), self.k + 1
         b, name, size = self._rows("verify", caches)
         ids = b["ids"].view(size, t)
@@ -359,9 +359,10 @@ class StaticRunner:
         ids[:n, 1:].copy_(drafts)
         self._put(b["pos"], self._positions([c.length for c in caches], size, t))
         out = self.run(name)
-        accepted = out["accepted"][:n].tolist()  # the one host read of a cycle
-        if accept is not None:
-            accepted = list(accept)
+        # The verified counts are the one host read of a cycle, and a wait for the verify to finish. Forced
+        # counts are known here already (SGLang's simulated acceptance draws them on the host too): no
+        # read, so the host queues the re-extend and the next cycle while the verify runs.
+        accepted = out["accepted"][:n].tolist() if accept is None else list(accept)
         for c, a in zip(caches, accepted):
             c.length += a + 1
         self.last_verify = (name, size)
