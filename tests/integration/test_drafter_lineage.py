@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from ..conftest import ROOT
+from ..conftest import ROOT, store_at
 
 pytestmark = pytest.mark.integration
 TARGET = ROOT / "models" / "tiny" / "target"
@@ -91,7 +91,7 @@ def test_more_data_accepts_better_and_every_training_is_logged_with_its_lineage(
 
     from spec_decode.core.lineage import EXPERIMENT, lineage_tags
 
-    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    uri = store_at(tmp_path)["uri"]  # a copy of the empty store: the trainings log into it, not create it
     recs = {}
     for n in (1, 32):
         out = tmp_path / f"n{n}"

@@ -108,11 +108,14 @@ def test_a_planted_bias_makes_the_aa_control_disagree_and_compare_exit_1(healthy
     """Not `quiet`: a twin slowed to half speed is told apart whatever runs beside it (the fault server
     scales each request's own time), so the other worker goes on during this sweep."""
     # the nccl=tuned spec server runs at half speed -> the control disagrees, the recommendation refuses,
-    # and compare (the healthy sweep vs this one) names that cell and exits 1
+    # and compare (the healthy sweep vs this one) names that cell and exits 1. 6 pairs, not 12: a speedup
+    # cut by half is far outside intervals of +-6..7% (12 pairs, load 2-3) or the ~1.5x wider ones of 6
+    # pairs, and compare lines the cells up whatever fixed overrides each sweep ran with (runs among them).
     b_dir, b_run, c = sweep(
         tmp_path,
         healthy.store,
         "b",
+        "benchmark.runs=6",
         FAULT,
         "+engine.env.FAULT=slow:0.5",
         "+engine.env.FAULT_IF_ENV=NCCL_PROTO",

@@ -85,7 +85,7 @@ def served_sweep(tmp_path_factory) -> Served:
                 f"hardware.slots_dir={root / 'slots'}",
                 "tracking=server",
                 "spec.steps=1,2",
-                *small(),
+                *small("benchmark.profile=false"),  # read: records, runs, the store; not the profile
                 "benchmark.paired=false",  # the baseline job, shared by the two parallel jobs (file lock)
                 f"hydra.sweep.dir={root / 'sweep'}",
             ],
