@@ -80,7 +80,7 @@ class StaticRunner:
         self.target, self.drafter, self.k = target, drafter, steps
         dev = target.lm_head.weight.device
         self.device = dev
-        self.pin_puts = dev.type == "cuda"  # _put through pinned memory (benchmarks/gpu/put_sync.py: off vs on)
+        self.pin_puts = False  # _put through pinned memory: benchmarks/gpu/put_sync.py compares (CUDA only)
         self.sizes = capture_bs(max_bs)
         self.max_bs = max_bs
         self.n_slots = max(slots or max_bs, 1)
@@ -233,12 +233,12 @@ class StaticRunner:
         return f"{phase}@{b}", b
 
     def _put(self, buf: torch.Tensor, values: list[int]) -> None:
-        """Host values into a shape's buffer without waiting for the GPU. From pageable memory an async
-        copy may first synchronise the stream (CUDA's "API synchronization behavior"; the H200's profiles
-        showed each such copy start only when the GPU had drained, then the GPU idle while the host
-        prepared the rest of the phase): the values go through pinned memory (``pin_puts``, on by default
-        on CUDA). PyTorch's pinned-memory cache does not hand the block out again before the copy has
-        run, so the host may fill the next one at once."""
+        """Host values into a shape's buffer (non_blocking). From pageable memory CUDA may first
+        synchronise the stream ("API synchronization behavior"); in the H200's profiles of the 8B cycle
+        (2026-12-02) each such copy was followed by the GPU idle while the host prepared the rest of the
+        phase. ``pin_puts`` sends the values through pinned memory instead (PyTorch's pinned-memory cache
+        does not hand a block out again before its copy has run). Off until benchmarks/gpu/put_sync.py has
+        measured it on a GPU (pageable against pinned, interleaved): not run yet."""
         src = torch.tensor(values, dtype=torch.long)
         buf.copy_(src.pin_memory() if self.pin_puts else src, non_blocking=True)
 
