@@ -23,6 +23,8 @@
 #               against the roofline; REAL_SHAPE_ARGS, e.g. "--steps 1,3 --attention sdpa,bmm --kernels");
 #               real_shape.tgz (REAL_SHAPE_TIMEOUT_S, default 360); realshape,realshape runs it twice,
 #               the second with REAL_SHAPE_ARGS_2 if set, into real_shape-2.tgz
+#       putsync  benchmarks/gpu/put_sync.py on one GPU: StaticRunner._put from pageable vs pinned memory (the
+#               copy's wait for the GPU, the 8B steps-1 cycle); PUT_SYNC_ARGS, e.g. "--repeats 3"
 #       sweep   python run.py -m experiment=$SESSION_EXPERIMENT tracking=off [overrides]
 #               (default embedded_h200x2_steps_nccl; on one GPU add hardware=h200x1)
 #   e.g.  bash benchmarks/gpu/session.sh tests,probe,engine     # call 1
@@ -47,7 +49,7 @@ PY=${PYTHON:-python3}
 BUDGET_S=${SESSION_BUDGET_S:-540}
 mkdir -p "$OUT" "$WORK"
 for s in ${STEPS//,/ }; do
-  case $s in profile|tests|probe|engine|batching|realshape|sweep) ;; *) echo "session.sh: unknown step '$s' (profile, tests, probe, engine, batching, realshape, sweep, all)" >&2; exit 2;; esac
+  case $s in profile|tests|probe|engine|batching|realshape|putsync|sweep) ;; *) echo "session.sh: unknown step '$s' (profile, tests, probe, engine, batching, realshape, putsync, sweep, all)" >&2; exit 2;; esac
 done
 
 # The lent machine's rule (KINDS.md): NVLink multicast stays off in every NCCL process. The runner
@@ -208,6 +210,12 @@ step_realshape() {
   rc=$?
   [ -d "$WORK/real_shape" ] && tar -czf "$OUT/real_shape$suffix.tgz" -C "$WORK" real_shape
   return $rc
+}
+
+step_putsync() {
+  # The graphs' host values from pageable vs pinned memory (StaticRunner.pin_puts): the copy behind a queued
+  # GPU sleep, and the 8B steps-1 cycle interleaved. Prints only (the log comes back).
+  CUDA_VISIBLE_DEVICES=0 PYTHONPATH="$PWD:$PYTHONPATH" bounded "${PUT_SYNC_TIMEOUT_S:-200}" "$PY" benchmarks/gpu/put_sync.py ${PUT_SYNC_ARGS:-}
 }
 
 step_sweep() {
