@@ -215,6 +215,7 @@ step_realshape() {
 step_putsync() {
   # The graphs' host values from pageable vs pinned memory (StaticRunner.pin_puts): the copy behind a queued
   # GPU sleep, and the 8B steps-1 cycle interleaved. Prints only (the log comes back).
+  # shellcheck disable=SC2086  # PUT_SYNC_ARGS is a list of flags
   CUDA_VISIBLE_DEVICES=0 PYTHONPATH="$PWD:$PYTHONPATH" bounded "${PUT_SYNC_TIMEOUT_S:-200}" "$PY" benchmarks/gpu/put_sync.py ${PUT_SYNC_ARGS:-}
 }
 
