@@ -51,6 +51,9 @@ def main(argv=None) -> int:
     ap.add_argument("--tokens", type=int, default=400)
     ap.add_argument("--short", type=int, default=40)
     args = ap.parse_args(argv)
+    if not torch.cuda.is_available():
+        print("put_sync.py: needs a CUDA device (it compares host-to-GPU copies); none here", file=sys.stderr)
+        return 2
     for line in synthetic.ensure("llama31_8b_shape", "llama31_8b_shape_eagle3", "cuda", root=ROOT):
         print(line, flush=True)
     with torch.no_grad():
