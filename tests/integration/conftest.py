@@ -52,7 +52,7 @@ def headline_sweep(tmp_path_factory) -> Sweep:
 
 
 def _run_headline(root: Path) -> Sweep:
-    uri = f"sqlite:///{root / 'mlflow.db'}"
+    uri = store_at(root)["uri"]  # a copy of the empty store (its creation is test_interrupt's and the port race's)
     env = {**STRAY_NCCL, **SECRETS, "MLFLOW_TRACKING_URI": uri}
     sweep = root / "sweep"
     proc = run_py(
