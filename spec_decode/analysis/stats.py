@@ -1,4 +1,4 @@
-"""Statistics for noisy throughput: pure functions on lists of numbers (scipy.stats underneath).
+"""Statistics for noisy throughput: pure functions on lists of numbers (Student's t from scipy.special).
 
 The unit of replication is the run (5 x 500 tokens by default), and the server launch when
 ``benchmark.launches > 1``. Method (shared/reference/measurement-and-peers.md §4):
