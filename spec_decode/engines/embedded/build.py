@@ -12,7 +12,7 @@ training-time test, and is scored on the data set's held-out split (training.jso
 training is logged to MLflow (experiment ``drafter-training``; ``spec_decode.core.lineage``); the run id,
 the data set's md5 and the trained prefix's hash land in training.json (the drafter's lineage).
 
-Fixed seeds, ``torch.use_deterministic_algorithms(True)``, a fixed data order and a fixed thread count
+Fixed seeds, deterministic algorithms (``kernels.deterministic``), a fixed data order and a fixed thread count
 make a rebuild bit-identical on the same torch build and CPU instruction set (``--kernels native``);
 ``--kernels pinned`` also fixes the kernel paths (``kernels.py``), bit-identical across instruction
 sets. The thread count is part of the recipe: reductions in the backward pass differ between 1 and 2
@@ -54,7 +54,7 @@ EVAL_STEPS = 5  # held-out acceptance is reported for chains of 1..5 drafts (the
 
 def _setup(seed: int, threads: int, kernel_mode: str) -> torch.Generator:
     torch.set_num_threads(threads)
-    torch.use_deterministic_algorithms(True)
+    kernels.deterministic()
     kernels.check(kernel_mode)
     torch.manual_seed(seed)
     return torch.Generator().manual_seed(seed)

@@ -135,7 +135,7 @@ def make(
     if samples < 1 or heldout < 1:
         raise SystemExit(f"--samples {samples} and --heldout {heldout} must be >= 1")
     torch.set_num_threads(threads)
-    torch.use_deterministic_algorithms(True)
+    kernels.deterministic()
     kernels.check(kernel_mode)
     target = load_frozen_target(target_dir)
     if seq > target.shape.max_position_embeddings:

@@ -80,6 +80,15 @@ def pin_process() -> None:
     os.execve(sys.executable, [sys.executable, *sys.orig_argv[1:]], env)
 
 
+def deterministic() -> None:
+    """``torch.use_deterministic_algorithms(True)`` for a build, without that function's import of
+    inductor's config (it also sets ``torch._inductor.config.deterministic``, for compiled code, which no
+    build runs; the import is ~1 s of CPU in every build process). ATen reads the same flag."""
+    import torch  # lazy: see _mkl_branch
+
+    torch._C._set_deterministic_algorithms(True, warn_only=False)
+
+
 def _mkl_branch() -> str | None:
     """MKL's active CNR branch as torch's own MKL reports it, or None when it cannot be read."""
     import torch  # lazy: this module sets the kernel env before torch loads (pin_process)
