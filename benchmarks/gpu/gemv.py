@@ -28,28 +28,12 @@ except ImportError:  # pragma: no cover - exercised on machines without Triton
     triton = None
 
 MAX_ROWS = 16  # tl.dot's smallest M: rows are padded to it (masked), so T <= 16 costs one read of W
-# (K, N) -> (block_k, block_n, split_k, stages, warps): measured bests that override the rule of
-# config_for (benchmarks/gpu/real_shape.py --gemm-micro prints them per projection)
-TABLE: dict[tuple[int, int], tuple[int, int, int, int, int]] = {}
-
-
-def unavailable_reason(w: torch.Tensor) -> str | None:
-    """Why the kernels cannot run on ``w``'s device and dtype, or None."""
-    if triton is None:
-        return "needs Triton (it comes with CUDA builds of torch; this torch has none)"
-    if w.device.type != "cuda":
-        return f"runs on CUDA only, not on {w.device.type}"
-    if w.dtype not in (torch.bfloat16, torch.float16):
-        return f"is for bf16/fp16 weights, not {w.dtype}"
-    return None
 
 
 def config_for(k: int, n: int, c: int, sms: int) -> tuple[int, int, int, int, int]:
     """(block_k, block_n, split_k, stages, warps) for x (T, k) @ W (k, n) with units of c columns: 128 x
     128 tiles (block_n the largest of 128, 64, 32, 16 that divides c); K split until the programs fill
     every SM twice, each chunk keeping >= 2 tiles of K."""
-    if (k, n) in TABLE:
-        return TABLE[(k, n)]
     bn = next((b for b in (128, 64, 32) if c % b == 0), 16)
     bk, split = 128, 1
     while (n // bn) * split < 2 * sms and split < 16 and k // (2 * split) >= 2 * bk:

@@ -22,12 +22,11 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from engine_profile import gpu_us  # noqa: E402  (benchmarks/gpu is scripts, not a package)
-from real_shape import PROMPT, ROOT, drop_training_copies  # noqa: E402
+from real_shape import PROMPT, ROOT, load_pair, timed  # noqa: E402
 
 from spec_decode.engines.embedded import synthetic  # noqa: E402
 from spec_decode.engines.embedded.decoding import Decoder, ForcedAcceptance  # noqa: E402
 from spec_decode.engines.embedded.graphs import StaticRunner  # noqa: E402
-from spec_decode.engines.embedded.model import load_drafter, load_target  # noqa: E402
 
 
 def copy_alone(runner) -> dict:
@@ -57,9 +56,7 @@ def main(argv=None) -> int:
     for line in synthetic.ensure("llama31_8b_shape", "llama31_8b_shape_eagle3", "cuda", root=ROOT):
         print(line, flush=True)
     with torch.no_grad():
-        target = load_target(ROOT / synthetic.read_conf("model", "llama31_8b_shape")["path"], "cuda")
-        drafter = load_drafter(ROOT / synthetic.read_conf("drafter", "llama31_8b_shape_eagle3")["path"], target, "cuda")
-        drop_training_copies(target)
+        target, drafter = load_pair("llama31_8b_shape", "llama31_8b_shape_eagle3", "cuda")
         runner = StaticRunner(target, drafter, 1, use_graphs=True, compile=True)
         print(f"host ms until _put returns, 100 ms of GPU work queued: {copy_alone(runner)}", flush=True)
         forced = ForcedAcceptance(2.0, 1, token_mode="real-draft-token", seed=0)
@@ -70,16 +67,8 @@ def main(argv=None) -> int:
         for _ in range(args.repeats):
             for mode in cycles:
                 runner.pin_puts = mode == "pinned"
-                walls, counts = [], []
-                for n in (args.short, args.tokens):
-                    forced.generator.manual_seed(0)
-                    torch.cuda.synchronize()
-                    t0 = time.perf_counter()
-                    gen = decoder.generate(ids, n, overlap=True)
-                    torch.cuda.synchronize()
-                    walls.append(time.perf_counter() - t0)
-                    counts.append(gen.verify_ct)
-                cycles[mode].append((walls[1] - walls[0]) / (counts[1] - counts[0]) * 1e3)
+                (w0, g0), (w1, g1) = (timed(decoder, ids, n, "cuda", forced, True) for n in (args.short, args.tokens))
+                cycles[mode].append((w1 - w0) / (g1.verify_ct - g0.verify_ct) * 1e3)
         graphs = gpu_us(runner.graphs["verify@1"].replay)[0] + gpu_us(runner.graphs["extend@1"].replay)[0]
     for mode, c in cycles.items():
         med = statistics.median(c)

@@ -60,6 +60,14 @@ def drop_training_copies(target) -> None:
         m.gate_proj = m.up_proj = m.down_proj = None
 
 
+def load_pair(model: str, drafter: str, device: str):
+    """The synthetic pair of conf's ``model`` and ``drafter`` entries on ``device``, in the serving layout."""
+    target = load_target(ROOT / synthetic.read_conf("model", model)["path"], device)
+    draft = load_drafter(ROOT / synthetic.read_conf("drafter", drafter)["path"], target, device)
+    drop_training_copies(target)
+    return target, draft
+
+
 def nbytes(*tensors: torch.Tensor) -> int:
     return sum(t.numel() * t.element_size() for t in tensors)
 
@@ -172,12 +180,7 @@ def runner_for(target, drafter, steps: int, device: str, attention: str = "auto"
     torch.cuda.empty_cache()
     t0 = time.monotonic()
     runner = StaticRunner(
-        target,
-        drafter,
-        steps,
-        use_graphs=True,
-        attention=None if attention == "auto" else attention,
-        compile=compile,
+        target, drafter, steps, use_graphs=True, attention=None if attention == "auto" else attention, compile=compile
     )
     print(
         f"  runner (steps {steps}, compile {compile}, attention {runner.attention}): "
@@ -283,7 +286,7 @@ def gather_micro(runner, gpu_us, capture) -> dict:
     return out
 
 
-# (block_k, block_n, split_k, stages, warps) configs of the engine's GEMV that --gemm-micro tries per shape
+# (block_k, block_n, split_k, stages, warps) configs of gemv.py's GEMV that --gemm-micro tries per shape
 GEMV_SWEEP = [
     *[(128, 128, s, 3, 4) for s in (1, 2, 4, 8, 16)],
     (64, 128, 8, 4, 4),
@@ -353,7 +356,7 @@ def gemm_micro(target, tokens: tuple[int, ...] = (1, 4)) -> list[dict]:
             engine = config_for(
                 xs.shape[1], dense[0].shape[1], c, torch.cuda.get_device_properties(0).multi_processor_count
             )
-            for cfg in [engine, *GEMV_SWEEP]:  # the engine's split-K GEMV: checked against cuBLAS, then timed
+            for cfg in [engine, *GEMV_SWEEP]:  # gemv.py's split-K GEMV: checked against cuBLAS, then timed
                 if c % cfg[1]:
                     continue
                 got = gemv(xs, ws[0], cfg)
@@ -464,13 +467,9 @@ def main(argv: list[str] | None = None) -> int:
     gen_device = "cuda" if args.device.startswith("cuda") else "cpu"
     for line in synthetic.ensure(args.model, args.drafter, gen_device, root=ROOT):
         print(line, flush=True)
-    mconf = synthetic.read_conf("model", args.model)
-    dconf = synthetic.read_conf("drafter", args.drafter)
     generate_s = time.monotonic() - t0
     with torch.no_grad():
-        target = load_target(ROOT / mconf["path"], args.device)
-        drafter = load_drafter(ROOT / dconf["path"], target, args.device)
-        drop_training_copies(target)
+        target, drafter = load_pair(args.model, args.drafter, args.device)
         load_s = time.monotonic() - t0 - generate_s
         print(f"loaded in {load_s:.1f} s ({args.device}, {target.lm_head.weight.dtype})", flush=True)
         if args.gemm_micro:
