@@ -173,7 +173,9 @@ def measure(target, drafter, steps: int, accept_len: float | None, args, runner)
     return out
 
 
-def runner_for(target, drafter, steps: int, device: str, attention: str = "auto", compile: bool = False):
+def runner_for(
+    target, drafter, steps: int, device: str, attention: str = "auto", compile: bool = False, pin_puts: bool = False
+):
     if not device.startswith("cuda"):
         return None  # the CPU rank decodes eagerly (scheduler.run_rank does the same)
     gc.collect()
@@ -189,6 +191,7 @@ def runner_for(target, drafter, steps: int, device: str, attention: str = "auto"
     )
     if runner.capture_error:
         print(f"  capture failed, eager: {runner.capture_error}", flush=True)
+    runner.pin_puts = pin_puts
     return runner
 
 
@@ -448,6 +451,12 @@ def main(argv: list[str] | None = None) -> int:
         "off, on, or off,on to compare; crossed with --attention",
     )
     ap.add_argument(
+        "--pin-puts",
+        default="off",
+        choices=("off", "on"),
+        help="StaticRunner.pin_puts: the graphs' host values copied from pinned memory (on) or pageable (off)",
+    )
+    ap.add_argument(
         "--kernels", action="store_true", help="CUDA: the baseline decode graph's GPU us and kernels by time"
     )
     ap.add_argument(
@@ -504,7 +513,7 @@ def measure_all(target, drafter, args, attention: str, compile: bool, label: str
     name = {m: label + (f"+overlap-{m}" if len(modes) > 1 else "") for m in modes}
     out = {name[m]: {"baseline": None, "rows": []} for m in modes}
     positions = context(args)
-    runner = runner_for(target, None, 1, args.device, attention, compile)
+    runner = runner_for(target, None, 1, args.device, attention, compile, args.pin_puts == "on")
     for m, base in measure(target, None, 0, None, args, runner).items():
         base.update(roofline(target, None, 0, args.bandwidth_tbs, positions))
         base["ratio"] = round(base["cycle_ms"] / base["roofline_ms"], 3)
@@ -527,7 +536,7 @@ def measure_all(target, drafter, args, attention: str, compile: bool, label: str
             print(f"  {us:8.1f} us  x{c:4.0f}  {kname}")
     del runner
     for steps in [int(s) for s in args.steps.split(",")]:
-        runner = runner_for(target, drafter, steps, args.device, attention, compile)
+        runner = runner_for(target, drafter, steps, args.device, attention, compile, args.pin_puts == "on")
         for x in [float(v) for v in args.accept_lens.split(",")]:
             if x > steps + 1:
                 continue

@@ -91,14 +91,46 @@ class ScheduleBatch:
 class BatchResult:
     """A cycle's outcome per request (in ``batch.reqs`` order): the committed ids and, with
     speculation, the accepted draft count. ``accept_lens`` (bonus included) is read by the profiler
-    plugin from the return value of its AROUND hook on ``cycle``, as from SGLang's batch result."""
+    plugin from the return value of its AROUND hook on ``cycle``, as from SGLang's batch result.
+
+    ``copy_to_cpu`` / ``host_ids``: SGLang's ``GenerationBatchResult.copy_to_cpu`` and the
+    ``copy_done.synchronize()`` of ``process_batch_result``. On CUDA the loop starts the ids' copy to
+    the host right after launching the cycle (non-blocking, into pinned memory, an event behind it), and
+    reads them when it processes the result: a wait for *this* cycle only. A plain ``.tolist()`` there
+    would be queued behind the next cycle, already launched under the overlap scheduler, and wait for it
+    too: the GPU then idles while the host processes, schedules and launches (measured on the H200, 8B
+    shape: docs/embedded-engine.md "The result copy that waited for the next cycle")."""
 
     new_ids: list[torch.Tensor]
     accepted_drafts: list[int] | None = None
+    copy_done: torch.cuda.Event | None = field(default=None, repr=False)
+    _host: torch.Tensor | None = field(default=None, repr=False)
 
     @property
     def accept_lens(self) -> list[int]:
         return [len(ids) for ids in self.new_ids]
+
+    def copy_to_cpu(self) -> None:
+        """Start the ids' copy to the host (CUDA only; elsewhere the ids are host tensors already)."""
+        if not self.new_ids or self.new_ids[0].device.type != "cuda":
+            return
+        flat = torch.cat([x.reshape(-1) for x in self.new_ids])
+        self._host = torch.empty(flat.shape, dtype=flat.dtype, pin_memory=True)
+        self._host.copy_(flat, non_blocking=True)
+        self.copy_done = torch.cuda.Event()
+        self.copy_done.record()
+
+    def host_ids(self) -> list[list[int]]:
+        """Each request's committed ids as ints: after ``copy_to_cpu``, a wait for its event only."""
+        if self._host is None:
+            return [x.tolist() for x in self.new_ids]
+        self.copy_done.synchronize()
+        flat, out, at = self._host.tolist(), [], 0
+        for x in self.new_ids:
+            n = x.numel()
+            out.append(flat[at : at + n])
+            at += n
+        return out
 
 
 class Rope:

@@ -70,6 +70,7 @@ class BatchLoop:
         result = self.decoder.run_batch(batch) if batch is not None else None
         if batch is not None:
             self.forward_ct += 1
+            result.copy_to_cpu()  # SGLang's run_batch does the same: the host reads wait for this batch only
         if self.overlap:
             last, self.pending = self.pending, (batch.copy(), result) if batch is not None else None
             if last is not None:
@@ -93,16 +94,16 @@ class BatchLoop:
 
     def process(self, batch: ScheduleBatch, result) -> None:
         if batch.forward_mode.is_extend():
-            for req, ids in zip(batch.reqs, result.new_ids):
-                self._commit(req, ids.tolist())
+            for req, ids in zip(batch.reqs, result.host_ids()):
+                self._commit(req, ids)
             return
-        counted = []
+        counted, host_ids = [], result.host_ids()
         for i, req in enumerate(batch.reqs):
             if req.finished:  # the in-flight cycle after its finishing result: not counted
                 req.inflight_cycles += 1
                 self._release_if_done(req)
                 continue
-            ids = result.new_ids[i].tolist()
+            ids = host_ids[i]
             a = None
             if result.accepted_drafts is not None:
                 a = result.accepted_drafts[i]
