@@ -17,6 +17,10 @@ captured in one CUDA graph, GPU us per layer:
 - ``read`` (P programs): the reader alone;
 - ``serial``: attention then the GEMM (the engine today);
 - ``overlap`` (P): the reader of W_o on a second stream beside the attention, joined before the GEMM.
+
+Measured 2026-12-02 (H200, docs/embedded-engine.md, seventh GPU session): attn 7.37, gemm 13.06, serial
+21.49, gemm_l2 29.35 with read(132) 18.66 alone (L2 saves ~2.4 us of the GEMM at best); every overlap
+width slower than serial (28.4-134 us). Not pursued.
 """
 
 from __future__ import annotations

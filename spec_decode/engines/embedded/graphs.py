@@ -80,7 +80,7 @@ class StaticRunner:
         self.target, self.drafter, self.k = target, drafter, steps
         dev = target.lm_head.weight.device
         self.device = dev
-        self.pin_puts = False  # _put through pinned memory: benchmarks/gpu/put_sync.py compares (CUDA only)
+        self.pin_puts = False  # _put through pinned memory (measured slower: see _put); benchmarks/gpu/put_sync.py
         self.sizes = capture_bs(max_bs)
         self.max_bs = max_bs
         self.n_slots = max(slots or max_bs, 1)
@@ -233,12 +233,10 @@ class StaticRunner:
         return f"{phase}@{b}", b
 
     def _put(self, buf: torch.Tensor, values: list[int]) -> None:
-        """Host values into a shape's buffer (non_blocking). From pageable memory CUDA may first
-        synchronise the stream ("API synchronization behavior"); in the H200's profiles of the 8B cycle
-        (2026-12-02) each such copy was followed by the GPU idle while the host prepared the rest of the
-        phase. ``pin_puts`` sends the values through pinned memory instead (PyTorch's pinned-memory cache
-        does not hand a block out again before its copy has run). Off until benchmarks/gpu/put_sync.py has
-        measured it on a GPU (pageable against pinned, interleaved): not run yet."""
+        """Host values into a shape's buffer (non_blocking, from pageable memory: such a small copy does
+        not wait for the stream, measured on the H200 with 100 ms of GPU work queued). ``pin_puts`` sends
+        them through pinned memory instead, a benchmark knob: off, because benchmarks/gpu/put_sync.py
+        measured it 2.8% slower on the 8B steps-1 cycle (docs/embedded-engine.md, seventh GPU session)."""
         src = torch.tensor(values, dtype=torch.long)
         buf.copy_(src.pin_memory() if self.pin_puts else src, non_blocking=True)
 
