@@ -108,8 +108,24 @@ def kernels(fn, n: int = 5) -> tuple[float, list[tuple[str, int, float]]]:
         ):
             count[e.name] += 1
             total[e.name] += e.device_time_total if hasattr(e, "device_time_total") else e.cuda_time_total
-    top = sorted(((k[:90], count[k] / n, total[k] / n) for k in count), key=lambda r: -r[2])
+    top = sorted(((k[:120], count[k] / n, total[k] / n) for k in count), key=lambda r: -r[2])
     return sum(count.values()) / n, top
+
+
+GEMM_MARKS = ("gemm", "nvjet", "cutlass", "splitkreduce", "sm90_xmma", "sm80_xmma")
+
+
+def split_gemm(by_time: list[tuple[str, float, float]]) -> dict:
+    """Kernels by time (``kernels``' list) summed into GEMMs (cuBLAS's, split-K reduces included) and the
+    rest: kernels per call and us per call of each."""
+    gemm = [r for r in by_time if any(m in r[0].lower() for m in GEMM_MARKS)]
+    rest = [r for r in by_time if r not in gemm]
+    return {
+        "gemm_kernels": sum(c for _, c, _ in gemm),
+        "gemm_us": round(sum(t for _, _, t in gemm), 1),
+        "other_kernels": sum(c for _, c, _ in rest),
+        "other_us": round(sum(t for _, _, t in rest), 1),
+    }
 
 
 def attention_micro() -> dict:

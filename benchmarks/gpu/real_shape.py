@@ -199,7 +199,7 @@ def graph_kernels(runner, top: int = 14) -> dict:
     """The baseline's decode graph (decode@1): GPU us per replay (CUDA events over back-to-back replays),
     kernels per replay and the kernels by total time (torch.profiler), as engine_profile.py measures."""
     sys.path.insert(0, str(Path(__file__).resolve().parent))
-    from engine_profile import capture, gpu_us, kernels  # benchmarks/gpu is scripts, not a package: by path
+    from engine_profile import capture, gpu_us, kernels, split_gemm  # benchmarks/gpu is scripts: by path
 
     graph = runner.graphs["decode@1"]
     us, host = gpu_us(graph.replay)
@@ -209,6 +209,8 @@ def graph_kernels(runner, top: int = 14) -> dict:
         "host_us": round(host, 1),
         "kernels": count,
         "top": [[name, c, round(t, 1)] for name, c, t in by_time[:top]],
+        "all": [[name, c, round(t, 2)] for name, c, t in by_time],  # every kernel: what a fusion would remove
+        **split_gemm(by_time),
         "slot_gather_us": gather_micro(runner, gpu_us, capture),
         "loop_gaps": [loop_gaps(runner.target, runner, overlap=o) for o in (False, True)],
     }
@@ -219,12 +221,14 @@ def cycle_kernels(runner, drafter, steps: int, accept_len: float, token_mode: st
     (a cycle replays verify once, draft steps - 1 times, extend once), the verify graph's kernels by
     time, and the loop's GPU idle per cycle (loop_gaps) at this forced accept length, overlap on."""
     sys.path.insert(0, str(Path(__file__).resolve().parent))
-    from engine_profile import gpu_us, kernels  # benchmarks/gpu is scripts, not a package: by path
+    from engine_profile import gpu_us, kernels, split_gemm  # benchmarks/gpu is scripts: by path
 
     out = {f"{n}_gpu_us": round(gpu_us(runner.graphs[f"{n}@1"].replay)[0], 1) for n in ("verify", "draft", "extend")}
     count, by_time = kernels(runner.graphs["verify@1"].replay)
     out["verify_kernels"] = count
-    out["verify_top"] = [[name[:90], c, round(t, 1)] for name, c, t in by_time[:12]]
+    out["verify_top"] = [[name, c, round(t, 1)] for name, c, t in by_time[:12]]
+    out["verify_all"] = [[name, c, round(t, 2)] for name, c, t in by_time]
+    out["verify_split"] = split_gemm(by_time)
     out["graphs_us_per_cycle"] = round(
         out["verify_gpu_us"] + (steps - 1) * out["draft_gpu_us"] + out["extend_gpu_us"], 1
     )
@@ -528,7 +532,11 @@ def measure_all(target, drafter, args, attention: str, compile: bool, label: str
         graph = graph_kernels(runner)
         for m in modes:
             out[name[m]]["baseline"]["graph"] = graph
-        print(f"[{label}] decode graph: {graph['decode_gpu_us']} us GPU per replay, {graph['kernels']:.0f} kernels")
+        print(
+            f"[{label}] decode graph: {graph['decode_gpu_us']} us GPU per replay, {graph['kernels']:.0f} kernels "
+            f"(GEMMs {graph['gemm_kernels']:.0f} in {graph['gemm_us']} us, others {graph['other_kernels']:.0f} in "
+            f"{graph['other_us']} us)"
+        )
         print(f"[{label}] one layer's K slot gathered (us per call): {graph['slot_gather_us']}")
         for gaps in graph["loop_gaps"]:
             print(f"[{label}] decode loop, profiled: {gaps}")
