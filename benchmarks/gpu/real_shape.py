@@ -173,6 +173,17 @@ def measure(target, drafter, steps: int, accept_len: float | None, args, runner)
     return out
 
 
+def set_pdl(on: bool) -> None:
+    """Inductor's PDL switch for the runners built after this call (its FX graph cache keys on the config)."""
+    import torch._inductor.config as inductor_config
+
+    if not hasattr(inductor_config.triton, "enable_pdl"):
+        if on:
+            raise SystemExit(f"--pdl on: torch {torch.__version__}'s inductor has no triton.enable_pdl")
+        return
+    inductor_config.triton.enable_pdl = on
+
+
 def runner_for(
     target, drafter, steps: int, device: str, attention: str = "auto", compile: bool = False, pin_puts: bool = False
 ):
@@ -455,6 +466,13 @@ def main(argv: list[str] | None = None) -> int:
         "off, on, or off,on to compare; crossed with --attention",
     )
     ap.add_argument(
+        "--pdl",
+        default="off",
+        help="inductor's programmatic dependent launch (torch._inductor.config.triton.enable_pdl, "
+        "TORCHINDUCTOR_ENABLE_PDL): a compiled kernel's start overlaps the previous kernel's tail on sm90; off, "
+        "on, or off,on to compare (each its own runners; with --compile on only)",
+    )
+    ap.add_argument(
         "--pin-puts",
         default="off",
         choices=("off", "on"),
@@ -470,6 +488,8 @@ def main(argv: list[str] | None = None) -> int:
     )
     ap.add_argument("--out", default=os.environ.get("OUT", str(ROOT / "outputs")) + "/real_shape")
     args = ap.parse_args(argv)
+    if set(args.pdl.split(",")) - {"off", "on"}:
+        ap.error(f"--pdl {args.pdl}: off, on or off,on")
     if args.device.startswith("cuda") and not torch.cuda.is_available():
         print("--device cuda: no CUDA device here; use --device cpu", file=sys.stderr)
         return 2
@@ -489,10 +509,12 @@ def main(argv: list[str] | None = None) -> int:
             (out / "gemm_micro.json").write_text(json.dumps(gemm_micro(target), indent=2) + "\n")
             return 0
         variants = {}
-        for attention in args.attention.split(","):
-            for comp in args.compile.split(","):
-                name = attention if comp == "off" else f"{attention}+compile"
-                variants.update(measure_all(target, drafter, args, attention, comp == "on", name))
+        for pdl in args.pdl.split(","):
+            set_pdl(pdl == "on")
+            for attention in args.attention.split(","):
+                for comp in args.compile.split(","):
+                    name = attention + ("" if comp == "off" else "+compile") + ("+pdl" if pdl == "on" else "")
+                    variants.update(measure_all(target, drafter, args, attention, comp == "on", name))
     for attention, v in variants.items():
         write_variant(out, args, attention, v, multiple=len(variants) > 1)
     record = {
