@@ -66,10 +66,12 @@ def test_stream_spreads_each_chunks_gap_over_its_tokens(server, ids, framing):
     assert 0.095 <= r.ttft_s < 0.2
     gaps = r.token_gaps_s
     assert len(gaps) == 8  # one per token after the first
-    # each chunk's gap spread over its tokens: 4 x 20 ms, 1 x 40 ms, 3 x 40 ms (scheduling noise: +15 ms)
+    # each chunk's gap spread over its tokens: 4 x 20 ms, 1 x 40 ms, 3 x 40 ms (scheduling noise: +15 ms;
+    # the server sleeps between chunks, so a chunk read late shortens the next one's gap by as much: -10 ms,
+    # seen -2.7 ms in a fresh clone; a gap not spread would put 0 on a chunk's later tokens)
     want = [0.020] * 4 + [0.040] + [0.040] * 3
     for g, w in zip(gaps, want):
-        assert w - 0.002 <= g <= w + 0.015, (gaps, want)
+        assert w - 0.010 <= g <= w + 0.015, (gaps, want)
     assert gaps[0] == gaps[3] and gaps[5] == gaps[7]  # one chunk's tokens share its gap equally
     # the final chunk's counters; throughput is completion tokens over the whole stream's wall time
     assert (r.spec_verify_ct, r.spec_num_correct_drafts, r.spec_correct_drafts_histogram) == (4, 9, [0, 1, 1, 2])
