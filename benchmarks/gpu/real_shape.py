@@ -451,7 +451,8 @@ def main(argv: list[str] | None = None) -> int:
         "--attention",
         default="auto",
         help="the static path's attention, comma-separated to compare: auto (the engine's choice: slots when "
-        "compiled on CUDA, else bmm), bmm (SDPA for a grouped-query target), sdpa, slots (Triton, in place)",
+        "compiled on CUDA, else bmm), bmm (SDPA for a grouped-query target), sdpa, slots (Triton, in place), slots1 "
+        "(the same in one kernel a layer)",
     )
     ap.add_argument(
         "--overlap",

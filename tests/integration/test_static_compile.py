@@ -48,8 +48,9 @@ def test_slot_attention_is_refused_where_it_cannot_run():
     (no Triton in the CPU wheel, fp32 tiny models) a request for them names why, before any shape runs;
     the compiled default falls back to the masked attention."""
     target, drafter = tiny_models(threads=1)
-    with pytest.raises(ValueError, match=r"attention 'slots' (needs Triton|runs on CUDA only|is for bf16)"):
-        StaticRunner(target, None, 0, use_graphs=False, graph_ops=True, attention="slots")
+    for attention in ("slots", "slots1"):
+        with pytest.raises(ValueError, match=rf"attention '{attention}' (needs Triton|runs on CUDA only|is for bf16)"):
+            StaticRunner(target, None, 0, use_graphs=False, graph_ops=True, attention=attention)
     assert StaticRunner(target, None, 0, use_graphs=False, graph_ops=True, compile=True).attention == "bmm"
 
 

@@ -63,7 +63,8 @@ class StaticRunner:
         runner on them), with ``attention`` "bmm" (on an H200 SDPA's fp32 kernel took 104 us
         per layer for one query over the 1024 slots, baddbmm/softmax/bmm 12 us;
         benchmarks/gpu/engine_profile.py), "sdpa", or "slots" (slot_attention's Triton kernels: each
-        row's slot read in place up to its position; CUDA, bf16/fp16). Default (None): "slots" when
+        row's slot read in place up to its position; CUDA, bf16/fp16; "slots1" the same in one kernel a layer,
+        a variant for benchmarks/gpu/real_shape.py --attention until measured). Default (None): "slots" when
         compiling a bf16/fp16 model on CUDA with Triton (the 8B shape's gathers, SDPA and cache writes
         were 0.71 of a 5.30 ms decode step), else "bmm". Graphs or eager, the same kernels run.
         ``compile``: each shape's function through ``torch.compile`` (inductor: the elementwise work

@@ -65,20 +65,21 @@ class StaticKVCache:
         self.keys = torch.arange(max_len, device=device)
         self.max_len, self.slots = max_len, slots
         self.mask_table: torch.Tensor | None = None  # (max_len, max_len) additive, prepare_graph_ops
-        self.attention = "sdpa"  # or "bmm", "slots" (prepare_graph_ops)
+        self.attention = "sdpa"  # or "bmm", "slots", "slots1" (prepare_graph_ops)
 
     def prepare_graph_ops(self, attention: str = "sdpa") -> None:
         """Fewer kernels per step: the additive mask of every position precomputed (one gather per
         forward instead of a compare per forward plus SDPA's bool-to-float conversion per layer), and
         ``attention`` "bmm" = baddbmm(mask, q, k^T) + softmax + bmm (3 kernels) instead of SDPA, or
         "slots": slot_attention's Triton kernels, reading each row's slot in place up to its position
-        (CUDA, bf16/fp16; no mask, no gather)."""
-        if attention not in ("sdpa", "bmm", "slots"):
-            raise ValueError(f"attention must be 'sdpa', 'bmm' or 'slots', not {attention!r}")
-        if attention == "slots":
+        (CUDA, bf16/fp16; no mask, no gather), or "slots1": the same in one kernel a layer instead of three
+        (``slot_attention.attend_slots1``)."""
+        if attention not in ("sdpa", "bmm", "slots", "slots1"):
+            raise ValueError(f"attention must be 'sdpa', 'bmm', 'slots' or 'slots1', not {attention!r}")
+        if attention in ("slots", "slots1"):
             why = slot_attention.unavailable_reason(self.k)
             if why:
-                raise ValueError(f"attention 'slots' {why}")
+                raise ValueError(f"attention {attention!r} {why}")
         keys = self.keys.to(torch.float32)
         self.mask_table = torch.zeros(self.max_len, self.max_len, device=self.k.device, dtype=self.k.dtype).masked_fill(
             keys[None, :] > keys[:, None], float("-inf")
@@ -117,7 +118,7 @@ class CacheRows:
     def mask(self, pos: torch.Tensor) -> torch.Tensor:
         """(B*T, max_len), additive (graph_ops) or bool; also where this forward writes (once per forward)."""
         c, b, t = self.cache, self.b, self.t
-        if c.attention == "slots":  # the kernels mask by position themselves and write at (slot, pos)
+        if c.attention in ("slots", "slots1"):  # the kernels mask by position themselves, write at (slot, pos)
             return None
         # flat index of (slot, head, pos) in a layer's (slots * Hkv * max_len) rows, ordered (B, Hkv, T)
         self._where = (
@@ -133,6 +134,9 @@ class CacheRows:
         compiling = torch.compiler.is_compiling()
         if c.attention == "slots":
             fn = torch.ops.spec_decode.attend_slots if compiling else slot_attention.attend_slots
+            return fn(q, k, v, c.k, c.v, layer, self.slot_ids, pos, self.t)
+        if c.attention == "slots1":
+            fn = torch.ops.spec_decode.attend_slots1 if compiling else slot_attention.attend_slots1
             return fn(q, k, v, c.k, c.v, layer, self.slot_ids, pos, self.t)
         # under torch.compile (StaticRunner's ``compile``) one opaque op: traced, the in-place cache write
         # became a copy of the layer's whole store (every slot) per layer
