@@ -21,7 +21,8 @@ GPU): a program per (request, kv head, key chunk) writes the request's new K/V t
 then attends all of the request's rows x the group's query heads over the chunk at once, each row up to
 its own position; the last of a (request, kv head)'s programs to finish (a counter that it resets) merges
 the chunks. Checked against ``attend_slots`` in Triton's interpreter on CPU (fp32, 40 cases: stores
-equal, outputs within 8e-7) and by tests/gpu/test_slot_attention.py.
+equal, outputs within 8e-7), compiled for sm_90 without a GPU (Triton 3.6's ptxas: T = 1, 2, 4, 6), and by
+tests/gpu/test_slot_attention.py.
 
 Keys beyond a row's position are never read (the default path masks them after reading all of them),
 so the bytes a step reads grow with the context, as in SGLang's attention backends. The grid is fixed
