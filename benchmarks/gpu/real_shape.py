@@ -590,6 +590,13 @@ def measure_all(target, drafter, args, attention: str, compile: bool, label: str
     return out
 
 
+def host_gap_ms(row: dict) -> float | None:
+    """A measured cycle (or baseline step) minus the GPU time of the graphs it replays (--kernels), or None."""
+    graph = row.get("graph") or {}
+    gpu_us = graph.get("graphs_us_per_cycle", graph.get("decode_gpu_us"))
+    return None if gpu_us is None else round(row["cycle_ms"] - gpu_us / 1e3, 3)
+
+
 def verdict_and_facts(args, base: dict, rows: list[dict]) -> tuple[str, str]:
     worst = max([base, *rows], key=lambda r: r["ratio"])
     verdict = (
@@ -597,6 +604,13 @@ def verdict_and_facts(args, base: dict, rows: list[dict]) -> tuple[str, str]:
         f"{'PASS' if worst['ratio'] <= MUST_SHOW_RATIO else 'FAIL'} (worst ratio {worst['ratio']:.2f}, "
         f"steps {worst['steps']})"
     )
+    gaps = [(host_gap_ms(r), r) for r in [base, *rows] if host_gap_ms(r) is not None]
+    if gaps:
+        gap, r = max(gaps, key=lambda x: x[0] / x[1]["cycle_ms"])
+        verdict += (
+            f"; host: the cycle exceeds its CUDA graphs' GPU time by at most {gap:.3f} ms ({gap / r['cycle_ms']:.1%}, "
+            f"steps {r['steps']}): {'GPU-bound' if gap <= 0.05 * r['cycle_ms'] else 'host time in the cycle'}"
+        )
     facts = (
         f"target {args.model}: {base['target_weight_bytes'] / 1e9:.2f} GB of weights read per forward (embedding excluded) + "
         f"{base['target_kv_bytes'] / 1e9:.3f} GB K/V of the context (mean position {base['context_positions']:.0f}); "
