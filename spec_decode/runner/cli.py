@@ -27,7 +27,7 @@ class Terminated(KeyboardInterrupt):
 
 
 def _on_sigterm(signum, frame) -> None:
-    interrupt.mark()
+    interrupt.mark(signum)
     raise Terminated("terminated by SIGTERM (scancel, time limit or kill)")
 
 
