@@ -63,7 +63,8 @@ def _unraisable(unraisable: Any) -> None:
     """``sys.unraisablehook``: our interrupt raised inside a callback that ignores exceptions is sent again
     (no "Exception ignored" traceback for it); anything else goes to the hook that was there before."""
     if isinstance(unraisable.exc_value, KeyboardInterrupt) and _state["interrupted"]:
-        _state["redeliver"] = True
+        # SIGTERM's handler raises every time; SIGINT's raises once, so it is told that this is the resend
+        _state["redeliver"] = _state["signum"] == signal.SIGINT
         _resend(_state["signum"])
         return
     _state.get("next_hook", sys.__unraisablehook__)(unraisable)

@@ -79,3 +79,23 @@ def test_other_unraisable_errors_still_reach_the_previous_hook():
     out = subprocess.run([sys.executable, "-c", script], cwd=ROOT, capture_output=True, text=True, timeout=60)
     assert out.stdout.strip() == "done"
     assert "Exception ignored in" in out.stderr and "ValueError: from __del__" in out.stderr, out.stderr
+
+
+def test_a_ctrl_c_during_the_cleanup_after_a_resent_sigterm_does_not_cut_it():
+    """The resend's flag is SIGINT's alone: after a swallowed SIGTERM was raised again, a Ctrl-C during the
+    cleanup is refused with a line (as after any first interrupt), not raised into the cleanup."""
+    cleanup = (
+        "\ntry:  # the job's cleanup, and a Ctrl-C during it\n"
+        "    signal.raise_signal(signal.SIGINT)\n"
+        "    print('CLEANUP FINISHED')\n"
+        "except KeyboardInterrupt:\n"
+        "    print('CLEANUP CUT')\n"
+    )
+    out = subprocess.run(
+        [sys.executable, "-c", SCRIPT + cleanup, "SIGTERM"], cwd=ROOT, capture_output=True, text=True, timeout=60
+    )
+    assert out.stdout.splitlines() == [
+        "STOPPED Terminated: terminated by SIGTERM (scancel, time limit or kill)",
+        "CLEANUP FINISHED",
+    ], out.stdout + out.stderr
+    assert "again: still ending the runs" in out.stderr, out.stderr
