@@ -31,6 +31,10 @@ ENV_PREFIXES = (
     "SPEC_DECODE_",
     "OMP_NUM_THREADS",
 )
+# Set by the engine for each launch, never a setting: SGLang (0.5.17 on) writes a fresh SGLANG_RUN_ID
+# into its launcher's environment (srt/entrypoints/engine.py), which its ranks inherit. Kept out of the
+# record's environment, or every comparison of two launches (the drift guard) would call it a change.
+PER_LAUNCH = frozenset({"SGLANG_RUN_ID"})
 SECRET = re.compile(r"(TOKEN|_KEY|SECRET|PASSWORD|PASSWD|CREDENTIAL)", re.IGNORECASE)
 REDACTED = "***redacted***"
 # libyaml's parser where PyYAML has it: dvc.lock is read for every job, and the pure-Python parser
@@ -53,7 +57,7 @@ def redact_env(env: dict[str, str]) -> dict[str, str]:
 
 def filter_env(env: dict[str, str]) -> dict[str, str]:
     """The variables that change a server's behaviour, secrets redacted, sorted."""
-    return redact_env({k: env[k] for k in sorted(env) if k.startswith(ENV_PREFIXES)})
+    return redact_env({k: env[k] for k in sorted(env) if k.startswith(ENV_PREFIXES) and k not in PER_LAUNCH})
 
 
 def secret_values(env: dict[str, str] | None = None) -> list[str]:
@@ -221,7 +225,13 @@ def rank_environment(tree: dict, launcher_pid: int | None) -> dict:
     ranks themselves disagree on; empty when they agree)."""
     envs = {str(pid): filter_env(env) for pid, env in tree.items()}
     launcher = envs.get(str(launcher_pid), {})
-    ranks = {pid: env for pid, env in envs.items() if pid != str(launcher_pid)} or {str(launcher_pid): launcher}
+    # A process whose environment reads back empty (a zombie, an exec with env={}) tells nothing about
+    # what the ranks ran with: on real SGLang 0.5.17 at tp 1, two such children of the launcher made the
+    # ranks "disagree" on every NCCL variable (docs/sglang-route.md).
+    readable = {str(pid) for pid, env in tree.items() if env}
+    ranks = {pid: env for pid, env in envs.items() if pid != str(launcher_pid) and pid in readable} or {
+        str(launcher_pid): launcher
+    }
     first = next(iter(ranks.values()), {})
     names = sorted({k for env in ranks.values() for k in env})
     differing = {

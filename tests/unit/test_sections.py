@@ -110,3 +110,28 @@ def test_server_env_section_warns_when_the_ranks_ran_without_the_profiles_value(
         {"NCCL_ALGO": "Ring"},
     )
     assert same.warnings == []
+
+
+def test_ranks_whose_environment_reads_back_empty_are_not_counted_as_disagreeing():
+    """Real SGLang 0.5.17 at tp 1 (H200, 2026-12-04): the launcher's children were the scheduler and two
+    processes with an empty /proc environ; those two made every NCCL variable 'differ'."""
+    tree = {
+        10: {"NCCL_NVLS_ENABLE": "0"},
+        11: {"NCCL_NVLS_ENABLE": "0", "NCCL_CUMEM_ENABLE": "0"},
+        12: {},
+        13: {},
+    }
+    sec = provenance.server_env_section({"NCCL_NVLS_ENABLE": "0"}, tree, 10, "default", {})
+    assert sec.warnings == []
+    assert sec.fields["server_env"] == {"NCCL_CUMEM_ENABLE": "0", "NCCL_NVLS_ENABLE": "0"}
+    assert sec.fields["server_env_set_by_engine"] == {"NCCL_CUMEM_ENABLE": "0"}
+    # two readable ranks that disagree still warn
+    tree[12] = {"NCCL_NVLS_ENABLE": "1", "NCCL_CUMEM_ENABLE": "0"}
+    assert "do not share one NCCL environment" in provenance.server_env_section(None, tree, 10, "default", {}).warnings[0]
+
+
+def test_sglang_run_id_is_a_launch_not_a_setting():
+    """SGLang writes a fresh SGLANG_RUN_ID per launch: the record's env leaves it out, so two launches of
+    one setup do not differ (the drift guard read it as a provenance change on the first real run)."""
+    env = {"SGLANG_RUN_ID": "sglang-run-1796362306.03-17765665", "SGLANG_SIMULATE_ACC_LEN": "2.0"}
+    assert provenance.filter_env(env) == {"SGLANG_SIMULATE_ACC_LEN": "2.0"}
