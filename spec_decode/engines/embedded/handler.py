@@ -1,6 +1,10 @@
 """The embedded server's HTTP handler: SGLang 0.5.23's routes (404 for an unknown path, 405 with an Allow
 header for a known one with another method), the body limits (Content-Length required, 1 MiB at most),
-JSON and server-sent-event responses, status codes; what each route does is server.EngineState's."""
+JSON and server-sent-event responses, status codes; what each route does is server.EngineState's.
+
+Keep-alive: every answer -- a 404 and a 405 too -- comes after the request's body is read, so the
+next request on the connection starts where this one ended; a body that cannot be read to its end
+(no or a bad length, too long, cut off) closes the connection after the answer."""
 
 from __future__ import annotations
 
@@ -99,6 +103,15 @@ def make_handler(state: EngineState):
             self.wfile.write(b"0\r\n\r\n")
 
         def _body(self) -> object:
+            raw = self._raw_body()
+            if not raw:
+                return {}
+            try:
+                return json.loads(raw)
+            except (ValueError, RecursionError) as e:  # JSONDecodeError, UnicodeDecodeError, too deep
+                raise RequestError(f"request body is not valid JSON: {str(e)[:200]}") from None
+
+        def _raw_body(self) -> bytes:
             if self.headers.get("Transfer-Encoding"):
                 self.close_connection = True
                 raise HttpError(411, "Transfer-Encoding is not supported; send a Content-Length")
@@ -125,20 +138,25 @@ def make_handler(state: EngineState):
             if len(raw) < length:
                 self.close_connection = True
                 raise HttpError(400, f"request body ended after {len(raw)} of {length} bytes")
-            if not raw:
-                return {}
+            return raw
+
+        def _skip_body(self) -> None:
+            """Read a body we will not use (before a 404 or 405): the connection stays in step; one
+            that cannot be read to its end is closed after the answer (``_raw_body`` marks it)."""
             try:
-                return json.loads(raw)
-            except (ValueError, RecursionError) as e:  # JSONDecodeError, UnicodeDecodeError, too deep
-                raise RequestError(f"request body is not valid JSON: {str(e)[:200]}") from None
+                self._raw_body()
+            except HttpError:
+                pass
 
         def _route(self) -> None:
             method = self.command
             path, _, query = self.path.partition("?")
             try:
                 if path not in ROUTES:
+                    self._skip_body()
                     raise HttpError(404, f"no route {method} {path[:200]}")
                 if method not in ROUTES[path]:
+                    self._skip_body()
                     raise HttpError(
                         405,
                         f"method {method} is not allowed on {path}; use {' or '.join(ROUTES[path])}",
