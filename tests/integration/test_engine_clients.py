@@ -1,5 +1,5 @@
-"""The embedded engine speaks what SGLang 0.5.23 speaks to its users, over raw HTTP: keep-alive. One server
-for the module (a real process, real HTTP)."""
+"""The embedded engine speaks what SGLang 0.5.23 speaks to its users, over raw HTTP: keep-alive, batches,
+meta_info. One server for the module (a real process, real HTTP)."""
 
 from __future__ import annotations
 
@@ -7,6 +7,7 @@ import http.client
 import json
 
 import pytest
+import requests
 
 from .engine_args import embedded_server, spec_flags
 
@@ -14,6 +15,25 @@ pytestmark = pytest.mark.integration
 STEPS = 3
 PROMPT = "The old robot sleeps in the garden. "
 GREEDY = {"temperature": 0, "ignore_eos": True}
+# tokenizer_manager.py 2507-2557 and 2753 (0.5.23), in its order; then the spec_* counters
+META_KEYS = [
+    "id",
+    "finish_reason",
+    "prompt_tokens",
+    "weight_version",
+    "num_retractions",
+    "reasoning_tokens",
+    "completion_tokens",
+    "cached_tokens",
+]
+SPEC_KEYS = [
+    "spec_verify_ct",
+    "spec_accept_length",
+    "spec_accept_rate",
+    "spec_num_correct_drafts",
+    "spec_num_proposed_drafts",
+    "spec_correct_drafts_histogram",
+]
 
 
 @pytest.fixture(scope="module")
@@ -45,3 +65,87 @@ def test_an_error_before_the_body_leaves_the_keep_alive_connection_in_step(serve
     assert conn.sock is sock, "the client had to reconnect"
     assert json.loads(answer)["meta_info"]["completion_tokens"] == 4
     conn.close()
+
+
+def generate(srv, body: dict, **kw) -> requests.Response:
+    return requests.post(srv.base_url + "/generate", json=body, timeout=60, **kw)
+
+
+def one(srv, text: str, n: int) -> dict:
+    r = generate(srv, {"text": text, "sampling_params": {"max_new_tokens": n, **GREEDY}})
+    assert r.status_code == 200, r.text[:300]
+    return r.json()
+
+
+def sse(r: requests.Response) -> list[dict]:
+    """The events of a streamed answer, checked to end with [DONE]."""
+    assert r.status_code == 200 and r.headers["Content-Type"] == "text/event-stream", r.text[:300]
+    blocks = [b for b in r.text.split("\n\n") if b]
+    assert blocks[-1] == "data: [DONE]", blocks[-3:]
+    return [json.loads(b.removeprefix("data: ")) for b in blocks[:-1]]
+
+
+# ---- /generate as SGLang answers it ------------------------------------------------------------------
+def test_meta_info_keys_are_sglangs_in_its_order(server):
+    meta = one(server, PROMPT, 16)["meta_info"]
+    assert list(meta) == [*META_KEYS, "e2e_latency", *SPEC_KEYS]
+    assert meta["weight_version"] == "default" and meta["num_retractions"] == meta["reasoning_tokens"] == 0
+    events = sse(
+        generate(server, {"text": PROMPT, "sampling_params": {"max_new_tokens": 16, **GREEDY}, "stream": True})
+    )
+    assert all(list(e["meta_info"]) == META_KEYS for e in events[:-1])  # a stream's states: no e2e_latency yet
+    assert list(events[-1]["meta_info"]) == [*META_KEYS, "e2e_latency", *SPEC_KEYS]
+
+
+@pytest.mark.parametrize("field", ["text", "input_ids"])
+def test_a_batch_is_answered_as_a_list_in_order_and_decodes_as_its_prompts_alone(server, field):
+    texts = [PROMPT, "The tired river listened under the bridge. "]
+    alone = [one(server, t, 24) for t in texts]
+    prompts = texts if field == "text" else [list(t.encode()) for t in texts]
+    for batch in (prompts[:1], prompts):  # a list of one is a batch too (SGLang answers a list)
+        r = generate(server, {field: batch, "sampling_params": {"max_new_tokens": 24, **GREEDY}})
+        assert r.status_code == 200, r.text[:300]
+        outs = r.json()
+        assert isinstance(outs, list) and len(outs) == len(batch)
+        assert [o["output_ids"] for o in outs] == [a["output_ids"] for a in alone[: len(batch)]]
+        assert len({o["meta_info"]["id"] for o in outs}) == len(batch)
+    # one sampling_params per prompt, and rids per prompt
+    r = generate(
+        server,
+        {
+            field: prompts,
+            "rid": ["b-0", "b-1"],
+            "sampling_params": [{"max_new_tokens": 5, **GREEDY}, {"max_new_tokens": 9, **GREEDY}],
+        },
+    )
+    assert [(o["meta_info"]["id"], o["meta_info"]["completion_tokens"]) for o in r.json()] == [("b-0", 5), ("b-1", 9)]
+
+
+def test_a_streamed_batch_tags_each_event_with_its_prompts_index(server):
+    texts = [PROMPT, "The tired river listened under the bridge. "]
+    alone = [one(server, t, 20) for t in texts]
+    events = sse(generate(server, {"text": texts, "sampling_params": {"max_new_tokens": 20, **GREEDY}, "stream": True}))
+    assert {e["index"] for e in events} == {0, 1}
+    for i in (0, 1):
+        mine = [e for e in events if e["index"] == i]
+        counts = [e["meta_info"]["completion_tokens"] for e in mine]
+        assert counts == sorted(counts) and counts[-1] == 20
+        assert mine[-1]["meta_info"]["finish_reason"] == {"type": "length", "length": 20}
+        assert mine[-1]["output_ids"] == alone[i]["output_ids"]
+        assert len({e["meta_info"]["id"] for e in mine}) == 1
+
+
+@pytest.mark.parametrize(
+    "body,named",
+    [
+        ({"text": []}, "empty batch"),
+        ({"text": ["a", "b"], "sampling_params": [{"temperature": 0}]}, "sampling_params"),
+        ({"text": ["a", "b"], "rid": "x"}, "rid"),
+        ({"text": ["a", "b"], "rid": ["x", "x"]}, "rid"),
+        ({"text": ["a", 5], "sampling_params": {"temperature": 0}}, "text[1]"),
+        ({"input_ids": [[1, 2], [999]], "sampling_params": {"temperature": 0}}, "input_ids[1]"),
+    ],
+)
+def test_a_bad_batch_is_a_400_naming_the_field(server, body, named):
+    r = generate(server, body)
+    assert r.status_code == 400 and named in r.json()["error"]["message"], r.text[:300]

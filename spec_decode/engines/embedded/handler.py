@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING
 from urllib.parse import parse_qs
 
 from spec_decode.engines.embedded.ranks import RankDied, RidInFlight
-from spec_decode.engines.embedded.request import GenerateRequest, RequestError
+from spec_decode.engines.embedded.request import GenerateBatch, RequestError
 
 if TYPE_CHECKING:
     from spec_decode.engines.embedded.server import EngineState
@@ -74,11 +74,13 @@ def make_handler(state: EngineState):
             if self.command != "HEAD":
                 self.wfile.write(data)
 
-        def _stream(self, req: GenerateRequest) -> None:
-            """SSE over chunked transfer encoding (one HTTP chunk per event, one write each)."""
+        def _stream(self, start) -> None:
+            """SSE over chunked transfer encoding (one HTTP chunk per event, one write each). ``start()``
+            submits the request and returns its events: called before the 200, so that a rid in flight
+            is a 400 and a dead rank a 503 as without streaming."""
             if state.group.dead is not None:
-                raise RankDied(str(state.group.dead))  # before the 200: answered 503 like non-stream
-            events = state.stream(req)  # submitted before the 200: a rid in flight is a 400 like non-stream
+                raise RankDied(str(state.group.dead))
+            events = start()
             self.send_response(200)
             self.send_header("Content-Type", "text/event-stream")
             self.send_header("Cache-Control", "no-cache")
@@ -101,6 +103,14 @@ def make_handler(state: EngineState):
                 event(b"data: " + json.dumps({"error": {"message": message, "code": code}}).encode() + b"\n\n")
             event(b"data: [DONE]\n\n")
             self.wfile.write(b"0\r\n\r\n")
+
+        def _generate(self, batch: GenerateBatch) -> None:
+            if batch.stream:
+                self._stream(lambda: state.stream_batch(batch) if batch.batched else state.stream(batch.reqs[0]))
+            elif batch.batched:
+                self._send(200, state.generate_batch(batch))
+            else:
+                self._send(200, state.generate(batch.reqs[0]))
 
         def _body(self) -> object:
             raw = self._raw_body()
@@ -181,14 +191,10 @@ def make_handler(state: EngineState):
                 elif path == "/flush_cache":
                     self._send(200, state.flush(parse_qs(query)))
                 else:
-                    req = state.parse(body)
                     with state.idle:
                         state.in_flight += 1
                     try:
-                        if req.stream:
-                            self._stream(req)
-                        else:
-                            self._send(200, state.generate(req))
+                        self._generate(state.parse(body))
                     finally:
                         with state.idle:
                             state.in_flight -= 1

@@ -4,9 +4,13 @@ field, so that every bad body is a :class:`RequestError` (HTTP 400) naming the f
 Types follow SGLang's msgspec schema (``Optional`` = null allowed; a float field takes an int; a bool
 is not an int). Unknown ``sampling_params`` keys are refused like SGLang; unknown top-level keys are
 ignored like SGLang. On top of the schema, values the embedded engine cannot honour are refused
-rather than silently ignored: it decodes one prompt greedily (``temperature`` 0), with no stop
-strings, penalties, logit bias, constrained decoding or logprobs. ``stream: true`` is served
-(server.py: SSE as SGLang 0.5.23), with ``sampling_params.stream_interval``.
+rather than silently ignored: it decodes greedily (``temperature`` 0), with no stop strings,
+penalties, logit bias, constrained decoding or logprobs. ``stream: true`` is served (server.py: SSE as
+SGLang 0.5.23), with ``sampling_params.stream_interval``.
+
+A batch is SGLang's (``GenerateReqInput.normalize_batch_and_arguments``): ``text`` a list of strings or
+``input_ids`` a list of lists (a list of one too), ``sampling_params`` one object for all or a list of
+one per prompt, ``rid`` a list of one per prompt; the answer is a list (:func:`parse_batch`).
 """
 
 from __future__ import annotations
@@ -37,7 +41,7 @@ class GenerateRequest:
     rid: str | None = None
 
 
-def _kind(v: object) -> str:
+def kind_of(v: object) -> str:
     return {
         bool: "a boolean",
         int: "an integer",
@@ -49,11 +53,11 @@ def _kind(v: object) -> str:
     }.get(type(v), type(v).__name__)
 
 
-def _is_int(v: object) -> bool:
+def is_int(v: object) -> bool:
     return isinstance(v, int) and not isinstance(v, bool)
 
 
-def _is_number(v: object) -> bool:
+def is_number(v: object) -> bool:
     return isinstance(v, (int, float)) and not isinstance(v, bool)
 
 
@@ -63,15 +67,15 @@ def _is_str_or_list(v: object) -> bool:
 
 # sampling_params key -> (type check, what it must be). The schema of SGLang 0.5.23, in its order.
 _INT, _NUM, _STR, _BOOL = (
-    (_is_int, "an integer"),
-    (_is_number, "a number"),
+    (is_int, "an integer"),
+    (is_number, "a number"),
     (lambda v: isinstance(v, str), "a string"),
     (lambda v: isinstance(v, bool), "a boolean"),
 )
 SAMPLING_SCHEMA: dict[str, tuple] = {
     "max_new_tokens": _INT,
     "stop": (_is_str_or_list, "a string or a list of strings"),
-    "stop_token_ids": (lambda v: isinstance(v, list) and all(_is_int(x) for x in v), "a list of integers"),
+    "stop_token_ids": (lambda v: isinstance(v, list) and all(is_int(x) for x in v), "a list of integers"),
     "stop_regex": (_is_str_or_list, "a string or a list of strings"),
     "temperature": _NUM,
     "top_p": _NUM,
@@ -91,7 +95,7 @@ SAMPLING_SCHEMA: dict[str, tuple] = {
     "spaces_between_special_tokens": _BOOL,
     "no_stop_trim": _BOOL,
     "stream_interval": _INT,
-    "logit_bias": (lambda v: isinstance(v, dict) and all(_is_number(x) for x in v.values()), "an object of numbers"),
+    "logit_bias": (lambda v: isinstance(v, dict) and all(is_number(x) for x in v.values()), "an object of numbers"),
     "sampling_seed": _INT,
     "custom_params": (lambda v: True, "any JSON value"),
     "beam_width": _INT,
@@ -140,7 +144,7 @@ def _check_sampling(sp: dict) -> None:
         if value is None and key not in NOT_NULL:
             continue
         if not check(value):
-            raise RequestError(f"sampling_params.{key} must be {want} (got {_kind(value)})")
+            raise RequestError(f"sampling_params.{key} must be {want} (got {kind_of(value)})")
         if isinstance(value, float) and not math.isfinite(value):
             raise RequestError(f"sampling_params.{key} must be finite (got {value})")
         if key in _RANGES and not _RANGES[key][0](value):
@@ -159,20 +163,16 @@ def _prompt(body: dict) -> tuple[str, list[int]]:
         raise RequestError("give either `text` or `input_ids`, not both")
     if has_ids:
         ids = body["input_ids"]
-        if isinstance(ids, list) and ids and all(isinstance(i, list) for i in ids):
-            raise RequestError("input_ids: batches (a list of lists) are not supported; send one request per prompt")
         if not isinstance(ids, list) or not ids:
-            raise RequestError(f"input_ids must be a non-empty list of token ids (got {_kind(ids)})")
+            raise RequestError(f"input_ids must be a non-empty list of token ids (got {kind_of(ids)})")
         for i, tok in enumerate(ids):
-            if not _is_int(tok) or not 0 <= tok < VOCAB:
+            if not is_int(tok) or not 0 <= tok < VOCAB:
                 raise RequestError(f"input_ids[{i}] must be a token id in 0..{VOCAB - 1} (got {tok!r:.40})")
         return "input_ids", ids
     if has_text:
         text = body["text"]
-        if isinstance(text, list):
-            raise RequestError("text: batches (a list) are not supported; send one request per prompt")
         if not isinstance(text, str) or not text:
-            raise RequestError(f"text must be a non-empty string (got {_kind(text)})")
+            raise RequestError(f"text must be a non-empty string (got {kind_of(text)})")
         return "text", encode(text)
     raise RequestError("give `text` (a non-empty string) or `input_ids`")
 
@@ -184,27 +184,27 @@ _UNSUPPORTED = {"return_logprob": "logprobs", "return_hidden_states": "hidden st
 def parse_generate(body: object, context: int, steps: int) -> GenerateRequest:
     """A /generate body -> what to decode; RequestError naming the field otherwise."""
     if not isinstance(body, dict):
-        raise RequestError(f"request body must be a JSON object (got {_kind(body)})")
+        raise RequestError(f"request body must be a JSON object (got {kind_of(body)})")
     sp = body.get("sampling_params")
     if sp is None:
         sp = {}
     if isinstance(sp, list):
-        raise RequestError("sampling_params: a list (one per prompt of a batch) is not supported; send an object")
+        raise RequestError("sampling_params: a list (one per prompt) needs a batch of prompts (`text` a list)")
     if not isinstance(sp, dict):
-        raise RequestError(f"sampling_params must be an object (got {_kind(sp)})")
+        raise RequestError(f"sampling_params must be an object (got {kind_of(sp)})")
     _check_sampling(sp)
     for key, what in _UNSUPPORTED.items():
         value = body.get(key)
         if value is not None and not isinstance(value, bool):
-            raise RequestError(f"{key} must be a boolean (got {_kind(value)})")
+            raise RequestError(f"{key} must be a boolean (got {kind_of(value)})")
         if value:
             raise RequestError(f"{key}: {what} is not supported by the embedded engine")
     stream = body.get("stream")
     if stream is not None and not isinstance(stream, bool):
-        raise RequestError(f"stream must be a boolean (got {_kind(stream)})")
+        raise RequestError(f"stream must be a boolean (got {kind_of(stream)})")
     rid = body.get("rid")
     if rid is not None and not _is_str_or_list(rid):
-        raise RequestError(f"rid must be a string (got {_kind(rid)})")
+        raise RequestError(f"rid must be a string (got {kind_of(rid)})")
     temperature = sp.get("temperature")
     if temperature is None or temperature != 0:
         raise RequestError(
@@ -228,3 +228,63 @@ def parse_generate(body: object, context: int, steps: int) -> GenerateRequest:
             f"context of {context} tokens (at most {room} new tokens fit)"
         )
     return GenerateRequest(ids, n, bool(stream), sp.get("stream_interval") or 1, rid if isinstance(rid, str) else None)
+
+
+@dataclass(frozen=True)
+class GenerateBatch:
+    """What one /generate body asks for: its requests, and whether it was a batch (a list: SGLang
+    answers a list, and each streamed event carries the prompt's ``index``)."""
+
+    reqs: list[GenerateRequest]
+    batched: bool = False
+
+    @property
+    def stream(self) -> bool:
+        return self.reqs[0].stream
+
+
+def _batch_prompts(body: dict) -> tuple[str, list] | None:
+    """(field, its prompts) when the body is a batch, else None (one prompt, or none: parse_generate's)."""
+    text, ids = body.get("text"), body.get("input_ids")
+    if text is not None and ids is not None:
+        return None  # parse_generate names the conflict
+    if isinstance(text, list):
+        return "text", text
+    if isinstance(ids, list) and ids and all(isinstance(x, list) for x in ids):
+        return "input_ids", ids
+    return None
+
+
+def parse_batch(body: object, context: int, steps: int) -> GenerateBatch:
+    """A /generate body, one prompt or a batch -> its requests; RequestError naming the field otherwise
+    (``text[1] ...`` for a batch's second prompt)."""
+    if not isinstance(body, dict):
+        raise RequestError(f"request body must be a JSON object (got {kind_of(body)})")
+    batch = _batch_prompts(body)
+    if batch is None:
+        return GenerateBatch([parse_generate(body, context, steps)])
+    field, prompts = batch
+    n = len(prompts)
+    if n == 0:
+        raise RequestError(f"{field}: an empty batch (give at least one prompt)")
+    sps, rids = body.get("sampling_params"), body.get("rid")
+    if isinstance(sps, list) and len(sps) != n:
+        raise RequestError(f"sampling_params: a list of {len(sps)} for a batch of {n} prompts (give one per prompt)")
+    if rids is not None:
+        if not isinstance(rids, list) or len(rids) != n:
+            raise RequestError(f"rid: a batch of {n} prompts needs a list of {n} rids (got {kind_of(rids)})")
+        if len(set(map(str, rids))) != n:
+            raise RequestError("rid: the batch's rids must differ")
+    reqs = []
+    for i, prompt in enumerate(prompts):
+        one = {
+            **body,
+            field: prompt,
+            "sampling_params": sps[i] if isinstance(sps, list) else sps,
+            "rid": rids[i] if rids is not None else None,
+        }
+        try:
+            reqs.append(parse_generate(one, context, steps))
+        except RequestError as e:
+            raise RequestError(f"{field}[{i}]: {e}") from None
+    return GenerateBatch(reqs, batched=True)

@@ -8,9 +8,13 @@ handler (routes, limits, status codes) is ``handler.make_handler``.
 - ``GET|POST /flush_cache``: resets the speculative counters (as SGLang's ``reset_metrics``); waits
   for a running request to finish first.
 - ``POST /generate``: ``{"text" | "input_ids", "sampling_params": {...}}`` -> ``{"text", "output_ids",
-  "meta_info"}`` with SGLang's ``spec_*`` counters (and ``spec_correct_drafts_histogram``) when
-  speculation is on. Bad bodies get 400 naming the field (``request.py``); a known path with another
-  method 405; an unknown path 404.
+  "meta_info"}``, ``meta_info`` with SGLang 0.5.23's keys in its order (``id``, ``finish_reason``,
+  ``prompt_tokens``, ``weight_version``, ``num_retractions``, ``reasoning_tokens``,
+  ``completion_tokens``, ``cached_tokens``, on finish ``e2e_latency``) and its ``spec_*`` counters (and
+  ``spec_correct_drafts_histogram``) when speculation is on. A batch (``text`` a list of strings,
+  ``input_ids`` a list of lists, a list of one too) is submitted at once and answered as a list in its
+  order (SGLang's ``_handle_batch_request``). Bad bodies get 400 naming the field (``request.py``); a
+  known path with another method 405; an unknown path 404.
 - ``"stream": true``: SGLang 0.5.23's server-sent events (``http_server.py`` ``serve_generate_request``,
   ``tokenizer_manager.py`` ``_handle_batch_output`` / ``_stream_one_response``): ``text/event-stream``
   (chunked transfer encoding, as uvicorn sends it), one ``data: {json}\n\n`` event after the prefill
@@ -18,7 +22,8 @@ handler (routes, limits, status codes) is ``handler.make_handler``.
   *cumulative* ``text`` and ``output_ids`` (SGLang's default, ``--incremental-streaming-output`` off) and
   ``meta_info`` with the cumulative ``completion_tokens`` and ``finish_reason: null``; the last event
   is the finished response (``finish_reason``, ``e2e_latency`` and the ``spec_*`` counters, as
-  non-stream). The decode loop never waits for the client: a slow reader gets the newest state, several
+  non-stream). A streamed batch interleaves its prompts' events, each with the prompt's ``index``
+  (SGLang's ``_stream_batch_responses``), then one ``[DONE]``. The decode loop never waits for the client: a slow reader gets the newest state, several
   steps in one event (SGLang coalesces the same way). An error after the events began is an
   ``data: {"error": ...}`` event before ``[DONE]`` (SGLang's shape). A client that leaves mid-stream
   does not stop the generation (it finishes within max_new_tokens).
@@ -40,7 +45,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from spec_decode import __version__
 from spec_decode.engines.embedded.handler import make_handler
 from spec_decode.engines.embedded.ranks import RankDied, RankGroup
-from spec_decode.engines.embedded.request import GenerateRequest, RequestError, parse_generate
+from spec_decode.engines.embedded.request import GenerateBatch, GenerateRequest, RequestError, parse_batch
 from spec_decode.engines.embedded.tokenizer import decode
 
 log = logging.getLogger("spec_decode.embedded")
@@ -58,70 +63,112 @@ class EngineState:
         self.idle = threading.Condition()
 
     # ---- /generate ------------------------------------------------------------------------------
-    def parse(self, body: object) -> GenerateRequest:
-        return parse_generate(body, self.context, self.steps)
+    def parse(self, body: object) -> GenerateBatch:
+        return parse_batch(body, self.context, self.steps)
 
     def generate(self, req: GenerateRequest) -> dict:
-        rid = req.rid or uuid.uuid4().hex
+        return self._generate_all([req])[0]
+
+    def generate_batch(self, batch: GenerateBatch) -> list[dict]:
+        """A batch's answers, in its order: all submitted at once (the ranks batch them, as SGLang's
+        scheduler batches a batch's requests); one request goes through ``generate``."""
+        if len(batch.reqs) == 1:
+            return [self.generate(batch.reqs[0])]
+        return self._generate_all(batch.reqs)
+
+    def _generate_all(self, reqs: list[GenerateRequest]) -> list[dict]:
         t0 = time.perf_counter()
-        out = self.group.call("generate", req.input_ids, req.max_new_tokens, False, rid=rid)  # RidInFlight: 400
-        latency = time.perf_counter() - t0
-        self.internal_state = out["internal_state"]
-        return self._response(out["generation"], latency, rid)
+        # RidInFlight (a 400) is raised by the submit that meets it, before any answer is awaited
+        waiting = [(rid, self._submit(req, rid, stream=False)) for req, rid in zip(reqs, self._rids(reqs))]
+        outs = []
+        for rid, waiter in waiting:
+            out = waiter.wait()
+            self.internal_state = out["internal_state"]
+            outs.append(self._response(out["generation"], time.perf_counter() - t0, rid))
+        return outs
+
+    def _rids(self, reqs: list[GenerateRequest]) -> list[str]:
+        return [req.rid or uuid.uuid4().hex for req in reqs]
+
+    def _submit(self, req: GenerateRequest, rid: str, stream: bool, on_chunk=None):
+        return self.group.submit("generate", req.input_ids, req.max_new_tokens, stream, on_chunk=on_chunk, rid=rid)
 
     def stream(self, req: GenerateRequest) -> Iterator[dict]:
-        """The events of a streamed request: cumulative states, the last one finished. The request is
-        submitted here, before the caller sends its 200 (a rid in flight raises RidInFlight: a 400);
-        a thread waits for the ranks and only appends to a feed; the returned generator sends the
-        newest state whenever its consumer (the HTTP writer) comes back for more."""
-        rid = req.rid or uuid.uuid4().hex
-        feed = _Feed()
+        return self.stream_batch(GenerateBatch([req]))
+
+    def stream_batch(self, batch: GenerateBatch) -> Iterator[dict]:
+        """The events of a streamed request or batch: cumulative states, each request's last one
+        finished; a batch's events carry the prompt's ``index`` (SGLang's ``_stream_batch_responses``).
+        The requests are submitted here, before the caller sends its 200 (a rid in flight raises
+        RidInFlight: a 400); a thread per request waits for the ranks and only appends to its feed;
+        the returned generator sends the newest states whenever its consumer (the HTTP writer) comes
+        back for more."""
+        cond = threading.Condition()  # one for the batch's feeds: the writer waits for any of them
         t0 = time.perf_counter()
-        waiter = self.group.submit("generate", req.input_ids, req.max_new_tokens, True, on_chunk=feed.add, rid=rid)
+        items = []
+        for req, rid in zip(batch.reqs, self._rids(batch.reqs)):
+            feed = _Feed(cond)
+            waiter = self._submit(req, rid, stream=True, on_chunk=feed.add)
 
-        def drive() -> None:
-            try:
-                feed.finish(waiter.wait())
-            except BaseException as e:  # noqa: BLE001 - handed to the consumer, which raises it
-                feed.fail(e)
+            def drive(waiter=waiter, feed=feed) -> None:
+                try:
+                    feed.finish(waiter.wait())
+                except BaseException as e:  # noqa: BLE001 - handed to the consumer, which raises it
+                    feed.fail(e)
 
-        threading.Thread(target=drive, name=f"generate-{rid[:8]}", daemon=True).start()
-        return self._events(req, feed, rid, t0)
+            threading.Thread(target=drive, name=f"generate-{rid[:8]}", daemon=True).start()
+            items.append((req, rid, feed))
+        return self._events(items, cond, t0, batch.batched)
 
-    def _events(self, req: GenerateRequest, feed: _Feed, rid: str, t0: float) -> Iterator[dict]:
-        sent = 0
-        while True:
-            ids, done = feed.next(sent, req.stream_interval)
-            if done:
-                break
-            sent = len(ids)
-            yield {
-                "text": decode(ids),
-                "output_ids": ids,
-                "meta_info": {
-                    "id": rid,
-                    "finish_reason": None,
-                    "prompt_tokens": len(req.input_ids),
-                    "completion_tokens": len(ids),
-                    "cached_tokens": 0,
-                },
-            }
-        if feed.error is not None:
-            raise feed.error
-        latency = feed.done_at - t0  # when the generation ended, not when this writer got to it (SGLang's)
-        self.internal_state = feed.result["internal_state"]
-        yield self._response(feed.result["generation"], latency, rid)
+    def _events(self, items: list, cond: threading.Condition, t0: float, batched: bool) -> Iterator[dict]:
+        sent = [0] * len(items)
+        open_ = list(range(len(items)))
+        while open_:
+            with cond:  # snapshots under the lock, sent after it: a slow client never blocks a feed
+                while True:
+                    due = [(i, *items[i][2].due(sent[i], items[i][0].stream_interval)) for i in open_]
+                    due = [d for d in due if d[1] is not None]
+                    if due:
+                        break
+                    cond.wait()
+            for i, ids, done in due:
+                req, rid, feed = items[i]
+                if done:
+                    open_.remove(i)
+                    if feed.error is not None:
+                        raise feed.error
+                    # when the generation ended, not when this writer got to it (SGLang's)
+                    self.internal_state = feed.result["internal_state"]
+                    out = self._response(feed.result["generation"], feed.done_at - t0, rid)
+                else:
+                    sent[i] = len(ids)
+                    out = {
+                        "text": decode(ids),
+                        "output_ids": ids,
+                        "meta_info": self._meta(rid, None, len(req.input_ids), len(ids)),
+                    }
+                yield {**out, "index": i} if batched else out
+
+    @staticmethod
+    def _meta(rid: str, finish_reason: dict | None, prompt_tokens: int, completion_tokens: int) -> dict:
+        # tokenizer_manager.py 2507-2557: the keys, in SGLang 0.5.23's order
+        return {
+            "id": rid,
+            "finish_reason": finish_reason,
+            "prompt_tokens": prompt_tokens,
+            "weight_version": "default",
+            "num_retractions": 0,
+            "reasoning_tokens": 0,
+            "completion_tokens": completion_tokens,
+            "cached_tokens": 0,
+        }
 
     def _response(self, gen: dict, latency: float, rid: str | None = None) -> dict:
         ids = gen["output_ids"]
-        meta = {
-            "id": rid or uuid.uuid4().hex,
-            "finish_reason": {"type": "length", "length": len(ids)},
-            "prompt_tokens": gen["prompt_tokens"],
-            "completion_tokens": len(ids),
-            "cached_tokens": 0,
-            "e2e_latency": latency,
-        }
+        meta = self._meta(
+            rid or uuid.uuid4().hex, {"type": "length", "length": len(ids)}, gen["prompt_tokens"], len(ids)
+        )
+        meta["e2e_latency"] = latency
         if self.speculative and gen["verify_ct"] > 0:
             meta.update(
                 spec_verify_ct=gen["verify_ct"],
@@ -166,15 +213,16 @@ class EngineState:
 
 class _Feed:
     """The token ids a streamed request has committed so far, filled by the thread that runs the
-    ranks, read by the HTTP writer at its own pace (cumulative, so skipping states loses nothing)."""
+    ranks, read by the HTTP writer at its own pace (cumulative, so skipping states loses nothing).
+    A batch's feeds share one condition, so its writer wakes for whichever has news."""
 
-    def __init__(self) -> None:
+    def __init__(self, cond: threading.Condition) -> None:
         self.ids: list[int] = []
         self.done = False
         self.done_at = 0.0  # perf_counter when the ranks answered
         self.result: dict | None = None
         self.error: BaseException | None = None
-        self.cond = threading.Condition()
+        self.cond = cond
 
     def add(self, new: list[int]) -> None:
         with self.cond:
@@ -191,16 +239,16 @@ class _Feed:
             self.error, self.done = error, True
             self.cond.notify_all()
 
-    def next(self, sent: int, interval: int) -> tuple[list[int], bool]:
-        """(a copy of the ids, finished): waits until an event is due -- the first token, at least
-        ``interval`` unsent tokens (SGLang's stream_interval rule), or the finish."""
-        with self.cond:
-            while not self.done:
-                unsent = len(self.ids) - sent
-                if unsent > 0 and (interval == 1 or unsent >= interval or sent == 0):
-                    break
-                self.cond.wait()
-            return list(self.ids), self.done
+    def due(self, sent: int, interval: int) -> tuple[list[int] | None, bool]:
+        """Under ``cond``: (a copy of the ids, finished) when an event is due -- the first token, at
+        least ``interval`` unsent tokens (SGLang's stream_interval rule), or the finish -- else (None,
+        False)."""
+        if self.done:
+            return list(self.ids), True
+        unsent = len(self.ids) - sent
+        if unsent > 0 and (interval == 1 or unsent >= interval or sent == 0):
+            return list(self.ids), False
+        return None, False
 
 
 def bind(host: str, port: int) -> ThreadingHTTPServer:
