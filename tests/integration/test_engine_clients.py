@@ -1,18 +1,24 @@
 """The embedded engine speaks what SGLang 0.5.23 speaks to its users, over raw HTTP: keep-alive, batches,
-meta_info. One server for the module (a real process, real HTTP)."""
+meta_info, the info routes. One server for the module (a real process, real HTTP)."""
 
 from __future__ import annotations
 
 import http.client
 import json
+import os
+import re
+import subprocess
+from pathlib import Path
 
 import pytest
 import requests
 
+from ..conftest import ROOT, TARGET
 from .engine_args import embedded_server, spec_flags
 
 pytestmark = pytest.mark.integration
 STEPS = 3
+SERVED = os.path.relpath(TARGET)  # the model's name, as given (SGLang's served_model_name)
 PROMPT = "The old robot sleeps in the garden. "
 GREEDY = {"temperature": 0, "ignore_eos": True}
 # tokenizer_manager.py 2507-2557 and 2753 (0.5.23), in its order; then the spec_* counters
@@ -38,8 +44,9 @@ SPEC_KEYS = [
 
 @pytest.fixture(scope="module")
 def server(tmp_path_factory):
+    """Served as users start it, with a relative --model-path (the last one given wins)."""
     d = tmp_path_factory.mktemp("clients")
-    with embedded_server(d / "server.log", *spec_flags(STEPS), startup_timeout_s=60) as srv:
+    with embedded_server(d / "server.log", *spec_flags(STEPS), "--model-path", SERVED, startup_timeout_s=60) as srv:
         yield srv
 
 
@@ -149,3 +156,25 @@ def test_a_streamed_batch_tags_each_event_with_its_prompts_index(server):
 def test_a_bad_batch_is_a_400_naming_the_field(server, body, named):
     r = generate(server, body)
     assert r.status_code == 400 and named in r.json()["error"]["message"], r.text[:300]
+
+
+# ---- info routes ---------------------------------------------------------------------------------------
+def test_server_info_has_what_sglangs_clients_read(server):
+    info = requests.get(server.base_url + "/server_info", timeout=5).json()
+    assert requests.get(server.base_url + "/get_server_info", timeout=5).json().keys() == info.keys()
+    assert Path(info["tokenizer_path"]).is_absolute() and (Path(info["tokenizer_path"]) / "tokenizer.json").is_file()
+    state = info["internal_states"][0]
+    assert state["effective_max_running_requests_per_dp"] == info["max_running_requests"] == 16
+    assert state["memory_usage"]["token_capacity"] == 16 * 1024
+    # the engine's own version: the package's, and the commit of the code that answers
+    head = subprocess.run(["git", "rev-parse", "HEAD"], cwd=ROOT, capture_output=True, text=True).stdout.strip()
+    assert re.fullmatch(r"\d+\.\d+\.\d+\+g[0-9a-f]{12}(\.dirty)?", info["version"]), info["version"]
+    assert head.startswith(info["version"].split("+g")[1][:12])
+
+
+def test_model_info_names_absolute_paths(server):
+    for route in ("/model_info", "/get_model_info"):
+        info = requests.get(server.base_url + route, timeout=5).json()
+        assert info["model_path"] == info["tokenizer_path"] == str(TARGET.resolve())  # given relative
+        assert info["served_model_name"] == SERVED and not Path(SERVED).is_absolute()
+        assert info["is_generation"] is True and info["architectures"] == ["LlamaForCausalLM"]

@@ -51,6 +51,7 @@ PATHS = (
     "/server_info",
     "/get_server_info",
     "/model_info",
+    "/get_model_info",
     "/flush_cache",
     "/",
     "/generate/",
@@ -72,6 +73,7 @@ ROUTE_METHODS = {
     "/server_info": {"GET"},
     "/get_server_info": {"GET"},
     "/model_info": {"GET"},
+    "/get_model_info": {"GET"},
 }
 NEED_A_BODY = ("/generate",)
 

@@ -33,6 +33,7 @@ ROUTES = {
     "/server_info": ("GET",),
     "/get_server_info": ("GET",),
     "/model_info": ("GET",),
+    "/get_model_info": ("GET",),
     "/flush_cache": ("GET", "POST"),
     "/generate": ("POST",),
 }
@@ -179,15 +180,8 @@ def make_handler(state: EngineState):
                     self._send(200, "OK")
                 elif path in ("/server_info", "/get_server_info"):
                     self._send(200, state.server_info())
-                elif path == "/model_info":
-                    self._send(
-                        200,
-                        {
-                            "model_path": state.args["model_path"],
-                            "is_generation": True,
-                            "architectures": ["LlamaForCausalLM"],
-                        },
-                    )
+                elif path in ("/model_info", "/get_model_info"):
+                    self._send(200, state.model_info())
                 elif path == "/flush_cache":
                     self._send(200, state.flush(parse_qs(query)))
                 else:

@@ -35,12 +35,15 @@ from __future__ import annotations
 
 import logging
 import os
+import subprocess
 import sys
 import threading
 import time
 import uuid
 from collections.abc import Iterator
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from importlib import metadata
+from pathlib import Path
 
 from spec_decode import __version__
 from spec_decode.engines.embedded.handler import make_handler
@@ -61,6 +64,11 @@ class EngineState:
         self.internal_state = {"last_gen_throughput": 0.0, "avg_spec_accept_length": None}
         self.in_flight = 0
         self.idle = threading.Condition()
+        model = str(args.get("model_path", ""))
+        # SGLang's default served_model_name is --model-path as given; clients send it back as `model`
+        self.served_model_name = model
+        self.model_dir = str(Path(model).resolve()) if model else ""  # its tokenizer files live there too
+        self.version = engine_version()
 
     # ---- /generate ------------------------------------------------------------------------------
     def parse(self, body: object) -> GenerateBatch:
@@ -194,9 +202,12 @@ class EngineState:
 
     def server_info(self) -> dict:
         graphs = all(r.get("cuda_graph", False) for r in self.group.ready)
+        running = self.args.get("max_running_requests", self.group.spec.max_running_requests)
         return {
             **self.args,
-            "version": __version__,
+            "tokenizer_path": self.model_dir,  # bench_one_batch_server loads the tokenizer from here
+            "served_model_name": self.served_model_name,
+            "version": self.version,
             "engine": "embedded",
             "startup_time": self.started,
             "tp_size": self.group.spec.tp_size,
@@ -207,8 +218,49 @@ class EngineState:
                 (r["cuda_graph_error"] for r in self.group.ready if r.get("cuda_graph_error")), None
             ),
             "cuda_graph_bs": self.group.ready[0].get("cuda_graph_bs", []) if graphs else [],  # replayed sizes
-            "internal_states": [dict(self.internal_state)],
+            "internal_states": [
+                {
+                    **self.internal_state,
+                    # SGLang's internal_state.py: the running batch's cap (one DP rank here), and the KV
+                    # room: every running request has its own cache of the context
+                    "effective_max_running_requests_per_dp": running,
+                    "memory_usage": {"token_capacity": running * self.context},
+                }
+            ],
         }
+
+    def model_info(self) -> dict:
+        """SGLang's /model_info keys that mean something here (http_server.py 812-850)."""
+        return {
+            "model_path": self.model_dir,
+            "served_model_name": self.served_model_name,
+            "tokenizer_path": self.model_dir,
+            "is_generation": True,
+            "weight_version": "default",
+            "model_type": "llama",
+            "architectures": ["LlamaForCausalLM"],
+        }
+
+
+def engine_version() -> str:
+    """This engine's version: the installed package's, plus the commit of the checkout it runs from
+    (PEP 440 local part: ``0.1.0+g25468e0a1b2c``, ``.dirty`` with uncommitted changes) -- the code that
+    answers, which the package version alone does not name (it has said 0.1.0 since the first commit)."""
+    try:
+        base = metadata.version("spec-decode-bench")
+    except metadata.PackageNotFoundError:
+        base = __version__
+    try:
+        described = subprocess.run(
+            ["git", "describe", "--always", "--dirty=.dirty", "--abbrev=12", "--exclude=*"],
+            cwd=Path(__file__).parent,
+            capture_output=True,
+            text=True,
+            timeout=5,
+        ).stdout.strip()
+    except (OSError, subprocess.SubprocessError):
+        described = ""
+    return f"{base}+g{described}" if described else base
 
 
 class _Feed:
