@@ -1,5 +1,5 @@
 """The embedded engine speaks what SGLang 0.5.23 speaks to its users, over raw HTTP: keep-alive, batches,
-meta_info, the info routes. One server for the module (a real process, real HTTP)."""
+meta_info, the info routes, /metrics. One server for the module (a real process, real HTTP)."""
 
 from __future__ import annotations
 
@@ -178,3 +178,40 @@ def test_model_info_names_absolute_paths(server):
         assert info["model_path"] == info["tokenizer_path"] == str(TARGET.resolve())  # given relative
         assert info["served_model_name"] == SERVED and not Path(SERVED).is_absolute()
         assert info["is_generation"] is True and info["architectures"] == ["LlamaForCausalLM"]
+
+
+# ---- /metrics ------------------------------------------------------------------------------------------
+METRIC = re.compile(r"^(sglang:[a-z0-9_]+)\{([^}]*)\} (\S+)$")
+
+
+def scrape(srv) -> dict[str, float]:
+    """/metrics, read strictly: every sample line of the text format, HELP/TYPE before each family."""
+    r = requests.get(srv.base_url + "/metrics", timeout=5)
+    assert r.status_code == 200 and r.headers["Content-Type"].startswith("text/plain; version=0.0.4")
+    samples, typed = {}, set()
+    for line in r.text.splitlines():
+        if line.startswith("# TYPE "):
+            typed.add(line.split()[2])
+        elif not line.startswith("# HELP "):
+            m = METRIC.match(line)
+            assert m, f"not a sample line: {line!r}"
+            name, labels, value = m.groups()
+            assert re.sub(r"_(bucket|sum|count)$", "", name) in typed or name in typed, line
+            assert 'engine_type="unified"' in labels and f'model_name="{SERVED}"' in labels
+            samples[name + ("{" + labels.split(",le=")[1] + "}" if ",le=" in labels else "")] = float(value)
+    return samples
+
+
+def test_metrics_count_what_the_requests_did(server):
+    before = scrape(server)
+    out = one(server, PROMPT, 30)["meta_info"]
+    after = scrape(server)
+    assert after["sglang:num_requests_total"] - before["sglang:num_requests_total"] == 1
+    assert after["sglang:prompt_tokens_total"] - before["sglang:prompt_tokens_total"] == len(PROMPT)
+    assert after["sglang:generation_tokens_total"] - before["sglang:generation_tokens_total"] == 30
+    assert after["sglang:spec_verify_calls_total"] - before["sglang:spec_verify_calls_total"] == out["spec_verify_ct"]
+    count = "sglang:e2e_request_latency_seconds_count"
+    assert (
+        after[count] - before[count] == 1 and after['sglang:e2e_request_latency_seconds_bucket{"+Inf"}'] == after[count]
+    )
+    assert after["sglang:spec_num_steps"] == STEPS and after["sglang:cached_tokens_total"] == 0

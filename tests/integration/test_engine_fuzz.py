@@ -52,6 +52,7 @@ PATHS = (
     "/get_server_info",
     "/model_info",
     "/get_model_info",
+    "/metrics",
     "/flush_cache",
     "/",
     "/generate/",
@@ -74,6 +75,7 @@ ROUTE_METHODS = {
     "/get_server_info": {"GET"},
     "/model_info": {"GET"},
     "/get_model_info": {"GET"},
+    "/metrics": {"GET"},
 }
 NEED_A_BODY = ("/generate",)
 

@@ -36,7 +36,9 @@ ROUTES = {
     "/get_model_info": ("GET",),
     "/flush_cache": ("GET", "POST"),
     "/generate": ("POST",),
+    "/metrics": ("GET",),
 }
+PROMETHEUS_TYPE = "text/plain; version=0.0.4; charset=utf-8"
 
 
 class HttpError(Exception):
@@ -61,9 +63,9 @@ def make_handler(state: EngineState):
         def log_message(self, fmt, *args):  # keep the server log to engine lines
             pass
 
-        def _send(self, code: int, payload: object, headers: dict | None = None) -> None:
+        def _send(self, code: int, payload: object, headers: dict | None = None, ctype: str | None = None) -> None:
             if isinstance(payload, str):
-                data, ctype = payload.encode(), "text/plain; charset=utf-8"
+                data, ctype = payload.encode(), ctype or "text/plain; charset=utf-8"
             else:
                 data, ctype = json.dumps(payload).encode(), "application/json"
             self.send_response(code)
@@ -182,6 +184,8 @@ def make_handler(state: EngineState):
                     self._send(200, state.server_info())
                 elif path in ("/model_info", "/get_model_info"):
                     self._send(200, state.model_info())
+                elif path == "/metrics":
+                    self._send(200, state.prometheus(), ctype=PROMETHEUS_TYPE)
                 elif path == "/flush_cache":
                     self._send(200, state.flush(parse_qs(query)))
                 else:

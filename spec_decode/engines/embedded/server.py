@@ -47,6 +47,7 @@ from pathlib import Path
 
 from spec_decode import __version__
 from spec_decode.engines.embedded.handler import make_handler
+from spec_decode.engines.embedded.metrics import Metrics
 from spec_decode.engines.embedded.ranks import RankDied, RankGroup
 from spec_decode.engines.embedded.request import GenerateBatch, GenerateRequest, RequestError, parse_batch
 from spec_decode.engines.embedded.tokenizer import decode
@@ -69,6 +70,7 @@ class EngineState:
         self.served_model_name = model
         self.model_dir = str(Path(model).resolve()) if model else ""  # its tokenizer files live there too
         self.version = engine_version()
+        self.metrics = Metrics(model)
 
     # ---- /generate ------------------------------------------------------------------------------
     def parse(self, body: object) -> GenerateBatch:
@@ -186,6 +188,7 @@ class EngineState:
                 spec_num_proposed_drafts=gen["proposed_drafts"],
                 spec_correct_drafts_histogram=gen["histogram"],
             )
+        self.metrics.finished(gen["prompt_tokens"], len(ids), latency, gen["verify_ct"] if self.speculative else 0)
         return {"text": decode(ids), "output_ids": ids, "meta_info": meta}
 
     # ---- other endpoints ------------------------------------------------------------------------
@@ -240,6 +243,9 @@ class EngineState:
             "model_type": "llama",
             "architectures": ["LlamaForCausalLM"],
         }
+
+    def prometheus(self) -> str:
+        return self.metrics.render(self.in_flight, self.internal_state, self.steps if self.speculative else 0)
 
 
 def engine_version() -> str:
