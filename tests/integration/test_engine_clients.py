@@ -1,5 +1,5 @@
 """The embedded engine speaks what SGLang 0.5.23 speaks to its users, over raw HTTP: keep-alive, batches,
-meta_info, the info routes, /metrics. One server for the module (a real process, real HTTP)."""
+meta_info, the info routes, /metrics, the OpenAI routes. One server for the module (a real process, real HTTP)."""
 
 from __future__ import annotations
 
@@ -215,3 +215,72 @@ def test_metrics_count_what_the_requests_did(server):
         after[count] - before[count] == 1 and after['sglang:e2e_request_latency_seconds_bucket{"+Inf"}'] == after[count]
     )
     assert after["sglang:spec_num_steps"] == STEPS and after["sglang:cached_tokens_total"] == 0
+
+
+# ---- the OpenAI routes ---------------------------------------------------------------------------------
+def test_v1_completions_and_chat_answer_in_openai_schema_with_usage(server):
+    alone = one(server, PROMPT, 12)
+    r = requests.post(
+        server.base_url + "/v1/completions",
+        json={"model": "m", "prompt": PROMPT, "max_tokens": 12, "temperature": 0, "return_spec_tokens_details": True},
+        timeout=60,
+    ).json()
+    assert r["object"] == "text_completion" and r["model"] == "m"
+    assert r["choices"][0]["text"] == alone["text"] and r["choices"][0]["finish_reason"] == "length"
+    assert r["usage"]["prompt_tokens"] == len(PROMPT) and r["usage"]["completion_tokens"] == 12
+    assert r["usage"]["total_tokens"] == len(PROMPT) + 12
+    assert r["sglext"]["spec_tokens_details"][0]["spec_verify_ct"] > 0
+    # a batch of prompts (strings or token ids): one choice each, in order
+    r = requests.post(
+        server.base_url + "/v1/completions",
+        json={"prompt": [list(PROMPT.encode()), list(b"The cat")], "max_tokens": 12, "temperature": 0},
+        timeout=60,
+    ).json()
+    assert [c["index"] for c in r["choices"]] == [0, 1] and r["choices"][0]["text"] == alone["text"]
+    assert r["usage"]["completion_tokens"] == 24 and r["model"] == SERVED
+    chat = requests.post(
+        server.base_url + "/v1/chat/completions",
+        json={"messages": [{"role": "user", "content": PROMPT}], "max_completion_tokens": 7, "temperature": 0},
+        timeout=60,
+    ).json()
+    assert chat["object"] == "chat.completion" and chat["choices"][0]["message"]["role"] == "assistant"
+    assert chat["usage"]["completion_tokens"] == 7 and len(chat["choices"][0]["message"]["content"]) == 7
+
+
+@pytest.mark.parametrize(
+    "route,body,named",
+    [
+        ("/v1/completions", {"prompt": "a", "max_tokens": 3}, "temperature"),
+        ("/v1/completions", {"prompt": "a", "max_tokens": 3, "temperature": 0, "n": 2}, "n=2"),
+        ("/v1/completions", {"prompt": "a", "max_tokens": 5000, "temperature": 0}, "max_tokens"),
+        ("/v1/completions", {"prompt": [], "temperature": 0}, "prompt"),
+        ("/v1/chat/completions", {"messages": [], "temperature": 0}, "messages"),
+        ("/v1/chat/completions", {"messages": [{"role": "user", "content": 5}], "temperature": 0}, "messages[0]"),
+    ],
+)
+def test_a_bad_openai_body_is_a_400_naming_the_field(server, route, body, named):
+    r = requests.post(server.base_url + route, json=body, timeout=30)
+    assert r.status_code == 400, r.text[:300]
+    assert r.json()["object"] == "error" and named in r.json()["message"]
+
+
+def test_v1_models_lists_the_served_model(server):
+    models = requests.get(server.base_url + "/v1/models", timeout=5).json()
+    assert models["object"] == "list" and [m["id"] for m in models["data"]] == [SERVED]
+    assert models["data"][0]["max_model_len"] == 1024
+
+
+def test_v1_streams_deltas_that_add_up_to_the_answer(server):
+    alone = one(server, PROMPT, 40)
+    body = {
+        "prompt": PROMPT,
+        "max_tokens": 40,
+        "temperature": 0,
+        "stream": True,
+        "stream_options": {"include_usage": True},
+    }
+    chunks = sse(requests.post(server.base_url + "/v1/completions", json=body, timeout=60))
+    texts = [c["choices"][0]["text"] for c in chunks if c["choices"]]
+    assert len(texts) > 2 and "".join(texts) == alone["text"]
+    assert chunks[-1]["choices"] == [] and chunks[-1]["usage"]["completion_tokens"] == 40
+    assert [c["choices"][0]["finish_reason"] for c in chunks if c["choices"]][-1] == "length"

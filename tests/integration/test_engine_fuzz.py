@@ -53,6 +53,8 @@ PATHS = (
     "/model_info",
     "/get_model_info",
     "/metrics",
+    "/v1/models",
+    "/v1/chat/completions",
     "/flush_cache",
     "/",
     "/generate/",
@@ -76,8 +78,11 @@ ROUTE_METHODS = {
     "/model_info": {"GET"},
     "/get_model_info": {"GET"},
     "/metrics": {"GET"},
+    "/v1/models": {"GET"},
+    "/v1/completions": {"POST"},
+    "/v1/chat/completions": {"POST"},
 }
-NEED_A_BODY = ("/generate",)
+NEED_A_BODY = ("/generate", "/v1/completions", "/v1/chat/completions")
 
 
 def expected_status(method: str, target: str) -> int:

@@ -1,6 +1,7 @@
 """The embedded server's HTTP handler: SGLang 0.5.23's routes (404 for an unknown path, 405 with an Allow
 header for a known one with another method), the body limits (Content-Length required, 1 MiB at most),
-JSON and server-sent-event responses, status codes; what each route does is server.EngineState's.
+JSON, text and server-sent-event responses, status codes; what each route does is server.EngineState's
+(and openai_api's for ``/v1/*``).
 
 Keep-alive: every answer -- a 404 and a 405 too -- comes after the request's body is read, so the
 next request on the connection starts where this one ended; a body that cannot be read to its end
@@ -14,6 +15,7 @@ from http.server import BaseHTTPRequestHandler
 from typing import TYPE_CHECKING
 from urllib.parse import parse_qs
 
+from spec_decode.engines.embedded import openai_api
 from spec_decode.engines.embedded.ranks import RankDied, RidInFlight
 from spec_decode.engines.embedded.request import GenerateBatch, RequestError
 
@@ -36,6 +38,9 @@ ROUTES = {
     "/get_model_info": ("GET",),
     "/flush_cache": ("GET", "POST"),
     "/generate": ("POST",),
+    "/v1/completions": ("POST",),
+    "/v1/chat/completions": ("POST",),
+    "/v1/models": ("GET",),
     "/metrics": ("GET",),
 }
 PROMETHEUS_TYPE = "text/plain; version=0.0.4; charset=utf-8"
@@ -115,6 +120,15 @@ def make_handler(state: EngineState):
             else:
                 self._send(200, state.generate(batch.reqs[0]))
 
+        def _openai(self, path: str, body: object) -> None:
+            parse = openai_api.parse_completion if path == "/v1/completions" else openai_api.parse_chat
+            req = parse(body, state.context, state.steps, state.served_model_name)
+            batch = req.batch
+            if batch.stream:
+                self._stream(lambda: openai_api.chunks(req, state.stream_batch(batch)))
+            else:
+                self._send(200, openai_api.response(req, state.generate_batch(batch)))
+
         def _body(self) -> object:
             raw = self._raw_body()
             if not raw:
@@ -164,6 +178,7 @@ def make_handler(state: EngineState):
         def _route(self) -> None:
             method = self.command
             path, _, query = self.path.partition("?")
+            openai = path.startswith("/v1/")
             try:
                 if path not in ROUTES:
                     self._skip_body()
@@ -184,6 +199,8 @@ def make_handler(state: EngineState):
                     self._send(200, state.server_info())
                 elif path in ("/model_info", "/get_model_info"):
                     self._send(200, state.model_info())
+                elif path == "/v1/models":
+                    self._send(200, state.models())
                 elif path == "/metrics":
                     self._send(200, state.prometheus(), ctype=PROMETHEUS_TYPE)
                 elif path == "/flush_cache":
@@ -192,22 +209,34 @@ def make_handler(state: EngineState):
                     with state.idle:
                         state.in_flight += 1
                     try:
-                        self._generate(state.parse(body))
+                        if path == "/generate":
+                            self._generate(state.parse(body))
+                        else:
+                            self._openai(path, body)
                     finally:
                         with state.idle:
                             state.in_flight -= 1
                             state.idle.notify_all()
             except (RequestError, RidInFlight) as e:
-                self._send(400, {"error": {"message": str(e), "code": 400}})
+                self._error(400, str(e), openai)
             except HttpError as e:
-                self._send(e.code, {"error": {"message": str(e), "code": e.code}}, e.headers)
+                self._error(e.code, str(e), openai and e.code not in (404, 405), e.headers)
             except RankDied as e:
-                self._send(503, {"error": {"message": f"the server is shutting down: {e}", "code": 503}})
+                self._error(503, f"the server is shutting down: {e}", openai)
             except (BrokenPipeError, ConnectionResetError):
                 self.close_connection = True  # the client left before its answer: nobody to tell
             except Exception as e:  # noqa: BLE001 - a failed request must not kill the server
                 log.exception("request failed")
-                self._send(500, {"error": {"message": f"{type(e).__name__}: {e}", "code": 500}})
+                self._error(500, f"{type(e).__name__}: {e}", openai)
+
+        def _error(self, code: int, message: str, openai: bool, headers: dict | None = None) -> None:
+            """SGLang's error bodies: ``{"error": {...}}``, and on the OpenAI routes their ErrorResponse."""
+            if openai:
+                kind = {400: "BadRequestError", 503: "ServiceUnavailableError"}.get(code, "InternalServerError")
+                payload = {"object": "error", "message": message, "type": kind, "param": None, "code": code}
+            else:
+                payload = {"error": {"message": message, "code": code}}
+            self._send(code, payload, headers)
 
         def __getattr__(self, name: str):
             # Every method (PUT, FOO, lower-case get...) reaches _route: 404 or 405, never http.server's 501.

@@ -244,6 +244,19 @@ class EngineState:
             "architectures": ["LlamaForCausalLM"],
         }
 
+    def models(self) -> dict:
+        """``GET /v1/models``: the one served model (OpenAI's ModelList, SGLang's ModelCard fields)."""
+        card = {
+            "id": self.served_model_name,
+            "object": "model",
+            "created": int(self.started),
+            "owned_by": "sglang",
+            "root": self.served_model_name,
+            "parent": None,
+            "max_model_len": self.context,
+        }
+        return {"object": "list", "data": [card]}
+
     def prometheus(self) -> str:
         return self.metrics.render(self.in_flight, self.internal_state, self.steps if self.speculative else 0)
 
