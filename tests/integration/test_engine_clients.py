@@ -1,19 +1,24 @@
-"""The embedded engine speaks what SGLang 0.5.23 speaks to its users, over raw HTTP: keep-alive, batches,
-meta_info, the info routes, /metrics, the OpenAI routes. One server for the module (a real process, real HTTP)."""
+"""The embedded engine speaks what SGLang 0.5.23 speaks to its users, tried with their own clients: SGLang's
+``bench_serving`` (``--backend sglang`` and ``sglang-oai``), ``bench_one_batch_server`` and
+``test.send_one`` (run by tests/sglang_client.py from the sglang package the contract tier installs),
+the ``openai`` client, and raw HTTP for the OpenAI routes, batches, ``/metrics``, the info routes and
+keep-alive. One server for the module (a real process, real HTTP); no network (HF_HUB_OFFLINE)."""
 
 from __future__ import annotations
 
 import http.client
+import importlib.util
 import json
 import os
 import re
 import subprocess
+import sys
 from pathlib import Path
 
 import pytest
 import requests
 
-from ..conftest import ROOT, TARGET
+from ..conftest import PROMPTS, ROOT, TARGET
 from .engine_args import embedded_server, spec_flags
 
 pytestmark = pytest.mark.integration
@@ -42,12 +47,38 @@ SPEC_KEYS = [
 ]
 
 
+def need(module: str) -> None:
+    """A client the CI installs (.ci/install-sglang-contract.sh): absent there is a failure, here a skip."""
+    if importlib.util.find_spec(module) is None:
+        if os.environ.get("CI") == "true" and os.environ.get("SPEC_DECODE_SKIP_CONTRACT") != "1":
+            pytest.fail(f"{module} is not installed: CI runs .ci/install-sglang-contract.sh")
+        pytest.skip(f"{module} is not installed (.ci/install-sglang-contract.sh)")
+
+
 @pytest.fixture(scope="module")
 def server(tmp_path_factory):
     """Served as users start it, with a relative --model-path (the last one given wins)."""
     d = tmp_path_factory.mktemp("clients")
     with embedded_server(d / "server.log", *spec_flags(STEPS), "--model-path", SERVED, startup_timeout_s=60) as srv:
         yield srv
+
+
+def generate(srv, body: dict, **kw) -> requests.Response:
+    return requests.post(srv.base_url + "/generate", json=body, timeout=60, **kw)
+
+
+def one(srv, text: str, n: int) -> dict:
+    r = generate(srv, {"text": text, "sampling_params": {"max_new_tokens": n, **GREEDY}})
+    assert r.status_code == 200, r.text[:300]
+    return r.json()
+
+
+def sse(r: requests.Response) -> list[dict]:
+    """The events of a streamed answer, checked to end with [DONE]."""
+    assert r.status_code == 200 and r.headers["Content-Type"] == "text/event-stream", r.text[:300]
+    blocks = [b for b in r.text.split("\n\n") if b]
+    assert blocks[-1] == "data: [DONE]", blocks[-3:]
+    return [json.loads(b.removeprefix("data: ")) for b in blocks[:-1]]
 
 
 # ---- keep-alive ------------------------------------------------------------------------------------
@@ -72,24 +103,6 @@ def test_an_error_before_the_body_leaves_the_keep_alive_connection_in_step(serve
     assert conn.sock is sock, "the client had to reconnect"
     assert json.loads(answer)["meta_info"]["completion_tokens"] == 4
     conn.close()
-
-
-def generate(srv, body: dict, **kw) -> requests.Response:
-    return requests.post(srv.base_url + "/generate", json=body, timeout=60, **kw)
-
-
-def one(srv, text: str, n: int) -> dict:
-    r = generate(srv, {"text": text, "sampling_params": {"max_new_tokens": n, **GREEDY}})
-    assert r.status_code == 200, r.text[:300]
-    return r.json()
-
-
-def sse(r: requests.Response) -> list[dict]:
-    """The events of a streamed answer, checked to end with [DONE]."""
-    assert r.status_code == 200 and r.headers["Content-Type"] == "text/event-stream", r.text[:300]
-    blocks = [b for b in r.text.split("\n\n") if b]
-    assert blocks[-1] == "data: [DONE]", blocks[-3:]
-    return [json.loads(b.removeprefix("data: ")) for b in blocks[:-1]]
 
 
 # ---- /generate as SGLang answers it ------------------------------------------------------------------
@@ -158,7 +171,7 @@ def test_a_bad_batch_is_a_400_naming_the_field(server, body, named):
     assert r.status_code == 400 and named in r.json()["error"]["message"], r.text[:300]
 
 
-# ---- info routes ---------------------------------------------------------------------------------------
+# ---- info routes, /metrics -----------------------------------------------------------------------------
 def test_server_info_has_what_sglangs_clients_read(server):
     info = requests.get(server.base_url + "/server_info", timeout=5).json()
     assert requests.get(server.base_url + "/get_server_info", timeout=5).json().keys() == info.keys()
@@ -180,7 +193,6 @@ def test_model_info_names_absolute_paths(server):
         assert info["is_generation"] is True and info["architectures"] == ["LlamaForCausalLM"]
 
 
-# ---- /metrics ------------------------------------------------------------------------------------------
 METRIC = re.compile(r"^(sglang:[a-z0-9_]+)\{([^}]*)\} (\S+)$")
 
 
@@ -284,3 +296,111 @@ def test_v1_streams_deltas_that_add_up_to_the_answer(server):
     assert len(texts) > 2 and "".join(texts) == alone["text"]
     assert chunks[-1]["choices"] == [] and chunks[-1]["usage"]["completion_tokens"] == 40
     assert [c["choices"][0]["finish_reason"] for c in chunks if c["choices"]][-1] == "length"
+
+
+def test_the_openai_client_streams_a_completion_and_a_chat(server):
+    need("openai")
+    from openai import OpenAI
+
+    client = OpenAI(base_url=server.base_url + "/v1", api_key="unused", max_retries=0)
+    model = client.models.list().data[0].id
+    alone = one(server, PROMPT, 40)
+    stream = client.completions.create(
+        model=model,
+        prompt=PROMPT,
+        max_tokens=40,
+        temperature=0,
+        stream=True,
+        stream_options={"include_usage": True},
+    )
+    chunks = list(stream)
+    texts = [c.choices[0].text for c in chunks if c.choices]
+    assert len(texts) > 2 and "".join(texts) == alone["text"]  # several deltas, nothing lost or repeated
+    assert [c.choices[0].finish_reason for c in chunks if c.choices][-1] == "length"
+    assert chunks[-1].usage.completion_tokens == 40 and chunks[-1].usage.prompt_tokens == len(PROMPT)
+    chat = client.chat.completions.create(
+        model=model,
+        messages=[{"role": "user", "content": PROMPT}],
+        max_completion_tokens=16,
+        temperature=0,
+        stream=True,
+    )
+    deltas = [c.choices[0].delta for c in chat if c.choices]
+    assert deltas[0].role == "assistant" and len("".join(d.content or "" for d in deltas)) == 16
+
+
+# ---- SGLang's own tools --------------------------------------------------------------------------------
+def sglang_tool(tmp_path: Path, module: str, *args: str) -> str:
+    """Run one of SGLang's client tools against the server (tests/sglang_client.py), offline; its output."""
+    need("sglang")
+    p = subprocess.run(
+        [sys.executable, str(ROOT / "tests" / "sglang_client.py"), module, *args],
+        cwd=tmp_path,  # the tools write result files into the cwd
+        env={**os.environ, "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1"},
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert p.returncode == 0, p.stdout[-3000:] + p.stderr[-3000:]
+    return p.stdout
+
+
+@pytest.fixture(scope="module")
+def sharegpt(tmp_path_factory) -> Path:
+    """Our prompt set as a ShareGPT file: the local dataset SGLang's random datasets sample from."""
+    rows = [json.loads(line) for line in PROMPTS.read_text().splitlines() if line.strip()]
+    convs = [
+        {"conversations": [{"from": "human", "value": r["text"]}, {"from": "gpt", "value": r["text"]}]} for r in rows
+    ]
+    path = tmp_path_factory.mktemp("dataset") / "sharegpt.json"
+    path.write_text(json.dumps(convs))
+    return path
+
+
+@pytest.mark.parametrize(
+    "backend,dataset",
+    [("sglang", ["--dataset-name", "random"]), ("sglang-oai", ["--dataset-name", "random-ids"])],
+    ids=["sglang-local-dataset", "sglang-oai-random-ids"],
+)
+def test_sglang_bench_serving_completes_with_no_failed_request(server, tmp_path, sharegpt, backend, dataset):
+    """`python -m sglang.bench_serving`: the native backend on a local dataset (tokenizer from our
+    /model_info), the OpenAI one on random token ids (tokenizer named): every request succeeds."""
+    n = 8
+    tokenizer = [] if backend == "sglang" else ["--tokenizer", str(TARGET)]
+    out = sglang_tool(
+        tmp_path,
+        "sglang.bench_serving",
+        *("--backend", backend, "--base-url", server.base_url, *dataset, "--dataset-path", str(sharegpt)),
+        *("--random-input-len", "48", "--random-output-len", "32", "--random-range-ratio", "1"),
+        *("--num-prompts", str(n), "--output-file", "out.jsonl", *tokenizer),
+    )
+    result = json.loads((tmp_path / "out.jsonl").read_text().splitlines()[-1])
+    assert result["completed"] == n, out[-2000:]
+    assert re.search(rf"Successful requests:\s+{n}\b", out)
+    assert result["total_output_tokens"] == n * 32  # ignore_eos: every request ran to its length
+    assert result["accept_length"] > 1  # read from our /server_info, after the run
+
+
+def test_sglang_bench_one_batch_server_completes(server, tmp_path, sharegpt):
+    """Batches of 1 and 2 (a list of input_ids, streamed with ``index``), sizes checked against our
+    /server_info's effective_max_running_requests_per_dp, tokenizer from its tokenizer_path."""
+    out = sglang_tool(
+        tmp_path,
+        "sglang.bench_one_batch_server",
+        *("--model-path", str(TARGET), "--base-url", server.base_url, "--skip-warmup"),
+        *("--batch-size", "1", "2", "--input-len", "32", "--output-len", "16"),
+        *("--dataset-name", "random", "--dataset-path", str(sharegpt), "--result-filename", "r.jsonl"),
+    )
+    assert "max_running_requests_per_dp=16" in out
+    assert re.findall(r"^batch size: (\d+)$", out, re.M) == ["1", "2"]
+    assert len(re.findall(r"^acc_length: \d", out, re.M)) == 2
+    rows = [json.loads(line) for line in (tmp_path / "r.jsonl").read_text().splitlines()]
+    assert [r["batch_size"] for r in rows] == [1, 2]
+
+
+def test_sglang_send_one_batch_of_two_completes(server, tmp_path):
+    out = sglang_tool(
+        tmp_path, "sglang.test.send_one", "--base-url", server.base_url, "--batch-size", "2", "--max-new-tokens", "48"
+    )
+    row = re.search(r"\|\s*([\d.]+)\s*\|\s*(\d+)\s*\|\s*([\d.]+)\s*\|", out)
+    assert row and int(row.group(2)) == 48 and float(row.group(3)) > 1, out[-1500:]  # tokens, accept length
