@@ -232,7 +232,11 @@ def make_handler(state: EngineState):
         def _error(self, code: int, message: str, openai: bool, headers: dict | None = None) -> None:
             """SGLang's error bodies: ``{"error": {...}}``, and on the OpenAI routes their ErrorResponse."""
             if openai:
-                kind = {400: "BadRequestError", 503: "ServiceUnavailableError"}.get(code, "InternalServerError")
+                kind = (
+                    "BadRequestError"
+                    if code < 500
+                    else {503: "ServiceUnavailableError"}.get(code, "InternalServerError")
+                )
                 payload = {"object": "error", "message": message, "type": kind, "param": None, "code": code}
             else:
                 payload = {"error": {"message": message, "code": code}}

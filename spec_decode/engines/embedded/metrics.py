@@ -66,7 +66,7 @@ class Metrics:
             metric("sglang:cached_tokens_total", "counter", "Number of cached prompt tokens (no prefix cache).", 0)
             metric("sglang:spec_verify_calls_total", "counter", "Number of verify rounds.", self.verify_calls)
             counts, total_s = list(self.e2e_counts), self.e2e_sum_s
-        metric("sglang:num_running_reqs", "gauge", "Number of requests in the server.", running)
+        metric("sglang:num_running_reqs", "gauge", "HTTP requests being answered (a batch counts once).", running)
         metric(
             "sglang:gen_throughput",
             "gauge",
