@@ -3,8 +3,12 @@ that feeds the rank processes (``ranks.RankGroup``); ``EngineState`` does what e
 handler (routes, limits, status codes) is ``handler.make_handler``.
 
 - ``GET /health`` (and ``/health_generate``, ``/ready``): 200 while every rank is alive, else 503.
-- ``GET /server_info`` (and the deprecated ``/get_server_info``): resolved args, version, tp_size, the
-  rank processes' pids, CUDA graphs (``cuda_graph``, ``cuda_graph_bs``, ``cuda_graph_error``), internal state.
+- ``GET /server_info`` (and the deprecated ``/get_server_info``): resolved args, ``tokenizer_path``,
+  version (:func:`engine_version`), tp_size, the rank processes' pids, CUDA graphs (``cuda_graph``,
+  ``cuda_graph_bs``, ``cuda_graph_error``), internal state (``effective_max_running_requests_per_dp``).
+- ``GET /model_info`` (and ``/get_model_info``): absolute model and tokenizer paths.
+- ``GET /metrics``: Prometheus text (metrics.py). ``/v1/completions``, ``/v1/chat/completions``,
+  ``/v1/models``: OpenAI's schema (openai_api.py, over ``generate_batch`` / ``stream_batch``).
 - ``GET|POST /flush_cache``: resets the speculative counters (as SGLang's ``reset_metrics``); waits
   for a running request to finish first.
 - ``POST /generate``: ``{"text" | "input_ids", "sampling_params": {...}}`` -> ``{"text", "output_ids",
@@ -23,8 +27,9 @@ handler (routes, limits, status codes) is ``handler.make_handler``.
   ``meta_info`` with the cumulative ``completion_tokens`` and ``finish_reason: null``; the last event
   is the finished response (``finish_reason``, ``e2e_latency`` and the ``spec_*`` counters, as
   non-stream). A streamed batch interleaves its prompts' events, each with the prompt's ``index``
-  (SGLang's ``_stream_batch_responses``), then one ``[DONE]``. The decode loop never waits for the client: a slow reader gets the newest state, several
-  steps in one event (SGLang coalesces the same way). An error after the events began is an
+  (SGLang's ``_stream_batch_responses``), then one ``[DONE]``. The decode loop never waits for the
+  client: a slow reader gets the newest state, several steps in one event (SGLang coalesces the same
+  way). An error after the events began is an
   ``data: {"error": ...}`` event before ``[DONE]`` (SGLang's shape). A client that leaves mid-stream
   does not stop the generation (it finishes within max_new_tokens).
 - A rank that dies: the request in flight gets 503 naming the rank, and the server exits (status 1)
