@@ -106,7 +106,7 @@ def record_refusal(cfg: ExperimentConfig, ctx: JobContext, error: str) -> JobRec
     """A job that preflight refused still leaves its FAILED record (and MLflow run), so sweep
     summaries and the parent run count it."""
     rec = recording.new_record(cfg, ctx, "spec" if cfg.speculative else "baseline", {}, [])
-    rec.status, rec.error, rec.ended_at = "FAILED", error, time.time()
+    rec.status, rec.error, rec.ended_at, rec.refused = "FAILED", error, time.time(), "preflight"
     tracked = ctx.tracker.start(rec, ctx) if ctx.tracker is not None else None
     results.write(ctx.out_dir, rec)
     if ctx.tracker is not None:

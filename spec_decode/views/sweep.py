@@ -107,8 +107,9 @@ def headline(recs: list, jobs: list[str] | None) -> tuple[dict[str, float], dict
     return metrics, params
 
 
-# The process's exit status after a sweep (run.py reads it): 1 when no job finished. Per process (a
-# sweep is one process; Hydra's basic launcher runs its jobs inside it), never read by a job.
+# The process's exit status after a sweep (run.py reads it): 2 when a job was refused for bad input (its
+# record's ``refused``), else 1 when no job finished. Per process (a sweep is one process; Hydra's basic
+# launcher runs its jobs inside it), never read by a job.
 EXIT_STATUS = 0
 
 
@@ -238,8 +239,17 @@ class SweepCallback(Callback):
                 except Exception as e:  # noqa: BLE001
                     print(f"warning: could not close the MLflow parent run: {e}", file=sys.stderr)
         print(where_to_look(self.sweep_dir, self.parent_run_id, self._tracker), file=sys.stderr)
-        if recs and not interrupt.interrupted() and not any(r.status == "FINISHED" for r in recs):
-            global EXIT_STATUS
+        global EXIT_STATUS
+        refused = [r for r in recs if r.refused]
+        if refused and not interrupt.interrupted():
+            EXIT_STATUS = 2  # bad input, as a single job's: a script must not read the sweep as clean
+            print(
+                f"error: {len(refused)} job(s) refused for bad input (each a FAILED record naming the key; "
+                f"the other jobs ran): exit status 2\n"
+                + "\n".join(f"  {r.label}: {(r.error or '').splitlines()[0][:300]}" for r in refused),
+                file=sys.stderr,
+            )
+        elif recs and not interrupt.interrupted() and not any(r.status == "FINISHED" for r in recs):
             EXIT_STATUS = 1  # run.py exits with it: a script or CI must not read an all-failed sweep as done
             print(
                 f"error: no job of the sweep finished ({len(recs)} recorded, none FINISHED): exit status 1; "
