@@ -18,7 +18,7 @@ from spec_decode.core.overrides import check_composed
 from spec_decode.record import results
 from spec_decode.record.results import EngineInfo, JobRecord
 from spec_decode.runner import interrupt
-from spec_decode.runner.context import JobContext
+from spec_decode.runner.context import AXES_ENV, JobContext
 from spec_decode.runner.job import JobFailed, run_job
 from spec_decode.runner.preflight import PreflightError
 from spec_decode.views.tracking import PARENT_ENV, Tracker
@@ -66,6 +66,7 @@ def run_from_hydra(cfg: DictConfig) -> float | None:
         parent_run_id=os.environ.get(PARENT_ENV) if multirun else None,
         overrides=list(hc.overrides.task),
         tracker=None if exp.dry_run else Tracker.from_config(exp.tracking, root),
+        sweep_axes=[a for a in os.environ.get(AXES_ENV, "").split(",") if a] if multirun else [],
     )
     if multirun and exp.fail_fast and ctx.sweep_dir and (ctx.sweep_dir / "FAILED").exists():
         print(f"skipping {ctx.run_name}: an earlier job failed and fail_fast=true", file=sys.stderr)

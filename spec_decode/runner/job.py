@@ -191,7 +191,7 @@ def measure(
             if cfg.benchmark.under_load
             else []
         )  # benchmark.concurrency / request_rate (issue 28)
-        if rec.role == "baseline" and rec.status == "FINISHED":
+        if recording.measures_baseline(rec) is not None:  # a baseline job, or a paired job's baseline arm
             recording.add_drift(rec, earlier_baselines(cfg, ctx, rec))
         results.write(out, rec)  # the one write
         if ctx.tracker is not None:
