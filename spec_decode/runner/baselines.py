@@ -6,19 +6,15 @@ identity (MLflow when reachable, else results.json under tracking.results_dirs).
 from __future__ import annotations
 
 import dataclasses
-import re
 from pathlib import Path
 
 from spec_decode.analysis import drift
 from spec_decode.core.config import DrafterConfig, ExperimentConfig, config_hash, resolved_dict
-from spec_decode.core.identity import SPEC_ITEM
+from spec_decode.core.identity import SPEC_ITEM, override_items
 from spec_decode.record import results
 from spec_decode.record.results import JobRecord
 from spec_decode.runner.context import JobContext
 from spec_decode.runner.recording import measures_baseline
-
-# Hydra's override_dirname joins "key=value" items with ","; values may hold commas ([1,3,4]).
-_ITEM = re.compile(r",(?=[+~]*[\w./@-]+=)")
 
 
 def baseline_config(cfg: ExperimentConfig) -> ExperimentConfig:
@@ -29,7 +25,7 @@ def baseline_name(run_name: str) -> str:
     """The baseline's job name: ``baseline`` plus the spec job's overrides that are not about
     speculation (``nccl=tuned,spec.steps=2`` -> ``baseline,nccl=tuned``). Unique per baseline in a
     sweep, stable across reruns: experiments key their metrics by it."""
-    keep = [item for item in _ITEM.split(run_name) if item and not SPEC_ITEM.match(item)]
+    keep = [item for item in override_items(run_name) if not SPEC_ITEM.match(item)]
     return ",".join(["baseline", *keep])
 
 
