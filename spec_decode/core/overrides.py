@@ -65,9 +65,10 @@ def value_types(schema: type = ExperimentConfig, prefix: str = "") -> dict[str, 
         if typing.get_origin(tp) is typing.Union:
             optional = type(None) in typing.get_args(tp)
             tp = next(a for a in typing.get_args(tp) if a is not type(None))
-        if key == "engine":  # the union of every engine's schema (a key two engines share: the first's type)
+        if key == "engine":  # the union of every engine's schema (a key two engines share: null if either allows)
             for eng in ENGINES.values():
-                out.update({k: v for k, v in value_types(eng, key + ".").items() if k not in out})
+                for k, (t, opt) in value_types(eng, key + ".").items():
+                    out[k] = (out[k][0], out[k][1] or opt) if k in out else (t, opt)
         elif dataclasses.is_dataclass(tp):
             out.update(value_types(tp, key + "."))
         elif tp in (int, float, bool, str) or (isinstance(tp, type) and issubclass(tp, enum.Enum)):
@@ -75,12 +76,13 @@ def value_types(schema: type = ExperimentConfig, prefix: str = "") -> dict[str, 
     return out
 
 
-def group_options(group: str, conf_dir: Path = CONF_DIR) -> list[str] | None:
-    """The options of a config group (its files in conf/<group>/), None when it is no group there."""
-    d = conf_dir / group
-    if not d.is_dir():
+def group_options(group: str, conf_dirs: list[Path] | None = None) -> list[str] | None:
+    """The options of a config group (its files in conf/<group>/ and in each extra config dir), None when
+    it is no group there."""
+    dirs = [d / group for d in (conf_dirs or [CONF_DIR]) if (d / group).is_dir()]
+    if not dirs:
         return None
-    return sorted(p.stem for p in d.glob("*.yaml"))
+    return sorted({p.stem for d in dirs for p in d.glob("*.yaml")})
 
 
 def _bad_value(key: str, value: object, tp: type, optional: bool) -> str | None:
@@ -135,11 +137,15 @@ def check_argv(argv: list[str]) -> None:
     known, types = schema_keys(), value_types()
     args = get_args_parser().parse_args(argv)
     errors, bad_values = [], []
-    for ov in OverridesParser.create().parse_overrides(args.overrides):
+    overrides = OverridesParser.create().parse_overrides(args.overrides)
+    # Options come from conf/ (+ --config-dir); another primary config or search path: Hydra judges them.
+    conf_dirs = [CONF_DIR, *([Path(args.config_dir)] if args.config_dir else [])]
+    own_groups = not args.config_path and not any(o.key_or_group.startswith("hydra.searchpath") for o in overrides)
+    for ov in overrides:
         key = ov.key_or_group
         if key.startswith("hydra") or "/" in key or ov.package is not None or ov.is_delete():
             continue
-        if "." not in key and (options := group_options(key)) is not None:
+        if own_groups and "." not in key and (options := group_options(key, conf_dirs)) is not None:
             bad = [v for v in _values(ov) if isinstance(v, str) and "${" not in v and v not in options]
             bad_values += [f"{key}={v}: no such option of {key}; options: {', '.join(options)}" for v in bad]
             if key == "experiment":  # a group with no schema node: its files are deltas on the whole config

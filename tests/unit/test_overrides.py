@@ -77,3 +77,12 @@ def test_a_bad_value_in_a_sweep_is_refused_before_any_job():
     with pytest.raises(ConfigError, match=r"nccl=tunned: no such option of nccl; options: default, no_p2p, tuned"):
         check_argv(["-m", "nccl=tuned,tunned"])
     check_argv(["-m", "spec.steps=range(1,3)", "spec.simulate_accept_len=null,2.5", "nccl=tuned,default"])
+
+
+def test_options_of_an_extra_config_dir_and_null_for_an_engine_that_allows_it_pass(tmp_path):
+    (tmp_path / "experiment").mkdir()
+    (tmp_path / "experiment" / "mine.yaml").write_text("# @package _global_\nname: mine\n")
+    check_argv(["--config-dir", str(tmp_path), "-m", "experiment=mine"])  # Hydra adds the dir: so do we
+    with pytest.raises(ConfigError, match="experiment=mine: no such option of experiment"):
+        check_argv(["-m", "experiment=mine"])
+    check_argv(["engine=sglang", "engine.max_running_requests=null"])  # Optional under one engine's schema
