@@ -73,6 +73,8 @@ def value_types(schema: type = ExperimentConfig, prefix: str = "") -> dict[str, 
             out.update(value_types(tp, key + "."))
         elif tp in (int, float, bool, str) or (isinstance(tp, type) and issubclass(tp, enum.Enum)):
             out[key] = (tp, optional)
+        elif typing.get_origin(tp) is list and typing.get_args(tp)[:1] in ((int,), (float,), (bool,), (str,)):
+            out[key] = (tp, optional)  # a list of values: each element checked
     return out
 
 
@@ -91,6 +93,14 @@ def _bad_value(key: str, value: object, tp: type, optional: bool) -> str | None:
         return None if optional else f"{key} takes no null"
     if isinstance(value, str) and "${" in value:
         return None  # an interpolation: resolved at compose time
+    if typing.get_origin(tp) is list:
+        (inner,) = typing.get_args(tp)
+        kind = {bool: "true or false", int: "integers", float: "numbers", str: "values"}[inner]
+        if not isinstance(value, list):
+            example = f", e.g. {key}=[1,3,4]" if inner is int else ", e.g. [a,b]"
+            return f"{key}={value}: {key} takes a list of {kind}{example}" + (" (or null)" if optional else "")
+        bad = next((m for v in value if (m := _bad_value(key, v, inner, False)) is not None), None)
+        return None if bad is None else f"{key}={value}: {key} takes a list of {kind}"
     if tp is bool:
         ok = isinstance(value, bool)
     elif tp is int:

@@ -59,6 +59,11 @@ def test_an_added_key_in_a_composed_config_is_refused():
         ("spec.steps=abc", "error: spec.steps=abc: spec.steps takes an integer"),
         ("benchmark.paired=maybe", "error: benchmark.paired=maybe: benchmark.paired takes true or false (or null)"),
         (
+            "drafter.layer_ids=abc",
+            "error: drafter.layer_ids=abc: drafter.layer_ids takes a list of integers, e.g. "
+            "drafter.layer_ids=[1,3,4] (or null)",
+        ),
+        (
             "hardware=h100x8",
             "error: hardware=h100x8: no such option of hardware; options: cpu, h200x1, h200x2, h200x8, rtx_pro_6000x8",
         ),
