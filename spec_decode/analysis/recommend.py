@@ -19,7 +19,10 @@ a ``Recommendation`` out; ``report.sweep_summary`` prints it, the sweep's parent
    ``spec.simulate_accept_len``) are labelled and never compete: their acceptance is not the drafter's;
    nor do cells whose lossless check failed (their outputs are not plain decoding's).
 3. **Decision.** The best score wins unless its CI overlaps that of any other competing cell (the
-   data cannot tell them apart) or no cell is stable: then "cannot decide", with the reason.
+   data cannot tell them apart) or no cell is stable: then "cannot decide", with the reason. A noisy
+   cell does not compete, but it is no evidence against itself either: where its interval reaches the
+   best's lower bound (or it has none), it could be the better choice, and a pick among the stable
+   cells (1 of 8 on a loaded CPU, issue 44) answers nothing -- "cannot decide", naming it.
 4. **The A/A control** (issue 25, ``spec_decode.analysis.control``): when two cells known to measure the
    same thing have disjoint 95% intervals, the machine's noise exceeds the stated intervals and no
    score above can be trusted: "cannot decide", whatever the ranking says.
@@ -51,6 +54,7 @@ class CellVerdict:
     score: float | None = None  # the CI's lower bound (of score_name)
     score_hi: float | None = None
     value: float | None = None  # the estimate (speedup or tok/s)
+    lossless_failed: bool = False
 
 
 @dataclass
@@ -104,6 +108,7 @@ def verdict(rec: JobRecord, threshold: float = STABLE_MAX) -> CellVerdict:
         perf,
         stable and not perf and lossless != "fail",
         why,
+        lossless_failed=lossless == "fail",
     )
 
 
@@ -155,6 +160,23 @@ def recommend(recs: list[JobRecord], threshold: float = STABLE_MAX) -> Recommend
             f"the best and another stable cell overlap: {best.cell} {name} 95% CI "
             f"[{best.score:{fmt}}, {best.score_hi:{fmt}}] vs {rival.cell} "
             f"[{rival.score:{fmt}}, {rival.score_hi:{fmt}}]"
+        )
+        return out
+    unsure = [
+        v
+        for v in verdicts.values()
+        if v.cell != best.cell
+        and not (v.stable or v.performance_only or v.lossless_failed)
+        and frozenset((best.cell, v.cell)) not in twins
+        and (v.score_hi is None or v.score_hi >= best.score)
+    ]
+    if unsure:  # a noisy cell that could be better: the stable ones alone do not answer the question
+        top = max(unsure, key=lambda v: float("inf") if v.score_hi is None else v.score_hi)
+        theirs = "no interval" if top.score is None else f"[{top.score:{fmt}}, {top.score_hi:{fmt}}]"
+        out.reason = (
+            f"{len(ranked)} of {len(verdicts)} cell(s) compete, and {len(unsure)} noisy cell(s) could be "
+            f"better than the best of them: {best.cell} {name} 95% CI [{best.score:{fmt}}, {best.score_hi:{fmt}}] "
+            f"vs {top.cell} {theirs} (noisy); rerun with more runs (benchmark.runs) or on a quieter machine"
         )
         return out
     out.decision, out.cell, out.steps = "recommend", best.cell, best.steps

@@ -16,6 +16,7 @@ from typing import Optional
 from hydra.core.config_store import ConfigStore
 from omegaconf import MISSING, DictConfig, OmegaConf
 
+from spec_decode.core import drafter as drafter_rules
 from spec_decode.core.engine_config import ENGINES, EngineConfig
 from spec_decode.core.errors import ConfigError
 from spec_decode.core.identity import config_hash, flatten, resolved_dict  # noqa: F401 - re-exported
@@ -288,8 +289,8 @@ class ExperimentConfig:
     def __post_init__(self) -> None:
         self.engine.check(self.spec, self.hardware)
         ids = self.drafter.layer_ids
-        if ids is not None and (len(ids) != 3 or len(set(ids)) != 3 or min(ids) < 0):
-            raise ConfigError(f"drafter.layer_ids={ids}: EAGLE-3 reads 3 distinct target layers")
+        if ids is not None and (why := drafter_rules.layer_ids_error(list(ids))) is not None:
+            raise ConfigError(f"drafter.layer_ids={ids}: {why}")
         if ids is not None and self.model.num_layers is not None and max(ids) > self.model.num_layers - 2:
             raise ConfigError(
                 f"drafter.layer_ids={ids}: model={self.model.name} has {self.model.num_layers} layers, "

@@ -137,6 +137,8 @@ def describe(ids: list[int] | None, tcfg: dict | None) -> str:
     fam = target_family(tcfg)
     cap = captured_layers(ids, num_layers(tcfg), fam)
     named = "no ids (SGLang's default)" if ids is None else f"ids {list(ids)}"
+    if ids is not None and EMBEDDING_ID in ids:
+        named += " (-1: the embedding output)"
     if cap is None:
         return named
     return f"{named} -> captured layers {cap} ({fam or 'default'} rule)"
@@ -220,6 +222,45 @@ def trained_mismatch(
         f"{where}: trained on {describe(list(trained_ids), tcfg)} (training.json) but served with "
         f"{describe(served, tcfg)} (eagle_config.{LAYER_IDS_KEY}): acceptance would collapse; "
         "serve it with the ids it was trained on or retrain it"
+    )
+
+
+EMBEDDING_ID = -1  # under the Llama rule id + 1 = 0: the input of layer 0, i.e. the embedding output
+
+
+def layer_ids_error(ids: list[int]) -> str | None:
+    """What is wrong with configured layer ids on their own (compose time), or None. -1 is a capture (the
+    embedding output): whether it is the right one, preflight says (``embedding_capture``)."""
+    if len(ids) != DEFAULT_AUX_LAYERS or len(set(ids)) != DEFAULT_AUX_LAYERS:
+        return f"EAGLE-3 reads {DEFAULT_AUX_LAYERS} distinct target layers"
+    if min(ids) < EMBEDDING_ID:
+        return (
+            "ids are >= -1 (-1 captures the embedding output, 0.. the decoder layers' outputs); use the ids "
+            "the drafter was trained on (its training.json)"
+        )
+    return None
+
+
+def embedding_capture(
+    ids: list[int], trained: list[int] | None, served: list[int] | None, drafter_name: str, tcfg: dict | None
+) -> str | None:
+    """The message for ``drafter.layer_ids`` that name -1 where the drafter was not trained on it (the
+    issue-44 mistake: -1 is no "last layer", it captures the embedding output), or None. Names the
+    trained ids (training.json), else the checkpoint's (config.json), and the ids to use."""
+    if EMBEDDING_ID not in ids:
+        return None
+    right, source = (trained, "training.json") if trained is not None else (served, f"eagle_config.{LAYER_IDS_KEY}")
+    if right is not None and same_layers(right, ids, tcfg):
+        return None  # trained on the embedding output: nothing wrong
+    what = (
+        f"drafter={drafter_name} was trained on {describe(list(right), tcfg)} ({source}): use "
+        f"drafter.layer_ids=[{','.join(map(str, right))}]"
+        if right is not None
+        else "the drafter's trained ids are unknown (no training.json, no ids in its config.json)"
+    )
+    return (
+        f"drafter.layer_ids={list(ids)}: -1 captures the embedding output (the input of layer 0: the target "
+        f"captures id + 1, {FAMILY_SOURCES[LLAMA]}), not a decoder layer's output; {what}"
     )
 
 

@@ -12,6 +12,13 @@ from omegaconf import OmegaConf
 # A job-name item (an override) that selects the drafter or the speculation: a job's baseline is the job
 # without them (runner.job.baseline_name), and a cell's name always keeps them (analysis.compare.entries).
 SPEC_ITEM = re.compile(r"^[+~]*(spec|drafter)([.=]|$)")
+# Hydra's override_dirname joins "key=value" items with ","; values may hold commas ([1,3,4]).
+_ITEM = re.compile(r",(?=[+~]*[\w./@-]+=)")
+
+
+def override_items(name: str) -> list[str]:
+    """A job name's ``key=value`` items (``nccl=tuned,drafter.layer_ids=[1,3,4]`` -> two items)."""
+    return [item for item in _ITEM.split(name) if item]
 
 
 def resolved_dict(cfg: Any) -> dict[str, Any]:

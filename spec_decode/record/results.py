@@ -66,6 +66,9 @@ class JobRecord:
     schema_version: int = SCHEMA_VERSION
     status: str = "RUNNING"  # RUNNING | FINISHED | FAILED | KILLED
     error: str | None = None
+    # Refused before any server started, for bad input: "config" (the typed config's own rules) or
+    # "preflight". A sweep with such a job exits 2 (the other jobs still run).
+    refused: str | None = None
     overrides: list[str] = field(default_factory=list)
     record_id: str = field(default_factory=lambda: os.urandom(8).hex())
     server_env_extra: dict[str, str] = field(default_factory=dict)  # what we add (redacted)

@@ -6,18 +6,15 @@ identity (MLflow when reachable, else results.json under tracking.results_dirs).
 from __future__ import annotations
 
 import dataclasses
-import re
 from pathlib import Path
 
 from spec_decode.analysis import drift
 from spec_decode.core.config import DrafterConfig, ExperimentConfig, config_hash, resolved_dict
-from spec_decode.core.identity import SPEC_ITEM
+from spec_decode.core.identity import SPEC_ITEM, override_items
 from spec_decode.record import results
 from spec_decode.record.results import JobRecord
 from spec_decode.runner.context import JobContext
-
-# Hydra's override_dirname joins "key=value" items with ","; values may hold commas ([1,3,4]).
-_ITEM = re.compile(r",(?=[+~]*[\w./@-]+=)")
+from spec_decode.runner.recording import measures_baseline
 
 
 def baseline_config(cfg: ExperimentConfig) -> ExperimentConfig:
@@ -28,7 +25,7 @@ def baseline_name(run_name: str) -> str:
     """The baseline's job name: ``baseline`` plus the spec job's overrides that are not about
     speculation (``nccl=tuned,spec.steps=2`` -> ``baseline,nccl=tuned``). Unique per baseline in a
     sweep, stable across reruns: experiments key their metrics by it."""
-    keep = [item for item in _ITEM.split(run_name) if item and not SPEC_ITEM.match(item)]
+    keep = [item for item in override_items(run_name) if not SPEC_ITEM.match(item)]
     return ",".join(["baseline", *keep])
 
 
@@ -43,40 +40,45 @@ def baseline_key(cfg: ExperimentConfig) -> str:
 
 
 def earlier_baselines(cfg: ExperimentConfig, ctx: JobContext, rec: JobRecord) -> list[drift.Reference]:
-    """The drift guard's reference: earlier baselines from MLflow when tracking is on and reachable,
-    else from the results.json files under tracking.results_dirs."""
-    if ctx.tracker is not None:
-        found = ctx.tracker.earlier_baselines(rec)
-        if found is not None:
-            return found
+    """The drift guard's reference: earlier baselines (baseline jobs and paired jobs' baseline arms) of the
+    same identity, any NCCL profile, from MLflow when tracking is on and reachable, else from the
+    results.json files under tracking.results_dirs. A sweep that varies NCCL compares each profile with
+    its own history: there another profile is the question asked, not drift."""
+    found = ctx.tracker.earlier_baselines(rec) if ctx.tracker is not None else None
+    if found is None:
+        found = _from_records(cfg, ctx, rec)
+    if varies_nccl(ctx.sweep_axes):
+        found = [r for r in found if r.nccl in (None, cfg.nccl.name)]
+    return found
+
+
+def varies_nccl(axes: list[str]) -> bool:
+    return any(a.lstrip("+~") == "nccl" or a.lstrip("+~").startswith("nccl.") for a in axes)
+
+
+def _from_records(cfg: ExperimentConfig, ctx: JobContext, rec: JobRecord) -> list[drift.Reference]:
     want = drift.identity(rec.config)
     refs = []
     for d in cfg.tracking.results_dirs:
         for other in results.collect(abs_path(ctx.root, d)):
-            if (
-                other.role == "baseline"
-                and other.status == "FINISHED"
-                and other.record_id != rec.record_id
-                and "throughput_tok_s" in other.metrics
-                and drift.identity(other.config) == want
-            ):
-                m = other.metrics
-                ci = (
-                    (m["throughput_tok_s_ci95_lo"], m["throughput_tok_s_ci95_hi"])
-                    if "throughput_tok_s_ci95_lo" in m
-                    else None
+            key = measures_baseline(other)
+            if key is None or other.record_id == rec.record_id or drift.identity(other.config) != want:
+                continue
+            m = other.metrics
+            ci = (m[f"{key}_ci95_lo"], m[f"{key}_ci95_hi"]) if f"{key}_ci95_lo" in m else None
+            refs.append(
+                drift.Reference(
+                    other.record_id,
+                    m[key],
+                    other.started_at,
+                    ci,
+                    other.server_env or {},
+                    drift.data_hashes_of(other.provenance),
+                    other.engine.version,
+                    other.choice("nccl"),
+                    paired=key != "throughput_tok_s",
                 )
-                refs.append(
-                    drift.Reference(
-                        other.record_id,
-                        m["throughput_tok_s"],
-                        other.started_at,
-                        ci,
-                        other.server_env or {},
-                        drift.data_hashes_of(other.provenance),
-                        other.engine.version,
-                    )
-                )
+            )
     return refs
 
 

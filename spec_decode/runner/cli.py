@@ -2,19 +2,23 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import sys
+import time
 from pathlib import Path
 
 from hydra.core.hydra_config import HydraConfig
 from hydra.types import RunMode
-from omegaconf import DictConfig
+from omegaconf import DictConfig, OmegaConf
 
-from spec_decode.core.config import ConfigError, to_experiment
+from spec_decode.core.config import ConfigError, config_hash, to_experiment
 from spec_decode.core.overrides import check_composed
+from spec_decode.record import results
+from spec_decode.record.results import EngineInfo, JobRecord
 from spec_decode.runner import interrupt
-from spec_decode.runner.context import JobContext
+from spec_decode.runner.context import AXES_ENV, JobContext
 from spec_decode.runner.job import JobFailed, run_job
 from spec_decode.runner.preflight import PreflightError
 from spec_decode.views.tracking import PARENT_ENV, Tracker
@@ -34,13 +38,16 @@ def _on_sigterm(signum, frame) -> None:
 def run_from_hydra(cfg: DictConfig) -> float | None:
     interrupt.started()  # a job: from here on a Ctrl-C cleans up (before it, Hydra composing: exit at once)
     hc = HydraConfig.get()
+    multirun = hc.mode == RunMode.MULTIRUN
     try:
         check_composed(cfg)  # a '+key' from a sweeper's params or an experiment file
         exp = to_experiment(cfg)
     except ConfigError as e:
         print(f"error: {e}", file=sys.stderr)
+        if multirun:  # one bad cell (spec.steps=0 in spec.steps=0,2): its FAILED record; the sweep goes on
+            record_config_error(cfg, hc, str(e))
+            return None
         raise SystemExit(2) from None
-    multirun = hc.mode == RunMode.MULTIRUN
     if not multirun and hc.sweeper.get("params"):  # Hydra would run one job at the defaults, silently
         axes = " ".join(f"{k}={v}" for k, v in hc.sweeper.params.items())
         print(
@@ -59,6 +66,7 @@ def run_from_hydra(cfg: DictConfig) -> float | None:
         parent_run_id=os.environ.get(PARENT_ENV) if multirun else None,
         overrides=list(hc.overrides.task),
         tracker=None if exp.dry_run else Tracker.from_config(exp.tracking, root),
+        sweep_axes=[a for a in os.environ.get(AXES_ENV, "").split(",") if a] if multirun else [],
     )
     if multirun and exp.fail_fast and ctx.sweep_dir and (ctx.sweep_dir / "FAILED").exists():
         print(f"skipping {ctx.run_name}: an earlier job failed and fail_fast=true", file=sys.stderr)
@@ -66,6 +74,47 @@ def run_from_hydra(cfg: DictConfig) -> float | None:
     signal.signal(signal.SIGTERM, _on_sigterm)  # overrides submitit's "bypass" handler in SLURM jobs
     with ConsoleLog(ctx.out_dir / "run.log"):
         return _run(exp, ctx, multirun)
+
+
+def record_config_error(cfg: DictConfig, hc, error: str) -> JobRecord:
+    """A sweep's job whose values break a rule of the typed config: a FAILED record naming the key (refused
+    "config"), in its job dir and as its MLflow run, so the summary counts it and the sweep exits 2."""
+    try:
+        conf = OmegaConf.to_container(cfg, resolve=True)
+    except Exception:  # noqa: BLE001 - an interpolation that does not resolve: keep it as written
+        conf = OmegaConf.to_container(cfg, resolve=False)
+    rec = JobRecord(
+        role="spec" if OmegaConf.select(cfg, "drafter.path") is not None else "baseline",
+        name=hc.job.override_dirname,
+        experiment=str(cfg.get("name", "adhoc")),
+        config=conf,
+        config_hash=config_hash(conf),
+        engine=EngineInfo(str(OmegaConf.select(cfg, "engine.name"))),
+        speculative=OmegaConf.select(cfg, "drafter.path") is not None,
+        status="FAILED",
+        error=f"config error: {error}",
+        refused="config",
+        overrides=list(hc.overrides.task),
+        out_dir=str(Path(hc.runtime.output_dir)),
+        ended_at=time.time(),
+    )
+    ctx = JobContext(
+        out_dir=Path(hc.runtime.output_dir),
+        run_name=rec.name,
+        root=Path(hc.runtime.cwd),
+        sweep_dir=Path(hc.sweep.dir).resolve(),
+        parent_run_id=os.environ.get(PARENT_ENV),
+        overrides=rec.overrides,
+    )
+    tracker = None
+    with contextlib.suppress(Exception):  # a tracking group that does not compose either: results.json only
+        tracker = Tracker.from_config(cfg.tracking, ctx.root)
+    run_id = tracker.start(rec, ctx) if tracker is not None else None
+    results.write(ctx.out_dir, rec)
+    if tracker is not None:
+        tracker.finish(run_id, rec, ctx.out_dir)
+    _mark_failed(ctx, bool(cfg.get("fail_fast", False)))
+    return rec
 
 
 def _run(exp, ctx: JobContext, multirun: bool) -> float | None:

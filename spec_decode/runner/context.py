@@ -10,6 +10,9 @@ from typing import Protocol
 from spec_decode.analysis.drift import Reference
 from spec_decode.record.results import JobRecord
 
+# The keys a sweep varies (views.sweep sets it for each job; runner.cli reads it into JobContext.sweep_axes).
+AXES_ENV = "SPEC_DECODE_SWEEP_AXES"
+
 
 class RunLog(Protocol):
     """Where a job's record is also logged (``views.tracking.Tracker``); the job calls it, never the reverse."""
@@ -36,4 +39,5 @@ class JobContext:
     parent_run_id: str | None = None
     overrides: list[str] = field(default_factory=list)
     tracker: RunLog | None = None  # MLflow, or None for no MLflow
+    sweep_axes: list[str] = field(default_factory=list)  # the keys the sweep varies (nccl, spec.steps, ...)
     quiet: bool = False

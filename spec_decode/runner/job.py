@@ -106,7 +106,7 @@ def record_refusal(cfg: ExperimentConfig, ctx: JobContext, error: str) -> JobRec
     """A job that preflight refused still leaves its FAILED record (and MLflow run), so sweep
     summaries and the parent run count it."""
     rec = recording.new_record(cfg, ctx, "spec" if cfg.speculative else "baseline", {}, [])
-    rec.status, rec.error, rec.ended_at = "FAILED", error, time.time()
+    rec.status, rec.error, rec.ended_at, rec.refused = "FAILED", error, time.time(), "preflight"
     tracked = ctx.tracker.start(rec, ctx) if ctx.tracker is not None else None
     results.write(ctx.out_dir, rec)
     if ctx.tracker is not None:
@@ -191,7 +191,7 @@ def measure(
             if cfg.benchmark.under_load
             else []
         )  # benchmark.concurrency / request_rate (issue 28)
-        if rec.role == "baseline" and rec.status == "FINISHED":
+        if recording.measures_baseline(rec) is not None:  # a baseline job, or a paired job's baseline arm
             recording.add_drift(rec, earlier_baselines(cfg, ctx, rec))
         results.write(out, rec)  # the one write
         if ctx.tracker is not None:

@@ -30,10 +30,26 @@ from spec_decode.runner.preflight_items import (
     read_json,
     visible_gpus,
 )
+from spec_decode.runner.server import KEPT_NCCL
 
 
 class PreflightError(ValueError):
     """A job that must not start. The message names the key or file and says what to do."""
+
+
+def inherited_nccl(cfg: ExperimentConfig, environ: dict[str, str]) -> str | None:
+    """The NCCL variables exported in this shell, which the server never gets (runner.server drops them:
+    the NCCL profile alone decides), named -- a user who exported NCCL_PROTO=LL must not believe it ran."""
+    dropped = sorted(k for k in environ if k.startswith("NCCL_") and k not in KEPT_NCCL)
+    if not dropped:
+        return None
+    now = ", ".join(f"{k}={cfg.nccl.env[k]}" if k in cfg.nccl.env else f"{k} unset" for k in dropped)
+    return (
+        "NCCL variables exported in this shell are dropped from the server's environment: "
+        + ", ".join(f"{k}={environ[k]}" for k in dropped)
+        + f"; nccl={cfg.nccl.name} alone decides them (this job: {now}); to run with one, put it in the "
+        f"profile, e.g. +nccl.env.{dropped[0]}={environ[dropped[0]]}"
+    )
 
 
 def check(cfg: ExperimentConfig, root: Path) -> Preflight:
@@ -47,6 +63,8 @@ def check(cfg: ExperimentConfig, root: Path) -> Preflight:
             f"nccl={cfg.nccl.name}: {name} is not an NCCL variable (typo?); see the NCCL user "
             "guide's environment variables",
         )
+    if (w := inherited_nccl(cfg, dict(os.environ))) is not None:
+        pf.warnings.append(w)
     if cfg.nccl.env and cfg.hardware.device == "cpu":
         pf.warnings.append(
             f"nccl={cfg.nccl.name} sets NCCL variables on a CPU profile: they reach the "

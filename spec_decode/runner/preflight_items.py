@@ -178,17 +178,20 @@ def check_drafter(cfg: ExperimentConfig, root: Path, pf: Preflight, tcfg: dict |
     allow = cfg.preflight.allow_layer_id_mismatch
     mismatches = pf.warnings if allow else pf.errors
     note = "allowed by preflight.allow_layer_id_mismatch=true: " if allow else ""
-    if d.layer_ids is not None and not drafter.same_layers(served, list(d.layer_ids), target):
-        mismatches.append(
-            f"{note}drafter={d.name}: the checkpoint has {drafter.describe(served, target)} "
-            f"(eagle_config.{drafter.LAYER_IDS_KEY}) but drafter.layer_ids is "
-            f"{drafter.describe(list(d.layer_ids), target)}; fix whichever is wrong"
-        )
     try:
         trained = drafter.trained_layer_ids(full)
     except ValueError as e:
         pf.errors.append(str(e))
         trained = None
+    ids = list(d.layer_ids) if d.layer_ids is not None else None
+    if ids is not None and (m := drafter.embedding_capture(ids, trained, served, d.name, target)) is not None:
+        mismatches.append(note + m)  # -1 named for what it is, not as another mismatch
+    elif ids is not None and not drafter.same_layers(served, ids, target):
+        mismatches.append(
+            f"{note}drafter={d.name}: the checkpoint has {drafter.describe(served, target)} "
+            f"(eagle_config.{drafter.LAYER_IDS_KEY}) but drafter.layer_ids is "
+            f"{drafter.describe(ids, target)}; fix whichever is wrong"
+        )
     where = str(full / "config.json")
     pf.errors.extend(drafter.problems(dcfg, target, where))
     if (m := drafter.trained_mismatch(trained, served, where, target)) is not None:

@@ -1,6 +1,6 @@
 """The job's record from start to the one write: ``new_record`` when the job starts, ``finish`` when it
 ends (the derived sections in order, each a pure function of ``analysis.sections`` or
-``record.provenance``), ``add_drift`` for a finished baseline. ``record.results.write`` then writes it.
+``record.provenance``), ``add_drift`` for a job that measured a baseline. ``record.results.write`` then writes it.
 
 Who computes each section: the table in docs/architecture.md.
 """
@@ -235,16 +235,28 @@ def lossless_section(rec: JobRecord, cfg: ExperimentConfig, out_dir: Path, basel
     return Section({"lossless": verdict}, {"lossless_match_rate": verdict["match_rate"]} if verdict["checked"] else {})
 
 
+def measures_baseline(rec: JobRecord) -> str | None:
+    """The metric holding the baseline a finished job measured, if it measured one: a baseline job's
+    ``throughput_tok_s``, a paired spec job's baseline arm (``baseline_throughput_tok_s``)."""
+    if rec.status != "FINISHED":
+        return None
+    key = "throughput_tok_s" if rec.role == "baseline" else "baseline_throughput_tok_s" if rec.baseline_runs else None
+    return key if key in rec.metrics else None
+
+
 def add_drift(rec: JobRecord, earlier: list[Reference]) -> None:
-    """The drift guard's finding for a finished baseline (a warning when it found something)."""
-    if rec.role != "baseline" or rec.status != "FINISHED" or "throughput_tok_s" not in rec.metrics:
+    """The drift guard's finding for a job that measured a baseline (a baseline job, or a paired spec job's
+    baseline arm beside it): a warning when it found something."""
+    if (key := measures_baseline(rec)) is None:
         return
     rec.drift = drift.check(
-        rec.metrics["throughput_tok_s"],
+        rec.metrics[key],
         rec.server_env or {},
         earlier,
         drift.data_hashes_of(rec.provenance),
         rec.engine.version,
+        rec.choice("nccl"),
+        paired=key != "throughput_tok_s",
     )
     if rec.drift is not None and rec.drift.message:
         rec.warnings.append(rec.drift.message)

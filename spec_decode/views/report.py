@@ -29,7 +29,7 @@ from pathlib import Path
 
 from tabulate import tabulate
 
-from spec_decode.analysis import batchcost, blocks, concurrency, control, recommend
+from spec_decode.analysis import batchcost, blocks, concurrency, control, effects, recommend
 from spec_decode.analysis.costmodel import describe
 from spec_decode.core import store
 from spec_decode.record import host
@@ -216,6 +216,8 @@ def sweep_summary(recs: list[JobRecord]) -> tuple[str, dict[str, list]]:
     if concurrency.swept(cells):  # issue 28: speedup against load, crossover, steps per concurrency
         lines += ["", *concurrency.describe(cells), batchcost.describe_batch(batchcost.batch_model(cells))]
     lines += ["", control.tag(control.check(cells))]
+    if said := effects.describe(effects.effects(cells)):  # issue 44: per axis, whether it mattered
+        lines += ["", *said]
     rec = recommend.recommend(cells)
     if rec is not None:
         lines += ["", recommend.describe(rec)]

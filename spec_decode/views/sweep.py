@@ -25,6 +25,7 @@ from tabulate import tabulate
 from spec_decode.analysis import blocks, control, recommend
 from spec_decode.record import results
 from spec_decode.runner import interrupt, progress
+from spec_decode.runner.context import AXES_ENV
 from spec_decode.views.plots import write_plots
 from spec_decode.views.report import sweep_summary
 from spec_decode.views.tracking import PARENT_ENV, Tracker, experiment_tags
@@ -97,18 +98,24 @@ def headline(recs: list, jobs: list[str] | None) -> tuple[dict[str, float], dict
         best = max(spec, key=lambda r: r.metrics["speedup_vs_baseline"])
         metrics["best_speedup_vs_baseline"] = best.metrics["speedup_vs_baseline"]
         params["best_job"] = best.label[:500]
+    params.update({f"sweep.{k}": ",".join(v)[:500] for k, v in sweep_axes(jobs).items()})
+    return metrics, params
+
+
+def sweep_axes(jobs: list[str] | None) -> dict[str, list[str]]:
+    """The keys the planned jobs vary -> their values (``nccl`` -> [tuned, default])."""
     axes: dict[str, list[str]] = {}
     for job in jobs or []:
         for item in job.split(","):
             k, _, v = item.partition("=")
             if v not in axes.setdefault(k, []):
                 axes[k].append(v)
-    params.update({f"sweep.{k}": ",".join(v)[:500] for k, v in axes.items() if len(v) > 1})
-    return metrics, params
+    return {k: v for k, v in axes.items() if len(v) > 1}
 
 
-# The process's exit status after a sweep (run.py reads it): 1 when no job finished. Per process (a
-# sweep is one process; Hydra's basic launcher runs its jobs inside it), never read by a job.
+# The process's exit status after a sweep (run.py reads it): 2 when a job was refused for bad input (its
+# record's ``refused``), else 1 when no job finished. Per process (a sweep is one process; Hydra's basic
+# launcher runs its jobs inside it), never read by a job.
 EXIT_STATUS = 0
 
 
@@ -167,6 +174,8 @@ class SweepCallback(Callback):
             os.environ[PARENT_ENV] = self.parent_run_id
         if self.sweep_dir:
             os.environ["SPEC_DECODE_SWEEP_DIR"] = self.sweep_dir
+        # what the sweep varies on purpose: the drift guard compares each NCCL profile with its own history
+        os.environ[AXES_ENV] = ",".join(sweep_axes(self.jobs))
         if self._bar is not None:
             self._bar.set_postfix_str(f"; running job {self._bar.n + 1}/{self._bar.total}")
 
@@ -238,8 +247,17 @@ class SweepCallback(Callback):
                 except Exception as e:  # noqa: BLE001
                     print(f"warning: could not close the MLflow parent run: {e}", file=sys.stderr)
         print(where_to_look(self.sweep_dir, self.parent_run_id, self._tracker), file=sys.stderr)
-        if recs and not interrupt.interrupted() and not any(r.status == "FINISHED" for r in recs):
-            global EXIT_STATUS
+        global EXIT_STATUS
+        refused = [r for r in recs if r.refused]
+        if refused and not interrupt.interrupted():
+            EXIT_STATUS = 2  # bad input, as a single job's: a script must not read the sweep as clean
+            print(
+                f"error: {len(refused)} job(s) refused for bad input (each a FAILED record naming the key; "
+                f"the other jobs ran): exit status 2\n"
+                + "\n".join(f"  {r.label}: {(r.error or '').splitlines()[0][:300]}" for r in refused),
+                file=sys.stderr,
+            )
+        elif recs and not interrupt.interrupted() and not any(r.status == "FINISHED" for r in recs):
             EXIT_STATUS = 1  # run.py exits with it: a script or CI must not read an all-failed sweep as done
             print(
                 f"error: no job of the sweep finished ({len(recs)} recorded, none FINISHED): exit status 1; "

@@ -189,12 +189,10 @@ class Tracker:
         return run.info.run_id
 
     def earlier_baselines(self, rec: JobRecord) -> list[drift.Reference] | None:
-        """Earlier FINISHED baselines with the same identity (drift.identity); None if unreachable."""
+        """Earlier FINISHED baselines with the same identity (drift.identity): baseline jobs and paired spec
+        jobs' baseline arms (tag ``speedup.method=paired``); None if unreachable."""
         ident = drift.identity(rec.config)
-        filt = " and ".join(
-            ["params.role = 'baseline'", "attributes.status = 'FINISHED'"]
-            + [f"params.`{k}` = '{v}'" for k, v in ident.items()]
-        )
+        filt = " and ".join(["attributes.status = 'FINISHED'"] + [f"params.`{k}` = '{v}'" for k, v in ident.items()])
         try:
             found = self.client.search_runs([self.experiment_id()], filt, max_results=50)
         except Exception as e:  # noqa: BLE001
@@ -203,13 +201,13 @@ class Tracker:
         refs = []
         for r in found:
             m = r.data.metrics
-            if r.info.run_id == rec.mlflow_run_id or "throughput_tok_s" not in m:
+            paired = r.data.params.get("role") != "baseline"
+            key = "baseline_throughput_tok_s" if paired else "throughput_tok_s"
+            if r.info.run_id == rec.mlflow_run_id or key not in m:
                 continue
-            ci = (
-                (m["throughput_tok_s_ci95_lo"], m["throughput_tok_s_ci95_hi"])
-                if "throughput_tok_s_ci95_lo" in m
-                else None
-            )
+            if paired and r.data.tags.get("speedup.method") != "paired":
+                continue  # a spec job against a baseline job: that job is the reference
+            ci = (m[f"{key}_ci95_lo"], m[f"{key}_ci95_hi"]) if f"{key}_ci95_lo" in m else None
             env = {k[len(ENV_PARAM) :]: v for k, v in r.data.params.items() if k.startswith(ENV_PARAM)}
             hashes = {
                 k[len("data.") : -len(".hash")]: v
@@ -219,12 +217,14 @@ class Tracker:
             refs.append(
                 drift.Reference(
                     r.info.run_id,
-                    m["throughput_tok_s"],
+                    m[key],
                     r.info.start_time / 1e3,
                     ci,
                     env,
                     hashes,
                     r.data.tags.get("engine.version"),
+                    r.data.params.get("nccl"),
+                    paired=paired,
                 )
             )
         return refs

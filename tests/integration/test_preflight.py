@@ -304,3 +304,22 @@ def test_hardware_labels_are_checked_against_what_the_box_reports(tmp_path):
         env=env,
     )
     assert "hardware.gpu_type" not in p.stdout and "hardware.interconnect" not in p.stdout, p.stdout
+
+
+def test_layer_id_minus_one_is_named_as_the_embedding_output_with_the_trained_ids(tmp_path):
+    """Issue 44: [-1, 3, 4] was refused as "EAGLE-3 reads 3 distinct target layers" (three distinct ids)."""
+    err = refused(tmp_path, "drafter.layer_ids=[-1,3,4]")
+    assert (
+        "drafter.layer_ids=[-1, 3, 4]: -1 captures the embedding output (the input of layer 0: the target "
+        "captures id + 1, srt/models/llama.py 929-941), not a decoder layer's output; drafter=tiny_eagle3 was "
+        "trained on ids [1, 3, 4] -> captured layers [2, 4, 5] (llama rule) (training.json): use "
+        "drafter.layer_ids=[1,3,4]"
+    ) in err, err
+    assert "distinct" not in err and "the checkpoint has" not in err  # one true reason, not another mismatch
+    # the checkpoint's own config.json naming -1: the trained-vs-served message says what -1 is
+    d = drafter_copy(
+        tmp_path, edit_config=lambda c: c["eagle_config"].update(eagle_aux_hidden_state_layer_ids=[-1, 3, 4])
+    )
+    err = refused(tmp_path, f"drafter.path={d}", "drafter.layer_ids=null")
+    assert "served with ids [-1, 3, 4] (-1: the embedding output) -> captured layers [0, 4, 5]" in err, err
+    assert "trained on ids [1, 3, 4]" in err

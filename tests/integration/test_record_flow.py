@@ -32,8 +32,10 @@ def test_preflight_refusal_in_a_sweep_counts_and_a_prompt_sweep_keeps_every_entr
             *tmp_store["overrides"],
             "benchmark.paired=false",
             f"hydra.sweep.dir={sweep}",
-        ]
+        ],
+        check=False,
     )  # baseline jobs: keyed entries too
+    assert p.returncode == 2, p.stderr[-2000:]  # bad input, as for a single job; the other jobs ran
     assert "benchmark.prompt_index=99: prompts.jsonl has 8 prompts (0..7)" in p.stderr
     refused = results.read(next(sweep.glob("2_*")))
     assert refused.status == "FAILED" and "benchmark.prompt_index=99" in refused.error and not refused.runs
@@ -62,6 +64,33 @@ def test_preflight_refusal_in_a_sweep_counts_and_a_prompt_sweep_keeps_every_entr
     }
     tput = {k: v.get("throughput_tok_s") for k, v in metrics["jobs"].items()}
     assert len({v for v in tput.values() if v is not None}) == 4  # four measured jobs, none overwritten
+
+
+def test_a_config_error_in_a_sweep_is_one_failed_record_and_exit_2(tmp_path, tmp_store):
+    """Issue 44: `-m spec.steps=0,2` ended the whole sweep "KILLED ... interrupted" with no record."""
+    sweep = tmp_path / "sweep"
+    p = run_py(
+        [
+            "-m",
+            "spec.steps=0,2",
+            *small("benchmark.profile=false"),
+            *tmp_store["overrides"],
+            f"hydra.sweep.dir={sweep}",
+        ],
+        check=False,
+    )
+    assert p.returncode == 2, p.stderr[-2000:]
+    bad, ok = results.read(next(sweep.glob("0_*"))), results.read(next(sweep.glob("1_*")))
+    assert bad.status == "FAILED" and bad.refused == "config" and not bad.runs
+    assert bad.error == "config error: spec.steps=0: must be >= 1 (use drafter=none for the baseline)"
+    assert ok.status == "FINISHED" and ok.steps == 2 and ok.runs
+    text = (sweep / "sweep_summary.txt").read_text()
+    assert "2 job(s): 1 FAILED, 1 FINISHED" in text and "KILLED" not in text, text
+    assert "1 job(s) refused for bad input" in p.stderr
+    c = MlflowClient(tmp_store["uri"])
+    runs = c.search_runs([c.get_experiment_by_name("spec-decode-bench").experiment_id])
+    kid = [r for r in runs if r.info.run_name == display_name(bad)]
+    assert kid and kid[0].info.status == "FAILED" and "spec.steps=0" in kid[0].data.tags["status_detail"]
 
 
 def test_tracking_off_jobs_carry_checks_and_drift(tmp_path):

@@ -165,6 +165,7 @@ BAD = [
     (["engine=vllm"], ConfigCompositionException, "engine"),
     (["spec.bogus=1"], ConfigCompositionException, "bogus"),
     (["drafter.layer_ids=[1,1,2]"], ConfigError, "drafter.layer_ids"),
+    (["drafter.layer_ids=[-2,3,4]"], ConfigError, "ids are >= -1 (-1 captures the embedding output"),
     (["drafter.layer_ids=[1,3,5]"], ConfigError, "0..4"),
     (["engine.decode_log_interval=0"], ConfigError, "engine.decode_log_interval"),
     (["hardware.device=tpu"], ConfigError, "hardware.device"),

@@ -1,6 +1,8 @@
 """The drift guard needs evidence: no interval alarm from fewer than 3 earlier baselines; every
 provenance difference (server env, weight/data hashes, engine version) listed."""
 
+import dataclasses
+
 import pytest
 
 from spec_decode.analysis import drift
@@ -8,6 +10,7 @@ from spec_decode.analysis import drift
 pytestmark = pytest.mark.unit
 
 ENV = {"NCCL_PROTO": "LL"}
+LOST = "NCCL_PROTO was LL in the earlier runs, unset now"
 HASHES = {"target": "aaaa1111", "prompts": "bbbb2222"}
 
 
@@ -95,7 +98,7 @@ def test_nothing_earlier_is_no_finding():
     assert drift.check(300.0, ENV, [], HASHES, "0.1.0") is None
 
 
-def test_identity_leaves_engine_version_and_weights_to_the_findings():
+def test_identity_leaves_engine_version_weights_and_nccl_to_the_findings():
     cfg = {
         "hardware": {"name": "cpu"},
         "model": {"name": "tiny"},
@@ -108,7 +111,6 @@ def test_identity_leaves_engine_version_and_weights_to_the_findings():
         "hardware.tp_size": 1,
         "model": "tiny",
         "engine": "embedded",
-        "nccl": "default",
         "benchmark.max_new_tokens": 500,
         "benchmark.prompts": "p",
         "benchmark.prompt_index": 0,
@@ -116,3 +118,27 @@ def test_identity_leaves_engine_version_and_weights_to_the_findings():
     assert drift.data_hashes_of(
         {"data": {"target": {"dvc_md5": "m1"}, "prompts": {"sha256": "s1"}, "x": {"missing": True}}}
     ) == {"target": "m1", "prompts": "s1", "x": "missing"}
+
+
+def test_another_nccl_profile_is_a_finding_and_the_interval_takes_only_like_runs():
+    """Issue 44: the same key measured earlier with nccl=tuned, now nccl=default (the seed's incident)."""
+    tuned = [dataclasses.replace(r, nccl="tuned") for r in EARLIER]  # 600 +- 10 tok/s with NCCL_PROTO=LL
+    f = drift.check(400.0, {}, tuned, HASHES, "0.1.0", nccl="default")
+    assert f.env_differences == ["nccl=tuned in the earlier runs, nccl=default now", LOST]
+    assert f.message.startswith("DRIFT: ") and LOST in f.message
+    # 400 is far below the tuned runs, but they measured another setup: no interval of this profile yet
+    assert f.interval_tok_s is None and not f.outside_interval and f.note.startswith("too few earlier baselines (0")
+    same = drift.check(400.0, ENV, tuned, HASHES, "0.1.0", nccl="tuned")
+    assert same.outside_interval and same.env_differences == []
+    # a paired job's baseline arm is compared with baseline jobs' environments, not their interval
+    arm = drift.check(400.0, ENV, tuned, HASHES, "0.1.0", nccl="tuned", paired=True)
+    assert arm.interval_tok_s is None and arm.message is None
+
+
+def test_the_spec_servers_own_variables_and_the_drafter_are_no_baseline_drift():
+    paired = [ref(600.0, 1, env={**ENV, "SGLANG_SIMULATE_ACC_LEN": "2.5"}, hashes={**HASHES, "drafter": "d1"})]
+    paired[0].paired = True
+    f = drift.check(600.0, ENV, paired, {**HASHES, "drafter": "d2"}, "0.1.0")  # a baseline job after it
+    assert f.env_differences == [] and f.provenance_differences == [] and f.message is None
+    g = drift.check(600.0, ENV, paired, HASHES, "0.1.0", paired=True)  # a paired job: same kind, compared
+    assert g.env_differences == ["SGLANG_SIMULATE_ACC_LEN was 2.5 in the earlier runs, unset now"]

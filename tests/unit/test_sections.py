@@ -127,7 +127,9 @@ def test_ranks_whose_environment_reads_back_empty_are_not_counted_as_disagreeing
     assert sec.fields["server_env_set_by_engine"] == {"NCCL_CUMEM_ENABLE": "0"}
     # two readable ranks that disagree still warn
     tree[12] = {"NCCL_NVLS_ENABLE": "1", "NCCL_CUMEM_ENABLE": "0"}
-    assert "do not share one NCCL environment" in provenance.server_env_section(None, tree, 10, "default", {}).warnings[0]
+    assert (
+        "do not share one NCCL environment" in provenance.server_env_section(None, tree, 10, "default", {}).warnings[0]
+    )
 
 
 def test_sglang_run_id_is_a_launch_not_a_setting():
