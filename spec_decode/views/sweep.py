@@ -122,10 +122,12 @@ class SweepCallback(Callback):
         self._done = False
         self.jobs: list[str] | None = None
         self._bar = None  # job i/N, elapsed, ETA (terminal only)
+        self._clock: progress.SweepClock | None = None  # job k/N and ETA as plain lines (every console)
+        self._labels: list[str] = []  # each planned job by what varies (the console's k/N lines)
 
     def __getstate__(self) -> dict:
         # Shipped to submitit/joblib workers: the parent run id travels, the client does not.
-        return {**self.__dict__, "_tracker": None, "_bar": None}
+        return {**self.__dict__, "_tracker": None, "_bar": None, "_clock": None}
 
     def on_multirun_start(self, config, **kwargs) -> None:
         interrupt.started()  # the sweep's dir, bar and parent run: from here on a Ctrl-C cleans up
@@ -137,6 +139,8 @@ class SweepCallback(Callback):
             return
         self.jobs = planned_jobs(config)
         self._bar = progress.sweep_bar(len(self.jobs)) if self.jobs else None
+        self._clock = progress.SweepClock(len(self.jobs)) if self.jobs else None
+        self._labels = progress.what_varies(self.jobs) if self.jobs else []
         atexit.register(self._finalize)  # before the parent exists: a Ctrl-C from here on still closes it
         tracker = Tracker.from_config(tcfg, root)
         if tracker is not None:
@@ -169,10 +173,15 @@ class SweepCallback(Callback):
             os.environ["SPEC_DECODE_SWEEP_DIR"] = self.sweep_dir
         if self._bar is not None:
             self._bar.set_postfix_str(f"; running job {self._bar.n + 1}/{self._bar.total}")
+        if self._clock is not None:
+            num = OmegaConf.select(config, "hydra.job.num")
+            self._clock.start(self._labels[num] if isinstance(num, int) and num < len(self._labels) else "")
 
     def on_job_end(self, config, job_return, **kwargs) -> None:
         if self._bar is not None:
             self._bar.update(1)
+        if self._clock is not None:
+            self._clock.end()
 
     def on_multirun_end(self, config, **kwargs) -> None:
         self._finalize()
