@@ -25,6 +25,7 @@ from tabulate import tabulate
 from spec_decode.analysis import blocks, control, recommend
 from spec_decode.record import results
 from spec_decode.runner import interrupt, progress
+from spec_decode.views.mlflow_run import log_acceptance_plots
 from spec_decode.views.plots import write_plots
 from spec_decode.views.report import sweep_summary
 from spec_decode.views.tracking import PARENT_ENV, Tracker, experiment_tags
@@ -233,6 +234,9 @@ class SweepCallback(Callback):
                     c.set_experiment_tag(self._tracker.experiment_id(), key, value)
                 for png in write_plots(recs, Path(self.sweep_dir)):
                     c.log_artifact(self.parent_run_id, str(png), artifact_path="plots")
+                for rec in recs:  # each spec child's own charts, drawn here: not in a job's harness time
+                    if rec.mlflow_run_id:
+                        log_acceptance_plots(c, rec.mlflow_run_id, rec)
                 cells = blocks.cells(recs)  # issue 25: the A/A control's verdict as a tag (ok | disagree | none)
                 c.set_tag(self.parent_run_id, "aa_control", control.tag(control.check(cells)))
                 choice = recommend.recommend(cells)

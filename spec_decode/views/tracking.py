@@ -235,8 +235,8 @@ class Tracker:
         if run_id is None:
             return
         try:
-            # a sweep's child gets no charts of its own: the parent's (one chart set over all jobs,
-            # drawn once per sweep) hold them; rendering per child was most of a job's harness time
+            # a sweep's child gets its charts when the sweep ends (views.sweep, with the parent's set):
+            # rendering them here was most of a job's harness time
             log_record(self.client, run_id, rec, out_dir, plots=run_id not in self._children)
             self.client.set_terminated(run_id, status=run_status(rec.status))
             interrupt.closed(run_id)
