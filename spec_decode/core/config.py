@@ -133,9 +133,7 @@ class ModelConfig:
     name: str = MISSING
     path: str = MISSING
     num_layers: Optional[int] = None  # for checks when config.json is not on this machine
-    # The checkpoint ships its own model code (config.json's auto_map): SGLang refuses to load it without
-    # --trust-remote-code, which engine=sglang then passes (engines/sglang.py: engine_flags).
-    trust_remote_code: bool = False
+    trust_remote_code: bool = False  # ships its own model code (auto_map): engine=sglang passes --trust-remote-code
     # A target of a real shape with seeded random weights (core/synthetic.py): performance work only.
     synthetic: Optional[SyntheticConfig] = None
 
