@@ -164,6 +164,8 @@ def expect(rule: Rule, row: Row, clone: Clone) -> str:
     out = row.output
     if re.search(TRACEBACK, out):
         return "a traceback"
+    if rule.test_form == " --help" and row.ran_as.endswith(" --help"):  # the cheap form: its usage
+        rule = dataclasses.replace(rule, rc=(0,), must=(r"usage:",))
     if row.rc not in rule.rc:
         return f"exit {row.rc}, expected {'/'.join(map(str, rule.rc))}"
     for pat in rule.must:
