@@ -6,7 +6,8 @@
     python run.py engine=sglang hardware=rtx_pro_6000x8 model=kimi_k25 drafter=kimi_k25_eagle3 dry_run=true
     python run.py --help                                      # config groups and options
 
-Results: the job dir's results.json, and MLflow (mlflow ui --backend-store-uri sqlite:///mlflow.db).
+Results: the job dir's results.json, and MLflow
+(mlflow ui --backend-store-uri sqlite:///mlflow.db --app-name spec-decode).
 """
 
 from __future__ import annotations

@@ -8,10 +8,13 @@
     python benchmarks/readme_commands.py --tier sweep --only fail_fast   # one command (a regex), its tier
 
 What it reads: the ```bash blocks and the inline `python …` / `dvc …` / `mlflow …` spans of the sections
-in SECTIONS, found by their headings in the clone's README.md, so a README edit is picked up. Each
+in SECTIONS, found by their headings in the clone's README.md, then those of every experiment README
+(experiments/*/README.md, whole), so a README edit is picked up. Each
 command gets a kind from the first rule in RULES that matches it; a command that no rule matches is a
 failure ("unknown kind"), so a new README command cannot go unchecked. Kinds that cannot run here (a GPU,
-sglang's CUDA 13 wheels, an S3 bucket) are "never" by a stated rule, and the rule is checked.
+sglang's CUDA 13 wheels, an S3 bucket) are "never" by a stated rule, and the rule is checked. After each
+command what git tracks must be as before it (`git status`), unless the rule says the command writes
+committed files (a re-report, DVC bookkeeping); a re-report's files are put back for the next command.
 
 Where: `git clone` of the repository's HEAD into a temp dir: what is committed, not the working tree.
 Environment: by default the clone's `.venv` is a link to the running interpreter's venv, and the install
@@ -46,7 +49,7 @@ import urllib.request
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from readme_extract import ROOT, TIERS, Command, Rule, classify, extract, substitute
+from readme_extract import ROOT, TIERS, Command, Rule, classify, extract, extract_experiments, substitute
 
 TIMEOUT_S = {"test": 300, "job": 900, "sweep": 3600, "rebuild": 7200}
 TRACEBACK = r"Traceback \(most recent call last\)"
@@ -95,6 +98,20 @@ class Clone:
         own = self.dir / ".venv" / "bin"
         if self.install and own.is_dir():
             self.env["PATH"] = f"{own}:{self.env['PATH'].split(':', 1)[1]}"
+
+    def git_status(self) -> set[str]:
+        out = subprocess.run(["git", "status", "--porcelain"], cwd=self.dir, capture_output=True, text=True)
+        return set(out.stdout.splitlines())
+
+    def restore(self, changed: set[str]) -> None:
+        """Put back what a re-report rewrote (tracked files from HEAD, new files removed)."""
+        paths = [line[3:] for line in changed]
+        tracked = [p for line, p in zip(changed, paths) if not line.startswith("??")]
+        if tracked:
+            subprocess.run(["git", "checkout", "HEAD", "--", *tracked], cwd=self.dir, check=True)
+        for line, p in zip(changed, paths):
+            if line.startswith("??"):
+                subprocess.run(["git", "clean", "-fdq", "--", p], cwd=self.dir, check=True)
 
     def bash(self, script: str, timeout: float) -> tuple[int, str, float]:
         t0 = time.monotonic()
@@ -147,6 +164,8 @@ def expect(rule: Rule, row: Row, clone: Clone) -> str:
     out = row.output
     if re.search(TRACEBACK, out):
         return "a traceback"
+    if rule.test_form == " --help" and row.ran_as.endswith(" --help"):  # the cheap form: its usage
+        rule = dataclasses.replace(rule, rc=(0,), must=(r"usage:",))
     if row.rc not in rule.rc:
         return f"exit {row.rc}, expected {'/'.join(map(str, rule.rc))}"
     for pat in rule.must:
@@ -159,6 +178,8 @@ def expect(rule: Rule, row: Row, clone: Clone) -> str:
         return "dvc metrics diff shows a difference in a fresh clone"
     if rule.kind.startswith("repro") and rule.test_form and text.endswith("--dry"):
         running = set(re.findall(r"Running stage '([^']+)'", out))
+        if rule.kind == "repro-stages":  # as its README says: up to date in a fresh clone
+            return f"would run {sorted(running)} in a fresh clone" if running else ""
         named = {a for a in shlex.split(text)[2:] if not a.startswith("-")}
         if text.startswith("dvc exp run"):  # -S PARAM=VALUE: the stages that read it
             named = set()
@@ -227,7 +248,14 @@ def run_server(row: Row, clone: Clone) -> None:
     )
 
 
-def never_check(rule: Rule, clone: Clone) -> str:
+def never_check(rule: Rule, clone: Clone, text: str = "") -> str:
+    if rule.kind == "gpu-session" and not (clone.dir / shlex.split(text)[1]).is_file():
+        return f"{shlex.split(text)[1]} is not in the clone"
+    if rule.kind == "gpu-stage":
+        stage = re.search(rule.pattern, text).group(1)
+        block = re.search(rf"^  {stage}:\n((?:    .*\n)+)", (clone.dir / "dvc.yaml").read_text(), re.M)
+        if not block or "frozen: true" not in block.group(1):
+            return f"dvc.yaml has no frozen stage {stage}"
     if rule.kind == "gpu-install":
         source = (clone.dir / "spec_decode/engines/sglang.py").read_text()
         tested = re.search(r'^TESTED_VERSION = "([\d.]+)"', source, re.M).group(1)
@@ -245,7 +273,7 @@ def run_one(cmd: Command, rule: Rule | None, tiers: set, clone: Clone) -> Row:
         rule = dataclasses.replace(rule, rc=rc, must=must, why=why)
     row = Row(cmd, rule.kind, rule.tier, check=rule.why)
     if rule.tier == "never" and not rule.test_form:
-        problem = never_check(rule, clone)
+        problem = never_check(rule, clone, cmd.text)
         row.status, row.check = ("FAIL", problem) if problem else ("never", rule.why)
         return row
     if clone.gpu_box and rule.kind in ("gpu-sweep", "doctor-gpu"):
@@ -274,10 +302,16 @@ def run_one(cmd: Command, rule: Rule | None, tiers: set, clone: Clone) -> Row:
     if rule.kind == "server":
         run_server(row, clone)
         return row
+    before = clone.git_status()
     row.rc, row.output, row.seconds = clone.bash(text, TIMEOUT_S.get(row.tier, TIMEOUT_S["test"]))
     if rule.kind == "install":
         clone.use_own_venv()
     problem = expect(rule, row, clone)
+    changed = clone.git_status() ^ before
+    if changed and rule.keeps_git and not problem:
+        problem = f"changed what git tracks: {', '.join(sorted(line[3:] for line in changed))[:300]}"
+    if changed and rule.restores:
+        clone.restore(clone.git_status() - before)
     row.status, row.check = ("FAIL", problem) if problem else ("pass", rule.why)
     return row
 
@@ -285,8 +319,11 @@ def run_one(cmd: Command, rule: Rule | None, tiers: set, clone: Clone) -> Row:
 def run_all(clone: Clone, tiers: set, log=print, only: str = "") -> list[Row]:
     """Every command of the clone's README, in order; those of the asked tiers run, the rest are rows too
     (`only`: a regex; commands it does not match are not run)."""
-    rows = []
-    for cmd in extract((clone.dir / "README.md").read_text()):
+    rows, seen = [], set()
+    for cmd in extract((clone.dir / "README.md").read_text()) + extract_experiments(clone.dir):
+        if substitute(cmd.text)[0] in seen:  # the same command in another README: run once
+            continue
+        seen.add(substitute(cmd.text)[0])
         row = run_one(cmd, classify(cmd), tiers if re.search(only, cmd.text) else set(), clone)
         rows.append(row)
         if log:
@@ -312,7 +349,8 @@ def table(rows: list[Row]) -> str:
         if r.ran_as == "not run":
             ran = "not run"
         out.append(
-            f"| {i} | {r.cmd.line} | `{cell(r.cmd.text)}` | {r.kind} | {r.tier} | {ran} | "
+            f"| {i} | {r.cmd.line if '/' not in r.cmd.section else f'{r.cmd.section}:{r.cmd.line}'} | "
+            f"`{cell(r.cmd.text)}` | {r.kind} | {r.tier} | {ran} | "
             f"{'' if r.rc is None else r.rc} | {r.seconds:.1f} | {r.status}: {cell(r.check, 100)} |"
         )
     counts = {s: sum(r.status == s for r in rows) for s in ("pass", "FAIL", "skip", "never")}
@@ -335,7 +373,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--keep", action="store_true", help="keep the clone (its path is printed)")
     args = ap.parse_args(argv)
     if args.list:
-        for c in extract((args.repo / "README.md").read_text()):
+        for c in extract((args.repo / "README.md").read_text()) + extract_experiments(args.repo):
             rule = classify(c)
             print(f"{c.line:4d} {rule.kind if rule else 'UNKNOWN':16s} {rule.tier if rule else '-':8s} {c.text}")
         return 0

@@ -43,6 +43,10 @@ class Rule:
     test_form: str = ""  # in the test tier, what is appended ("--dry") instead of running as written
     # where sglang is installed but no GPU is (CI installs it for the contract tests): (rc, must, why)
     with_sglang: tuple | None = None
+    # issue 44: what git tracks is as it was after the command (checked), unless the command's job is to
+    # write committed files (a re-report, DVC bookkeeping); restores: then put back for the next command
+    keeps_git: bool = True
+    restores: bool = False
 
 
 RULES = [
@@ -55,6 +59,27 @@ RULES = [
         "installs sglang's CUDA 13 wheels (GPU box); checked: pyproject's sglang extra pins the tested version",
     ),
     Rule("gpu-only", r"^nvidia-smi", "never", "needs an NVIDIA driver"),
+    Rule("gpu-session", r"^bash benchmarks/gpu/\S+\.sh\b", "never", "the GPU box's session script; checked: it exists"),
+    Rule(
+        "gpu-stage",
+        r"^dvc unfreeze (\w+) && dvc repro -f \1\b",
+        "never",
+        "reruns a GPU experiment's stage on the box; checked: the stage is frozen in dvc.yaml (no GPU here)",
+    ),
+    Rule(
+        "gpu-sweep-dir",
+        r"^python -m spec_decode\.views\.(report|tracking sync) experiments/\w+/sweep$",
+        "never",
+        "reads the sweep dir a GPU box wrote (ignored by git: not in a clone); --help here",
+        must=(r"usage:",),
+        test_form=" --help",
+    ),
+    Rule(
+        "gpu-compare",
+        r"^python -m spec_decode\.views\.experiment compare \w+ --rev <",
+        "never",
+        "compares the GPU box's rebuild with the commit holding the claim (metrics.json is the claim until then)",
+    ),
     Rule("network", r"s3://|pip install 'dvc\[", "never", "needs the network and an S3 bucket of yours"),
     Rule(
         "install",
@@ -119,25 +144,69 @@ RULES = [
         test_form=" --dry",
     ),
     Rule(
+        "repro-stages",
+        r"^dvc repro (?:[\w-]+@[\w-]+ ?)+$",
+        "test",
+        "reruns the named stages when what they depend on changed: a fresh clone runs none (--dry)",
+        test_form=" --dry",
+    ),
+    Rule(
         "repro-experiment",
         r"^dvc repro -s -f (bench|report)@ci_smoke",
         "job",
-        "reruns exactly the named stages (--dry in the test tier)",
+        "re-reports: reruns exactly the named stages, rewriting the committed result (--dry in the test tier; "
+        "the files put back after)",
         test_form=" --dry",
+        keeps_git=False,
+        restores=True,
     ),
     Rule(
         "repro-experiment",
         r"^dvc repro -s -f (bench|report)@",
         "sweep",
-        "reruns exactly the named stages (--dry in the test tier)",
+        "re-reports: reruns exactly the named stages, rewriting the committed result (--dry in the test tier; "
+        "the files put back after)",
         test_form=" --dry",
+        keeps_git=False,
+        restores=True,
     ),
     Rule(
         "repro-models",
         r"^dvc (repro -f|exp run)",
         "rebuild",
-        "rebuilds the named stages (and their upstream) (--dry in the test tier)",
+        "rebuilds the named stages (and their upstream) (--dry in the test tier; the files put back after)",
         test_form=" --dry",
+        keeps_git=False,
+        restores=True,
+    ),
+    Rule(
+        "experiment-rebuild",
+        r"^python -m spec_decode\.views\.experiment rebuild ci_smoke\b",
+        "job",
+        "reruns it into experiments/<name>/rebuild/ (ignored by git): a verdict, git unchanged",
+        rc=(0, 1),
+        must=(r"verdict: (agree|DIFFER)",),
+        test_form=" --help",
+    ),
+    Rule(
+        "experiment-rebuild",
+        r"^python -m spec_decode\.views\.experiment rebuild ",
+        "sweep",
+        "reruns it into experiments/<name>/rebuild/ (ignored by git): a verdict, git unchanged (--help in the "
+        "test tier)",
+        rc=(0, 1),
+        must=(r"verdict: (agree|DIFFER)",),
+        test_form=" --help",
+    ),
+    Rule(
+        "drafter-bench",
+        r"^python -m spec_decode\.views\.drafter_experiments bench ",
+        "sweep",
+        "the drafter experiment's DVC stage: its sweep into the committed metrics.json (--help in the test "
+        "tier; the files put back after)",
+        test_form=" --help",
+        keeps_git=False,
+        restores=True,
     ),
     Rule(
         "benchmark",
@@ -147,7 +216,14 @@ RULES = [
         test_form=" --help",
     ),
     Rule("dvc-read", r"^dvc (dag|status|metrics (diff|show)|exp show)$", "test", "reads the pipeline; clean"),
-    Rule("dvc-write", r"^dvc (remote add|add|pull)\b", "test", "git/DVC bookkeeping on stand-ins; files back"),
+    Rule("git-read", r"^git (diff|status|log)\b", "test", "reads git; a fresh clone: nothing to show"),
+    Rule(
+        "dvc-write",
+        r"^dvc (remote add|add|pull)\b",
+        "test",
+        "git/DVC bookkeeping on stand-ins; files back",
+        keeps_git=False,
+    ),
     Rule(
         "experiment-compare",
         r"^python -m spec_decode\.views\.experiment compare ",
@@ -200,9 +276,23 @@ def extract(readme: str, wanted=SECTIONS) -> list[Command]:
     missing = [s for s in wanted if s not in found]
     if missing:
         raise ValueError(f"README.md has no section(s) {missing}: update SECTIONS in {Path(__file__).name}")
+    return _commands({name: found[name] for name in wanted})
+
+
+def extract_experiments(root: Path) -> list[Command]:
+    """Every command of the experiment READMEs (experiments/*/README.md, each whole), the file as the
+    section (issue 44: a reported experiment's commands are run as written too)."""
+    cmds = []
+    for path in sorted(root.glob("experiments/*/README.md")):
+        lines = list(enumerate(path.read_text().splitlines(), 1))
+        cmds += _commands({str(path.relative_to(root)): lines})
+    return cmds
+
+
+def _commands(found: dict[str, list[tuple[int, str]]]) -> list[Command]:
     cmds: list[Command] = []
-    for name in wanted:
-        lines, fence, prose, pending = found[name], None, [], None
+    for name, lines in found.items():
+        fence, prose, pending = None, [], None
         for n, line in lines:
             if line.startswith("```"):
                 fence = None if fence is not None else line[3:].strip()

@@ -134,6 +134,7 @@ class ModelConfig:
     name: str = MISSING
     path: str = MISSING
     num_layers: Optional[int] = None  # for checks when config.json is not on this machine
+    trust_remote_code: bool = False  # ships its own model code (auto_map): engine=sglang passes --trust-remote-code
     # A target of a real shape with seeded random weights (core/synthetic.py): performance work only.
     synthetic: Optional[SyntheticConfig] = None
 

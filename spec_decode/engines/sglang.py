@@ -79,6 +79,8 @@ def engine_flags(cfg: ExperimentConfig) -> list[str]:
         flags += ["--max-running-requests", str(e.max_running_requests)]
     if e.enable_metrics:
         flags.append("--enable-metrics")
+    if cfg.model.trust_remote_code and "--trust-remote-code" not in e.extra_args:
+        flags.append("--trust-remote-code")
     return flags
 
 

@@ -134,24 +134,38 @@ def _perf_note(recs: list[JobRecord]) -> str:
     return " (performance-only: forced acceptance)" if any(performance_only(r) for r in recs) else ""
 
 
+# A legend's columns: two where every label is short enough for half the figure's width, else one.
+LEGEND_TWO_COLUMNS_MAX_CHARS = 45
+LEGEND_ROW_IN = 0.2  # inches the figure grows per legend row (fontsize 8), so the plot keeps its height
+
+
 def legend_outside(ax) -> None:
-    """The legend right of the axes, never over the data; measured series first, then baselines, models."""
+    """The legend under the plot, never over the data and never beside it: right of the axes, the cost
+    model's long labels took half the figure's width from throughput_vs_steps.png (issue 44). The figure
+    grows by the legend's rows and its layout (constrained) keeps the axes the figure's full width.
+    Measured series first, then baselines, models."""
     handles, labels = ax.get_legend_handles_labels()
     order = sorted(
         range(len(labels)), key=lambda i: (not labels[i].startswith(("EAGLE", "nccl=", "steps=")), labels[i])
     )
-    ax.legend(
+    short = max(map(len, labels), default=0) <= LEGEND_TWO_COLUMNS_MAX_CHARS
+    ncols = 2 if short and len(labels) > 1 else 1
+    fig = ax.figure
+    fig.set_figheight(fig.get_figheight() + LEGEND_ROW_IN * -(-len(labels) // ncols))
+    fig.set_layout_engine("constrained")
+    fig.legend(
         [handles[i] for i in order],
         [labels[i] for i in order],
         fontsize=8,
-        loc="upper left",
-        bbox_to_anchor=(1.01, 1.0),
-        borderaxespad=0.0,
+        loc="outside lower center",
+        ncols=ncols,
+        frameon=False,
     )
 
 
 def save(fig, path: Path) -> Path:
-    fig.tight_layout()
+    if fig.get_layout_engine() is None:  # a legend_outside figure lays itself out (constrained)
+        fig.tight_layout()
     fig.savefig(path, dpi=110)
     import matplotlib.pyplot as plt  # lazy: as in the figures' makers (matplotlib costs ~1 s of start-up)
 

@@ -2,6 +2,7 @@
 
     python -m spec_decode.views.experiment bench embedded_steps_nccl    # run the sweep -> metrics.json
     python -m spec_decode.views.experiment report embedded_steps_nccl   # metrics.json -> table, facts, plots
+    python -m spec_decode.views.experiment rebuild embedded_steps_nccl  # rerun into rebuild/ (ignored), compare
     python -m spec_decode.views.experiment compare embedded_steps_nccl  # rebuilt (workspace) vs committed (HEAD)
     python -m spec_decode.views.experiment compare SWEEP_A SWEEP_B      # dirs, metrics.json or MLflow parent ids
     python -m spec_decode.views.experiment headline embedded_steps_nccl # metrics.json -> README's headline table
@@ -45,8 +46,9 @@ def exp_dir(name: str, root: Path) -> Path:
     return root / "experiments" / name
 
 
-def bench(name: str, root: Path, extra: list[str]) -> Path:
-    d = exp_dir(name, root)
+def bench(name: str, root: Path, extra: list[str], out: Path | None = None) -> Path:
+    """The sweep into ``out`` (default: the experiment's dir, the DVC stage's committed outputs) -> metrics.json."""
+    d = out or exp_dir(name, root)
     sweep = d / "sweep"
     if sweep.exists():
         shutil.rmtree(sweep)
@@ -60,6 +62,26 @@ def bench(name: str, root: Path, extra: list[str]) -> Path:
     failed = [k for k, v in metrics["jobs"].items() if v["status"] != "FINISHED"]
     print(f"{len(metrics['jobs'])} jobs -> {d / 'metrics.json'}" + (f"; FAILED: {failed}" if failed else ""))
     return d / "metrics.json"
+
+
+REBUILD = "rebuild"  # experiments/<name>/rebuild/: ignored by git (.gitignore), so a rerun never dirties git
+
+
+def rebuild(name: str, root: Path, extra: list[str], rev: str = "HEAD") -> bool:
+    """Rerun a reported experiment into experiments/<name>/rebuild/ (sweep, metrics.json, table, plots; no
+    committed file touched), then the verdict against its metrics.json at ``rev``. True if a cell differs."""
+    out = exp_dir(name, root) / REBUILD
+    shutil.rmtree(out, ignore_errors=True)
+    out.mkdir(parents=True)
+    metrics = json.loads(bench(name, root, extra, out).read_text())
+    recs = records_from_metrics(metrics)
+    text, _ = sweep_summary(recs)
+    (out / "table.txt").write_text(text + "\n")
+    plots = write_plots(recs, out)
+    reported = committed_metrics(exp_dir(name, root) / "metrics.json", rev, root)
+    lines, differ = compare(reported, metrics, (f"reported ({rev})", "rebuilt"))
+    print("\n".join([text, "", f"rebuilt: {out} (metrics.json, table.txt, {len(plots)} plots)", "", *lines]))
+    return differ
 
 
 def facts(metrics: dict) -> list[str]:
@@ -294,7 +316,7 @@ def same_metrics_warning(rebuilt: dict, reported: dict, name: str, rev: str) -> 
     return (
         f"warning: experiments/{name}/metrics.json in the workspace is the one committed at {rev}: "
         f"nothing was rebuilt, so this compares the committed numbers with themselves. Rerun the "
-        f"experiment first: dvc repro -s -f bench@{name} (then compare again)"
+        f"experiment first: python -m spec_decode.views.experiment rebuild {name} (it compares itself)"
     )
 
 
@@ -318,6 +340,9 @@ def main(argv: list[str] | None = None) -> None:
     b.add_argument("overrides", nargs="*", help="extra Hydra overrides (e.g. tracking=off)")
     r = sub.add_parser("report", help="render the table (into README.md) and plots")
     r.add_argument("name")
+    rb = sub.add_parser("rebuild", help=f"rerun it into experiments/NAME/{REBUILD}/ (ignored by git); compare")
+    rb.add_argument("name")
+    rb.add_argument("overrides", nargs="*", help="extra Hydra overrides (e.g. tracking=off)")
     h = sub.add_parser("headline", help="metrics.json -> the headline table in README.md (between its markers)")
     h.add_argument("name")
     h.add_argument("--readme", type=Path, default=None, help="default: README.md of the project")
@@ -350,6 +375,8 @@ def main(argv: list[str] | None = None) -> None:
         bench(args.name, root, args.overrides)
     elif args.cmd == "report":
         report(args.name, root)
+    elif args.cmd == "rebuild":
+        raise SystemExit(1 if rebuild(args.name, root, args.overrides) else 0)
     else:
         print(write_headline(args.name, root, args.readme or root / "README.md"))
 
@@ -362,6 +389,8 @@ def compare_experiment(ap: argparse.ArgumentParser, name: str, rev: str, root: P
     if not path.exists():
         ap.error(f"{path} not found: run `dvc repro bench@{name}` first")
     rebuilt, reported = json.loads(path.read_text()), committed_metrics(path, rev, root)
+    if rebuilt == reported and (path.parent / REBUILD / "metrics.json").exists():  # `rebuild` left its numbers
+        rebuilt = json.loads((path.parent / REBUILD / "metrics.json").read_text())
     if (w := same_metrics_warning(rebuilt, reported, name, rev)) is not None:
         print(w, file=sys.stderr)
     return reported, rebuilt, (f"reported ({rev})", "rebuilt")

@@ -26,6 +26,7 @@ from spec_decode.analysis import blocks, control, recommend
 from spec_decode.record import results
 from spec_decode.runner import interrupt, progress
 from spec_decode.runner.context import AXES_ENV
+from spec_decode.views.mlflow_run import log_acceptance_plots
 from spec_decode.views.plots import write_plots
 from spec_decode.views.report import sweep_summary
 from spec_decode.views.tracking import PARENT_ENV, Tracker, experiment_tags
@@ -129,10 +130,12 @@ class SweepCallback(Callback):
         self._done = False
         self.jobs: list[str] | None = None
         self._bar = None  # job i/N, elapsed, ETA (terminal only)
+        self._clock: progress.SweepClock | None = None  # job k/N and ETA as plain lines (every console)
+        self._labels: list[str] = []  # each planned job by what varies (the console's k/N lines)
 
     def __getstate__(self) -> dict:
         # Shipped to submitit/joblib workers: the parent run id travels, the client does not.
-        return {**self.__dict__, "_tracker": None, "_bar": None}
+        return {**self.__dict__, "_tracker": None, "_bar": None, "_clock": None}
 
     def on_multirun_start(self, config, **kwargs) -> None:
         interrupt.started()  # the sweep's dir, bar and parent run: from here on a Ctrl-C cleans up
@@ -144,6 +147,8 @@ class SweepCallback(Callback):
             return
         self.jobs = planned_jobs(config)
         self._bar = progress.sweep_bar(len(self.jobs)) if self.jobs else None
+        self._clock = progress.SweepClock(len(self.jobs)) if self.jobs else None
+        self._labels = progress.what_varies(self.jobs) if self.jobs else []
         atexit.register(self._finalize)  # before the parent exists: a Ctrl-C from here on still closes it
         tracker = Tracker.from_config(tcfg, root)
         if tracker is not None:
@@ -178,10 +183,15 @@ class SweepCallback(Callback):
         os.environ[AXES_ENV] = ",".join(sweep_axes(self.jobs))
         if self._bar is not None:
             self._bar.set_postfix_str(f"; running job {self._bar.n + 1}/{self._bar.total}")
+        if self._clock is not None:
+            num = OmegaConf.select(config, "hydra.job.num")
+            self._clock.start(self._labels[num] if isinstance(num, int) and num < len(self._labels) else "")
 
     def on_job_end(self, config, job_return, **kwargs) -> None:
         if self._bar is not None:
             self._bar.update(1)
+        if self._clock is not None:
+            self._clock.end()
 
     def on_multirun_end(self, config, **kwargs) -> None:
         self._finalize()
@@ -233,6 +243,9 @@ class SweepCallback(Callback):
                     c.set_experiment_tag(self._tracker.experiment_id(), key, value)
                 for png in write_plots(recs, Path(self.sweep_dir)):
                     c.log_artifact(self.parent_run_id, str(png), artifact_path="plots")
+                for rec in recs:  # each spec child's own charts, drawn here: not in a job's harness time
+                    if rec.mlflow_run_id:
+                        log_acceptance_plots(c, rec.mlflow_run_id, rec)
                 cells = blocks.cells(recs)  # issue 25: the A/A control's verdict as a tag (ok | disagree | none)
                 c.set_tag(self.parent_run_id, "aa_control", control.tag(control.check(cells)))
                 choice = recommend.recommend(cells)

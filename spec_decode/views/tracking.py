@@ -41,9 +41,13 @@ DESCRIPTION = (
     'authoritative record. Views > "speedup by steps" shows the key metrics side by side.'
 )
 # What the 3.17.2 UI obeys (its JS bundle): the URL's workflowType, else localStorage (default genai:
-# Overview + "Detect Issues"), not experimentKind; a shared view drops runsExpanded, and a first visit
-# unfolds every parent whose children carry mlflow.runType=evaluation. docs/mlflow.md has the details.
+# Overview + "Detect Issues"), not experimentKind (kept for UIs that read it); a shared view drops
+# runsExpanded, and a first visit unfolds every parent whose children carry mlflow.runType=evaluation.
+# The links we print carry workflowType; a click in the UI has none, so the UI we name is
+# `mlflow ui --app-name spec-decode` (views/mlflow_app.py: "Model training" where the browser never chose).
+# docs/mlflow.md has the details.
 WORKFLOW = "workflowType=machine_learning"
+UI_APP = "spec-decode"  # the mlflow.app entry point (pyproject.toml)
 CHILD_TAGS = {"mlflow.runType": "evaluation"}
 # A saved runs-table view (MLflow >= 3.15 keeps them as experiment tags mlflow.sharedViewState.<key>):
 # the columns a performance engineer compares, in order; opened by ?viewStateShareKey=<key>.
@@ -152,7 +156,7 @@ class Tracker:
 
     def ui_command(self) -> str:
         if self.uri.startswith("sqlite:///"):
-            return f"mlflow ui --backend-store-uri {self.uri}"
+            return f"mlflow ui --backend-store-uri {self.uri} --app-name {UI_APP}"
         return f"open {self.uri}"
 
     def _get_or_create_experiment(self) -> str:
@@ -235,8 +239,8 @@ class Tracker:
         if run_id is None:
             return
         try:
-            # a sweep's child gets no charts of its own: the parent's (one chart set over all jobs,
-            # drawn once per sweep) hold them; rendering per child was most of a job's harness time
+            # a sweep's child gets its charts when the sweep ends (views.sweep, with the parent's set):
+            # rendering them here was most of a job's harness time
             log_record(self.client, run_id, rec, out_dir, plots=run_id not in self._children)
             self.client.set_terminated(run_id, status=run_status(rec.status))
             interrupt.closed(run_id)

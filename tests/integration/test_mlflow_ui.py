@@ -1,11 +1,14 @@
 """Issue 29 (i): the MLflow UI (3.17.2) opens where the sweep's last lines say -- the runs table, not the
 GenAI overview -- with the sweep unfolded and the key columns; the parent run shows the sweep's
-headline metrics and params. Real sweep (the shared headline sweep, tests/integration/conftest.py), real
-`mlflow ui` on a free loopback port, headless Chromium (Debian's `chromium`; .ci/run installs it).
+headline metrics and params. Issue 44: the experiment clicked in the UI's experiments list lands on the
+runs table too. Real sweep (the shared headline sweep, tests/integration/conftest.py), the `mlflow ui`
+command the sweep printed (`--app-name spec-decode`) on a free loopback port, headless Chromium (Debian's
+`chromium`; .ci/run installs it), each page from a fresh browser profile (a first visit).
 SPEC_DECODE_UI_SHOTS=docs/img saves the screenshots."""
 
 import os
 import re
+import shlex
 import shutil
 import subprocess
 import sys
@@ -40,16 +43,17 @@ def chromium(url: str, profile: Path, *, shot: Path | None = None) -> str:
 
 @pytest.fixture
 def ui(headline_sweep):
-    """`mlflow ui` on the shared sweep's store (tests/integration/conftest.py: spec.steps=1,3 x nccl)."""
+    """`mlflow ui` on the shared sweep's store (tests/integration/conftest.py: spec.steps=1,3 x nccl), as
+    the sweep's last lines name it (`open: mlflow ui --backend-store-uri … --app-name spec-decode  ->  …`)."""
+    printed = re.search(r"open: (mlflow ui .+?)  ->", headline_sweep.proc.stderr).group(1)
+    argv = shlex.split(printed)
+    assert argv[argv.index("--backend-store-uri") + 1] == headline_sweep.uri and "--app-name" in argv, printed
     port = free_port()
     proc = subprocess.Popen(
         [
             sys.executable,
             "-m",
-            "mlflow",
-            "ui",
-            "--backend-store-uri",
-            headline_sweep.uri,
+            *argv,
             "--host",
             "127.0.0.1",
             "--port",
@@ -117,3 +121,23 @@ def test_the_printed_link_opens_the_runs_table_unfolded_with_the_key_columns(ui,
     )
     assert "best_speedup_vs_baseline" in dom and "sweep.spec.steps" in dom
     assert "<table" in dom  # the description's sweep table, rendered
+
+
+@pytest.mark.skipif(CHROMIUM is None, reason="no chromium here (apt-get install chromium; .ci/run does)")
+def test_a_click_on_the_experiment_in_the_list_lands_on_the_runs_table(ui, tmp_path):
+    """What a click on the experiment's name in the experiments list opens (`#/experiments/<id>`: no
+    workflowType), in a browser that never chose GenAI or "Model training". MLflow 3.17.2 alone lands it on
+    the GenAI Overview (0 traces, a "Detect Issues" popup) whatever the experiment's tags say; the server
+    the sweep names (`--app-name spec-decode`, spec_decode/views/mlflow_app.py) opens the runs table."""
+    _, base, uri = ui
+    c = MlflowClient(uri)
+    exp = c.get_experiment_by_name("spec-decode-bench").experiment_id
+    assert f'href="#/experiments/{exp}"' in chromium(base + "/#/experiments", tmp_path / "p0")  # the list's link
+    dom = chromium(f"{base}/#/experiments/{exp}", tmp_path / "p1")
+    names = [r.info.run_name for r in c.search_runs([exp])]
+    assert 'role="grid"' in dom and all(f">{n}<" in dom for n in names), names  # the runs, unfolded
+    assert "Detect Issues" not in dom and ">Overview<" not in dom
+    shots = Path(os.environ.get("SPEC_DECODE_UI_SHOTS") or tmp_path)
+    shots.mkdir(parents=True, exist_ok=True)
+    chromium(f"{base}/#/experiments/{exp}", tmp_path / "p2", shot=shots / "mlflow_experiment_clicked.png")
+    assert (shots / "mlflow_experiment_clicked.png").stat().st_size > 20_000

@@ -40,7 +40,16 @@ def test_the_cheap_readme_commands_run_as_written_in_a_fresh_clone(clone):
         "experiment-view",
         "repro-experiment",
         "suite",
+        "repro-stages",  # issue 44: an experiment README's `dvc repro X@Y`: nothing runs in a fresh clone
+        "experiment-rebuild",  # its rerun (--help here; the job tier runs ci_smoke's)
+        "gpu-sweep-dir",
+        "git-read",
     } | refusals
+    # issue 44: the experiment READMEs' commands are run too, each README's
+    sections = {r.cmd.section for r in rows if r.status in ("pass", "never")}
+    assert {
+        f"experiments/{n}/README.md" for n in ("ci_smoke", "embedded_steps_nccl", "kimi_k25_rtx6000x8_eagle3")
+    } <= sections
     # every row not run says which tier runs it, or the rule that keeps it off this machine
     # (on a GPU box the gpu-* rows are left to be run as written)
     gpu_rows = {"gpu-sweep", "doctor-gpu"} if clone.gpu_box else set()
@@ -60,3 +69,21 @@ def test_a_typo_in_a_readme_command_fails(clone, typo):
     cmd = Command("DVC: models, data and reported results", 0, typo)
     row = rc.run_one(cmd, rc.classify(cmd), {"test"}, clone)
     assert row.status == "FAIL" and row.rc not in (None, 0), (row.check, row.output[-800:])
+
+
+def test_a_readme_command_that_changes_what_git_tracks_fails(clone):
+    """Issue 44: after a command, git must be as it was (a fresh clone stays one), unless the command's rule
+    says it writes committed files. Here the report of a committed experiment whose metrics.json was edited
+    (in the clone) re-renders its table, plots and README: files git tracks, changed by the command."""
+    metrics = clone.dir / "experiments/ci_smoke/metrics.json"
+    metrics.write_text(metrics.read_text().replace('"status": "FINISHED"', '"status": "FAILED"', 1))
+    try:
+        cmd = Command("experiments/ci_smoke/README.md", 0, "python -m spec_decode.views.experiment report ci_smoke")
+        row = rc.run_one(cmd, rc.classify(cmd), {"test"}, clone)
+        assert row.status == "FAIL" and row.check.startswith("changed what git tracks: "), (
+            row.check,
+            row.output[-800:],
+        )
+        assert "experiments/ci_smoke/table.txt" in row.check and "metrics.json" not in row.check  # the command's doing
+    finally:
+        subprocess.run(["git", "checkout", "HEAD", "--", "experiments/ci_smoke"], cwd=clone.dir, check=True)

@@ -262,9 +262,10 @@ def test_plots_handle_repeated_step_counts(tmp_path):
     plt.close("all")
 
 
-def test_plots_read_at_a_glance():
-    """Legend off the data, the cost model in its series' colour and at most one step beyond the measured
-    ones, speedup vs steps with CI bars, phase bars labelled by steps and profile."""
+def test_plots_read_at_a_glance(tmp_path):
+    """Legend off the data and not squeezing the plot (issue 44: right of the axes it took half of
+    throughput_vs_steps.png's width), the cost model in its series' colour and at most one step beyond the
+    measured ones, speedup vs steps with CI bars, phase bars labelled by steps and profile."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -272,6 +273,7 @@ def test_plots_read_at_a_glance():
 
     from spec_decode.record.results import EngineInfo, JobRecord
     from spec_decode.views import plots
+    from spec_decode.views.charts import save
 
     def rec(steps, nccl, tput, accept):
         cycle = 4.0 + 1.2 * steps
@@ -311,9 +313,16 @@ def test_plots_read_at_a_glance():
     assert sorted(figs) == ["accept_len_vs_steps.png", "phases.png", "speedup_vs_steps.png", "throughput_vs_steps.png"]
     for name, fig in figs.items():
         ax = fig.axes[0]
+        save(fig, tmp_path / name)  # laid out as the PNG is
         fig.canvas.draw()
-        legend = ax.get_legend().get_window_extent()
-        assert legend.x0 >= ax.get_window_extent().x1, f"{name}: the legend overlaps the axes"
+        (legend,) = fig.legends
+        box, plot, page = legend.get_window_extent(), ax.get_tightbbox(), fig.bbox  # plot: axes, ticks, labels
+        width = ax.get_window_extent().width / page.width
+        assert width >= 0.75, f"{name}: the plot has {width:.0%} of the figure's width"
+        assert box.y1 <= plot.y0 + 1, f"{name}: the legend overlaps the plot or its labels"
+        assert page.x0 <= box.x0 and box.x1 <= page.x1 and box.y0 >= page.y0, f"{name}: the legend is cut off"
+        assert ax.get_window_extent().height >= 2.8 * fig.dpi, f"{name}: the plot lost its height"
+        assert len(legend.get_texts()) == len(ax.get_legend_handles_labels()[1])  # every series named
     ax = figs["throughput_vs_steps.png"].axes[0]
     series = {line.get_label(): line for line in ax.lines}
     for nccl in ("default", "tuned"):

@@ -144,6 +144,18 @@ def test_sglang_argv_uses_current_flag_names():
         assert argv[argv.index(flag) + 1] == value
 
 
+def test_a_model_with_its_own_code_gets_trust_remote_code_once():
+    kimi = ["engine=sglang", "hardware=rtx_pro_6000x8", "model=kimi_k25", "drafter=kimi_k25_eagle3"]
+    assert server_command(experiment(*kimi), 30000).count("--trust-remote-code") == 1
+    # given by hand as well (the README's old form): still once
+    assert (
+        server_command(experiment(*kimi, "engine.extra_args=[--trust-remote-code]"), 30000).count("--trust-remote-code")
+        == 1
+    )
+    plain = experiment("engine=sglang", "hardware=h200x1", "model=llama31_8b_shape", "drafter=llama31_8b_shape_eagle3")
+    assert "--trust-remote-code" not in server_command(plain, 30000)  # a model without code of its own
+
+
 BAD = [
     (["spec.steps=0"], ConfigError, "spec.steps=0"),
     (["spec.steps=three"], ConfigCompositionException, "spec.steps=three"),

@@ -87,3 +87,21 @@ def test_a_renamed_section_is_an_error_naming_it():
 def test_placeholders_are_replaced_by_stand_ins():
     text, used = rx.substitute("python -m spec_decode.views.experiment report <name>")
     assert text.endswith("report ci_smoke") and [s.placeholder for s in used] == ["<name>"]
+
+
+def test_every_experiment_readme_command_has_a_kind():
+    """Issue 44: the experiment READMEs' commands are extracted (each README whole) and each has a kind."""
+    cmds = rx.extract_experiments(ROOT)
+    assert {f"experiments/{n}/README.md" for n in ("ci_smoke", "embedded_steps_nccl", "drafter_layer_ids")} <= {
+        c.section for c in cmds
+    }
+    kinds = {}
+    for c in cmds:
+        rule = rx.classify(c)
+        assert rule is not None, f"{c.section}:{c.line}: {c.text!r} matches no rule in RULES"
+        kinds.setdefault(rule.kind, []).append(c.text)
+    # the reruns are the rebuild (git unchanged); a named `dvc repro X@Y` must run nothing in a fresh clone
+    assert "python -m spec_decode.views.experiment rebuild ci_smoke" in kinds["experiment-rebuild"]
+    assert "dvc repro bench@ci_smoke report@ci_smoke" in kinds["repro-stages"]
+    assert all(r.keeps_git for r in rx.RULES if r.kind == "experiment-rebuild")  # it must leave git as it was
+    assert all(r.restores for r in rx.RULES if r.kind in ("repro-experiment", "repro-models", "drafter-bench"))
