@@ -59,6 +59,14 @@ RULES = [
         "installs sglang's CUDA 13 wheels (GPU box); checked: pyproject's sglang extra pins the tested version",
     ),
     Rule("gpu-only", r"^nvidia-smi", "never", "needs an NVIDIA driver"),
+    Rule(
+        "gpu-bundle",
+        r"^python benchmarks/gpu/sglang_bundle\.py$",
+        "never",
+        "downloads SGLang 0.5.17's wheels from PyPI and packs them for the lent GPU (minutes of xz); --help here",
+        must=(r"usage:",),
+        test_form=" --help",
+    ),
     Rule("gpu-session", r"^bash benchmarks/gpu/\S+\.sh\b", "never", "the GPU box's session script; checked: it exists"),
     Rule(
         "gpu-stage",

@@ -48,7 +48,7 @@ step_install() {
   # Python's own lzma: no dependence on the machine's xz.
   "$PY" -c "import tarfile, sys; tarfile.open(sys.argv[1]).extractall(sys.argv[2], filter='fully_trusted')" \
     .whl/sglang-bundle.tar.xz "$SITE" || return 1
-  "$PY" -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target "$SITE" .whl/runner/*.whl .whl/extra/*.whl || return 1
+  "$PY" -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target "$SITE" .whl/runner/*.whl $(ls .whl/extra/*.whl 2>/dev/null) || return 1
   # Our entry point (sglang.srt.plugins -> spec_decode_profiler): a dist-info on the path is enough (the
   # code is imported from the repository, on PYTHONPATH).
   local di="$SITE/spec_decode_bench-0.0.0.dist-info"
