@@ -55,6 +55,7 @@ def test_every_command_has_a_kind_and_the_never_kinds_say_why():
                 "elided": "…" in c.text,
                 "gpu-install": "'.[sglang]'" in c.text,
                 "gpu-only": c.text == "nvidia-smi",
+                "gpu-session": c.text.startswith("bash ") and (rx.ROOT / c.text.split()[1]).is_file(),
                 "network": "s3://" in c.text,
             }[rule.kind], c.text
     # what the suite's test runs in a fresh clone: the cheap ones, and the cheap form of the rest
