@@ -58,8 +58,9 @@ def fastapi_app(state):
 
 
 def start(tokens: int, steps: int):
+    from spec_decode.engines.embedded.handler import serve
     from spec_decode.engines.embedded.ranks import RankGroup
-    from spec_decode.engines.embedded.server import EngineState, bind, serve
+    from spec_decode.engines.embedded.server import EngineState, bind
     from spec_decode.engines.embedded.server_args import RankSpec
     from spec_decode.runner.server import free_port
 

@@ -5,14 +5,12 @@ A new engine adds its schema here and its argv builder in ``spec_decode/engines/
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Optional
+from typing import Optional
 
 from omegaconf import MISSING
 
 from spec_decode.core.errors import ConfigError
-
-if TYPE_CHECKING:
-    from spec_decode.core.config import HardwareConfig, SpecConfig
+from spec_decode.core.groups import HardwareConfig, SpecConfig
 
 
 @dataclass

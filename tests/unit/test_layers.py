@@ -7,6 +7,10 @@ level, inside a function or under TYPE_CHECKING alike.
 
 KNOWN lists the arrows that still run the wrong way, each with the piece that sits in the wrong room.
 It may only shrink: a new wrong arrow fails, and so does a listed one that no longer exists (delete it).
+
+No circles: the graph of every import (module level, inside functions, under TYPE_CHECKING) has no
+circle between modules, and none between packages once the KNOWN arrows are taken out (each KNOWN
+arrow closes a package circle today; fixing one removes it).
 """
 
 import ast
@@ -34,6 +38,11 @@ SIDE_USERS = {  # which floors may import each side package
 KNOWN = {
     # the analysis reads record types and the performance-only rule, which the record owns
     ("analysis.costmodel", "record.results"),
+    ("analysis.blocks", "record.results"),  # JobRecord in annotations (TYPE_CHECKING)
+    ("analysis.concurrency", "record.results"),  # JobRecord in annotations (TYPE_CHECKING)
+    ("analysis.control", "record.results"),  # JobRecord in annotations (TYPE_CHECKING)
+    ("analysis.sections", "record.runs"),  # RunRecord in annotations (TYPE_CHECKING)
+    ("analysis.effects", "record.results"),  # JobRecord in annotations (TYPE_CHECKING)
     ("analysis.batchcost", "record.results"),  # costmodel's batch half (split at 400 lines): the same arrow
     ("analysis.recommend", "record.results"),
     # the embedded engine's launcher starts a ServerProcess that sits in runner/
@@ -59,25 +68,12 @@ def _allowed(src: str, dst: str) -> bool:
     return FLOOR.get(a, 99) >= FLOOR[b]
 
 
-def _is_type_checking(test: ast.expr) -> bool:
-    return (isinstance(test, ast.Name) and test.id == "TYPE_CHECKING") or (
-        isinstance(test, ast.Attribute) and test.attr == "TYPE_CHECKING"
-    )
-
-
 def _imports(path: Path, mod: str):
+    """Every module of ours that ``mod`` imports: each ``import``/``from`` anywhere in the file (module
+    level, inside a function, under TYPE_CHECKING), relative ones resolved."""
     tree = ast.parse(path.read_text())
     pkg = mod.split(".") if path.name == "__init__.py" else mod.split(".")[:-1]
-    typing_only = {
-        id(n)
-        for block in ast.walk(tree)
-        if isinstance(block, ast.If) and _is_type_checking(block.test)
-        for stmt in block.body
-        for n in ast.walk(stmt)
-    }  # annotations only: no runtime arrow
     for node in ast.walk(tree):
-        if id(node) in typing_only:
-            continue
         if isinstance(node, ast.ImportFrom):
             if node.level:
                 base = ["spec_decode", *pkg][: len(pkg) + 2 - node.level]
@@ -94,20 +90,30 @@ def _imports(path: Path, mod: str):
                 yield t.removeprefix("spec_decode.")
 
 
-def arrows() -> set[tuple[str, str]]:
-    """(importer, imported) for every wrong-way import in the package."""
-    found = set()
-    for path in PKG.rglob("*.py"):
+def _modules():
+    """(dotted name, path) of every module of ours; a package is its ``__init__``."""
+    for path in sorted(PKG.rglob("*.py")):
         rel = path.relative_to(PKG).with_suffix("")
         parts = rel.parts[:-1] if rel.name == "__init__" else rel.parts
-        if not parts or parts[0] in ("__main__",):  # the package root and the CLI sit above every floor
-            continue
-        mod = ".".join(parts)
+        if parts:
+            yield ".".join(parts), path
+
+
+def edges() -> set[tuple[str, str]]:
+    """(importer, imported) for every import between two modules of ours."""
+    found = set()
+    for mod, path in _modules():
         for dst in _imports(path, mod):
             dst_mod = _module_of(dst)
-            if not _allowed(mod, dst_mod):
+            if dst_mod and dst_mod != mod:
                 found.add((mod, dst_mod))
     return found
+
+
+def arrows() -> set[tuple[str, str]]:
+    """(importer, imported) for every wrong-way import in the package."""
+    # the package root and the CLI (__main__) sit above every floor
+    return {(a, b) for a, b in edges() if a != "__main__" and not _allowed(a, b)}
 
 
 def _module_of(dotted: str) -> str:
@@ -131,3 +137,62 @@ def test_no_new_upward_import():
 def test_known_list_only_shrinks():
     gone = KNOWN - arrows()
     assert not gone, f"fixed, so delete from KNOWN: {sorted(gone)}"
+
+
+def circles(graph: set[tuple[str, str]]) -> list[list[str]]:
+    """The strongly connected parts of more than one node (Tarjan): each holds at least one circle."""
+    nxt: dict[str, list[str]] = {}
+    for a, b in sorted(graph):
+        nxt.setdefault(a, []).append(b)
+        nxt.setdefault(b, [])
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    on: set[str] = set()
+    found = []
+
+    def visit(v: str) -> None:
+        index[v] = low[v] = len(index)
+        stack.append(v)
+        on.add(v)
+        for w in nxt[v]:
+            if w not in index:
+                visit(w)
+                low[v] = min(low[v], low[w])
+            elif w in on:
+                low[v] = min(low[v], index[w])
+        if low[v] == index[v]:
+            part = []
+            while True:
+                w = stack.pop()
+                on.discard(w)
+                part.append(w)
+                if w == v:
+                    break
+            if len(part) > 1:
+                found.append(sorted(part))
+
+    for v in nxt:
+        if v not in index:
+            visit(v)
+    return found
+
+
+def test_no_module_circle():
+    found = circles(edges())
+    assert not found, "modules that import each other, counting every import (move the shared piece down): " + (
+        "; ".join(" <-> ".join(c) for c in found)
+    )
+
+
+def test_no_package_circle():
+    packages = {(_package(a), _package(b)) for a, b in edges() - KNOWN if _package(a) != _package(b)}
+    found = circles(packages)
+    assert not found, "packages that import each other (besides the KNOWN arrows): " + "; ".join(
+        " <-> ".join(c) for c in found
+    )
+
+
+def test_circles_finds_a_circle():
+    assert circles({("a", "b"), ("b", "c"), ("c", "a"), ("c", "d")}) == [["a", "b", "c"]]
+    assert circles({("a", "b"), ("b", "c")}) == []
