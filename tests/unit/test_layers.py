@@ -8,6 +8,9 @@ level, inside a function or under TYPE_CHECKING alike.
 KNOWN lists the arrows that still run the wrong way, each with the piece that sits in the wrong room.
 It may only shrink: a new wrong arrow fails, and so does a listed one that no longer exists (delete it).
 
+The engine is an object (``spec_decode/engines/engine.py``): outside ``engines/`` no comparison or
+``match`` names an engine (``engine.name == "sglang"``); the code asks the engine instead.
+
 No circles: the graph of every import (module level, inside functions, under TYPE_CHECKING) has no
 circle between modules, and none between packages once the KNOWN arrows are taken out (each KNOWN
 arrow closes a package circle today; fixing one removes it).
@@ -17,6 +20,9 @@ import ast
 from pathlib import Path
 
 import pytest
+
+from spec_decode.core.engine_config import ENGINES
+from spec_decode.engines.engine import BY_NAME
 
 pytestmark = pytest.mark.unit
 
@@ -196,3 +202,43 @@ def test_no_package_circle():
 def test_circles_finds_a_circle():
     assert circles({("a", "b"), ("b", "c"), ("c", "a"), ("c", "d")}) == [["a", "b", "c"]]
     assert circles({("a", "b"), ("b", "c")}) == []
+
+
+def _names_engine(node: ast.expr) -> bool:
+    if isinstance(node, ast.Constant):
+        return node.value in ENGINES
+    if isinstance(node, (ast.Tuple, ast.List, ast.Set)):
+        return any(_names_engine(x) for x in node.elts)
+    return False
+
+
+def name_branches() -> list[str]:
+    """``module:line`` of every comparison (==, !=, in, not in) or ``case`` with an engine's name in it,
+    outside ``engines/``: a decision that belongs to the engine object."""
+    found = []
+    for mod, path in _modules():
+        if _package(mod) == "engines":
+            continue
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.Compare):
+                hit = any(_names_engine(x) for x in (node.left, *node.comparators))
+            elif isinstance(node, ast.MatchValue):
+                hit = _names_engine(node.value)
+            else:
+                continue
+            if hit:
+                found.append(f"{mod}:{node.lineno}")
+    return found
+
+
+def test_no_branch_on_the_engine_name_outside_engines():
+    found = name_branches()
+    assert not found, (
+        "a branch on the engine's name outside spec_decode/engines/ (ask the engine: "
+        "spec_decode.engines.engine.engine_of(cfg), an attribute or method of Engine): " + ", ".join(found)
+    )
+
+
+def test_every_engine_schema_has_an_engine_object():
+    assert set(BY_NAME) == set(ENGINES), "core.engine_config.ENGINES and engines.engine.BY_NAME name the same engines"
+    assert all(BY_NAME[n].name == n for n in BY_NAME)
