@@ -54,7 +54,7 @@ HOOKS = {
     ("spec_decode.runner.client", "Client.generate"): "server",  # warmup, timed runs, profiled pass
     ("spec_decode.runner.client", "Client.flush_cache"): "server",
     ("spec_decode.runner.client", "Client.server_info"): "server",
-    ("spec_decode.runner.cli", "run_from_hydra"): "job",
+    ("spec_decode.hydra_entry", "run_from_hydra"): "job",
     ("spec_decode.runner.preflight", "run"): "ours",
     ("spec_decode.runner.recording", "new_record"): "ours",
     ("spec_decode.views.tracking", "Tracker.start"): "ours",
@@ -83,7 +83,7 @@ def job_main(args: list[str], empty: bool = False) -> None:
     at once (Hydra, the sweep callback and the job's span stay)."""
     sys.path.insert(0, str(ROOT))
     if empty:
-        importlib.import_module("spec_decode.runner.cli").run_from_hydra = lambda cfg: None
+        importlib.import_module("spec_decode.hydra_entry").run_from_hydra = lambda cfg: None
     for (module, attr), kind in HOOKS.items():
         owner = importlib.import_module(module)
         *cls, name = attr.split(".")

@@ -54,8 +54,6 @@ KNOWN = {
     # the embedded engine's launcher starts a ServerProcess that sits in runner/
     ("engines", "runner.server"),
     ("engines.embedded.ranks", "runner.server"),  # free_port
-    # the Hydra wiring opens the MLflow view: cli belongs above the floors, beside run.py
-    ("runner.cli", "views.tracking"),
 }
 
 
