@@ -49,8 +49,8 @@ SPANS = "HARNESS_OVERHEAD_SPANS"  # the file a --job process appends its spans t
 # (module, attribute) -> what the span counts as: the calls that wait on a server ("server"), the job
 # itself ("job": the CPU clock at its end), and our own larger steps ("ours", for the breakdown).
 HOOKS = {
-    ("spec_decode.runner.server", "ServerProcess.start"): "server",  # launch + health
-    ("spec_decode.runner.server", "ServerProcess.stop"): "server",  # drain, kill, reap
+    ("spec_decode.engines.server_process", "ServerProcess.start"): "server",  # launch + health
+    ("spec_decode.engines.server_process", "ServerProcess.stop"): "server",  # drain, kill, reap
     ("spec_decode.runner.client", "Client.generate"): "server",  # warmup, timed runs, profiled pass
     ("spec_decode.runner.client", "Client.flush_cache"): "server",
     ("spec_decode.runner.client", "Client.server_info"): "server",

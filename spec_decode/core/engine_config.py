@@ -26,7 +26,7 @@ class EngineConfig:
     startup_timeout_s: float = 600.0
     request_timeout_s: float = 600.0
     # Stop: SIGTERM to the launcher, this long for its own drain (SGLang: ShutdownReq, 15 s, then it
-    # reaps its children), then SIGKILL to the group (spec_decode/runner/server.py shutdown).
+    # reaps its children), then SIGKILL to the group (spec_decode/engines/server_process.py shutdown).
     shutdown_grace_s: float = 30.0
     extra_args: list[str] = field(default_factory=list)  # passed verbatim, logged
     env: dict[str, str] = field(default_factory=dict)  # extra server env (not NCCL: use nccl=)

@@ -86,8 +86,8 @@ def rank_nccl_env(cfg: ExperimentConfig) -> dict[str, str]:
     """The NCCL variables the server's ranks run with -- what the NCCL probe runs with: the server's
     environment as ServerProcess builds it (profile + kept inherited ones), plus, on SGLang, what its
     launcher writes before it spawns the ranks (spec_decode.engines.sglang.rank_nccl_env)."""
-    # lazy, as in start_server: the embedded engine imports this package where the runner's deps are absent
-    from spec_decode.runner.server import server_env
+    # lazy, as in start_server: the embedded engine imports this package where psutil and requests are absent
+    from spec_decode.engines.server_process import server_env
 
     env = {k: v for k, v in server_env(server_extra_env(cfg, None)).items() if k.startswith("NCCL_")}
     return engine_of(cfg).rank_nccl_env(env, cfg)
@@ -99,8 +99,8 @@ def start_server(
     """Start the engine's server on the configured port (any free one with ``any_port``: a paired
     baseline beside the spec server), or a free one when it is taken (also when another sweep takes it
     between our check and the server's bind). Returns the started ``server.ServerProcess``."""
-    # lazy, as in rank_nccl_env: the embedded engine imports this package where the runner's deps are absent
-    from spec_decode.runner.server import PortTaken, ServerError, ServerProcess, choose_port
+    # lazy, as in rank_nccl_env: the embedded engine imports this package where psutil and requests are absent
+    from spec_decode.engines.server_process import PortTaken, ServerError, ServerProcess, choose_port
 
     wanted = 0 if any_port else cfg.engine.port
     for attempt in range(attempts):

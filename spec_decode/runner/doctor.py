@@ -36,10 +36,10 @@ from spec_decode.core.config import register_configs, to_experiment
 from spec_decode.core.prompts import load_prompts
 from spec_decode.engines import server_extra_env, start_server
 from spec_decode.engines.engine import named
+from spec_decode.engines.server_process import ServerError
 from spec_decode.parsers import decode_log, profile
 from spec_decode.profiler.plugin import TARGETS
 from spec_decode.runner.client import Client
-from spec_decode.runner.server import ServerError
 
 ENTRY_POINT = "spec_decode_profiler"
 # The leading parameters each hooked method must take (our hooks pass *args through, but the phase

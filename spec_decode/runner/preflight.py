@@ -14,6 +14,7 @@ from spec_decode.core.config import ExperimentConfig
 from spec_decode.core.nccl_names import NCCL_VARIABLES
 from spec_decode.core.prompts import load_prompts
 from spec_decode.engines.engine import engine_of
+from spec_decode.engines.server_process import KEPT_NCCL
 from spec_decode.record import provenance
 from spec_decode.record.provenance import git_state
 from spec_decode.record.results import PERFORMANCE_ONLY
@@ -29,7 +30,6 @@ from spec_decode.runner.preflight_items import (
     read_json,
     visible_gpus,
 )
-from spec_decode.runner.server import KEPT_NCCL
 
 
 class PreflightError(ValueError):
@@ -37,7 +37,7 @@ class PreflightError(ValueError):
 
 
 def inherited_nccl(cfg: ExperimentConfig, environ: dict[str, str]) -> str | None:
-    """The NCCL variables exported in this shell, which the server never gets (runner.server drops them:
+    """The NCCL variables exported in this shell, which the server never gets (engines.server_process drops them:
     the NCCL profile alone decides), named -- a user who exported NCCL_PROTO=LL must not believe it ran."""
     dropped = sorted(k for k in environ if k.startswith("NCCL_") and k not in KEPT_NCCL)
     if not dropped:

@@ -10,11 +10,11 @@ from hydra.errors import ConfigCompositionException
 from spec_decode.core.config import ConfigError
 from spec_decode.engines import server_extra_env
 from spec_decode.engines.embedded.decoding import FILL_TOKEN, ForcedAcceptance
+from spec_decode.engines.server_process import server_env
 from spec_decode.record import results
 from spec_decode.runner import recording
 from spec_decode.runner.baselines import baseline_config
 from spec_decode.runner.context import JobContext
-from spec_decode.runner.server import server_env
 from spec_decode.views.mlflow_run import tags_of
 
 from ..conftest import compose_experiment

@@ -51,9 +51,6 @@ KNOWN = {
     ("analysis.effects", "record.results"),  # JobRecord in annotations (TYPE_CHECKING)
     ("analysis.batchcost", "record.results"),  # costmodel's batch half (split at 400 lines): the same arrow
     ("analysis.recommend", "record.results"),
-    # the embedded engine's launcher starts a ServerProcess that sits in runner/
-    ("engines", "runner.server"),
-    ("engines.embedded.ranks", "runner.server"),  # free_port
 }
 
 
