@@ -20,7 +20,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Optional
 
-from spec_decode.analysis.checks import Check
+from spec_decode.record.results import Check
 
 PERFORMANCE_ONLY = "performance-only (forced acceptance)"
 

@@ -45,6 +45,7 @@ from spec_decode.runner.client import Client, ClientError
 from spec_decode.runner.context import JobContext
 from spec_decode.runner.request_pass import OUTPUTS_FILE, PAIRED_OUTPUTS_FILE
 from spec_decode.runner.slots import SlotTimeout, allocate, pool_for
+from spec_decode.runner.summary import job_summary
 
 __all__ = ["JobContext", "JobFailed", "run_job", "measure"]
 
@@ -196,7 +197,7 @@ def measure(
         results.write(out, rec)  # the one write
         if ctx.tracker is not None:
             ctx.tracker.finish(tracked, rec, out)  # a view: logs the record as written
-        _say(ctx, "\n".join([results.job_summary(rec), *load_lines]))
+        _say(ctx, "\n".join([job_summary(rec), *load_lines]))
         _say(ctx, where_to_look(rec, ctx))
     if status != "FINISHED":
         raise JobFailed(f"job {ctx.run_name or out.name} {status}: {error}")

@@ -19,6 +19,7 @@ from spec_decode.analysis.sections import Section
 from spec_decode.core.config import ExperimentConfig, config_hash, resolved_dict
 from spec_decode.engines.engine import engine_of, named
 from spec_decode.parsers import decode_log
+from spec_decode.probe import nccl as nccl_probe
 from spec_decode.record import host, provenance
 from spec_decode.record.results import BaselineRef, EngineInfo, JobRecord, performance_only
 from spec_decode.runner import request_pass
@@ -89,7 +90,7 @@ def finish(
         _profile_and_request_acceptance(rec, cfg, measured, take)
     take(sections.decode_log_summary(decode_log.read_windows(measured.log_path, measured.log_windows)))
     _speedup(rec, baseline, take)
-    take(provenance.nccl_section(rec.nccl_probe, rec.provenance))
+    take(nccl_section(rec.nccl_probe, rec.provenance))
     take(Section(metrics=cost_model_metrics(metrics)))
     take(sections.latency_percentiles(rec.runs))
     take(request_pass.categories_section(rec.requests))
@@ -102,7 +103,7 @@ def finish(
 def _server_env_section(rec: JobRecord, cfg: ExperimentConfig, measured: Measured) -> Section:
     """The first launch's server environment read back, against the NCCL profile's (record.provenance)."""
     pid = rec.launches[0]["pid"] if rec.launches else None
-    return provenance.server_env_section(measured.live_env, measured.live_env_tree, pid, cfg.nccl.name, cfg.nccl.env)
+    return sections.server_env_section(measured.live_env, measured.live_env_tree, pid, cfg.nccl.name, cfg.nccl.env)
 
 
 def _profile_and_request_acceptance(rec: JobRecord, cfg: ExperimentConfig, measured: Measured, take) -> None:
@@ -244,3 +245,11 @@ def add_drift(rec: JobRecord, earlier: list[Reference]) -> None:
     )
     if rec.drift is not None and rec.drift.message:
         rec.warnings.append(rec.drift.message)
+
+
+def nccl_section(probe_result: dict | None, prov: dict) -> Section:
+    """The NCCL probe's metrics, and its backend and library facts copied into the provenance."""
+    if not probe_result:
+        return Section()
+    facts = {k: probe_result.get(k) for k in ("backend", "nccl_version", "algorithms", "protocols")}
+    return Section({"provenance": {**prov, "nccl": facts}}, nccl_probe.metrics_of(probe_result))
