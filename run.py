@@ -33,7 +33,7 @@ register_configs()
 
 @hydra.main(version_base="1.3", config_path="conf", config_name="config")
 def main(cfg: DictConfig) -> float | None:
-    from spec_decode.runner.cli import run_from_hydra
+    from spec_decode.hydra_entry import run_from_hydra
 
     return run_from_hydra(cfg)
 

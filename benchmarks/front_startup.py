@@ -27,7 +27,7 @@ from pathlib import Path
 import psutil
 import requests
 
-from spec_decode.runner.server import ServerProcess, free_port
+from spec_decode.engines.server_process import ServerProcess, free_port
 
 ROOT = Path(__file__).resolve().parents[1]
 TARGET = ROOT / "models" / "tiny" / "target"

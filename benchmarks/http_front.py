@@ -58,10 +58,11 @@ def fastapi_app(state):
 
 
 def start(tokens: int, steps: int):
+    from spec_decode.engines.embedded.handler import serve
     from spec_decode.engines.embedded.ranks import RankGroup
-    from spec_decode.engines.embedded.server import EngineState, bind, serve
+    from spec_decode.engines.embedded.server import EngineState, bind
     from spec_decode.engines.embedded.server_args import RankSpec
-    from spec_decode.runner.server import free_port
+    from spec_decode.engines.server_process import free_port
 
     model, drafter = ROOT / "models" / "tiny" / "target", ROOT / "models" / "tiny" / "drafter"
     spec = RankSpec(

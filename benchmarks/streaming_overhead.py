@@ -19,7 +19,7 @@ from pathlib import Path
 
 import requests
 
-from spec_decode.runner.server import ServerProcess, free_port
+from spec_decode.engines.server_process import ServerProcess, free_port
 
 ROOT = Path(__file__).resolve().parents[1]
 PROMPT = "The old robot sleeps in the garden. "

@@ -28,8 +28,8 @@ sys.path.insert(0, str(ROOT))
 
 from spec_decode.analysis import latency, stats  # noqa: E402
 from spec_decode.core.prompts import load_prompts  # noqa: E402
+from spec_decode.engines.server_process import ServerProcess, free_port  # noqa: E402
 from spec_decode.runner.client import Client  # noqa: E402
-from spec_decode.runner.server import ServerProcess, free_port  # noqa: E402
 
 
 def main() -> None:

@@ -28,7 +28,7 @@ COMMANDS: dict[str, tuple[str, tuple[str, ...], str]] = {
         "DVC stages of a reported experiment (bench|report|headline|compare)",
     ),
     "drafters": ("spec_decode.views.drafter_experiments", (), "the drafter experiments' DVC stages (bench|report)"),
-    "sync": ("spec_decode.views.sync", ("sync",), "upload results.json files that never reached MLflow"),
+    "sync": ("spec_decode.views.tracking", ("sync",), "upload results.json files that never reached MLflow"),
     "doctor": ("spec_decode.runner.doctor", (), "the self-check: plugin, hook targets, one live request"),
     "probe": ("spec_decode.probe.nccl", (), "NCCL all-reduce latency (device and eager) per size"),
     "serve": ("spec_decode.engines.embedded.__main__", (), "the embedded engine's server (SGLang's flags)"),

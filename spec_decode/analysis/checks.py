@@ -8,8 +8,8 @@ console, results.json, MLflow tags and reports.
 from __future__ import annotations
 
 import statistics
-from dataclasses import asdict, dataclass
-from typing import Any
+
+from spec_decode.record.results import Check
 
 # tok/s inside the cycles on the wall clock vs accept_len / cycle: each cycle's wall-clock time (its entry
 # and exit stamps; older profiles: the interval between end stamps, a few us of loop time more) against
@@ -30,18 +30,6 @@ NON_CYCLE_GAP_MAX_PCT = 5.0
 STREAMED_GAP_MAX_PCT = 8.0
 ENGINE_CLIENT_TOL = 0.05  # client wall time vs server e2e latency
 COLLAPSE_ACCEPT_LEN = 1.05
-
-
-@dataclass
-class Check:
-    name: str
-    ok: bool | None  # None: not applicable
-    value: Any
-    expected: str
-    message: str  # what was compared with what, with the numbers
-
-    def as_dict(self) -> dict:
-        return asdict(self)
 
 
 def host_oversubscribed(load1: float | None, cores: int | None) -> str | None:

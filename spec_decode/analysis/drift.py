@@ -30,9 +30,10 @@ from __future__ import annotations
 
 import math
 import statistics
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 
 from spec_decode.analysis.stats import t_ppf
+from spec_decode.record.results import Drift
 
 ENV_PREFIXES = ("NCCL_", "SGLANG_", "CUDA_")
 # Set for the spec server only (forced acceptance): no difference when a paired spec job's environment
@@ -58,22 +59,6 @@ class Reference:
     engine_version: str | None = None
     nccl: str | None = None  # its NCCL profile (the nccl group's choice)
     paired: bool = False  # the baseline arm of a paired spec job (else a baseline job)
-
-
-@dataclass
-class Drift:
-    earlier_runs: int
-    earlier_run_ids: list[str]
-    interval_tok_s: list[float] | None
-    throughput_tok_s: float
-    outside_interval: bool
-    env_differences: list[str]
-    message: str | None = None  # set when there is something to warn about
-    provenance_differences: list[str] = field(default_factory=list)  # hashes, engine version
-    note: str | None = None  # e.g. "too few earlier baselines": said, not warned
-
-    def as_dict(self) -> dict:
-        return asdict(self)
 
 
 def identity(config: dict) -> dict[str, object]:

@@ -20,7 +20,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Optional
 
-from spec_decode.analysis.checks import Check
+from spec_decode.record.results import Check
 
 PERFORMANCE_ONLY = "performance-only (forced acceptance)"
 
@@ -59,10 +59,11 @@ def skipped(reason: str) -> dict:
 
 
 def guard(
-    comparisons: list[Comparison], engine: str, temperature: float, performance_only: bool, has_baseline: bool
+    comparisons: list[Comparison], exact: bool, temperature: float, performance_only: bool, has_baseline: bool
 ) -> dict:
     """The job's ``lossless`` section: ``{checked, requests, matched, match_rate, first_divergence:
-    {key: position}, verdict: pass|fail|warn|skipped, reason}``."""
+    {key: position}, verdict: pass|fail|warn|skipped, reason}``. ``exact``: the engine decodes exactly
+    (``engines.engine.Engine.exact_outputs``), so a divergence fails; else it warns."""
     if performance_only:
         return skipped(PERFORMANCE_ONLY)
     if temperature > 0:
@@ -89,7 +90,7 @@ def guard(
         verdict, reason = "pass", f"{n} of {n} outputs equal the baseline's{note}"
     else:
         where = ", ".join(f"prompt {k} at token {p}" for k, p in sorted(first.items()))
-        verdict = "fail" if engine == "embedded" else "warn"
+        verdict = "fail" if exact else "warn"
         why = (
             "the embedded engine decodes exactly: speculation changed the output"
             if verdict == "fail"

@@ -18,6 +18,7 @@ from typing import TYPE_CHECKING, Any, Sequence
 
 from spec_decode.analysis import acceptance, latency, profiler_effect, stats
 from spec_decode.parsers import decode_log, profile
+from spec_decode.record.provenance import filter_env, rank_environment
 
 if TYPE_CHECKING:
     from spec_decode.record.runs import RunRecord
@@ -247,3 +248,33 @@ def latency_percentiles(runs: Sequence[RunRecord]) -> Section:
     """TTFT / ITL / TPOT / E2E percentiles of the streamed timed runs (empty when none streamed)."""
     lat = latency.summarize(runs)
     return Section({"latency": lat}, latency.metrics_of(lat))
+
+
+def server_env_section(
+    live_env: dict[str, str] | None, live_env_tree: dict | None, launcher_pid: int | None, nccl: str, nccl_env: dict
+) -> Section:
+    """The record's ``server_env`` (filtered) from the first launch's server process, and with its whole
+    tree (pid -> env) every process's (``server_env_processes``), the ranks' as ``server_env`` and what the
+    engine's launcher wrote for them (``server_env_set_by_engine``). Warns when the ranks do not share one
+    NCCL environment or when the ranks ran without a value the NCCL profile (``nccl``) sets."""
+    out = Section({"server_env": filter_env(live_env) if live_env else None})
+    if not live_env_tree:
+        return out
+    # Every process of the server read back. The ranks (the launcher's children) are what ran: the
+    # launcher's own /proc environ misses what it wrote into os.environ before spawning them.
+    ranks = rank_environment(live_env_tree, launcher_pid)
+    out.fields.update(
+        server_env_processes={str(pid): filter_env(env) for pid, env in live_env_tree.items()},
+        server_env=ranks["env"],
+        server_env_set_by_engine=ranks["set_by_engine"],
+    )
+    differing = {k: v for k, v in ranks["differing"].items() if k.startswith("NCCL_")}
+    if differing:
+        out.warnings.append(f"the server's rank processes do not share one NCCL environment: {differing}")
+    for k, v in nccl_env.items():
+        if ranks["env"].get(k) != str(v):
+            out.warnings.append(
+                f"nccl={nccl} sets {k}={v} but the server's ranks ran with {k}={ranks['env'].get(k)} "
+                "(the engine's launcher rewrote it: server_env_set_by_engine)"
+            )
+    return out

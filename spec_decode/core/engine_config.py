@@ -5,14 +5,12 @@ A new engine adds its schema here and its argv builder in ``spec_decode/engines/
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Optional
+from typing import Optional
 
 from omegaconf import MISSING
 
 from spec_decode.core.errors import ConfigError
-
-if TYPE_CHECKING:
-    from spec_decode.core.config import HardwareConfig, SpecConfig
+from spec_decode.core.groups import HardwareConfig, SpecConfig
 
 
 @dataclass
@@ -28,7 +26,7 @@ class EngineConfig:
     startup_timeout_s: float = 600.0
     request_timeout_s: float = 600.0
     # Stop: SIGTERM to the launcher, this long for its own drain (SGLang: ShutdownReq, 15 s, then it
-    # reaps its children), then SIGKILL to the group (spec_decode/runner/server.py shutdown).
+    # reaps its children), then SIGKILL to the group (spec_decode/engines/server_process.py shutdown).
     shutdown_grace_s: float = 30.0
     extra_args: list[str] = field(default_factory=list)  # passed verbatim, logged
     env: dict[str, str] = field(default_factory=dict)  # extra server env (not NCCL: use nccl=)

@@ -9,7 +9,7 @@ Values are checked too, each value of a sweep included: a value of the wrong typ
 and a config group option with no file (``hardware=h100x8``) are refused with the key and what it
 takes (the type, or the group's options), exit 2 -- Hydra's own answer is a traceback and exit 1,
 and in a sweep it ends every job. Range rules (``spec.steps=0``) stay with the schema's
-``__post_init__``: in a sweep such a job is one FAILED record (``runner.cli``).
+``__post_init__``: in a sweep such a job is one FAILED record (``hydra_entry``).
 """
 
 from __future__ import annotations

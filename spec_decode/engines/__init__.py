@@ -11,7 +11,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from spec_decode.engines import sglang
-from spec_decode.engines.embedded import launch as embedded_launch
+from spec_decode.engines.engine import engine_of
 
 if TYPE_CHECKING:  # the embedded engine imports this package on GPU boxes without Hydra
     from spec_decode.core.config import ExperimentConfig
@@ -57,8 +57,8 @@ def common_flags(cfg: ExperimentConfig, port: int) -> list[str]:
 
 
 def server_command(cfg: ExperimentConfig, port: int) -> list[str]:
-    flags = sglang.engine_flags if cfg.engine.name == "sglang" else embedded_launch.engine_flags
-    return launcher(cfg) + common_flags(cfg, port) + flags(cfg) + list(cfg.engine.extra_args)
+    flags = engine_of(cfg).engine_flags(cfg)
+    return launcher(cfg) + common_flags(cfg, port) + flags + list(cfg.engine.extra_args)
 
 
 def server_extra_env(cfg: ExperimentConfig, profile_path: str | None) -> dict[str, str]:
@@ -74,8 +74,7 @@ def server_extra_env(cfg: ExperimentConfig, profile_path: str | None) -> dict[st
     env.update({k: str(v) for k, v in cfg.engine.env.items()})
     env.update(simulated)
     env.update({k: str(v) for k, v in cfg.nccl.env.items()})
-    if cfg.engine.name == "sglang":  # which all-reduce runs: the config's, never inherited
-        env[sglang.PCIE_IPC_ALLREDUCE] = "1" if cfg.engine.pcie_ipc_allreduce else "0"
+    env.update(engine_of(cfg).server_env(cfg))  # SGLang: which all-reduce runs, the config's, never inherited
     if profile_path and cfg.speculative:
         env["SPEC_DECODE_PROFILE"] = profile_path
         # The runner's on/off switch (spec_decode/profiler/switch.py): dormant in the timed runs.
@@ -87,13 +86,11 @@ def rank_nccl_env(cfg: ExperimentConfig) -> dict[str, str]:
     """The NCCL variables the server's ranks run with -- what the NCCL probe runs with: the server's
     environment as ServerProcess builds it (profile + kept inherited ones), plus, on SGLang, what its
     launcher writes before it spawns the ranks (spec_decode.engines.sglang.rank_nccl_env)."""
-    # lazy, as in start_server: the embedded engine imports this package where the runner's deps are absent
-    from spec_decode.runner.server import server_env
+    # lazy, as in start_server: the embedded engine imports this package where psutil and requests are absent
+    from spec_decode.engines.server_process import server_env
 
     env = {k: v for k, v in server_env(server_extra_env(cfg, None)).items() if k.startswith("NCCL_")}
-    if cfg.engine.name == "sglang":
-        env = sglang.rank_nccl_env(env, cfg.hardware.tp_size, list(cfg.engine.extra_args))
-    return env
+    return engine_of(cfg).rank_nccl_env(env, cfg)
 
 
 def start_server(
@@ -102,8 +99,8 @@ def start_server(
     """Start the engine's server on the configured port (any free one with ``any_port``: a paired
     baseline beside the spec server), or a free one when it is taken (also when another sweep takes it
     between our check and the server's bind). Returns the started ``server.ServerProcess``."""
-    # lazy, as in rank_nccl_env: the embedded engine imports this package where the runner's deps are absent
-    from spec_decode.runner.server import PortTaken, ServerError, ServerProcess, choose_port
+    # lazy, as in rank_nccl_env: the embedded engine imports this package where psutil and requests are absent
+    from spec_decode.engines.server_process import PortTaken, ServerError, ServerProcess, choose_port
 
     wanted = 0 if any_port else cfg.engine.port
     for attempt in range(attempts):
@@ -116,6 +113,7 @@ def start_server(
             port=port,
             startup_timeout_s=cfg.engine.startup_timeout_s,
             shutdown_grace_s=cfg.engine.shutdown_grace_s,
+            health_path=engine_of(cfg).health_path,
         )
         try:
             return srv.start()

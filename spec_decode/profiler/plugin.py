@@ -83,11 +83,15 @@ def _sglang_parallel() -> dict | None:
     return out if published else None
 
 
+# Where a process's ranks come from, per engine: SGLang publishes its parallel state; ours has none.
+PARALLEL_STATE = {"sglang": _sglang_parallel, "embedded": lambda: None}
+
+
 def current_ranks(worker=None) -> dict[str, int]:
     """This process's place: ``{"tp", "dp", "attn_dp"}``. SGLang: its parallel state (never the world
     rank, which has no DP term); the embedded engine: its rank is the TP rank, one replica (dp 0);
     else torch.distributed's rank as TP rank; else 0."""
-    if current_engine() == "sglang" and (found := _sglang_parallel()) is not None:
+    if (found := PARALLEL_STATE[current_engine()]()) is not None:
         return found
     rank = getattr(worker, "tp_rank", None)
     if not isinstance(rank, int):

@@ -17,8 +17,6 @@ from pathlib import Path
 
 import yaml
 
-from spec_decode.analysis.sections import Section
-from spec_decode.probe import nccl as nccl_probe
 from spec_decode.record import host
 
 ENV_PREFIXES = (
@@ -245,44 +243,6 @@ def rank_environment(tree: dict, launcher_pid: int | None) -> dict:
         "set_by_engine": set_by_engine if launcher_pid is not None and len(envs) > 1 else {},
         "differing": differing,
     }
-
-
-def server_env_section(
-    live_env: dict[str, str] | None, live_env_tree: dict | None, launcher_pid: int | None, nccl: str, nccl_env: dict
-) -> Section:
-    """The record's ``server_env`` (filtered) from the first launch's server process, and with its whole
-    tree (pid -> env) every process's (``server_env_processes``), the ranks' as ``server_env`` and what the
-    engine's launcher wrote for them (``server_env_set_by_engine``). Warns when the ranks do not share one
-    NCCL environment or when the ranks ran without a value the NCCL profile (``nccl``) sets."""
-    out = Section({"server_env": filter_env(live_env) if live_env else None})
-    if not live_env_tree:
-        return out
-    # Every process of the server read back. The ranks (the launcher's children) are what ran: the
-    # launcher's own /proc environ misses what it wrote into os.environ before spawning them.
-    ranks = rank_environment(live_env_tree, launcher_pid)
-    out.fields.update(
-        server_env_processes={str(pid): filter_env(env) for pid, env in live_env_tree.items()},
-        server_env=ranks["env"],
-        server_env_set_by_engine=ranks["set_by_engine"],
-    )
-    differing = {k: v for k, v in ranks["differing"].items() if k.startswith("NCCL_")}
-    if differing:
-        out.warnings.append(f"the server's rank processes do not share one NCCL environment: {differing}")
-    for k, v in nccl_env.items():
-        if ranks["env"].get(k) != str(v):
-            out.warnings.append(
-                f"nccl={nccl} sets {k}={v} but the server's ranks ran with {k}={ranks['env'].get(k)} "
-                "(the engine's launcher rewrote it: server_env_set_by_engine)"
-            )
-    return out
-
-
-def nccl_section(probe_result: dict | None, prov: dict) -> Section:
-    """The NCCL probe's metrics, and its backend and library facts copied into the provenance."""
-    if not probe_result:
-        return Section()
-    facts = {k: probe_result.get(k) for k in ("backend", "nccl_version", "algorithms", "protocols")}
-    return Section({"provenance": {**prov, "nccl": facts}}, nccl_probe.metrics_of(probe_result))
 
 
 def topology_links(topo: str | None, n: int) -> set[str]:

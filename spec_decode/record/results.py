@@ -18,13 +18,10 @@ import hashlib
 import json
 import os
 import time
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from spec_decode.analysis import latency
-from spec_decode.analysis.checks import Check
-from spec_decode.analysis.drift import Drift
 from spec_decode.record import provenance
 from spec_decode.record.runs import RunRecord
 
@@ -34,6 +31,34 @@ from spec_decode.record.runs import RunRecord
 SCHEMA_VERSION = 3
 FILENAME = "results.json"
 STATUSES = ("RUNNING", "FINISHED", "FAILED", "KILLED")
+
+
+@dataclass
+class Check:
+    name: str
+    ok: bool | None  # None: not applicable
+    value: Any
+    expected: str
+    message: str  # what was compared with what, with the numbers
+
+    def as_dict(self) -> dict:
+        return asdict(self)
+
+
+@dataclass
+class Drift:
+    earlier_runs: int
+    earlier_run_ids: list[str]
+    interval_tok_s: list[float] | None
+    throughput_tok_s: float
+    outside_interval: bool
+    env_differences: list[str]
+    message: str | None = None  # set when there is something to warn about
+    provenance_differences: list[str] = field(default_factory=list)  # hashes, engine version
+    note: str | None = None  # e.g. "too few earlier baselines": said, not warned
+
+    def as_dict(self) -> dict:
+        return asdict(self)
 
 
 @dataclass
@@ -253,69 +278,3 @@ def performance_only(rec: JobRecord) -> bool:
     synthetic = any((rec.config.get(group) or {}).get("synthetic") for group in ("model", "drafter"))
     # A synthetic (random-weight) target: its outputs mean nothing, whatever the arm (issue 31).
     return (forced is not None and bool(rec.speculative)) or synthetic
-
-
-def job_summary(rec: JobRecord) -> str:
-    """A few console lines for one finished job."""
-    m = rec.metrics
-    label = (
-        f", {PERFORMANCE_ONLY} (accept len forced to {rec.config['spec']['simulate_accept_len']})"
-        if performance_only(rec)
-        else ""
-    )
-    lines = [f"[{rec.status}] {rec.label} ({rec.role}, engine={rec.engine.name}{label})"]
-    if rec.error:
-        lines.append(f"  error: {rec.error}")
-    if "throughput_tok_s" in m:
-        lines.append(
-            f"  throughput {m['throughput_tok_s']:.1f} tok/s  95% CI [{m['throughput_tok_s_ci95_lo']:.1f}, "
-            f"{m['throughput_tok_s_ci95_hi']:.1f}]  CV {100 * m['throughput_tok_s_cv']:.1f}%  "
-            f"({len(rec.runs)} runs)"
-        )
-    if "accept_len" in m:
-        lines.append(
-            f"  accept len {m['accept_len']:.2f}  draft accept rate {m.get('accept_rate_draft', float('nan')):.2f}"
-        )
-    acc = rec.acceptance or {}
-    if acc.get("per_position"):
-        lines.append(
-            "  acceptance by draft position "
-            + " ".join("-" if r is None else f"{r:.2f}" for r in acc["per_position"])
-            + f" ({acc.get('source')})"
-            + (
-                ""
-                if acc.get("accept_len_weighted") is None
-                else f"; accept len per request: {acc['accept_len_weighted']:.2f} weighted by verifies, "
-                f"{acc['accept_len_unweighted']:.2f} unweighted"
-            )
-        )
-    if "cycle_ms" in m:
-        lines.append(
-            f"  cycle {m['cycle_ms']:.2f} ms = draft {m['draft_ms']:.2f} ({m['draft_pct']:.0f}%) + verify "
-            f"{m['verify_ms']:.2f} ({m['verify_pct']:.0f}%) + re-extend {m['extend_ms']:.2f} "
-            f"({m['extend_pct']:.0f}%) + other {m['other_ms']:.2f} ({m['other_pct']:.0f}%)"
-        )
-    if "speedup_vs_baseline" in m:
-        method = (rec.speedup_vs_baseline or {}).get("method", "welch")
-        sp = rec.speedup_vs_baseline or {}
-        how = (
-            f"paired: {sp.get('pairs')} {sp.get('pairing', 'interleaved')} pairs, baseline "
-            f"{m['baseline_throughput_tok_s']:.1f} tok/s"
-            if method == "paired"
-            else "vs a separate baseline job"
-        )
-        lines.append(
-            f"  speedup vs baseline {m['speedup_vs_baseline']:.3f}x  95% CI "
-            f"[{m['speedup_vs_baseline_ci95_lo']:.3f}, {m['speedup_vs_baseline_ci95_hi']:.3f}] "
-            f"(+-{m['speedup_ci95_halfwidth_pct']:.1f}%; {how})"
-        )
-    lines += latency.describe(rec.latency or {})  # streamed runs only
-    for c in rec.checks:
-        if c.ok is False:
-            lines.append(f"  CHECK FAILED {c.name}: {c.message}")
-    for w in rec.warnings:
-        lines.append(f"  warning: {w}")
-    if rec.drift is not None and rec.drift.note and not rec.drift.message:
-        lines.append(f"  drift guard: {rec.drift.note}")
-    lines.append(f"  -> {rec.out_dir}/{FILENAME}")
-    return "\n".join(lines)

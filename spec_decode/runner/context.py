@@ -1,5 +1,5 @@
 """The job's context: where a job writes, how it is named, where else it is logged. Built from Hydra's
-runtime by ``runner.cli`` (or by tests) and handed to ``runner.job.run_job``."""
+runtime by ``hydra_entry`` (or by tests) and handed to ``runner.job.run_job``."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ from typing import Protocol
 from spec_decode.analysis.drift import Reference
 from spec_decode.record.results import JobRecord
 
-# The keys a sweep varies (views.sweep sets it for each job; runner.cli reads it into JobContext.sweep_axes).
+# The keys a sweep varies (views.sweep sets it for each job; hydra_entry reads it into JobContext.sweep_axes).
 AXES_ENV = "SPEC_DECODE_SWEEP_AXES"
 
 

@@ -35,11 +35,11 @@ from spec_decode import __version__
 from spec_decode.core.config import register_configs, to_experiment
 from spec_decode.core.prompts import load_prompts
 from spec_decode.engines import server_extra_env, start_server
-from spec_decode.engines.sglang import TESTED_VERSION, installed_version
+from spec_decode.engines.engine import named
+from spec_decode.engines.server_process import ServerError
 from spec_decode.parsers import decode_log, profile
 from spec_decode.profiler.plugin import TARGETS
 from spec_decode.runner.client import Client
-from spec_decode.runner.server import ServerError
 
 ENTRY_POINT = "spec_decode_profiler"
 # The leading parameters each hooked method must take (our hooks pass *args through, but the phase
@@ -76,18 +76,17 @@ class Item:
 
 
 def check_version(engine: str) -> Item:
-    if engine != "sglang":
-        return Item("engine version", True, f"embedded engine of spec-decode-bench {__version__}")
-    v = installed_version()
+    eng = named(engine)
+    if not eng.external:
+        return Item("engine version", True, f"{eng.name} engine of spec-decode-bench {__version__}")
+    v, tested = eng.installed_version(), eng.tested_version
     if v is None:
         return Item("engine version", False, NO_SGLANG, "pip install -e '.[sglang]' on the GPU box")
     return Item(
         "engine version",
-        v == TESTED_VERSION,
-        f"sglang {v} (tested: {TESTED_VERSION})",
-        ""
-        if v == TESTED_VERSION
-        else f"pip install sglang=={TESTED_VERSION}, or expect other hook targets and log lines",
+        v == tested,
+        f"{eng.name} {v} (tested: {tested})",
+        "" if v == tested else f"pip install {eng.package}=={tested}, or expect other hook targets and log lines",
     )
 
 
@@ -152,11 +151,13 @@ def _params_from_import(target: str) -> list[str] | str:
 
 def check_hook_targets(engine: str, targets=None) -> Item:
     targets = TARGETS[engine] if targets is None else targets
-    if engine == "sglang" and importlib.util.find_spec("sglang") is None:  # absent, not moved
+    eng = named(engine)
+    external = eng.external  # read from its installed source, not imported (seconds)
+    if external and importlib.util.find_spec(str(eng.package)) is None:  # absent, not moved
         return Item("hook targets", False, NO_SGLANG, "pip install -e '.[sglang]' on the GPU box")
     problems = []
     for target, _ in targets:
-        params = _params_from_source(target) if engine == "sglang" else _params_from_import(target)
+        params = _params_from_source(target) if external else _params_from_import(target)
         if isinstance(params, str):
             problems.append(params)
             continue
@@ -315,7 +316,7 @@ def run(overrides: list[str], root: Path, static_only: bool = False, max_new_tok
     items = static_checks(cfg.engine.name)
     if static_only:
         return items
-    if cfg.engine.name == "sglang" and installed_version() is None:  # nothing to launch: say so, no traceback
+    if named(cfg.engine.name).installed_version() is None:  # nothing to launch: say so, no traceback
         return items + [
             Item(
                 "live request",

@@ -33,7 +33,7 @@ RESEND_S = 0.01  # how long after a swallowed raise the signal is sent again
 _state: dict[str, Any] = {
     "started": False,
     "interrupted": False,
-    "signum": signal.SIGINT,  # the signal that interrupted (SIGTERM in runner.cli): the one re-sent
+    "signum": signal.SIGINT,  # the signal that interrupted (SIGTERM in hydra_entry): the one re-sent
     "redeliver": False,  # the raise was swallowed (``_unraisable``): the next SIGINT raises again
     "deferred": 0,
     "pending": False,
@@ -54,7 +54,7 @@ def started() -> None:
 
 
 def mark(signum: int = signal.SIGINT) -> None:
-    """Record that the process is being stopped (SIGINT here, SIGTERM in runner.cli)."""
+    """Record that the process is being stopped (SIGINT here, SIGTERM in hydra_entry)."""
     _state["interrupted"] = True
     _state["signum"] = signum
 

@@ -25,6 +25,7 @@ from spec_decode.core.config import ExperimentConfig
 from spec_decode.core.lineage import lineage_tags
 from spec_decode.core.prompts import load_prompt_set, load_prompts
 from spec_decode.engines import rank_nccl_env, server_extra_env, start_server
+from spec_decode.engines.server_process import ServerError
 from spec_decode.parsers.profile import rank_files
 from spec_decode.probe.nccl import DEFAULT_SIZES, decode_bytes, probe
 from spec_decode.record import host, results
@@ -43,8 +44,8 @@ from spec_decode.runner.baselines import abs_path, baseline_config, baseline_key
 from spec_decode.runner.client import Client, ClientError
 from spec_decode.runner.context import JobContext
 from spec_decode.runner.request_pass import OUTPUTS_FILE, PAIRED_OUTPUTS_FILE
-from spec_decode.runner.server import ServerError
 from spec_decode.runner.slots import SlotTimeout, allocate, pool_for
+from spec_decode.runner.summary import job_summary
 
 __all__ = ["JobContext", "JobFailed", "run_job", "measure"]
 
@@ -196,7 +197,7 @@ def measure(
         results.write(out, rec)  # the one write
         if ctx.tracker is not None:
             ctx.tracker.finish(tracked, rec, out)  # a view: logs the record as written
-        _say(ctx, "\n".join([results.job_summary(rec), *load_lines]))
+        _say(ctx, "\n".join([job_summary(rec), *load_lines]))
         _say(ctx, where_to_look(rec, ctx))
     if status != "FINISHED":
         raise JobFailed(f"job {ctx.run_name or out.name} {status}: {error}")

@@ -34,6 +34,7 @@ from spec_decode.analysis import load as figures
 from spec_decode.analysis import lossless
 from spec_decode.core.config import ExperimentConfig
 from spec_decode.core.prompts import Prompt, load_prompt_set
+from spec_decode.engines.engine import named
 from spec_decode.parsers import decode_log
 from spec_decode.record.results import JobRecord, performance_only
 from spec_decode.runner.client import Client, RunRecord, output_sha256
@@ -326,7 +327,7 @@ def _guard(rec: JobRecord, cfg: ExperimentConfig, baseline: JobRecord | None, ru
                 comparisons.append(lossless.Comparison(f"load:{p}", ids, base.get(p), b.max_new_tokens))
     verdict = lossless.guard(
         comparisons,
-        rec.engine.name,
+        named(rec.engine.name).exact_outputs,
         b.temperature,
         performance_only(rec),
         has_baseline=bool(job_ref)

@@ -13,8 +13,8 @@ from spec_decode.core import drafter
 from spec_decode.core.config import ExperimentConfig
 from spec_decode.core.nccl_names import NCCL_VARIABLES
 from spec_decode.core.prompts import load_prompts
-from spec_decode.engines import sglang
-from spec_decode.engines.sglang import installed_version, version_warning
+from spec_decode.engines.engine import engine_of
+from spec_decode.engines.server_process import KEPT_NCCL
 from spec_decode.record import provenance
 from spec_decode.record.provenance import git_state
 from spec_decode.record.results import PERFORMANCE_ONLY
@@ -30,7 +30,6 @@ from spec_decode.runner.preflight_items import (
     read_json,
     visible_gpus,
 )
-from spec_decode.runner.server import KEPT_NCCL
 
 
 class PreflightError(ValueError):
@@ -38,7 +37,7 @@ class PreflightError(ValueError):
 
 
 def inherited_nccl(cfg: ExperimentConfig, environ: dict[str, str]) -> str | None:
-    """The NCCL variables exported in this shell, which the server never gets (runner.server drops them:
+    """The NCCL variables exported in this shell, which the server never gets (engines.server_process drops them:
     the NCCL profile alone decides), named -- a user who exported NCCL_PROTO=LL must not believe it ran."""
     dropped = sorted(k for k in environ if k.startswith("NCCL_") and k not in KEPT_NCCL)
     if not dropped:
@@ -80,7 +79,7 @@ def check(cfg: ExperimentConfig, root: Path) -> Preflight:
     if has_weights(model_dir):
         pass  # the weights are here
     elif (
-        cfg.engine.name == "sglang"
+        engine_of(cfg).resolves_hub_ids
         and not model_dir.exists()
         and cfg.model.path.count("/") == 1
         and not cfg.model.path.startswith((".", "/"))
@@ -121,7 +120,7 @@ def check(cfg: ExperimentConfig, root: Path) -> Preflight:
             ctx = lm.get("max_position_embeddings", 0)
             need = len(items[cfg.benchmark.prompt_index].encode()) + cfg.benchmark.max_new_tokens
             need += (cfg.spec.steps + 1) if cfg.speculative else 0
-            if cfg.engine.name == "embedded":
+            if engine_of(cfg).byte_tokens:
                 pf.need(
                     need <= ctx,
                     f"benchmark.max_new_tokens={cfg.benchmark.max_new_tokens}: prompt + "
@@ -211,21 +210,21 @@ def check(cfg: ExperimentConfig, root: Path) -> Preflight:
                 f"experiment={cfg.name} runs from a dirty git tree: commit first, or the "
                 "result's git.commit does not rebuild it"
             )
-    if cfg.engine.name == "sglang":
-        pf.warnings.extend(sglang.config_warnings(cfg, dict(os.environ)))  # dead flags, inherited switches
-    if cfg.engine.name == "sglang":
+    eng = engine_of(cfg)
+    pf.warnings.extend(eng.config_warnings(cfg, dict(os.environ)))  # dead flags, inherited switches
+    if eng.external:
         pf.need(
-            installed_version() is not None,
+            eng.installed_version() is not None,
             "engine=sglang: sglang is not installed; pip install -e '.[sglang]' on the GPU box",
             local=True,
             dry_run=dry,
         )
-        if (w := version_warning()) is not None:
+        if (w := eng.version_warning()) is not None:
             pf.warnings.append(w)
-        if cfg.benchmark.profile and cfg.speculative and installed_version() is not None:
+        if cfg.benchmark.profile and cfg.speculative and eng.installed_version() is not None:
             # First contact: our profiler must be installed and its hook targets must exist in this
             # sglang, or every phase number of the sweep would be missing.
-            for item in doctor.static_checks("sglang")[1:]:
+            for item in doctor.static_checks(eng.name)[1:]:
                 pf.need(
                     item.ok,
                     f"self-check: {item.name}: {item.detail}; what to do: {item.fix} "

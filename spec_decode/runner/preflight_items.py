@@ -14,7 +14,7 @@ from spec_decode.core import drafter
 from spec_decode.core.config import ExperimentConfig
 from spec_decode.core.prompts import load_prompt_set
 from spec_decode.core.synthetic import generated_matches, load_table
-from spec_decode.engines import sglang
+from spec_decode.engines.engine import engine_of
 
 
 @dataclass
@@ -215,7 +215,7 @@ def _fits_context(
 ) -> None:
     """On the embedded engine (one byte a token), each prompt + ``new_tokens`` (benchmark.<key>) + a draft
     fits the target's context."""
-    if not tcfg or cfg.engine.name != "embedded":
+    if not tcfg or not engine_of(cfg).byte_tokens:
         return
     ctx = tcfg.get("max_position_embeddings", 0)
     extra = new_tokens + ((cfg.spec.steps + 1) if cfg.speculative else 0)
@@ -240,11 +240,11 @@ def check_load(cfg: ExperimentConfig, root: Path, pf: Preflight, tcfg: dict | No
     """benchmark.concurrency fits what the server holds (its running batch and its CUDA graphs; a batch
     above them queues or decodes eagerly, so the figure would not be that concurrency's), and the
     load prompts load and fit the context."""
-    b, e = cfg.benchmark, cfg.engine
+    b, e, eng = cfg.benchmark, cfg.engine, engine_of(cfg)
     n = b.concurrency
     cap, key = getattr(e, "max_running_requests", None), "engine.max_running_requests"
-    if cap is None and e.name == "sglang" and cfg.speculative:
-        cap, key = sglang.SPEC_MAX_RUNNING_DEFAULT, "engine.max_running_requests (null: SGLang's 48 with speculation)"
+    if cap is None and (default := eng.default_max_running(cfg.speculative)) is not None:
+        cap, key = default, f"engine.max_running_requests (null: SGLang's {default} with speculation)"
     if cap is not None:
         pf.need(
             n <= cap,
@@ -252,16 +252,16 @@ def check_load(cfg: ExperimentConfig, root: Path, pf: Preflight, tcfg: dict | No
             f"at once and queues the rest, so the running batch never reaches {n}; raise "
             f"engine.max_running_requests to >= {n} or lower benchmark.concurrency",
         )
-    cuda = cfg.hardware.device == "cuda"
     max_bs = getattr(e, "cuda_graph_max_bs_decode", None)
-    if cuda and e.name == "embedded" and not e.cuda_eager_batching and max_bs is not None and n > max_bs:
+    graphs = eng.decodes_with_graphs(cfg) and max_bs is not None
+    if graphs and not eng.refuses_eager_overflow and n > max_bs:
         pf.warnings.append(
             f"benchmark.concurrency={n} is above engine.cuda_graph_max_bs_decode={max_bs}: the "
             f"embedded engine's batches of more than {max_bs} requests run its static shapes eagerly "
             "(no CUDA graph), so the figure measures that fallback; raise "
             f"engine.cuda_graph_max_bs_decode to >= {n} (or null) to measure graphs"
         )
-    if cuda and e.name == "sglang" and max_bs is not None and "--disable-cuda-graph" not in e.extra_args:
+    if graphs and eng.refuses_eager_overflow:
         pf.need(
             n <= max_bs,
             f"benchmark.concurrency={n} is above engine.cuda_graph_max_bs_decode={max_bs}: batches "

@@ -17,33 +17,13 @@ from spec_decode.analysis.checks import cost_model_metrics, host_oversubscribed,
 from spec_decode.analysis.drift import Reference
 from spec_decode.analysis.sections import Section
 from spec_decode.core.config import ExperimentConfig, config_hash, resolved_dict
+from spec_decode.engines.engine import engine_of, named
 from spec_decode.parsers import decode_log
+from spec_decode.probe import nccl as nccl_probe
 from spec_decode.record import host, provenance
 from spec_decode.record.results import BaselineRef, EngineInfo, JobRecord, performance_only
 from spec_decode.runner import request_pass
 from spec_decode.runner.context import JobContext
-
-# Why a profile of an overlap scheduler on a GPU has no meaningful host stamps (the profile notes it).
-HOST_STAMPS_NA = (
-    "SGLang's overlap scheduler: a cycle's host stamps span its enqueue, not its GPU work "
-    "(scheduler.py 2107-2120); no GPU timeline yet"
-)
-EMBEDDED_HOST_STAMPS_NA = (
-    "the embedded engine's overlap loop on CUDA: a cycle's host stamps span its launch, "
-    "not its GPU work (cycle_ms: CUDA events)"
-)
-
-
-def host_stamps_na(cfg: ExperimentConfig) -> str | None:
-    if cfg.engine.name == "sglang" and "--disable-overlap-schedule" not in cfg.engine.extra_args:
-        return HOST_STAMPS_NA
-    if (
-        cfg.engine.name == "embedded"
-        and cfg.hardware.device == "cuda"
-        and not getattr(cfg.engine, "disable_overlap_schedule", True)
-    ):
-        return EMBEDDED_HOST_STAMPS_NA
-    return None
 
 
 @dataclass
@@ -110,7 +90,7 @@ def finish(
         _profile_and_request_acceptance(rec, cfg, measured, take)
     take(sections.decode_log_summary(decode_log.read_windows(measured.log_path, measured.log_windows)))
     _speedup(rec, baseline, take)
-    take(provenance.nccl_section(rec.nccl_probe, rec.provenance))
+    take(nccl_section(rec.nccl_probe, rec.provenance))
     take(Section(metrics=cost_model_metrics(metrics)))
     take(sections.latency_percentiles(rec.runs))
     take(request_pass.categories_section(rec.requests))
@@ -123,7 +103,7 @@ def finish(
 def _server_env_section(rec: JobRecord, cfg: ExperimentConfig, measured: Measured) -> Section:
     """The first launch's server environment read back, against the NCCL profile's (record.provenance)."""
     pid = rec.launches[0]["pid"] if rec.launches else None
-    return provenance.server_env_section(measured.live_env, measured.live_env_tree, pid, cfg.nccl.name, cfg.nccl.env)
+    return sections.server_env_section(measured.live_env, measured.live_env_tree, pid, cfg.nccl.name, cfg.nccl.env)
 
 
 def _profile_and_request_acceptance(rec: JobRecord, cfg: ExperimentConfig, measured: Measured, take) -> None:
@@ -171,7 +151,12 @@ def _checks(rec: JobRecord, cfg: ExperimentConfig) -> None:
 def _phase_profile(rec: JobRecord, cfg: ExperimentConfig, path: Path, take) -> list[list[dict]] | None:
     """The phase profile section (``analysis.sections.phase_profile``); returns each profiled run's cycles."""
     section, run_cycles = sections.phase_profile(
-        path, _profile_windows(rec), not rec.profiled_runs, cfg.benchmark.profile, bool(rec.runs), host_stamps_na(cfg)
+        path,
+        _profile_windows(rec),
+        not rec.profiled_runs,
+        cfg.benchmark.profile,
+        bool(rec.runs),
+        engine_of(cfg).host_stamps_na(cfg),
     )
     take(section)
     return run_cycles
@@ -227,7 +212,7 @@ def lossless_section(rec: JobRecord, cfg: ExperimentConfig, out_dir: Path, basel
         ]
     verdict = lossless.guard(
         comparisons,
-        rec.engine.name,
+        named(rec.engine.name).exact_outputs,
         b.temperature,
         performance_only(rec),
         has_baseline=bool(base_runs) or baseline is not None,
@@ -260,3 +245,11 @@ def add_drift(rec: JobRecord, earlier: list[Reference]) -> None:
     )
     if rec.drift is not None and rec.drift.message:
         rec.warnings.append(rec.drift.message)
+
+
+def nccl_section(probe_result: dict | None, prov: dict) -> Section:
+    """The NCCL probe's metrics, and its backend and library facts copied into the provenance."""
+    if not probe_result:
+        return Section()
+    facts = {k: probe_result.get(k) for k in ("backend", "nccl_version", "algorithms", "protocols")}
+    return Section({"provenance": {**prov, "nccl": facts}}, nccl_probe.metrics_of(probe_result))

@@ -10,9 +10,8 @@ from pathlib import Path
 
 from spec_decode.analysis import blocks
 from spec_decode.analysis.acceptance import rates_from_metrics
-from spec_decode.analysis.checks import Check
 from spec_decode.analysis.sections import PHASE_METRICS
-from spec_decode.record.results import EngineInfo, JobRecord, section
+from spec_decode.record.results import Check, EngineInfo, JobRecord, section
 
 SUMMARY = ("mean", "std", "n", "ci95_lo", "ci95_hi", "cv", "robust_cv")
 

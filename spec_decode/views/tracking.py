@@ -4,7 +4,7 @@
   leaks between sweep jobs run in one process). The store is initialised once, by the first call.
 - An unreachable store never costs a measurement: the job keeps results.json and a warning says how
   to upload later with ``python -m spec_decode.views.tracking sync <dir>`` (idempotent: runs are matched by
-  the record id tag).
+  the record id tag): ``sync`` and ``main`` below (or ``spec-decode sync DIR``).
 - It only reads the job record: the job computes everything (checks, drift) and writes results.json
   once before ``Tracker.finish`` logs it. ``earlier_baselines`` reads earlier runs for the job's drift
   guard. The sweep's parent run is ``spec_decode.views.sweep.SweepCallback``'s.
@@ -15,10 +15,12 @@ flattened config plus the group choices (``nccl``, ``drafter``...), tags hold pr
 
 from __future__ import annotations
 
+import argparse
 import json
 import os
 import sys
 import time
+import warnings
 from contextlib import nullcontext
 from pathlib import Path
 from typing import Any
@@ -26,10 +28,12 @@ from typing import Any
 from filelock import FileLock
 
 from spec_decode.analysis import drift
+from spec_decode.core import store
+from spec_decode.record import results
 from spec_decode.record.results import JobRecord
 from spec_decode.runner import interrupt
 from spec_decode.runner.context import JobContext
-from spec_decode.views.mlflow_run import ENV_PARAM, RECORD_TAG, display_name, log_record, run_status
+from spec_decode.views.mlflow_run import ENV_PARAM, LOGGED_TAG, RECORD_TAG, display_name, log_record, run_status
 
 PARENT_ENV = "SPEC_DECODE_PARENT_RUN_ID"
 
@@ -284,7 +288,57 @@ def experiment_tags(expanded: list[str] | tuple = ()) -> dict[str, str]:
     }
 
 
-if __name__ == "__main__":  # `python -m spec_decode.views.tracking sync DIR`: the command lives in views.sync
-    from spec_decode.views.sync import main  # lazy: views.sync imports this module
+# ---- sync: upload what never reached the store -----------------------------------------------------
 
+
+def sync(directory: Path, tracker: Tracker) -> tuple[int, int]:
+    """Log every results.json under ``directory`` (schema 1 or 2) that is not fully in the store yet:
+    no run with its record id, or one created at the job's start but never logged (the store went away
+    mid-job). Reads the records, never rewrites them. Returns (uploaded, already_there)."""
+    uploaded = present = 0
+    for rec in results.collect(directory):
+        found = tracker.client.search_runs([tracker.experiment_id()], f"tags.`{RECORD_TAG}` = '{rec.record_id}'")
+        if any(r.data.tags.get(LOGGED_TAG) == "true" for r in found):
+            present += 1
+            continue
+        if found:
+            run_id = found[0].info.run_id
+        else:
+            run_id = tracker.client.create_run(
+                tracker.experiment_id(),
+                run_name=display_name(rec),
+                tags={
+                    RECORD_TAG: rec.record_id,
+                    "spec_decode.role": rec.role,
+                    "spec_decode.synced": "true",
+                    "spec_decode.out_dir": rec.out_dir,
+                },
+            ).info.run_id
+        log_record(tracker.client, run_id, rec, Path(rec.out_dir))
+        tracker.client.set_terminated(run_id, status=run_status(rec.status))
+        uploaded += 1
+    return uploaded, present
+
+
+def main(argv: list[str] | None = None) -> None:
+    ap = argparse.ArgumentParser(
+        prog="python -m spec_decode.views.tracking", description="Upload job results that never reached MLflow."
+    )
+    sub = ap.add_subparsers(dest="cmd", required=True)
+    s = sub.add_parser("sync", help="log every results.json under DIR not yet in the store")
+    s.add_argument("dir", type=Path)
+    s.add_argument("--uri", default=None, help="default: $MLFLOW_TRACKING_URI, else sqlite:///mlflow.db")
+    s.add_argument("--experiment", default="spec-decode-bench")
+    s.add_argument("--artifact-location", default="mlartifacts")
+    args = ap.parse_args(argv)
+    if not args.dir.is_dir():
+        ap.error(f"{args.dir}: not a directory")
+    tracker = Tracker(store.store_uri(args.uri), args.experiment, args.artifact_location, Path.cwd())
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        up, present = sync(args.dir, tracker)
+    print(f"uploaded {up} run(s); {present} already in {tracker.uri}")
+
+
+if __name__ == "__main__":  # `python -m spec_decode.views.tracking sync DIR`
     main()

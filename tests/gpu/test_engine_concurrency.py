@@ -23,8 +23,8 @@ import requests
 torch = pytest.importorskip("torch")
 pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")]
 
+from spec_decode.engines.server_process import ServerProcess, free_port  # noqa: E402
 from spec_decode.parsers.decode_log import read_log  # noqa: E402
-from spec_decode.runner.server import ServerProcess, free_port  # noqa: E402
 
 from ..conftest import ROOT, TARGET  # noqa: E402
 from ..integration.engine_args import spec_flags  # noqa: E402

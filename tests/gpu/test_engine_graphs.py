@@ -27,7 +27,7 @@ from spec_decode.engines.embedded.decoding import Decoder  # noqa: E402
 from spec_decode.engines.embedded.graphs import StaticRunner  # noqa: E402
 from spec_decode.engines.embedded.model import load_drafter, load_target  # noqa: E402
 from spec_decode.engines.embedded.tokenizer import encode  # noqa: E402
-from spec_decode.runner.server import ServerProcess, free_port  # noqa: E402
+from spec_decode.engines.server_process import ServerProcess, free_port  # noqa: E402
 
 from ..conftest import DRAFTER, PROMPTS, TARGET  # noqa: E402
 from ..integration.engine_args import spec_flags  # noqa: E402

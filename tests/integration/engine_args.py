@@ -10,7 +10,7 @@ from pathlib import Path
 import torch
 
 from spec_decode.engines.embedded.model import load_drafter, load_target
-from spec_decode.runner.server import ServerProcess, free_port
+from spec_decode.engines.server_process import ServerProcess, free_port
 
 from ..conftest import DRAFTER, TARGET
 

@@ -24,9 +24,9 @@ import requests
 from spec_decode.engines.embedded.decoding import Decoder
 from spec_decode.engines.embedded.loop import BatchLoop
 from spec_decode.engines.embedded.tokenizer import encode
+from spec_decode.engines.server_process import ServerProcess, free_port
 from spec_decode.parsers.decode_log import read_log
 from spec_decode.parsers.profile import read_ranks
-from spec_decode.runner.server import ServerProcess, free_port
 
 from ..conftest import PROMPTS, TARGET
 from .engine_args import ENGINE, spec_flags, tiny_models

@@ -22,8 +22,8 @@ from spec_decode.engines.embedded.decoding import Decoder
 from spec_decode.engines.embedded.graphs import StaticRunner
 from spec_decode.engines.embedded.loop import BatchLoop
 from spec_decode.engines.embedded.model import load_drafter, load_target
+from spec_decode.engines.server_process import ServerProcess, free_port
 from spec_decode.parsers.decode_log import read_log
-from spec_decode.runner.server import ServerProcess, free_port
 
 from ..conftest import DRAFTER, TARGET
 from .engine_args import tiny_models

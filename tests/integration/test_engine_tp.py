@@ -30,8 +30,8 @@ from spec_decode.engines.embedded.decoding import Decoder
 from spec_decode.engines.embedded.model import load_drafter, load_target, read_config
 from spec_decode.engines.embedded.parallel import TensorParallel, shard_units, tree_sum
 from spec_decode.engines.embedded.tokenizer import encode
+from spec_decode.engines.server_process import ServerProcess, free_port, kill_tree
 from spec_decode.parsers.profile import read_ranks
-from spec_decode.runner.server import ServerProcess, free_port, kill_tree
 
 from ..conftest import DRAFTER, PROMPTS, TARGET
 from .engine_args import ENGINE, spec_flags

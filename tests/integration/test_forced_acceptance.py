@@ -12,7 +12,7 @@ import requests
 
 from spec_decode.engines.embedded.decoding import FILL_TOKEN, Decoder, ForcedAcceptance
 from spec_decode.engines.embedded.tokenizer import encode
-from spec_decode.runner.server import free_port
+from spec_decode.engines.server_process import free_port
 
 from ..conftest import ROOT, TARGET, run_py, small
 from .engine_args import ENGINE, embedded_server, spec_flags, tiny_models

@@ -19,7 +19,7 @@ import pytest
 import requests
 from mlflow.tracking import MlflowClient
 
-from spec_decode.runner.server import free_port
+from spec_decode.engines.server_process import free_port
 
 pytestmark = pytest.mark.integration
 CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")

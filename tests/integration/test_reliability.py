@@ -15,7 +15,7 @@ import psutil
 import pytest
 from mlflow.tracking import MlflowClient
 
-from spec_decode.runner.server import free_port
+from spec_decode.engines.server_process import free_port
 
 from ..conftest import ROOT, SLOTS_DIR, run_py, small
 from .conftest import SECRETS

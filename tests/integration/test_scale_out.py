@@ -13,7 +13,7 @@ import pytest
 import requests
 from mlflow.tracking import MlflowClient
 
-from spec_decode.runner.server import free_port, kill_tree
+from spec_decode.engines.server_process import free_port, kill_tree
 from spec_decode.runner.slots import allocate
 
 from ..conftest import run_py, small

@@ -1,4 +1,4 @@
-"""Stopping a server the way SGLang stops itself (spec_decode.runner.server.shutdown): SIGTERM to the
+"""Stopping a server the way SGLang stops itself (spec_decode.engines.server_process.shutdown): SIGTERM to the
 launcher only, its drain waited for, SIGKILL to the group only after the grace period, and no process
 of it left afterwards. The launcher is a fake process (tests/fake_launcher.py): the double sits at the
 process boundary, everything on our side is the runner's real code."""
@@ -12,7 +12,7 @@ import time
 import psutil
 import pytest
 
-from spec_decode.runner.server import shutdown
+from spec_decode.engines.server_process import shutdown
 
 from ..conftest import ROOT
 

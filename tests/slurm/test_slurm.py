@@ -16,7 +16,7 @@ import psutil
 import pytest
 from mlflow.tracking import MlflowClient
 
-from spec_decode.runner.server import free_port
+from spec_decode.engines.server_process import free_port
 from spec_decode.runner.slots import allocate
 
 from ..conftest import ROOT, run_py

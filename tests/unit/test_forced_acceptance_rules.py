@@ -10,11 +10,12 @@ from hydra.errors import ConfigCompositionException
 from spec_decode.core.config import ConfigError
 from spec_decode.engines import server_extra_env
 from spec_decode.engines.embedded.decoding import FILL_TOKEN, ForcedAcceptance
+from spec_decode.engines.server_process import server_env
 from spec_decode.record import results
 from spec_decode.runner import recording
 from spec_decode.runner.baselines import baseline_config
 from spec_decode.runner.context import JobContext
-from spec_decode.runner.server import server_env
+from spec_decode.runner.summary import job_summary
 from spec_decode.views.mlflow_run import tags_of
 
 from ..conftest import compose_experiment
@@ -109,5 +110,5 @@ def test_performance_only_labels_the_forced_spec_record_not_its_baseline(tmp_pat
     assert not results.performance_only(plain)
     assert tags_of(spec)["spec_decode.performance_only"] == "true"
     assert "spec_decode.performance_only" not in tags_of(base) | tags_of(plain)
-    assert results.PERFORMANCE_ONLY in results.job_summary(spec).splitlines()[0]
-    assert results.PERFORMANCE_ONLY not in results.job_summary(base)
+    assert results.PERFORMANCE_ONLY in job_summary(spec).splitlines()[0]
+    assert results.PERFORMANCE_ONLY not in job_summary(base)

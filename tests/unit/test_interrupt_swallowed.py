@@ -4,7 +4,7 @@ Python runs a signal handler at the next bytecode boundary; when that falls insi
 exceptions it ignores (a weakref callback -- importlib's module-lock clean-up is one, which is where a
 sweep's Ctrl-C 2.4 s in was lost once in the suite and the sweep ran to its end -- or a ``__del__``),
 the raise only prints "Exception ignored in ...". Here a real process receives a real signal inside such a
-callback, with the handlers run.py and runner.cli install, and must see the interrupt in its own code."""
+callback, with the handlers run.py and hydra_entry install, and must see the interrupt in its own code."""
 
 import subprocess
 import sys
@@ -17,7 +17,8 @@ pytestmark = pytest.mark.unit
 
 SCRIPT = r"""
 import signal, sys, time, weakref
-from spec_decode.runner import cli, interrupt
+from spec_decode import hydra_entry as cli
+from spec_decode.runner import interrupt
 
 interrupt.install()
 interrupt.started()

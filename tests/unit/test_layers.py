@@ -1,12 +1,19 @@
 """The packages are the layers: a lower layer never imports a higher one (docs/architecture.md).
 
-Floors, bottom up: core < analysis < record < runner < views. Beside them: parsers and probe (leaves),
+Floors, bottom up: core < record < analysis < runner < views. Beside them: parsers and probe (leaves),
 engines (core and its own modules; the embedded engine's processes also run the plugins), profiler (code
 that runs inside the server: parsers and the plugin registry only). Every import counts, at module
 level, inside a function or under TYPE_CHECKING alike.
 
 KNOWN lists the arrows that still run the wrong way, each with the piece that sits in the wrong room.
 It may only shrink: a new wrong arrow fails, and so does a listed one that no longer exists (delete it).
+
+The engine is an object (``spec_decode/engines/engine.py``): outside ``engines/`` no comparison or
+``match`` names an engine (``engine.name == "sglang"``); the code asks the engine instead.
+
+No circles: the graph of every import (module level, inside functions, under TYPE_CHECKING) has no
+circle between modules, and none between packages (a KNOWN arrow, while one is listed, is left out of
+the package check: it is the arrow that would close a circle).
 """
 
 import ast
@@ -14,10 +21,13 @@ from pathlib import Path
 
 import pytest
 
+from spec_decode.core.engine_config import ENGINES
+from spec_decode.engines.engine import BY_NAME
+
 pytestmark = pytest.mark.unit
 
 PKG = Path(__file__).resolve().parents[2] / "spec_decode"
-FLOOR = {"core": 0, "analysis": 1, "record": 2, "runner": 3, "views": 4}
+FLOOR = {"core": 0, "record": 1, "analysis": 2, "runner": 3, "views": 4}
 # side packages: what each may import (besides itself)
 SIDE = {
     "parsers": set(),
@@ -31,17 +41,7 @@ SIDE_USERS = {  # which floors may import each side package
     "engines": 3,
     "profiler": 3,
 }
-KNOWN = {
-    # the analysis reads record types and the performance-only rule, which the record owns
-    ("analysis.costmodel", "record.results"),
-    ("analysis.batchcost", "record.results"),  # costmodel's batch half (split at 400 lines): the same arrow
-    ("analysis.recommend", "record.results"),
-    # the embedded engine's launcher starts a ServerProcess that sits in runner/
-    ("engines", "runner.server"),
-    ("engines.embedded.ranks", "runner.server"),  # free_port
-    # the Hydra wiring opens the MLflow view: cli belongs above the floors, beside run.py
-    ("runner.cli", "views.tracking"),
-}
+KNOWN: set[tuple[str, str]] = set()  # empty: every arrow points down (a new wrong one fails)
 
 
 def _package(mod: str) -> str:
@@ -59,25 +59,12 @@ def _allowed(src: str, dst: str) -> bool:
     return FLOOR.get(a, 99) >= FLOOR[b]
 
 
-def _is_type_checking(test: ast.expr) -> bool:
-    return (isinstance(test, ast.Name) and test.id == "TYPE_CHECKING") or (
-        isinstance(test, ast.Attribute) and test.attr == "TYPE_CHECKING"
-    )
-
-
 def _imports(path: Path, mod: str):
+    """Every module of ours that ``mod`` imports: each ``import``/``from`` anywhere in the file (module
+    level, inside a function, under TYPE_CHECKING), relative ones resolved."""
     tree = ast.parse(path.read_text())
     pkg = mod.split(".") if path.name == "__init__.py" else mod.split(".")[:-1]
-    typing_only = {
-        id(n)
-        for block in ast.walk(tree)
-        if isinstance(block, ast.If) and _is_type_checking(block.test)
-        for stmt in block.body
-        for n in ast.walk(stmt)
-    }  # annotations only: no runtime arrow
     for node in ast.walk(tree):
-        if id(node) in typing_only:
-            continue
         if isinstance(node, ast.ImportFrom):
             if node.level:
                 base = ["spec_decode", *pkg][: len(pkg) + 2 - node.level]
@@ -94,20 +81,30 @@ def _imports(path: Path, mod: str):
                 yield t.removeprefix("spec_decode.")
 
 
-def arrows() -> set[tuple[str, str]]:
-    """(importer, imported) for every wrong-way import in the package."""
-    found = set()
-    for path in PKG.rglob("*.py"):
+def _modules():
+    """(dotted name, path) of every module of ours; a package is its ``__init__``."""
+    for path in sorted(PKG.rglob("*.py")):
         rel = path.relative_to(PKG).with_suffix("")
         parts = rel.parts[:-1] if rel.name == "__init__" else rel.parts
-        if not parts or parts[0] in ("__main__",):  # the package root and the CLI sit above every floor
-            continue
-        mod = ".".join(parts)
+        if parts:
+            yield ".".join(parts), path
+
+
+def edges() -> set[tuple[str, str]]:
+    """(importer, imported) for every import between two modules of ours."""
+    found = set()
+    for mod, path in _modules():
         for dst in _imports(path, mod):
             dst_mod = _module_of(dst)
-            if not _allowed(mod, dst_mod):
+            if dst_mod and dst_mod != mod:
                 found.add((mod, dst_mod))
     return found
+
+
+def arrows() -> set[tuple[str, str]]:
+    """(importer, imported) for every wrong-way import in the package."""
+    # the package root and the CLI (__main__) sit above every floor
+    return {(a, b) for a, b in edges() if a != "__main__" and not _allowed(a, b)}
 
 
 def _module_of(dotted: str) -> str:
@@ -131,3 +128,102 @@ def test_no_new_upward_import():
 def test_known_list_only_shrinks():
     gone = KNOWN - arrows()
     assert not gone, f"fixed, so delete from KNOWN: {sorted(gone)}"
+
+
+def circles(graph: set[tuple[str, str]]) -> list[list[str]]:
+    """The strongly connected parts of more than one node (Tarjan): each holds at least one circle."""
+    nxt: dict[str, list[str]] = {}
+    for a, b in sorted(graph):
+        nxt.setdefault(a, []).append(b)
+        nxt.setdefault(b, [])
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    on: set[str] = set()
+    found = []
+
+    def visit(v: str) -> None:
+        index[v] = low[v] = len(index)
+        stack.append(v)
+        on.add(v)
+        for w in nxt[v]:
+            if w not in index:
+                visit(w)
+                low[v] = min(low[v], low[w])
+            elif w in on:
+                low[v] = min(low[v], index[w])
+        if low[v] == index[v]:
+            part = []
+            while True:
+                w = stack.pop()
+                on.discard(w)
+                part.append(w)
+                if w == v:
+                    break
+            if len(part) > 1:
+                found.append(sorted(part))
+
+    for v in nxt:
+        if v not in index:
+            visit(v)
+    return found
+
+
+def test_no_module_circle():
+    found = circles(edges())
+    assert not found, "modules that import each other, counting every import (move the shared piece down): " + (
+        "; ".join(" <-> ".join(c) for c in found)
+    )
+
+
+def test_no_package_circle():
+    packages = {(_package(a), _package(b)) for a, b in edges() - KNOWN if _package(a) != _package(b)}
+    found = circles(packages)
+    assert not found, "packages that import each other (besides the KNOWN arrows): " + "; ".join(
+        " <-> ".join(c) for c in found
+    )
+
+
+def test_circles_finds_a_circle():
+    assert circles({("a", "b"), ("b", "c"), ("c", "a"), ("c", "d")}) == [["a", "b", "c"]]
+    assert circles({("a", "b"), ("b", "c")}) == []
+
+
+def _names_engine(node: ast.expr) -> bool:
+    if isinstance(node, ast.Constant):
+        return node.value in ENGINES
+    if isinstance(node, (ast.Tuple, ast.List, ast.Set)):
+        return any(_names_engine(x) for x in node.elts)
+    return False
+
+
+def name_branches() -> list[str]:
+    """``module:line`` of every comparison (==, !=, in, not in) or ``case`` with an engine's name in it,
+    outside ``engines/``: a decision that belongs to the engine object."""
+    found = []
+    for mod, path in _modules():
+        if _package(mod) == "engines":
+            continue
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.Compare):
+                hit = any(_names_engine(x) for x in (node.left, *node.comparators))
+            elif isinstance(node, ast.MatchValue):
+                hit = _names_engine(node.value)
+            else:
+                continue
+            if hit:
+                found.append(f"{mod}:{node.lineno}")
+    return found
+
+
+def test_no_branch_on_the_engine_name_outside_engines():
+    found = name_branches()
+    assert not found, (
+        "a branch on the engine's name outside spec_decode/engines/ (ask the engine: "
+        "spec_decode.engines.engine.engine_of(cfg), an attribute or method of Engine): " + ", ".join(found)
+    )
+
+
+def test_every_engine_schema_has_an_engine_object():
+    assert set(BY_NAME) == set(ENGINES), "core.engine_config.ENGINES and engines.engine.BY_NAME name the same engines"
+    assert all(BY_NAME[n].name == n for n in BY_NAME)

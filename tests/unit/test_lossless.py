@@ -136,7 +136,7 @@ def test_skipped_with_the_reason(tmp_path, why):
 
 
 def test_sampling_is_skipped():
-    g = lossless.guard([lossless.Comparison("0", [1], [2], 1)], "embedded", 0.7, False, True)
+    g = lossless.guard([lossless.Comparison("0", [1], [2], 1)], True, 0.7, False, True)
     assert g["verdict"] == "skipped" and "temperature 0.7" in g["reason"]
 
 

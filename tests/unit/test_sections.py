@@ -95,14 +95,14 @@ def test_phase_profile_of_agreeing_ranks_is_complete_without_warnings(tmp_path):
 
 def test_server_env_section_warns_when_the_ranks_ran_without_the_profiles_value():
     tree = {10: {"NCCL_ALGO": "Ring"}, 11: {"NCCL_ALGO": "Tree"}, 12: {"NCCL_ALGO": "Tree"}}
-    sec = provenance.server_env_section({"NCCL_ALGO": "Ring"}, tree, 10, "tuned", {"NCCL_ALGO": "Ring"})
+    sec = sections.server_env_section({"NCCL_ALGO": "Ring"}, tree, 10, "tuned", {"NCCL_ALGO": "Ring"})
     assert sec.fields["server_env"] == {"NCCL_ALGO": "Tree"}  # the ranks', not the launcher's
     assert sec.fields["server_env_set_by_engine"] == {"NCCL_ALGO": "Tree"}
     assert sec.warnings == [
         "nccl=tuned sets NCCL_ALGO=Ring but the server's ranks ran with NCCL_ALGO=Tree "
         "(the engine's launcher rewrote it: server_env_set_by_engine)"
     ]
-    same = provenance.server_env_section(
+    same = sections.server_env_section(
         {"NCCL_ALGO": "Ring"},
         {10: {"NCCL_ALGO": "Ring"}, 11: {"NCCL_ALGO": "Ring"}},
         10,
@@ -121,15 +121,13 @@ def test_ranks_whose_environment_reads_back_empty_are_not_counted_as_disagreeing
         12: {},
         13: {},
     }
-    sec = provenance.server_env_section({"NCCL_NVLS_ENABLE": "0"}, tree, 10, "default", {})
+    sec = sections.server_env_section({"NCCL_NVLS_ENABLE": "0"}, tree, 10, "default", {})
     assert sec.warnings == []
     assert sec.fields["server_env"] == {"NCCL_CUMEM_ENABLE": "0", "NCCL_NVLS_ENABLE": "0"}
     assert sec.fields["server_env_set_by_engine"] == {"NCCL_CUMEM_ENABLE": "0"}
     # two readable ranks that disagree still warn
     tree[12] = {"NCCL_NVLS_ENABLE": "1", "NCCL_CUMEM_ENABLE": "0"}
-    assert (
-        "do not share one NCCL environment" in provenance.server_env_section(None, tree, 10, "default", {}).warnings[0]
-    )
+    assert "do not share one NCCL environment" in sections.server_env_section(None, tree, 10, "default", {}).warnings[0]
 
 
 def test_sglang_run_id_is_a_launch_not_a_setting():

@@ -5,7 +5,7 @@ import pytest
 
 from spec_decode.core.config import ConfigError
 from spec_decode.engines import rank_nccl_env, server_extra_env
-from spec_decode.runner.server import server_env
+from spec_decode.engines.server_process import server_env
 
 from ..conftest import compose_experiment
 

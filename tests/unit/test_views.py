@@ -7,8 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from spec_decode.analysis.checks import Check
-from spec_decode.record.results import EngineInfo, JobRecord
+from spec_decode.record.results import Check, EngineInfo, JobRecord
 from spec_decode.views import experiment, metrics_json, plots, report
 
 pytestmark = pytest.mark.unit

@@ -238,8 +238,9 @@ def main(argv: list[str] | None = None) -> None:
     resolve_seed_and_forcing(args, parser)
 
     # Imported only now: a bad flag or model exits above without loading the HTTP side (its imports).
+    from spec_decode.engines.embedded.handler import serve
     from spec_decode.engines.embedded.ranks import RankDied, RankGroup
-    from spec_decode.engines.embedded.server import EngineState, bind, exit_on_rank_death, serve
+    from spec_decode.engines.embedded.server import EngineState, bind, exit_on_rank_death
     from spec_decode.engines.plugins import load_plugins
 
     try:

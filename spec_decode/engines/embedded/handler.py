@@ -5,13 +5,16 @@ JSON, text and server-sent-event responses, status codes; what each route does i
 
 Keep-alive: every answer -- a 404 and a 405 too -- comes after the request's body is read, so the
 next request on the connection starts where this one ended; a body that cannot be read to its end
-(no or a bad length, too long, cut off) closes the connection after the answer."""
+(no or a bad length, too long, cut off) closes the connection after the answer.
+
+``serve`` runs the bound socket with this handler (the front's loop)."""
 
 from __future__ import annotations
 
 import json
 import logging
-from http.server import BaseHTTPRequestHandler
+import os
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import TYPE_CHECKING
 from urllib.parse import parse_qs
 
@@ -249,3 +252,20 @@ def make_handler(state: EngineState):
             raise AttributeError(name)
 
     return Handler
+
+
+def serve(httpd: ThreadingHTTPServer, state: EngineState) -> None:
+    httpd.RequestHandlerClass = make_handler(state)
+    host, port = httpd.server_address[:2]
+    log.info(
+        "The server is fired up and ready to roll! (http://%s:%d, pid %d, tp_size %d, rank pids %s)",
+        host,
+        port,
+        os.getpid(),
+        state.group.spec.tp_size,
+        state.group.pids,
+    )
+    try:
+        httpd.serve_forever(poll_interval=0.2)
+    finally:
+        httpd.server_close()

@@ -26,7 +26,7 @@ import time
 from dataclasses import replace
 
 from spec_decode.engines.embedded.server_args import RankSpec
-from spec_decode.runner.server import free_port
+from spec_decode.engines.server_process import free_port
 
 log = logging.getLogger("spec_decode.embedded")
 TAIL_LINES = 20  # of each rank's output, kept for the error message when it dies

@@ -1,6 +1,7 @@
 """The embedded engine's HTTP front: SGLang 0.5.23's endpoints and fields, served by the front process
 that feeds the rank processes (``ranks.RankGroup``); ``EngineState`` does what each route asks, the
-handler (routes, limits, status codes) is ``handler.make_handler``.
+handler (routes, limits, status codes) and the serving loop are ``handler``'s (``make_handler``, ``serve``):
+the arrow runs handler -> server only.
 
 - ``GET /health`` (and ``/health_generate``, ``/ready``): 200 while every rank is alive, else 503.
 - ``GET /server_info`` (and the deprecated ``/get_server_info``): resolved args, ``tokenizer_path``,
@@ -51,7 +52,6 @@ from importlib import metadata
 from pathlib import Path
 
 from spec_decode import __version__
-from spec_decode.engines.embedded.handler import make_handler
 from spec_decode.engines.embedded.metrics import Metrics
 from spec_decode.engines.embedded.ranks import RankDied, RankGroup
 from spec_decode.engines.embedded.request import GenerateBatch, GenerateRequest, RequestError, parse_batch
@@ -341,23 +341,6 @@ def bind(host: str, port: int) -> ThreadingHTTPServer:
         httpd.server_close()
         raise
     return httpd
-
-
-def serve(httpd: ThreadingHTTPServer, state: EngineState) -> None:
-    httpd.RequestHandlerClass = make_handler(state)
-    host, port = httpd.server_address[:2]
-    log.info(
-        "The server is fired up and ready to roll! (http://%s:%d, pid %d, tp_size %d, rank pids %s)",
-        host,
-        port,
-        os.getpid(),
-        state.group.spec.tp_size,
-        state.group.pids,
-    )
-    try:
-        httpd.serve_forever(poll_interval=0.2)
-    finally:
-        httpd.server_close()
 
 
 def exit_on_rank_death(state: EngineState, grace_s: float = 0.5):

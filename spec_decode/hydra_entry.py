@@ -1,4 +1,7 @@
-"""The wiring between Hydra's runtime and run_job (kept out of run.py so tests can call it)."""
+"""The wiring between Hydra's runtime and run_job (kept out of run.py so tests can call it).
+
+It sits above the floors, beside run.py and ``__main__``: it opens the MLflow view (``views.tracking``) for
+the job that ``runner`` measures, so it belongs to neither."""
 
 from __future__ import annotations
 
