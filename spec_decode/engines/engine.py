@@ -38,6 +38,9 @@ class Engine:
     # Readiness: the path that answers 200 once the server serves (ServerProcess polls it).
     health_path: ClassVar[str] = "/health"
     tested_version: ClassVar[str | None] = None  # None: the version that runs is the one tested (ours)
+    # External engines: the releases preflight lets run (any other is refused), and how to install one.
+    supported_versions: ClassVar[tuple[str, ...]] = ()
+    install_hint: ClassVar[str] = ""
 
     def engine_flags(self, cfg: ExperimentConfig) -> list[str]:
         """The server's own flags, beyond those both engines share (``engines.common_flags``)."""
@@ -48,6 +51,10 @@ class Engine:
         return __version__
 
     def version_warning(self) -> str | None:
+        return None
+
+    def version_error(self, v: str | None = None) -> str | None:
+        """Why the installed version (or ``v``) must not run a job; None: it may."""
         return None
 
     def config_warnings(self, cfg: ExperimentConfig, environ: dict[str, str]) -> list[str]:
@@ -98,7 +105,7 @@ class EmbeddedEngine(Engine):
 
 
 class SglangEngine(Engine):
-    """SGLang 0.5.23 (python -m sglang.launch_server), installed beside us."""
+    """SGLang 0.5.23 or 0.5.17 (python -m sglang.launch_server), installed beside us (engines.sglang.SUPPORTED)."""
 
     name = "sglang"
     exact_outputs = False  # its GPU kernels are not always batch-invariant
@@ -107,6 +114,8 @@ class SglangEngine(Engine):
     resolves_hub_ids = True
     refuses_eager_overflow = True
     tested_version = sglang.TESTED_VERSION
+    supported_versions = tuple(sglang.SUPPORTED)
+    install_hint = sglang.INSTALL_SUPPORTED
     HOST_STAMPS_NA = (
         "SGLang's overlap scheduler: a cycle's host stamps span its enqueue, not its GPU work "
         "(scheduler.py 2107-2120); no GPU timeline yet"
@@ -120,6 +129,9 @@ class SglangEngine(Engine):
 
     def version_warning(self) -> str | None:
         return sglang.version_warning()
+
+    def version_error(self, v: str | None = None) -> str | None:
+        return sglang.version_error(v)
 
     def config_warnings(self, cfg: ExperimentConfig, environ: dict[str, str]) -> list[str]:
         return sglang.config_warnings(cfg, environ)

@@ -75,19 +75,19 @@ class Item:
     fix: str = ""
 
 
-def check_version(engine: str) -> Item:
+def check_version(engine: str, v: str | None = None) -> Item:
+    """The installed engine (or ``v``) against the engine's supported releases (``Engine.version_error``;
+    SGLang's table: engines.sglang.SUPPORTED)."""
     eng = named(engine)
     if not eng.external:
         return Item("engine version", True, f"{eng.name} engine of spec-decode-bench {__version__}")
-    v, tested = eng.installed_version(), eng.tested_version
+    v = v or eng.installed_version()
     if v is None:
         return Item("engine version", False, NO_SGLANG, "pip install -e '.[sglang]' on the GPU box")
-    return Item(
-        "engine version",
-        v == tested,
-        f"{eng.name} {v} (tested: {tested})",
-        "" if v == tested else f"pip install {eng.package}=={tested}, or expect other hook targets and log lines",
-    )
+    supported = ", ".join(eng.supported_versions)
+    if eng.version_error(v) is None:
+        return Item("engine version", True, f"{eng.name} {v} (supported: {supported})")
+    return Item("engine version", False, f"{eng.name} {v} is not supported (supported: {supported})", eng.install_hint)
 
 
 def check_entry_point(entry_points: list, allowed: str | None) -> Item:
@@ -113,7 +113,10 @@ def check_entry_point(entry_points: list, allowed: str | None) -> Item:
     return Item("profiler plugin installed", True, f"{ours[0].value} (group sglang.srt.plugins)")
 
 
-def _sglang_source(module: str) -> Path | None:
+def _sglang_source(module: str, root: Path | None = None) -> Path | None:
+    """``module``'s file in the installed sglang, or under ``root`` (a directory holding ``sglang/``)."""
+    if root is not None:
+        return root / (module.replace(".", "/") + ".py")
     spec = importlib.util.find_spec("sglang")
     if spec is None or not spec.submodule_search_locations:
         return None
@@ -121,10 +124,10 @@ def _sglang_source(module: str) -> Path | None:
     return base / (module.replace(".", "/") + ".py")
 
 
-def _params_from_source(target: str) -> list[str] | str:
-    """A method's parameter names, read from the installed SGLang source; or why it is not there."""
+def _params_from_source(target: str, root: Path | None = None) -> list[str] | str:
+    """A method's parameter names, read from the installed SGLang source (or ``root``'s); or why it is not there."""
     module, cls, meth = target.rsplit(".", 2)
-    source = _sglang_source(module)
+    source = _sglang_source(module, root)
     if source is None or not source.exists():
         return f"{module} is not installed"
     classes = {n.name: n for n in ast.parse(source.read_text()).body if isinstance(n, ast.ClassDef)}
@@ -149,15 +152,16 @@ def _params_from_import(target: str) -> list[str] | str:
     return list(inspect.signature(fn).parameters)
 
 
-def check_hook_targets(engine: str, targets=None) -> Item:
+def check_hook_targets(engine: str, targets=None, root: Path | None = None) -> Item:
+    """``root``: read SGLang's source from this directory (holding ``sglang/``) instead of the installed one."""
     targets = TARGETS[engine] if targets is None else targets
     eng = named(engine)
-    external = eng.external  # read from its installed source, not imported (seconds)
-    if external and importlib.util.find_spec(str(eng.package)) is None:  # absent, not moved
+    external = eng.external  # read from its installed source (or root's), not imported (seconds)
+    if external and root is None and importlib.util.find_spec(str(eng.package)) is None:  # absent, not moved
         return Item("hook targets", False, NO_SGLANG, "pip install -e '.[sglang]' on the GPU box")
     problems = []
     for target, _ in targets:
-        params = _params_from_source(target) if external else _params_from_import(target)
+        params = _params_from_source(target, root) if external else _params_from_import(target)
         if isinstance(params, str):
             problems.append(params)
             continue

@@ -219,8 +219,10 @@ def check(cfg: ExperimentConfig, root: Path) -> Preflight:
             local=True,
             dry_run=dry,
         )
-        if (w := eng.version_warning()) is not None:
-            pf.warnings.append(w)
+        # A release outside the engine's supported ones (engines.sglang.SUPPORTED): its flags, log lines
+        # and hook targets are unchecked, so the job is refused.
+        if (refusal := eng.version_error()) is not None:
+            pf.need(False, refusal, local=True, dry_run=dry)
         if cfg.benchmark.profile and cfg.speculative and eng.installed_version() is not None:
             # First contact: our profiler must be installed and its hook targets must exist in this
             # sglang, or every phase number of the sweep would be missing.

@@ -201,12 +201,45 @@ def test_bad_overrides_fail_at_compose_time_naming_the_key(overrides, error, nam
     assert named in str(exc.value)
 
 
-def test_other_sglang_version_warns_naming_the_tested_one():
-    from spec_decode.engines.sglang import TESTED_VERSION, version_warning
+def test_an_unsupported_sglang_is_refused_naming_it_and_the_supported_ones():
+    from spec_decode.engines.sglang import SUPPORTED, TESTED_VERSION, version_error, version_warning
 
-    msg = version_warning("0.5.10")
-    assert msg is not None and "0.5.10" in msg and TESTED_VERSION in msg
-    assert version_warning(TESTED_VERSION) is None
+    assert set(SUPPORTED) == {"0.5.23", "0.5.17"} and TESTED_VERSION in SUPPORTED
+    msg = version_error("0.5.10")
+    assert msg is not None and "sglang 0.5.10 is installed" in msg
+    assert "supports sglang 0.5.17, 0.5.23 only" in msg and "pip install" in msg
+    assert version_error("0.5.170") is not None  # a whole version, not a prefix
+    for v in SUPPORTED:  # a supported release: no refusal, no warning
+        assert version_error(v) is None and version_warning(v) is None
+    assert version_warning("0.5.10") == msg  # the old warning API says the same
+
+
+def test_the_doctor_version_item_reads_the_same_table():
+    from spec_decode.runner.doctor import check_version
+
+    for v in ("0.5.23", "0.5.17"):
+        item = check_version("sglang", v)
+        assert item.ok and item.detail == f"sglang {v} (supported: 0.5.23, 0.5.17)", item
+    bad = check_version("sglang", "0.5.10")
+    assert not bad.ok and "0.5.10 is not supported" in bad.detail and "sglang==0.5.17" in bad.fix
+
+
+def test_each_release_writes_its_own_nccl_env_for_the_ranks():
+    """0.5.17 writes no NCCL_GRAPH_REGISTER and, deterministic, only NCCL_ALGO (engines.sglang.SUPPORTED)."""
+    from spec_decode.engines.sglang import rank_nccl_env
+
+    det = ["--enable-deterministic-inference"]
+    new = rank_nccl_env({}, 2, det, release="0.5.23")
+    old = rank_nccl_env({}, 2, det, release="0.5.17")
+    assert new == {
+        "NCCL_CUMEM_ENABLE": "0",
+        "NCCL_NVLS_ENABLE": "0",
+        "NCCL_GRAPH_REGISTER": "0",
+        "NCCL_ALGO": "allreduce:tree",
+        "NCCL_MIN_NCHANNELS": "8",
+        "NCCL_MAX_NCHANNELS": "8",
+    }
+    assert old == {"NCCL_CUMEM_ENABLE": "0", "NCCL_NVLS_ENABLE": "0", "NCCL_ALGO": "allreduce:tree"}
 
 
 def test_concurrency_defaults_keep_the_one_request_protocol():
