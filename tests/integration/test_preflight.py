@@ -249,6 +249,41 @@ def test_llama3_pair_with_the_default_capture_passes(tmp_path):
     assert "# error" not in p.stdout, p.stdout
 
 
+def installed_sglang(tmp_path, version: str) -> dict:
+    """The environment of a process in which `sglang` <version> is what importlib.metadata finds: a
+    dist-info first on PYTHONPATH (the install, faked at the process boundary; nothing is imported)."""
+    site = tmp_path / f"site-{version}"
+    (site / f"sglang-{version}.dist-info").mkdir(parents=True)
+    (site / f"sglang-{version}.dist-info" / "METADATA").write_text(
+        f"Metadata-Version: 2.1\nName: sglang\nVersion: {version}\n"
+    )
+    return {"PYTHONPATH": os.pathsep.join([str(site), os.environ.get("PYTHONPATH", "")])}
+
+
+SGLANG_JOB = ["engine=sglang", "hardware=h200x1", "drafter=none", "tracking=off"]
+
+
+def test_an_unsupported_sglang_is_refused_naming_it_and_the_supported_ones(tmp_path):
+    """The job refuses sglang 0.5.10 before any server (exit 2), naming it, the supported releases and
+    the install; a dry run (the laptop preparing a GPU sweep) says the same as a warning."""
+    env = installed_sglang(tmp_path, "0.5.10")
+    want = "engine=sglang: sglang 0.5.10 is installed; spec-decode-bench supports sglang 0.5.17, 0.5.23 only"
+    p = run_py([*SGLANG_JOB, f"hydra.run.dir={tmp_path / 'job'}"], env=env, check=False)
+    assert p.returncode == 2, p.stdout[-1000:] + p.stderr[-2000:]
+    assert want in p.stderr and "pip install sglang==0.5.17" in p.stderr, p.stderr[-2000:]
+    assert not list(tmp_path.glob("job/**/server.log")), "a server was started"
+    dry = run_py([*SGLANG_JOB, "dry_run=true", f"hydra.run.dir={tmp_path / 'dry'}"], env=env)
+    assert f"# warning: {want}" in dry.stdout, dry.stdout[-2000:]
+
+
+@pytest.mark.parametrize("version", ["0.5.17", "0.5.23"])
+def test_a_supported_sglang_passes_the_version_check_without_a_warning(tmp_path, version):
+    dry = run_py(
+        [*SGLANG_JOB, "dry_run=true", f"hydra.run.dir={tmp_path / 'dry'}"], env=installed_sglang(tmp_path, version)
+    )
+    assert "sglang 0." not in dry.stdout and "tested against" not in dry.stdout, dry.stdout[-2000:]
+
+
 def test_sglang_choices_are_never_silent(tmp_path):
     """An inherited SGLANG_ENABLE_PCIE_IPC_ALLREDUCE is named and dropped (the config's choice is passed);
     a dead flag in engine.extra_args is named."""
