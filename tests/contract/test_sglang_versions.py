@@ -170,3 +170,17 @@ def test_our_generate_body_fits_the_releases_sampling_params(release):
     body = Client("http://x", 1).generate_body("The robot sleeps. ", 500, 0.0, True)
     assert set(body["sampling_params"]) <= params, set(body["sampling_params"]) - params
     assert "max_tokens" not in params
+
+
+def test_the_plugin_loader_and_hook_registry_are_the_same_code_in_every_release():
+    """Our plugin registers through SGLang's HookRegistry, run for real against 0.5.23 only
+    (test_sglang_contract.py: importing 0.5.17's sglang package needs its GPU stack). That run covers
+    0.5.17 because its loader and registry are the same code (ast-equal: 0.5.17 differs by one line
+    break); a release whose registry differs fails here until the registry test runs against it."""
+    roots = {v: source_root(v) for v in SUPPORTED}
+    for v, root in roots.items():
+        if root is None:
+            _absent(f"sglang {v}'s source is not installed (.ci/install-sglang-contract.sh)")
+    for rel in ("srt/plugins/hook_registry.py", "srt/plugins/__init__.py"):
+        dumps = {v: ast.dump(ast.parse((root / "sglang" / rel).read_text())) for v, root in roots.items()}
+        assert len(set(dumps.values())) == 1, f"{rel} differs between releases {sorted(dumps)}"
