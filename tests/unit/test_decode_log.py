@@ -54,3 +54,18 @@ def test_milliseconds_and_iteration_counter_baseline():
 def test_other_lines_are_ignored():
     assert parse_line("[2026-10-20 12:00:00] The server is fired up and ready to roll!") is None
     assert parse_line("Decode batch, #running-req: 1") is None
+
+
+def test_sglang_0_5_17_lines_from_the_first_real_run():
+    """Verbatim lines of real SGLang 0.5.17 on the H200 (engines.sglang.SUPPORTED: the same Decode batch
+    fields as 0.5.23): forced acceptance 2.0 at one step reads accept len 2.00, rate 1.00."""
+    spec = read_log(LOGS / "sglang_0.5.17_eagle3_tp1_h200.log")
+    assert [x.kind for x in spec] == ["Prefill", "Decode", "Decode", "Decode", "Decode", "Decode"]
+    assert spec[1].ranks == [] and spec[1].fields["#token"] == 105.0
+    s = summarize(spec)
+    assert s.used_lines == 4  # the first decode line after the prefill spans the idle gap (4.89 tok/s)
+    assert s.gen_throughput_tok_s_median == pytest.approx((346.97 + 346.53) / 2)
+    assert (s.accept_len_median, s.accept_rate_median, s.graph) == (2.0, 1.0, True)
+    base = summarize(read_log(LOGS / "sglang_0.5.17_baseline_tp1_h200.log"))
+    assert base.accept_len_median is None and base.used_lines == 3
+    assert base.gen_throughput_tok_s_median == 213.48  # the median of 213.48, 213.62, 213.42
