@@ -29,9 +29,10 @@ ENV_PREFIXES = (
     "SPEC_DECODE_",
     "OMP_NUM_THREADS",
 )
-# Set by the engine for each launch, never a setting: SGLang (0.5.17 on) writes a fresh SGLANG_RUN_ID
-# into its launcher's environment (srt/entrypoints/engine.py), which its ranks inherit. Kept out of the
-# record's environment, or every comparison of two launches (the drift guard) would call it a change.
+# Set by the engine for each launch, never a setting: SGLang writes a fresh SGLANG_RUN_ID into its
+# launcher's environment (srt/entrypoints/engine.py: 0.5.17 1613, 0.5.23 1936), which its ranks
+# inherit. Kept out of the record's environment, or every comparison of two launches (the drift guard)
+# would call it a change.
 PER_LAUNCH = frozenset({"SGLANG_RUN_ID"})
 SECRET = re.compile(r"(TOKEN|_KEY|SECRET|PASSWORD|PASSWD|CREDENTIAL)", re.IGNORECASE)
 REDACTED = "***redacted***"
