@@ -134,13 +134,13 @@ RULES = [
         r"^python run\.py .*engine=sglang",
         "test",
         "without GPUs/sglang: each job refused in preflight, naming what is missing; no server; "
-        "no job finished: exit 1",
-        rc=(1,),
-        must=(r"FAILED .*sglang is not installed", r"0 visible here", r"no job of the sweep finished"),
+        "each refusal is bad input: exit 2",
+        rc=(2,),
+        must=(r"FAILED .*sglang is not installed", r"0 visible here", r"refused for bad input .*exit status 2"),
         with_sglang=(
-            (1,),
-            (r"FAILED .*needs \d+ GPU\(s\) for tp \d+; 0 visible here", r"no job of the sweep finished"),
-            "sglang installed, no GPU: each job refused in preflight for the GPUs; exit 1",
+            (2,),
+            (r"FAILED .*needs \d+ GPU\(s\) for tp \d+; 0 visible here", r"refused for bad input .*exit status 2"),
+            "sglang installed, no GPU: each job refused in preflight for the GPUs; exit 2",
         ),
     ),
     Rule(
