@@ -10,7 +10,7 @@
 #                 and our entry point
 #       check     python -c "import sglang.srt.server_args, sgl_kernel" and friends, the doctor's static items
 #       synthetic the 8B-shaped target + EAGLE-3 drafter configs and weights (spec_decode build synthetic)
-#       job       one job through python run.py engine=sglang (SGLANG_ARGS below + the overrides)
+#       job       one point of the experiment (e.g. spec.steps=3) through python run.py -m, engine=sglang
 #       sweep     python run.py -m experiment=sglang_h200x1_dummy tracking=off [overrides]
 #   e.g.  bash benchmarks/gpu/sglang_route.sh install,check,synthetic,job spec.steps=3
 #
@@ -84,31 +84,23 @@ step_synthetic() {
   bounded 300 "$PY" -m spec_decode build synthetic --model llama31_8b_shape --drafter llama31_8b_shape_eagle3 --device cuda
 }
 
-# The flags of the route's runs (docs/sglang-route.md): random weights (no download), SGLang's triton
-# attention and torch sampling (no flashinfer JIT, no FA3: its library is trimmed), no grammar.
-SGLANG_ARGS="engine.extra_args=[--load-format,dummy,--attention-backend,triton,--sampling-backend,pytorch,--grammar-backend,none]"  # as conf/experiment/sglang_h200x1_dummy.yaml
-
 pack() {  # pack NAME: the newest Hydra dir of this call into $OUT/NAME.tgz
   local d
   d=$(ls -td outputs/*/* multirun/*/* 2>/dev/null | head -1)
   [ -n "$d" ] && tar -czf "$OUT/$1.tgz" "$d" && echo "[route] $d -> $1.tgz"
 }
 
-step_job() {
-  bounded 420 "$PY" run.py engine=sglang hardware=h200x1 model=llama31_8b_shape drafter=llama31_8b_shape_eagle3 \
-    tracking=off benchmark.paired=false spec.simulate_accept_len=2.0 spec.simulate_token_mode=real-draft-token \
-    engine.cuda_graph_max_bs_decode=1 "$SGLANG_ARGS" "$@"
+# Both run conf/experiment/sglang_h200x1_dummy.yaml (its flags: random weights, SGLang's triton attention
+# and torch sampling, no grammar): `job` one point of it (e.g. spec.steps=3), `sweep` all of it.
+experiment() {  # experiment NAME LIMIT_S [overrides...]
+  local name=$1 limit=$2; shift 2
+  bounded "$limit" "$PY" run.py -m experiment=sglang_h200x1_dummy tracking=off "$@"
   local rc=$?
-  pack job
+  pack "$name"
   return $rc
 }
-
-step_sweep() {
-  bounded 540 "$PY" run.py -m experiment=sglang_h200x1_dummy tracking=off "$@"
-  local rc=$?
-  pack sweep
-  return $rc
-}
+step_job() { experiment job 420 "$@"; }
+step_sweep() { experiment sweep 540 "$@"; }
 
 rc=0
 for s in ${STEPS//,/ }; do
