@@ -14,7 +14,11 @@ in turn), so machine noise hits all of them alike. At concurrency c, c calls (pr
 aggregate tok/s is c x tokens / the wall time until the last answer. The table gives medians over the
 rounds and the speedup of steps 3 over the baseline as the median of per-round ratios. "lossless":
 every output at every concurrency equals the baseline's output for that prompt sent alone.
-Overlap off (``--disable-overlap-schedule``) runs at concurrency 1 only.
+Overlap off (``--disable-overlap-schedule``) runs at the concurrencies of ``--overlap-off-at`` (default 1);
+``--steps`` lists the speculative variants (default 3), each with overlap on and off, so
+``--steps 1,3,5 --concurrency 1,8 --overlap-off-at 1,8`` is issue 41's side-by-side table. ``--accept``
+adds forced-acceptance variants (SGLANG_SIMULATE_ACC_LEN, real-draft-token): with forced counts a cycle
+makes no host read of its accepted counts, so on and off there show what the read costs the overlap loop.
 
 ``--paths``: ``static`` = the static path (on CUDA its CUDA graphs per batch-size bucket, the server's
 default there; on CPU the same shapes eagerly, ``--static-path``), ``eager`` = the packed eager path
@@ -42,7 +46,8 @@ from spec_decode.engines.embedded.tokenizer import encode
 ROOT = Path(__file__).resolve().parents[1]
 
 
-def start(args, steps: int, overlap: bool, path: str) -> RankGroup:
+def start(args, steps: int, overlap: bool, path: str, accept: float | None = None) -> RankGroup:
+    """One rank group; ``accept``: forced acceptance (its env is read by the ranks as they start)."""
     static = path == "static"
     spec = RankSpec(
         model_path=str(ROOT / "models/tiny/target"),
@@ -62,7 +67,18 @@ def start(args, steps: int, overlap: bool, path: str) -> RankGroup:
         static_path=static and args.device == "cpu",
         cuda_graph_max_bs=args.cuda_graph_max_bs_decode,
     )
-    return RankGroup(spec)
+    forced = {"SGLANG_SIMULATE_ACC_LEN": str(accept), "SGLANG_SIMULATE_ACC_TOKEN_MODE": "real-draft-token"}
+    saved = {k: os.environ.get(k) for k in forced}
+    if accept is not None:
+        os.environ.update(forced)
+    try:
+        return RankGroup(spec)
+    finally:
+        for k, v in saved.items():
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v
 
 
 def burst(group: RankGroup, prompts: list[list[int]], tokens: int) -> tuple[float, list[list[int]]]:
@@ -92,6 +108,18 @@ def main() -> None:
     ap.add_argument("--max-running-requests", type=int, default=None, help="default: the largest concurrency")
     ap.add_argument("--cuda-graph-max-bs-decode", type=int, default=None, help="default: --max-running-requests")
     ap.add_argument("--paths", default=None, help="static, eager or both (default: static on cuda, eager on cpu)")
+    ap.add_argument("--steps", default="3", help="the speculative variants' step counts, e.g. 1,3,5")
+    ap.add_argument(
+        "--overlap-off-at",
+        default="1",
+        help="the concurrencies where the overlap-off variants run too (every --steps and the baseline)",
+    )
+    ap.add_argument(
+        "--accept",
+        default="",
+        help="forced accept lengths for extra variants (e.g. 2.0): the cycle then reads no accepted counts",
+    )
+    ap.add_argument("--accept-steps", default="3", help="the step counts that get the --accept variants")
     ap.add_argument("--json", type=Path, default=None, help="also write the rows here")
     ap.add_argument(
         "--budget-s",
@@ -107,25 +135,29 @@ def main() -> None:
     paths = (args.paths or ("static" if args.device == "cuda" else "eager")).split(",")
     if bad := [p for p in paths if p not in ("static", "eager")]:
         ap.error(f"--paths {args.paths}: {bad} is not static or eager")
-    variants = {}
+    off_at = {int(x) for x in args.overlap_off_at.split(",") if x}
+    steps_list = [int(x) for x in args.steps.split(",") if x]
+    accepts = [float(x) for x in args.accept.split(",") if x]
+    accept_steps = {int(x) for x in args.accept_steps.split(",") if x}
+    variants = {}  # name: (steps, overlap, path, forced accept length or None)
     for path in paths:
         tag = "" if len(paths) == 1 else f" [{path}]"
-        variants.update(
-            {
-                f"baseline{tag}": (0, True, path),
-                f"steps=3{tag}": (3, True, path),
-                f"baseline overlap-off{tag}": (0, False, path),
-                f"steps=3 overlap-off{tag}": (3, False, path),
-            }
-        )
+        for overlap in (True, False):
+            off = "" if overlap else " overlap-off"
+            variants[f"baseline{off}{tag}"] = (0, overlap, path, None)
+            for k in steps_list:
+                variants[f"steps={k}{off}{tag}"] = (k, overlap, path, None)
+                for x in accepts:
+                    if k in accept_steps and x <= k + 1:
+                        variants[f"steps={k} accept={x}{off}{tag}"] = (k, overlap, path, x)
     groups: dict[str, RankGroup] = {}
     tps: dict[tuple[str, int], list[float]] = {}
     lossless = True
     try:
-        for name, (steps, overlap, path) in variants.items():
-            groups[name] = start(args, steps, overlap, path)
+        for name, (steps, overlap, path, accept) in variants.items():
+            groups[name] = start(args, steps, overlap, path, accept)
         ref = {}  # per path: each prompt alone on its baseline (the reference, and the warmup)
-        for name, (_, _, path) in variants.items():
+        for name, (_, _, path, _) in variants.items():
             if path not in ref:
                 ref[path] = [
                     groups[name].call("generate", p, args.tokens, False)["generation"]["output_ids"] for p in prompts
@@ -140,11 +172,12 @@ def main() -> None:
             done += 1
             for c in concs:
                 for name, group in groups.items():
-                    if "overlap-off" in name and c != 1:
+                    if "overlap-off" in name and c not in off_at:
                         continue
                     rate, outs = burst(group, prompts[:c], args.tokens)
                     tps.setdefault((name, c), []).append(rate)
-                    lossless &= outs == ref[variants[name][2]][:c]
+                    if variants[name][3] is None:  # forced acceptance commits other tokens by design
+                        lossless &= outs == ref[variants[name][2]][:c]
     finally:
         for group in groups.values():
             group.close()
@@ -179,14 +212,18 @@ def main() -> None:
             }
         )
         print(f"| {name} | {c} | {statistics.median(rates):.0f} | {q[0]:.0f}-{q[2]:.0f} | {speed:.2f}x |")
+    print("\n| variant | concurrency | overlap on / off (median of per-round ratios) | per round |")
+    print("|---|---|---|---|")
     for name in [n for n in variants if "overlap-off" not in n]:
         tag = name[name.index(" [") :] if " [" in name else ""
-        on, off = tps[(name, 1)], tps[(name.removesuffix(tag) + " overlap-off" + tag, 1)]
-        print(
-            f"overlap on / off at concurrency 1, {name}: {statistics.median(a / b for a, b in zip(on, off)):.3f} "
-            "(median of per-round ratios)"
-        )
-    print(f"lossless (every output == its path's baseline output, prompt alone): {lossless}")
+        for c in sorted(off_at & set(concs)):
+            on, off = tps.get((name, c)), tps.get((name.removesuffix(tag) + " overlap-off" + tag, c))
+            if not on or not off:
+                continue
+            ratios = [a / b for a, b in zip(on, off)]
+            rows.append({"variant": name, "concurrency": c, "overlap_on_over_off": statistics.median(ratios), "rounds": ratios})
+            print(f"| {name} | {c} | {statistics.median(ratios):.3f} | {' '.join(f'{r:.3f}' for r in ratios)} |")
+    print(f"lossless (every output == its path's baseline output, prompt alone; forced variants excluded): {lossless}")
     if args.json:
         args.json.write_text(json.dumps(rows, indent=2))
 

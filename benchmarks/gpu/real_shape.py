@@ -440,7 +440,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--model", default="llama31_8b_shape")
     ap.add_argument("--drafter", default="llama31_8b_shape_eagle3")
     ap.add_argument("--device", default="cuda")
-    ap.add_argument("--steps", default="1,3,5")
+    ap.add_argument("--steps", default="1,3,5", help="speculative cells; none: the decode step (baseline) only")
     ap.add_argument("--accept-lens", default="2.0,3.5", help="forced; a value above steps+1 is skipped")
     ap.add_argument("--token-mode", default="real-draft-token", choices=("fixed", "real-draft-token"))
     ap.add_argument("--tokens", type=int, default=400, help="new tokens of the long generation")
@@ -566,7 +566,7 @@ def measure_all(target, drafter, args, attention: str, compile: bool, label: str
         for kname, c, us in graph["top"]:
             print(f"  {us:8.1f} us  x{c:4.0f}  {kname}")
     del runner
-    for steps in [int(s) for s in args.steps.split(",")]:
+    for steps in [] if args.steps == "none" else [int(s) for s in args.steps.split(",")]:
         runner = runner_for(target, drafter, steps, args.device, attention, compile, args.pin_puts == "on")
         for x in [float(v) for v in args.accept_lens.split(",")]:
             if x > steps + 1:
