@@ -27,7 +27,7 @@
 #       putsync  benchmarks/gpu/put_sync.py on one GPU: StaticRunner._put from pageable vs pinned memory (the
 #               copy's wait for the GPU, the 8B steps-1 cycle); PUT_SYNC_ARGS, e.g. "--repeats 3"
 #       sweep   python run.py -m experiment=$SESSION_EXPERIMENT tracking=off [overrides]
-#               (default embedded_h200x2_steps_nccl; on one GPU add hardware=h200x1)
+#               (default embedded_h200x2_steps_nccl; on one GPU add hardware=h200x1; SWEEP_TIMEOUT_S bounds it)
 #   e.g.  bash benchmarks/gpu/session.sh tests,probe,engine     # call 1
 #         PROBE_BACKEND=gloo bash benchmarks/gpu/session.sh probe   # a CPU check of the kit
 #         bash benchmarks/gpu/session.sh sweep                  # call 2
@@ -228,7 +228,7 @@ step_sweep() {
   local exp=${SESSION_EXPERIMENT:-embedded_h200x2_steps_nccl}
   dir="multirun/$(date -u +%Y-%m-%d)/$(date -u +%H-%M-%S)_$exp"
   echo "[session] sweep into $dir; overrides: $*"
-  bounded 9999 "$PY" run.py -m "experiment=$exp" tracking=off "hydra.sweep.dir=$dir" "$@"
+  bounded "${SWEEP_TIMEOUT_S:-9999}" "$PY" run.py -m "experiment=$exp" tracking=off "hydra.sweep.dir=$dir" "$@"
   rc=$?
   reap
   [ -d "$dir" ] && tar -czf "$OUT/sweep.tgz" "$dir"
