@@ -221,7 +221,9 @@ def main() -> None:
             if not on or not off:
                 continue
             ratios = [a / b for a, b in zip(on, off)]
-            rows.append({"variant": name, "concurrency": c, "overlap_on_over_off": statistics.median(ratios), "rounds": ratios})
+            rows.append(
+                {"variant": name, "concurrency": c, "overlap_on_over_off": statistics.median(ratios), "rounds": ratios}
+            )
             print(f"| {name} | {c} | {statistics.median(ratios):.3f} | {' '.join(f'{r:.3f}' for r in ratios)} |")
     print(f"lossless (every output == its path's baseline output, prompt alone; forced variants excluded): {lossless}")
     if args.json:

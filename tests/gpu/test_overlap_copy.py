@@ -6,7 +6,9 @@
   it (the next cycle, launched before the result is processed): with ~0.2 s of GPU sleep queued behind
   the copy, ``host_ids`` returns the right ids well before the sleep ends;
 - the bf16 pair on the graph path decodes the same tokens with the overlap scheduler on and off (the
-  copy changes when the host reads, never what it reads).
+  copy changes when the host reads, never what it reads);
+- issue 41: a speculative cycle with verified counts reads nothing back: with ~0.2 s of GPU sleep queued
+  before it, ``run_batch`` returns (draft, verify and re-extend queued) well before the sleep ends.
 """
 
 from __future__ import annotations
@@ -18,7 +20,7 @@ import pytest
 torch = pytest.importorskip("torch")
 pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")]
 
-from spec_decode.engines.embedded.batch import BatchResult  # noqa: E402
+from spec_decode.engines.embedded.batch import BatchResult, ForwardMode, ScheduleBatch  # noqa: E402
 from spec_decode.engines.embedded.decoding import Decoder  # noqa: E402
 from spec_decode.engines.embedded.graphs import StaticRunner  # noqa: E402
 from spec_decode.engines.embedded.model import load_drafter, load_target  # noqa: E402
@@ -65,3 +67,28 @@ def test_overlap_on_and_off_decode_the_same_tokens(bf16_pair):
         on, off = dec.generate(ids, 120, overlap=True), dec.generate(ids, 120, overlap=False)
         assert on.output_ids == off.output_ids, f"steps={steps}: overlap on and off decode different tokens"
         assert len(on.output_ids) == 120
+
+
+def test_a_speculative_cycle_returns_before_the_gpu_work_queued_ahead_of_it(bf16_pair):
+    gpu_sleep = sleep_ms()
+    assert gpu_sleep > 50, f"the GPU sleep took {gpu_sleep:.1f} ms: too short to tell a wait from none"
+    tdir, ddir = bf16_pair
+    target = load_target(tdir, DEV)
+    drafter = load_drafter(ddir, target, DEV)
+    runner = StaticRunner(target, drafter, 3, use_graphs=True)
+    assert runner.graphs and runner.capture_error is None
+    dec = Decoder(target, drafter, 3, runner)
+    req = dec.new_req("0", list(b"def fibonacci(n):\n    return"), 64)
+    dec.run_batch(ScheduleBatch([req], ForwardMode.EXTEND)).host_ids()
+    dec.run_batch(ScheduleBatch([req], ForwardMode.DECODE)).host_ids()  # one cycle first (lazy inits)
+    torch.cuda.synchronize()
+    torch.cuda._sleep(400_000_000)  # GPU work ahead of the cycle
+    t0 = time.perf_counter()
+    result = dec.run_batch(ScheduleBatch([req], ForwardMode.DECODE))
+    result.copy_to_cpu()
+    launched_ms = (time.perf_counter() - t0) * 1e3
+    got = result.host_ids()
+    torch.cuda.synchronize()
+    print(f"\nthe steps-3 cycle was queued in {launched_ms:.2f} ms with {gpu_sleep:.1f} ms of GPU work ahead of it")
+    assert 1 <= len(got[0]) <= 4 and result.accepted_drafts[0] == len(got[0]) - 1
+    assert launched_ms < gpu_sleep / 4, f"run_batch took {launched_ms:.1f} ms: the cycle waited for the GPU"

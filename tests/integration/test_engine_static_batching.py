@@ -132,9 +132,10 @@ def test_padded_reextend_rows_write_past_their_length_and_stay_lossless(models, 
     padded = []
     extend = runner.extend
 
-    def observe(caches, accepted, preds=None):
+    def observe(caches, preds=None):
+        accepted = runner.last_verify[2][: len(caches)].tolist()  # the verify's counts (on the device)
         padded.append(sum(a < STEPS for a in accepted))
-        return extend(caches, accepted, preds)
+        return extend(caches, preds)
 
     runner.extend = observe
     loop = BatchLoop(dec, max_running=16, overlap=True)
@@ -217,3 +218,59 @@ def test_forced_acceptance_on_the_static_path_batches_like_the_eager_path(models
         outs.append([(r.output_ids, r.histogram) for r in reqs])
     assert outs[1] == outs[0]
     assert sum(h[1] for _, h in outs[0]) > 0 and sum(h[2] for _, h in outs[0]) > 0  # 1 and 2 drafts forced
+
+
+def test_a_speculative_cycle_reads_nothing_back_from_the_device(models, bs1, monkeypatch):
+    """Issue 41: the verified counts stay on the device inside a cycle (its positions, its re-extend and
+    each slot's length are advanced there), so under the overlap scheduler the host can queue the next
+    cycle while this one runs. Every host read of a tensor (``tolist``, ``item``, ``int``/``float``/
+    ``bool`` of a tensor) raises inside ``cycle``; the results' own reads, when the loop processes them,
+    stay allowed. The 16 requests still give the batch-size-1 outputs and counters."""
+    import torch
+
+    target, drafter = models
+    runner = StaticRunner(target, drafter, STEPS, use_graphs=False, max_bs=16, slots=16)
+    dec = Decoder(target, drafter, STEPS, runner)
+    inside = []
+
+    def no_read(name):
+        original = getattr(torch.Tensor, name)
+
+        def guarded(self, *a, **kw):
+            if inside:
+                raise AssertionError(f"Tensor.{name} inside a decode cycle: a host read of the device")
+            return original(self, *a, **kw)
+
+        monkeypatch.setattr(torch.Tensor, name, guarded)
+
+    for name in ("tolist", "item", "__int__", "__float__", "__bool__"):
+        no_read(name)
+    cycle, decode_cycles = dec.cycle, []
+
+    def guarded_cycle(batch):
+        if not batch.forward_mode.is_decode():
+            return cycle(batch)
+        inside.append(1)
+        try:
+            result = cycle(batch)
+        finally:
+            inside.pop()
+        decode_cycles.append(result)
+        return result
+
+    dec.cycle = guarded_cycle
+    release, settled = dec.release, []
+
+    def check_release(req):  # every result of the request processed: the host length is the device's
+        settled.append(req.tcache.length == runner.tlen[req.tcache.slot].tolist())
+        release(req)
+
+    dec.release = check_release
+    loop = BatchLoop(dec, max_running=16, overlap=True)
+    reqs = [dec.new_req(str(i), ids, n) for i, (ids, n) in enumerate(workload())]
+    for r in reqs:
+        loop.add(r)
+    loop.run_until_idle()
+    assert len(decode_cycles) >= 20 and all(r.accepted is not None for r in decode_cycles)
+    assert_same(reqs, bs1[STEPS], STEPS)
+    assert len(settled) == 16 and all(settled), settled

@@ -87,11 +87,16 @@ class ScheduleBatch:
         return ScheduleBatch(list(self.reqs), self.forward_mode)
 
 
-@dataclass
 class BatchResult:
     """A cycle's outcome per request (in ``batch.reqs`` order): the committed ids and, with
     speculation, the accepted draft count. ``accept_lens`` (bonus included) is read by the profiler
     plugin from the return value of its AROUND hook on ``cycle``, as from SGLang's batch result.
+
+    Two forms: ``new_ids`` (one tensor of committed ids per request; ``accepted_drafts`` known on the
+    host), or, from the static path with verified counts, ``preds`` (n, k+1) and ``accepted`` (n,) on the
+    device: the host learns the counts only from this result's copy (``host_ids``), which also settles
+    the caches' host lengths (``SlotCache.settle``). ``accept_lens`` is then a device tensor, which the
+    profiler copies behind its end event without a wait (as SGLang's).
 
     ``copy_to_cpu`` / ``host_ids``: SGLang's ``GenerationBatchResult.copy_to_cpu`` and the
     ``copy_done.synchronize()`` of ``process_batch_result``. On CUDA the loop starts the ids' copy to
@@ -101,35 +106,74 @@ class BatchResult:
     too: the GPU then idles while the host processes, schedules and launches (measured on the H200, 8B
     shape: docs/embedded-engine.md "The result copy that waited for the next cycle")."""
 
-    new_ids: list[torch.Tensor]
-    accepted_drafts: list[int] | None = None
-    copy_done: torch.cuda.Event | None = field(default=None, repr=False)
-    _host: torch.Tensor | None = field(default=None, repr=False)
+    def __init__(
+        self,
+        new_ids: list[torch.Tensor] | None = None,
+        accepted_drafts: list[int] | None = None,
+        *,
+        preds: torch.Tensor | None = None,
+        accepted: torch.Tensor | None = None,
+        caches: list | None = None,
+    ):
+        self.new_ids, self._accepted_drafts = new_ids, accepted_drafts
+        self.preds, self.accepted, self.caches = preds, accepted, caches
+        self.copy_done: torch.cuda.Event | None = None
+        self._host: list[torch.Tensor] | None = None
+        self._ids: list[list[int]] | None = None
 
     @property
-    def accept_lens(self) -> list[int]:
+    def accept_lens(self):
+        if self.accepted is not None:
+            return self.accepted + 1
         return [len(ids) for ids in self.new_ids]
+
+    @property
+    def accepted_drafts(self) -> list[int] | None:
+        if self.accepted is not None and self._accepted_drafts is None:
+            self.host_ids()
+        return self._accepted_drafts
+
+    def _device_tensors(self) -> list[torch.Tensor]:
+        if self.accepted is not None:
+            return [self.preds.reshape(-1), self.accepted.reshape(-1)]
+        return [torch.cat([x.reshape(-1) for x in self.new_ids])] if self.new_ids else []
 
     def copy_to_cpu(self) -> None:
         """Start the ids' copy to the host (CUDA only; elsewhere the ids are host tensors already)."""
-        if not self.new_ids or self.new_ids[0].device.type != "cuda":
+        parts = self._device_tensors()
+        if not parts or parts[0].device.type != "cuda":
             return
-        flat = torch.cat([x.reshape(-1) for x in self.new_ids])
-        self._host = torch.empty(flat.shape, dtype=flat.dtype, pin_memory=True)
-        self._host.copy_(flat, non_blocking=True)
+        self._host = []
+        for x in parts:
+            h = torch.empty(x.shape, dtype=x.dtype, pin_memory=True)
+            h.copy_(x, non_blocking=True)
+            self._host.append(h)
         self.copy_done = torch.cuda.Event()
         self.copy_done.record()
 
     def host_ids(self) -> list[list[int]]:
         """Each request's committed ids as ints: after ``copy_to_cpu``, a wait for its event only."""
-        if self._host is None:
-            return [x.tolist() for x in self.new_ids]
-        self.copy_done.synchronize()
-        flat, out, at = self._host.tolist(), [], 0
+        if self._ids is not None:
+            return self._ids
+        if self._host is not None:
+            self.copy_done.synchronize()
+            flat = [x.tolist() for x in self._host]
+        else:
+            flat = [x.tolist() for x in self._device_tensors()]
+        if self.accepted is not None:
+            preds, acc = flat
+            t = len(preds) // max(len(acc), 1)
+            self._accepted_drafts = acc
+            self._ids = [preds[i * t : i * t + a + 1] for i, a in enumerate(acc)]
+            for c, a in zip(self.caches or [], acc):
+                c.settle(t, a)
+            return self._ids
+        out, at = [], 0
         for x in self.new_ids:
             n = x.numel()
-            out.append(flat[at : at + n])
+            out.append(flat[0][at : at + n])
             at += n
+        self._ids = out
         return out
 
 

@@ -80,3 +80,26 @@ def all_ranks_captured(ok: bool, group=None) -> bool:
     flag = torch.tensor([1 if ok else 0])
     dist.all_reduce(flag, op=dist.ReduceOp.MIN, group=group)
     return bool(int(flag))
+
+
+def capture_or_fall_back(runner) -> None:
+    """Capture a ``graphs.StaticRunner``'s shapes; a capture that fails leaves the runner eager (same
+    kernels, same output), said in the log and in ``runner.capture_error`` (the rank reports it:
+    /server_info ``cuda_graph_error``). Every rank then agrees (``StaticRunner.agree_on_graphs``) so that
+    no rank replays while another runs eagerly."""
+    try:
+        runner.graphs, runner.capture_stream = capture_all(runner.fns, runner.device)
+        log.info(
+            "captured %d CUDA graphs for batch sizes %s: %s", len(runner.graphs), runner.sizes, ", ".join(runner.graphs)
+        )
+    except RuntimeError as e:
+        runner.graphs = {}
+        runner.use_graphs = False
+        runner.capture_error = describe_failure(e)
+        torch.cuda.synchronize(runner.device)
+        end_generator_capture(runner.device)
+        log.error(
+            "CUDA graph capture failed (%s); running the static shapes eagerly "
+            "(--disable-cuda-graph behaviour; same output, slower)",
+            runner.capture_error,
+        )

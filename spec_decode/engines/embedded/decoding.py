@@ -218,6 +218,13 @@ class Decoder:
             return self.prefill(batch)
         drafts = self.draft(batch)
         accepted, preds, aux = self.verify(batch, drafts)
+        if isinstance(accepted, torch.Tensor):  # the static path, verified counts: they stay on the device
+            firsts, h = self.extend(batch, preds, aux)
+            lasts = preds.gather(1, accepted.view(-1, 1))  # each row's bonus token, the next cycle's input
+            for i, req in enumerate(batch.reqs):
+                req.last = lasts[i]
+                req.first, req.h_last = firsts[i : i + 1], h[:, i : i + 1]
+            return BatchResult(preds=preds, accepted=accepted, caches=[r.tcache for r in batch.reqs])
         news = [pred[: a + 1] for pred, a in zip(preds, accepted)]  # accepted drafts and the bonus
         feats = [x[:, : a + 1] for x, a in zip(aux, accepted)]
         firsts, h = self.extend(batch, news, feats)
@@ -253,6 +260,8 @@ class Decoder:
             accepted, pred, aux = self.runner.verify(
                 [r.tcache for r in reqs], torch.cat([r.last for r in reqs]), drafts, accept=forced
             )
+            if forced is None:  # the counts (n,) on the device, the preds (n, k+1): no host read
+                return accepted, pred, aux
             preds, auxs = list(pred), list(aux[:, None])  # (k+1,) and (1, k+1, w) per request
         else:
             caches = [r.tcache for r in reqs]
@@ -268,9 +277,12 @@ class Decoder:
             preds = [self.forced.apply(drafts[i], p, a + 1) for i, (p, a) in enumerate(zip(preds, accepted))]
         return accepted, preds, auxs
 
-    def extend(self, batch: ScheduleBatch, news: list[torch.Tensor], feats: list[torch.Tensor]):
+    def extend(self, batch: ScheduleBatch, news, feats):
         """Drop the chains' own entries, re-extend with the true features of the committed tokens;
-        returns the next first draft tokens (B,) and hidden states (1, B, h)."""
+        returns the next first draft tokens (B,) and hidden states (1, B, h). ``news``: each request's
+        committed tokens, or on the static path with verified counts the verify's (B, k+1) predictions
+        (the counts stay on the device; the runner reads them and the features from the verify's
+        buffers); ``feats``: the committed tokens' features (unused on the static path)."""
         reqs = batch.reqs
         if self.runner is not None:  # from the verify's buffers; forced acceptance's rewritten preds
             k = self.steps
@@ -279,7 +291,7 @@ class Decoder:
                 if self.forced is None
                 else torch.stack([torch.cat([x, x.new_zeros(k + 1 - x.shape[0])]) for x in news])
             )
-            out = self.runner.extend([r.dcache for r in reqs], [x.shape[0] - 1 for x in news], preds)
+            out = self.runner.extend([r.dcache for r in reqs], preds)
             for r in reqs:
                 r.dcache.length = r.tcache.length
             return out

@@ -22,7 +22,12 @@ rows (said once in the log). Every shape runs ``forward_static`` (fixed shapes, 
 as device tensors, attention over each row's whole slot under a mask) on buffers allocated once; with
 graphs on each shape is captured at start-up (capture.py) and replayed, with ``--disable-cuda-graph``
 (and on CPU) the same functions run eagerly, so the two agree token for token. A prompt's prefill
-runs eagerly (its length varies). The host reads one vector per cycle (the accepted counts).
+runs eagerly (its length varies). The host reads nothing inside a cycle: each slot's committed length
+lives on the device too (``tlen``), the positions of draft, verify and extend are computed from it there,
+and the verify's accepted counts update it there, so with real acceptance the counts reach the host only
+with the result's copy (SGLang's EAGLEWorkerV2 keeps them on the device the same way). The host keeps an
+upper bound of each length (``SlotCache.length``: +k+1 per launched verify, corrected by
+``SlotCache.settle`` when the result is processed), which is all it needs (room for a cycle).
 
 On CUDA the shapes run in fewer kernels by default (``graph_ops``: fused RMSNorm, RoPE from rotated
 projection rows, bmm attention; model.py's prepare_graph_ops): a step of this tiny model costs what
@@ -103,6 +108,9 @@ class StaticRunner:
                         model.prepare_graph_ops()
                     cache.prepare_graph_ops(attention)
         self.arange = torch.arange(target.shape.max_position_embeddings, device=dev)
+        # Each slot's committed target length, on the device (the scratch slot's stays 0: padding rows
+        # run at positions 0..): the positions of a cycle's phases come from it without a host read.
+        self.tlen = torch.zeros(self.n_slots + 1, dtype=torch.long, device=dev)
         self.fns: dict[str, callable] = {}
         self.bufs: dict[str, dict[str, torch.Tensor]] = {}
         for b in self.sizes:
@@ -111,7 +119,7 @@ class StaticRunner:
         self.capture_error: str | None = None
         self.eager_above_logged = False
         if self.use_graphs:
-            self._capture_or_fall_back()
+            capture.capture_or_fall_back(self)
 
     @property
     def graph_bs(self) -> list[int]:
@@ -251,6 +259,12 @@ class StaticRunner:
         starts = starts + [0] * (b - len(starts))  # padding rows at positions 0..t-1 of the scratch slot
         return [s + j for s in starts for j in range(t)]
 
+    def _device_positions(self, bufs: dict, t: int) -> None:
+        """Each row's positions tlen[slot] + 0..t-1 into ``bufs["pos"]``, on the device (padding rows:
+        the scratch slot, length 0)."""
+        starts = self.tlen.index_select(0, bufs["slots"])
+        bufs["pos"].view(-1, t).copy_(starts[:, None] + self.arange[:t])
+
     def run(self, name: str) -> dict[str, torch.Tensor]:
         """Run shape ``name`` (replay its graph, or eagerly); its buffers."""
         graph = self.graphs.get(name)
@@ -263,27 +277,6 @@ class StaticRunner:
     def replays(self, n: int) -> bool:
         """Whether a batch of ``n`` rows replays graphs (the decode log's ``cuda graph``)."""
         return bool(self.graphs) and bucket(n, self.sizes) is not None
-
-    def _capture_or_fall_back(self) -> None:
-        """Capture; a capture that fails leaves this runner eager (same kernels, same output), said in
-        the log and in ``capture_error`` (the rank reports it: /server_info ``cuda_graph_error``).
-        Every rank then agrees (``agree_on_graphs``) so that no rank replays while another runs eagerly."""
-        try:
-            self.graphs, self.capture_stream = capture.capture_all(self.fns, self.device)
-            log.info(
-                "captured %d CUDA graphs for batch sizes %s: %s", len(self.graphs), self.sizes, ", ".join(self.graphs)
-            )
-        except RuntimeError as e:
-            self.graphs = {}
-            self.use_graphs = False
-            self.capture_error = capture.describe_failure(e)
-            torch.cuda.synchronize(self.device)
-            capture.end_generator_capture(self.device)
-            log.error(
-                "CUDA graph capture failed (%s); running the static shapes eagerly "
-                "(--disable-cuda-graph behaviour; same output, slower)",
-                self.capture_error,
-            )
 
     def agree_on_graphs(self, group=None) -> None:
         """At tp > 1: if any rank failed to capture, every rank runs eagerly."""
@@ -313,6 +306,7 @@ class StaticRunner:
         slot = torch.tensor([cache.slot], device=self.device)
         logits, aux = self.target.forward_static(ids, self.arange[:t], self.tcache.rows(slot, t), self.capture_ids)
         cache.length = t
+        self.tlen[cache.slot] = t
         return logits, aux
 
     def prefill_drafter(self, cache: SlotCache, tokens: torch.Tensor, feats: torch.Tensor):
@@ -340,7 +334,7 @@ class StaticRunner:
         drafts = [firsts]
         b["tok"][0, :n].copy_(firsts)
         b["h"][:, :n].copy_(h)
-        self._put(b["pos"], self._positions([c.length for c in caches], size, 1))
+        self._device_positions(b, 1)  # the drafter's length equals the target's at a cycle's start
         for _ in range(self.k - 1):
             out = self.run(name)
             drafts.append(out["next"][:n].clone())
@@ -362,25 +356,37 @@ class StaticRunner:
         ids = b["ids"].view(size, t)
         ids[:n, 0].copy_(lasts)
         ids[:n, 1:].copy_(drafts)
-        self._put(b["pos"], self._positions([c.length for c in caches], size, t))
+        self._device_positions(b, t)
         out = self.run(name)
-        # The verified counts are the one host read of a cycle, and a wait for the verify to finish. Forced
-        # counts are known here already (SGLang's simulated acceptance draws them on the host too): no
-        # read, so the host queues the re-extend and the next cycle while the verify runs.
-        accepted = out["accepted"][:n].tolist() if accept is None else list(accept)
-        for c, a in zip(caches, accepted):
-            c.length += a + 1
-        self.last_verify = (name, size)
+        # No host read: the counts (verified, or forced ones, drawn on the host as SGLang's simulated
+        # acceptance does) advance each slot's length on the device, and the host queues the re-extend
+        # and the next cycle while the verify runs. Padding rows count 0 (their slot stays at 0).
+        if accept is None:
+            rows = out["accepted"].clone()
+            if n < size:
+                rows[n:] = 0
+            for c in caches:
+                c.length += t  # an upper bound until the result is processed (SlotCache.settle)
+        else:
+            rows = torch.zeros(size, dtype=torch.long)
+            rows[:n] = torch.tensor(list(accept), dtype=torch.long)
+            rows = rows.to(self.device, non_blocking=True)
+            for c, a in zip(caches, accept):
+                c.length += a + 1
+        self.tlen.index_add_(0, b["slots"], rows + 1)
+        self.tlen[self.scratch] = 0
+        self.last_verify = (name, size, rows)
         aux = out["aux"].view(size, t, -1)[:n]
+        accepted = rows[:n] if accept is None else list(accept)
         return accepted, out["pred"][:n].clone(), aux  # pred's tokens are kept (committed): a copy
 
-    def extend(self, caches: list[SlotCache], accepted: list[int], preds: torch.Tensor | None = None):
+    def extend(self, caches: list[SlotCache], preds: torch.Tensor | None = None):
         """The drafter re-extended over each row's committed tokens, from the last verify's buffers
-        (its positions and features; its predictions, or ``preds`` (n, k+1) when forced acceptance
-        rewrote them): returns the next first draft tokens (n,) and hidden states (1, n, h). The
-        caller sets the drafter caches' lengths (the target's, after the verify)."""
+        (its positions, features and accepted counts; its predictions, or ``preds`` (n, k+1) when forced
+        acceptance rewrote them): returns the next first draft tokens (n,) and hidden states (1, n, h).
+        The caller sets the drafter caches' lengths (the target's, after the verify)."""
         n, t = len(caches), self.k + 1
-        vname, size = self.last_verify
+        vname, size, rows = self.last_verify
         v = self.bufs[vname]
         b, name, esize = self._rows("extend", caches)
         assert esize == size, (esize, size)
@@ -389,6 +395,6 @@ class StaticRunner:
             b["ids"].view(size, t)[:n].copy_(preds)
         b["feats"].copy_(v["aux"])
         b["pos"].copy_(v["pos"])
-        self._put(b["last"], [i * t + (accepted[i] if i < n else 0) for i in range(size)])
+        b["last"].copy_(self.arange[:size] * t + rows)  # each row's last committed index (padding: 0)
         out = self.run(name)
         return out["first"][:n].clone(), out["h_out"][:, :n].clone()

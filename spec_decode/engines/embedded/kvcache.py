@@ -215,6 +215,11 @@ class SlotCache:
     def crop(self, n: int) -> None:
         self.length = n
 
+    def settle(self, t: int, accepted: int) -> None:
+        """A verify of ``t`` tokens counted ``t`` in ``length`` when launched (its counts stay on the
+        device); its result, processed, gives the committed ``accepted + 1``."""
+        self.length -= t - (accepted + 1)
+
 
 def causal_mask(start: int, t: int, device=None) -> torch.Tensor | None:
     """Query i (at position start+i) sees keys at positions <= start+i. SDPA's ``is_causal`` aligns
