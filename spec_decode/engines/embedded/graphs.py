@@ -306,7 +306,7 @@ class StaticRunner:
         slot = torch.tensor([cache.slot], device=self.device)
         logits, aux = self.target.forward_static(ids, self.arange[:t], self.tcache.rows(slot, t), self.capture_ids)
         cache.length = t
-        self.tlen[cache.slot] = t
+        self.tlen.index_fill_(0, slot, t)
         return logits, aux
 
     def prefill_drafter(self, cache: SlotCache, tokens: torch.Tensor, feats: torch.Tensor):
@@ -361,10 +361,9 @@ class StaticRunner:
         # No host read: the counts (verified, or forced ones, drawn on the host as SGLang's simulated
         # acceptance does) advance each slot's length on the device, and the host queues the re-extend
         # and the next cycle while the verify runs. Padding rows count 0 (their slot stays at 0).
+        real = self.arange[:size] < n  # no scalar setitem on the device: that is a copy and a stream sync
         if accept is None:
-            rows = out["accepted"].clone()
-            if n < size:
-                rows[n:] = 0
+            rows = torch.where(real, out["accepted"], 0)
             for c in caches:
                 c.length += t  # an upper bound until the result is processed (SlotCache.settle)
         else:
@@ -373,8 +372,7 @@ class StaticRunner:
             rows = rows.to(self.device, non_blocking=True)
             for c, a in zip(caches, accept):
                 c.length += a + 1
-        self.tlen.index_add_(0, b["slots"], rows + 1)
-        self.tlen[self.scratch] = 0
+        self.tlen.index_add_(0, b["slots"], torch.where(real, rows + 1, 0))
         self.last_verify = (name, size, rows)
         aux = out["aux"].view(size, t, -1)[:n]
         accepted = rows[:n] if accept is None else list(accept)
