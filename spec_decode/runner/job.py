@@ -28,11 +28,12 @@ from spec_decode.engines import rank_nccl_env, server_extra_env, start_server
 from spec_decode.engines.server_process import ServerError
 from spec_decode.parsers.profile import rank_files
 from spec_decode.probe.nccl import DEFAULT_SIZES, decode_bytes, probe
-from spec_decode.record import host, results
+from spec_decode.record import results
 from spec_decode.record.results import JobRecord
 from spec_decode.runner import (
     dryrun,
     load,
+    machine,
     pairing,
     preflight,
     profile_pass,
@@ -316,7 +317,7 @@ def _one_launch(
             client.flush_cache()
             if bclient is not None:
                 bclient.flush_cache()
-            start, host_t0 = log_path.stat().st_size, host.sample()  # + load/steal over the timed runs
+            start, host_t0 = log_path.stat().st_size, machine.sample()  # + load/steal over the timed runs
             for run in range(b.runs):
                 progress.phase(bar, label, f"run {run + 1}/{b.runs}", [r.throughput_tok_s for r in rec.runs])
                 if bclient is None:
@@ -336,7 +337,7 @@ def _one_launch(
                 bsrv.check_alive()
                 bar.update(2)
             time.sleep(0.05)  # let the last decode-log line reach the file
-            rec.launches[-1]["host"] = host.window(host_t0, host.sample())
+            rec.launches[-1]["host"] = machine.window(host_t0, machine.sample())
             measured.log_windows.append((start, log_path.stat().st_size))
             profile_pass.run(cfg, gen, rec, launch, extra_env, srv.check_alive)
             rec.server_info = client.server_info()

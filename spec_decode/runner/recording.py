@@ -12,7 +12,7 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from spec_decode.analysis import drift, lossless, sections
+from spec_decode.analysis import drift, host, lossless, sections
 from spec_decode.analysis.checks import cost_model_metrics, host_oversubscribed, run_checks
 from spec_decode.analysis.drift import Reference
 from spec_decode.analysis.sections import Section
@@ -20,8 +20,9 @@ from spec_decode.core.config import ExperimentConfig, config_hash, resolved_dict
 from spec_decode.engines.engine import engine_of, named
 from spec_decode.parsers import decode_log
 from spec_decode.probe import nccl as nccl_probe
-from spec_decode.record import host, provenance
+from spec_decode.record import provenance
 from spec_decode.record.results import BaselineRef, EngineInfo, JobRecord, performance_only
+from spec_decode.runner import provenance as collected
 from spec_decode.runner import request_pass
 from spec_decode.runner.context import JobContext
 
@@ -55,7 +56,7 @@ def new_record(
         server_env_extra=provenance.redact_env(extra_env),
         warnings=list(warnings),
         out_dir=str(ctx.out_dir),
-        provenance=provenance.collect(
+        provenance=collected.collect(
             ctx.root,
             {
                 "target": cfg.model.path,
@@ -95,7 +96,7 @@ def finish(
     take(sections.latency_percentiles(rec.runs))
     take(request_pass.categories_section(rec.requests))
     take(lossless_section(rec, cfg, measured.out_dir, baseline))
-    take(Section(metrics=host.metrics_of([x["host"] for x in rec.launches if "host" in x])))  # record/host.py
+    take(Section(metrics=host.metrics_of([x["host"] for x in rec.launches if "host" in x])))  # analysis/host.py
     rec.metrics = {k: float(v) for k, v in metrics.items() if v is not None}
     _checks(rec, cfg)
 

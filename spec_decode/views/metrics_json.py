@@ -32,7 +32,7 @@ METRICS = (
     "host_load1_max",
     "host_steal_pct",
     "host_busy_pct",
-)  # host_*: record/host.py
+)  # host_*: analysis/host.py
 
 
 AXES = ("hardware", "model", "engine", "nccl", "drafter")
