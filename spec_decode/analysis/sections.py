@@ -1,4 +1,4 @@
-"""The record's derived sections, one pure function each (``runner.completion.finish`` calls them in turn).
+"""The record's derived sections, one pure function each (``analysis.finish.finish`` calls them in turn).
 
 Each takes what was measured (the job's ``RunRecord``s, its launches, the profile file, the decode-log
 lines) and returns a ``Section``: the record fields it fills, its flat metrics (units in the names) and
@@ -314,3 +314,25 @@ def rank_environment(tree: dict, launcher_pid: int | None) -> dict:
         "set_by_engine": set_by_engine if launcher_pid is not None and len(envs) > 1 else {},
         "differing": differing,
     }
+
+
+def nccl_section(probe_result: dict | None, prov: dict) -> Section:
+    """The NCCL probe's metrics, and its backend and library facts copied into the provenance."""
+    if not probe_result:
+        return Section()
+    facts = {k: probe_result.get(k) for k in ("backend", "nccl_version", "algorithms", "protocols")}
+    return Section({"provenance": {**prov, "nccl": facts}}, nccl_metrics(probe_result))
+
+
+def nccl_metrics(result: dict) -> dict[str, float]:
+    """MLflow metrics: eager per-call median (``nccl_allreduce_us_<bytes>``, the name since the first
+    probe) and, with NCCL, the device median (``nccl_allreduce_device_us_<bytes>``)."""
+    m = {f"nccl_allreduce_us_{s}": v["median_us"] for s, v in result["sizes"].items()}
+    m.update(
+        {
+            f"nccl_allreduce_device_us_{s}": v["device_median_us"]
+            for s, v in result["sizes"].items()
+            if v.get("device_median_us") is not None
+        }
+    )
+    return m

@@ -1,9 +1,9 @@
 """results.json: the one authoritative record of a job (DESIGN §3.5), typed.
 
 ``JobRecord`` is the record's type; this module holds its JSON form, the one write (``write``) and the
-reading (``read``, ``collect``). The job builds it when it starts (``runner.recording.new_record``),
-fills it while it runs and completes it (``runner.recording.finish``: the derived sections, each a pure
-function of ``analysis.sections`` or ``record.provenance``) before the one write. MLflow (``tracking``),
+reading (``read``, ``collect``). The job builds it when it starts (``runner.context.new_record``),
+fills it while it runs and completes it (``analysis.finish.finish``: the derived sections, each a pure
+function of ``analysis.sections`` and the modules it names) before the one write. MLflow (``tracking``),
 reports (``report``) and DVC metrics (``experiment``) only read it: ``collect`` finds the records under
 a directory.
 

@@ -9,12 +9,12 @@ import dataclasses
 from pathlib import Path
 
 from spec_decode.analysis import drift
+from spec_decode.analysis.finish import measures_baseline
 from spec_decode.core.config import DrafterConfig, ExperimentConfig, config_hash, resolved_dict
 from spec_decode.core.identity import SPEC_ITEM, override_items
 from spec_decode.record import results
 from spec_decode.record.results import JobRecord
 from spec_decode.runner.context import JobContext
-from spec_decode.runner.recording import measures_baseline
 
 
 def baseline_config(cfg: ExperimentConfig) -> ExperimentConfig:

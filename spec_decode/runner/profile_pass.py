@@ -9,7 +9,7 @@ The switch is the one-byte file of ``spec_decode.profiler.switch`` (``SPEC_DECOD
 the server's environment, set by ``engines.server_extra_env`` with ``benchmark.profile``). The pass
 sends the timed protocol's run (under load: the load, at the job's concurrency); its profiled requests'
 windows select the profile's cycles
-(``runner.recording.finish``), and each pair (one profiled run beside one dormant run) gives the
+(``analysis.finish.finish``), and each pair (one profiled run beside one dormant run) gives the
 profiler's own effect on tok/s (``analysis.profiler_effect``). Without the switch variable nothing
 here does anything (``benchmark.profile=false``, the baseline).
 """

@@ -1,6 +1,6 @@
 """Issue 25's pure parts on known inputs: the A/A control and the recommendation's refusal, cells folded
 over blocks (the interval from block-level values), the compare verdict, the host fingerprint and load
-window. Records carry real runs and the aggregates recording.finish computes from them."""
+window. Records carry real runs and the aggregates analysis.finish computes from them."""
 
 import math
 import statistics
