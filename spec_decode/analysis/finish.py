@@ -21,7 +21,7 @@ from spec_decode.analysis import categories, drift, host, lossless, sections
 from spec_decode.analysis.checks import cost_model_metrics, host_oversubscribed, run_checks
 from spec_decode.analysis.drift import Reference
 from spec_decode.analysis.sections import Section
-from spec_decode.core.config import ExperimentConfig
+from spec_decode.core.config import BenchmarkConfig, ExperimentConfig, NcclConfig
 from spec_decode.parsers import decode_log
 from spec_decode.record import outputs
 from spec_decode.record.results import BaselineRef, JobRecord, performance_only
@@ -60,7 +60,7 @@ def finish(
     rec.status, rec.error, rec.ended_at = status, error, time.time()
     metrics: dict[str, float] = {}
     take = functools.partial(_take, rec, metrics)
-    take(_server_env_section(rec, cfg, measured))
+    take(_server_env_section(rec, cfg.nccl, measured))
     rec.engine.version = (rec.server_info or {}).get("version")
     take(sections.throughput(rec.runs, cfg.benchmark.launches))
     take(sections.server_start(rec.launches))
@@ -68,33 +68,35 @@ def finish(
         take(sections.acceptance_counters(rec.runs, cfg.spec.num_draft_tokens or 0))
     take(sections.profiler_cost(rec.profile_pass, rec.profiled_runs, rec.runs))
     if cfg.speculative:
-        _profile_and_request_acceptance(rec, cfg, measured, engine, take)
+        _profile_and_request_acceptance(
+            rec, cfg.spec.steps, cfg.benchmark.profile, measured, engine.host_stamps_na(cfg), take
+        )
     take(sections.decode_log_summary(decode_log.read_windows(measured.log_path, measured.log_windows)))
     _speedup(rec, baseline, take)
     take(sections.nccl_section(rec.nccl_probe, rec.provenance))
     take(Section(metrics=cost_model_metrics(metrics)))
     take(sections.latency_percentiles(rec.runs))
     take(categories.section(rec.requests))
-    take(lossless_section(rec, cfg, measured.out_dir, baseline, engine.exact_outputs))
+    take(lossless_section(rec, cfg.benchmark, measured.out_dir, baseline, engine.exact_outputs))
     take(Section(metrics=host.metrics_of([x["host"] for x in rec.launches if "host" in x])))
     rec.metrics = {k: float(v) for k, v in metrics.items() if v is not None}
-    _checks(rec, cfg)
+    _checks(rec, cfg.spec.steps if cfg.speculative else 0, cfg.benchmark.stream)
 
 
-def _server_env_section(rec: JobRecord, cfg: ExperimentConfig, measured: Measured) -> Section:
+def _server_env_section(rec: JobRecord, nccl: NcclConfig, measured: Measured) -> Section:
     """The first launch's server environment read back, against the NCCL profile's (record.provenance)."""
     pid = rec.launches[0]["pid"] if rec.launches else None
-    return sections.server_env_section(measured.live_env, measured.live_env_tree, pid, cfg.nccl.name, cfg.nccl.env)
+    return sections.server_env_section(measured.live_env, measured.live_env_tree, pid, nccl.name, nccl.env)
 
 
 def _profile_and_request_acceptance(
-    rec: JobRecord, cfg: ExperimentConfig, measured: Measured, engine: EngineFacts, take
+    rec: JobRecord, steps: int, profile_on: bool, measured: Measured, host_stamps_na: str | None, take
 ) -> None:
     """The phase profile, then the acceptance per request (from the profiled cycles where there are any)."""
-    run_cycles = _phase_profile(rec, cfg, measured.out_dir / "profile.jsonl", engine, take)
+    run_cycles = _phase_profile(rec, profile_on, measured.out_dir / "profile.jsonl", host_stamps_na, take)
     if rec.runs:
         runs = _profile_windows(rec) if run_cycles else rec.runs
-        take(sections.request_acceptance(cfg.spec.steps, runs, run_cycles, rec.requests, rec.acceptance))
+        take(sections.request_acceptance(steps, runs, run_cycles, rec.requests, rec.acceptance))
 
 
 def _speedup(rec: JobRecord, baseline: JobRecord | None, take) -> None:
@@ -111,19 +113,19 @@ def _speedup(rec: JobRecord, baseline: JobRecord | None, take) -> None:
         rec.baseline = BaselineRef(baseline and baseline.out_dir, baseline and baseline.mlflow_run_id, base_summary)
 
 
-def _checks(rec: JobRecord, cfg: ExperimentConfig) -> None:
+def _checks(rec: JobRecord, steps: int, stream: bool) -> None:
     """The checks over the finished metrics and runs, then the lossless guard's verdict (a check, or a warning)."""
     rec.checks = run_checks(
         rec.metrics,
         [r.as_dict() for r in rec.runs],
         rec.profile,
         rec.speculative,
-        cfg.spec.steps if cfg.speculative else 0,
+        steps,
         [r.as_dict() for r in _profile_windows(rec)],
         host_oversubscribed(
             rec.metrics.get("host_load1"), ((rec.provenance or {}).get("host") or {}).get("usable_cores")
         ),
-        cfg.benchmark.stream,
+        stream,
     )
     if (check := lossless.check_of(rec.lossless)) is not None:
         rec.checks.append(check)
@@ -132,16 +134,16 @@ def _checks(rec: JobRecord, cfg: ExperimentConfig) -> None:
 
 
 def _phase_profile(
-    rec: JobRecord, cfg: ExperimentConfig, path: Path, engine: EngineFacts, take
+    rec: JobRecord, profile_on: bool, path: Path, host_stamps_na: str | None, take
 ) -> list[list[dict]] | None:
     """The phase profile section (``analysis.sections.phase_profile``); returns each profiled run's cycles."""
     section, run_cycles = sections.phase_profile(
         path,
         _profile_windows(rec),
         not rec.profiled_runs,
-        cfg.benchmark.profile,
+        profile_on,
         bool(rec.runs),
-        engine.host_stamps_na(cfg),
+        host_stamps_na,
     )
     take(section)
     return run_cycles
@@ -168,14 +170,13 @@ def _pairings(launches: list[dict]) -> list[str]:
 
 
 def lossless_section(
-    rec: JobRecord, cfg: ExperimentConfig, out_dir: Path, baseline: JobRecord | None, exact: bool
+    rec: JobRecord, b: BenchmarkConfig, out_dir: Path, baseline: JobRecord | None, exact: bool
 ) -> Section:
     """The spec job's outputs against the baseline's for the same prompts (``spec_decode.analysis.lossless``):
     the timed runs against the paired baseline's runs (else the baseline job's), the request pass
     against the baseline's request pass (the baseline job's ``outputs.jsonl``, else the paired server's)."""
     if rec.role != "spec":
         return Section({"lossless": lossless.skipped("a baseline job (no speculation to check)")})
-    b = cfg.benchmark
     base_runs = rec.baseline_runs or (baseline.runs if baseline is not None else [])
     base_ids = next((r.output_ids for r in base_runs if r.output_ids is not None), None)
     comparisons = [

@@ -157,7 +157,7 @@ def measure(
     rec = new_record(cfg, ctx, role, extra_env, warnings)
     rec.nccl_probe = probe
     if cfg.speculative:  # one click from a throughput number to the data its drafter learned from
-        rec.provenance["drafter_lineage"] = _drafter_lineage(cfg, ctx)
+        rec.provenance["drafter_lineage"] = _drafter_lineage(cfg.drafter.path, ctx)
     tracked = ctx.tracker.start(rec, ctx) if ctx.tracker is not None else None
     measured = Measured(out, log_path)  # log windows, the first launch's live server env
     status, error = "FINISHED", None
@@ -189,12 +189,12 @@ def measure(
     finally:
         finish(rec, cfg, status, error, measured, baseline, engine_of(cfg))  # analysis/finish.py
         load_lines = (
-            load.finish(rec, cfg, baseline, log_path, pair.log_path if pair else None)
+            load.finish(rec, cfg.benchmark, baseline, log_path, pair.log_path if pair else None)
             if cfg.benchmark.under_load
             else []
         )  # benchmark.concurrency / request_rate (issue 28)
         if measures_baseline(rec) is not None:  # a baseline job, or a paired job's baseline arm
-            add_drift(rec, earlier_baselines(cfg, ctx, rec))
+            add_drift(rec, earlier_baselines(cfg.tracking.results_dirs, cfg.nccl.name, ctx, rec))
         results.write(out, rec)  # the one write
         if ctx.tracker is not None:
             ctx.tracker.finish(tracked, rec, out)  # a view: logs the record as written
@@ -221,7 +221,7 @@ def where_to_look(rec: JobRecord, ctx: JobContext) -> str:
     return "\n".join(lines)
 
 
-def _drafter_lineage(cfg: ExperimentConfig, ctx: JobContext) -> dict[str, str]:
+def _drafter_lineage(path: str | None, ctx: JobContext) -> dict[str, str]:
     """The drafter's lineage tags; its training run is looked up in the job's own store, and only
     when that store answers (MLflow's client retries a dead server for minutes)."""
     uri = "off"
@@ -231,7 +231,7 @@ def _drafter_lineage(cfg: ExperimentConfig, ctx: JobContext) -> dict[str, str]:
             uri = ctx.tracker.uri
         except ConnectionError:
             pass
-    return lineage_tags(abs_path(ctx.root, str(cfg.drafter.path)), uri)
+    return lineage_tags(abs_path(ctx.root, str(path)), uri)
 
 
 @dataclass
@@ -296,8 +296,8 @@ def _one_launch(
         gen = functools.partial(client.generate, body)  # one timed run: one request, or a load (issue 28)
         bgen = functools.partial(bclient.generate, body) if bclient is not None else None
         if b.under_load:
-            gen = load.LoadRunner(cfg, ctx.root, client, rec, load.SELF, log_path)
-            bgen = load.LoadRunner(cfg, ctx.root, bclient, rec, load.PAIRED, pair.log_path) if bclient else None
+            gen = load.LoadRunner(b, ctx.root, client, rec, load.SELF, log_path)
+            bgen = load.LoadRunner(b, ctx.root, bclient, rec, load.PAIRED, pair.log_path) if bclient else None
         try:
             log_start = log_path.stat().st_size
             progress.phase(bar, label, "warmup")
@@ -309,7 +309,9 @@ def _one_launch(
                     bw = bclient.generate(body, launch, -1, stream=b.stream)
                     pairer.expected_s = {"spec": w.wall_s, "base": bw.wall_s}  # pair 0's start delays
                     bar.update()
-            profile_pass.after_warmup(rec, cfg, w if b.warmup else None, log_path, log_start, launch, extra_env)
+            profile_pass.after_warmup(
+                rec, b, cfg.speculative, w if b.warmup else None, log_path, log_start, launch, extra_env
+            )
             if b.under_load:  # each load prompt alone (bs 1): warms, and every request must equal it
                 gen.reference(launch)
                 if bclient is not None:
@@ -339,7 +341,7 @@ def _one_launch(
             time.sleep(0.05)  # let the last decode-log line reach the file
             rec.launches[-1]["host"] = machine.window(host_t0, machine.sample())
             measured.log_windows.append((start, log_path.stat().st_size))
-            profile_pass.run(cfg, gen, rec, launch, extra_env, srv.check_alive)
+            profile_pass.run(b, gen, rec, launch, extra_env, srv.check_alive)
             rec.server_info = client.server_info()
             if b.request_pass and launch == b.launches - 1:
                 prompts_path = abs_path(ctx.root, b.request_prompts)

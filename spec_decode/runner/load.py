@@ -32,7 +32,7 @@ from pathlib import Path
 
 from spec_decode.analysis import load as figures
 from spec_decode.analysis import lossless
-from spec_decode.core.config import ExperimentConfig
+from spec_decode.core.config import BenchmarkConfig
 from spec_decode.core.prompts import Prompt, load_prompt_set
 from spec_decode.engines.engine import named
 from spec_decode.parsers import decode_log
@@ -61,11 +61,10 @@ def run_seed(seed: int, launch: int, run: int) -> int:
 class LoadRunner:
     """The load protocol against one server: ``reference`` (bs 1 pass) and ``__call__`` (one timed run)."""
 
-    def __init__(self, cfg: ExperimentConfig, root: Path, client: Client, rec: JobRecord, arm: str, log_path: Path):
-        b = cfg.benchmark
+    def __init__(self, b: BenchmarkConfig, root: Path, client: Client, rec: JobRecord, arm: str, log_path: Path):
         path = Path(b.load_prompts) if Path(b.load_prompts).is_absolute() else root / b.load_prompts
         self.prompts: list[Prompt] = load_prompt_set(path)
-        self.cfg, self.client, self.rec, self.arm, self.log_path = cfg, client, rec, arm, log_path
+        self.b, self.client, self.rec, self.arm, self.log_path = b, client, rec, arm, log_path
         self.n = b.requests_per_run
         self.bodies = [
             client.generate_body(p.text, b.max_new_tokens, b.temperature, b.ignore_eos) for p in self.prompts
@@ -80,7 +79,7 @@ class LoadRunner:
         """Each load prompt once, alone (bs 1): the outputs every request under load must equal."""
         refs = {}
         for p, body in zip(self.prompts, self.bodies):
-            r = self.client.generate(body, launch, -1, stream=self.cfg.benchmark.stream)
+            r = self.client.generate(body, launch, -1, stream=self.b.stream)
             refs[str(p.index)] = r.output_ids
         self.rec.launches[-1].setdefault("load_reference", {})[self.arm] = refs
 
@@ -88,7 +87,7 @@ class LoadRunner:
         """One timed run: ``load_requests`` requests, closed or open loop; their sum as one RunRecord.
         ``timed=False`` (the profiled pass): the same load, kept out of the timed runs' load figures
         and guard; its requests are in ``last_requests``."""
-        b = self.cfg.benchmark
+        b = self.b
         arrivals = (
             poisson_arrivals(b.request_rate, self.n, run_seed(b.load_seed, launch, run))
             if b.request_rate is not None
@@ -259,12 +258,11 @@ def _running(log_path: Path, windows: list[list[int]], concurrency: int) -> dict
 
 
 def finish(
-    rec: JobRecord, cfg: ExperimentConfig, baseline: JobRecord | None, log_path: Path, paired_log_path: Path | None
+    rec: JobRecord, b: BenchmarkConfig, baseline: JobRecord | None, log_path: Path, paired_log_path: Path | None
 ) -> list[str]:
     """After ``results.finish``: the record's ``load`` section and metrics, the lossless guard of every
     request under load against the baseline's bs-1 outputs; console lines. Forgets the in-memory requests."""
     memory = rec.__dict__.pop(_MEMORY, None) or {SELF: [], PAIRED: []}
-    b = cfg.benchmark
     runs = [x for launch in rec.launches for x in launch.get("load_runs", [])]
     section: dict = {}
     for arm, path in ((SELF, log_path), (PAIRED, paired_log_path)):
@@ -299,7 +297,7 @@ def finish(
     rec.extra["load"] = s
     rec.metrics.update(figures.metrics_of(s))
     if rec.role == "spec":
-        _guard(rec, cfg, baseline, runs)
+        _guard(rec, b, baseline, runs)
     inv = s["batch_invariance"]
     lines = figures.describe(s) + [
         f"  outputs under load equal bs 1 on this server: {inv['equal']} of {inv['requests']}"
@@ -307,10 +305,9 @@ def finish(
     return lines
 
 
-def _guard(rec: JobRecord, cfg: ExperimentConfig, baseline: JobRecord | None, runs: list[dict]) -> None:
+def _guard(rec: JobRecord, b: BenchmarkConfig, baseline: JobRecord | None, runs: list[dict]) -> None:
     """The lossless guard under load: every spec request's output vs the baseline's bs-1 output of its
     prompt (the paired baseline server's reference pass in the same launch, else the baseline job's)."""
-    b = cfg.benchmark
     job_ref = {}
     if baseline is not None:
         job_ref = next((x["load_reference"].get(SELF) for x in baseline.launches if x.get("load_reference")), {}) or {}
