@@ -22,6 +22,7 @@ from pathlib import Path
 from filelock import FileLock
 
 from spec_decode.analysis.finish import Measured, add_drift, finish, measures_baseline
+from spec_decode.analysis.load import finish as load_finish
 from spec_decode.core.config import ExperimentConfig
 from spec_decode.core.lineage import lineage_tags
 from spec_decode.core.prompts import load_prompts
@@ -187,9 +188,10 @@ def measure(
         status, error = "FAILED", f"{type(e).__name__}: {e}"
         raise
     finally:
-        finish(rec, cfg, status, error, measured, baseline, engine_of(cfg))  # analysis/finish.py
+        engine = engine_of(cfg)
+        finish(rec, cfg, status, error, measured, baseline, engine)  # analysis/finish.py
         load_lines = (
-            load.finish(rec, cfg.benchmark, baseline, log_path, pair.log_path if pair else None)
+            load_finish(rec, cfg.benchmark, baseline, log_path, pair.log_path if pair else None, engine.exact_outputs)
             if cfg.benchmark.under_load
             else []
         )  # benchmark.concurrency / request_rate (issue 28)
