@@ -9,10 +9,11 @@ from __future__ import annotations
 import statistics
 
 from spec_decode.analysis.sections import Section
+from spec_decode.record.results import Category
 
 
-def categories(entries: list[dict]) -> dict[str, dict]:
-    """``{name: {n, accept_len, throughput_tok_s}}`` in first-seen order; accept_len None without
+def categories(entries: list[dict]) -> dict[str, Category]:
+    """``{name: Category(n, accept_len, throughput_tok_s)}`` in first-seen order; accept_len None without
     verify counts (a baseline)."""
     groups: dict[str, list[dict]] = {}
     for e in entries:
@@ -21,21 +22,17 @@ def categories(entries: list[dict]) -> dict[str, dict]:
     for name, es in groups.items():
         verify = [e["verify_ct"] for e in es]
         accept = sum(e["completion_tokens"] for e in es) / sum(verify) if all(v for v in verify) else None
-        out[name] = {
-            "n": len(es),
-            "accept_len": accept,
-            "throughput_tok_s": statistics.median(e["throughput_tok_s"] for e in es),
-        }
+        out[name] = Category(len(es), accept, statistics.median(e["throughput_tok_s"] for e in es))
     return out
 
 
-def metrics_of(cats: dict[str, dict]) -> dict[str, float]:
+def metrics_of(cats: dict[str, Category]) -> dict[str, float]:
     """Flat metrics: ``category_<name>_accept_len``, ``category_<name>_throughput_tok_s``."""
     out = {}
     for name, c in cats.items():
-        if c["accept_len"] is not None:
-            out[f"category_{name}_accept_len"] = c["accept_len"]
-        out[f"category_{name}_throughput_tok_s"] = c["throughput_tok_s"]
+        if c.accept_len is not None:
+            out[f"category_{name}_accept_len"] = c.accept_len
+        out[f"category_{name}_throughput_tok_s"] = c.throughput_tok_s
     return out
 
 

@@ -164,9 +164,7 @@ def category_table(recs: list[JobRecord]) -> str | None:
     rows = []
     for r in recs:
         for name, c in sorted((section(r, "categories") or {}).items()):
-            rows.append(
-                [job_label(r), name, c.get("n", "-"), _fmt(c.get("accept_len"), ".2f"), _fmt(c.get("throughput_tok_s"))]
-            )
+            rows.append([job_label(r), name, c.n, _fmt(c.accept_len, ".2f"), _fmt(c.throughput_tok_s)])
     if not rows:
         return None
     return "per prompt category\n" + tabulate(

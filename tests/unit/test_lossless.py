@@ -14,7 +14,7 @@ from spec_decode.core.prompts import Prompt, load_prompt_set
 from spec_decode.engines.engine import named
 from spec_decode.record import results
 from spec_decode.record.outputs import write as write_outputs
-from spec_decode.record.results import JobRecord
+from spec_decode.record.results import Category, JobRecord
 from spec_decode.runner import request_pass
 from spec_decode.runner.client import RunRecord
 
@@ -165,8 +165,8 @@ def test_categories_aggregate_run_scoped_accept_length_and_median_tok_s(tmp_path
     rec.requests = [e("code", 100, 50, 1.0), e("code", 100, 25, 0.5), e("qa", 90, 30, 0.3), e("code", 40, 10, 0.1)]
     finish(tmp_path, rec, cfg, None)
     # code: 240 tokens / 85 verifies (not the mean of 2.0, 4.0, 4.0); tok/s median of 100, 200, 400
-    assert rec.categories["code"] == {"n": 3, "accept_len": pytest.approx(240 / 85), "throughput_tok_s": 200.0}
-    assert rec.categories["qa"]["accept_len"] == 3.0
+    assert rec.categories["code"] == Category(3, pytest.approx(240 / 85), 200.0)
+    assert rec.categories["qa"].accept_len == 3.0
     m = rec.metrics
     assert m["category_code_accept_len"] == pytest.approx(240 / 85) and m["category_qa_throughput_tok_s"] == 300.0
 
