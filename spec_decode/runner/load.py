@@ -16,7 +16,8 @@ baseline server runs the same load; a separate baseline job has the same benchma
 Before the timed runs each server decodes every load prompt once at batch 1 (the reference pass; it
 also warms the batch path). Every request under load must return the tokens of its prompt's reference
 (batch invariance), and the spec server's must equal the baseline's at batch 1 (the lossless guard):
-``finish`` compares them and replaces the record's one-prompt lossless verdict with this one.
+``analysis.load.finish`` compares them and replaces the record's one-prompt lossless verdict with this
+one.
 
 Per request the record keeps its figures (no token gaps, no ids unless it diverged); per run and pooled:
 ``analysis.load`` (aggregate and per-request tok/s, TTFT/ITL/TPOT/E2E, accept length per request, the
