@@ -56,10 +56,10 @@ HOOKS = {
     ("spec_decode.runner.client", "Client.server_info"): "server",
     ("spec_decode.hydra_entry", "run_from_hydra"): "job",
     ("spec_decode.runner.preflight", "run"): "ours",
-    ("spec_decode.runner.recording", "new_record"): "ours",
+    ("spec_decode.runner.job", "new_record"): "ours",  # runner.context.new_record, as job calls it
     ("spec_decode.views.tracking", "Tracker.start"): "ours",
     ("spec_decode.runner.doctor", "warmup_checks"): "ours",
-    ("spec_decode.runner.recording", "finish"): "ours",
+    ("spec_decode.runner.job", "finish"): "ours",  # analysis.finish.finish, as job calls it
     ("spec_decode.record.results", "write"): "ours",
     ("spec_decode.views.tracking", "Tracker.finish"): "ours",
 }

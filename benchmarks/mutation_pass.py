@@ -186,7 +186,7 @@ MUTANTS = [
     Mutant(
         "D6",
         "drift guard: only a job that measured a baseline is checked (a baseline job or a paired arm)",
-        "spec_decode/runner/recording.py",
+        "spec_decode/analysis/finish.py",
         '"baseline_throughput_tok_s" if rec.baseline_runs else None',
         '"throughput_tok_s"',
         named=["tests/unit/test_record.py"],

@@ -189,7 +189,7 @@ RULES = [
     ),
     Rule(
         "experiment-rebuild",
-        r"^python -m spec_decode\.views\.experiment rebuild ci_smoke\b",
+        r"^python -m spec_decode\.bench rebuild ci_smoke\b",
         "job",
         "reruns it into experiments/<name>/rebuild/ (ignored by git): a verdict, git unchanged",
         rc=(0, 1),
@@ -198,7 +198,7 @@ RULES = [
     ),
     Rule(
         "experiment-rebuild",
-        r"^python -m spec_decode\.views\.experiment rebuild ",
+        r"^python -m spec_decode\.bench rebuild ",
         "sweep",
         "reruns it into experiments/<name>/rebuild/ (ignored by git): a verdict, git unchanged (--help in the "
         "test tier)",
@@ -208,7 +208,7 @@ RULES = [
     ),
     Rule(
         "drafter-bench",
-        r"^python -m spec_decode\.views\.drafter_experiments bench ",
+        r"^python -m spec_decode\.bench drafters ",
         "sweep",
         "the drafter experiment's DVC stage: its sweep into the committed metrics.json (--help in the test "
         "tier; the files put back after)",

@@ -1,6 +1,6 @@
 """Self-consistency checks on a job's numbers: do they agree with each other?
 
-Pure functions of the job's metrics, runs and phase profile (``runner.recording.finish`` calls them before the
+Pure functions of the job's metrics, runs and phase profile (``analysis.finish.finish`` calls them before the
 one write of results.json). Each check is a ``Check``; a failed one is a visible warning in the
 console, results.json, MLflow tags and reports.
 """

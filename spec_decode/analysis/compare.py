@@ -14,7 +14,7 @@ Per cell (the block design's cells where both sides have them, else the jobs):
 - a cell present on one side only differs.
 
 ``verdict(rows)`` is "agree" or "DIFFER" (the CLI exits 1 on DIFFER); the hosts' differences are named
-(``host_differences`` on the fingerprints of ``record.host``) and each side's load during its timed runs is shown beside it.
+(``host_differences`` on the fingerprints of ``runner.machine``) and each side's load during its timed runs is shown beside it.
 """
 
 from __future__ import annotations

@@ -1,4 +1,5 @@
-"""Figures of a timed run under load (issue 28; pure functions; the protocol is runner/load.py).
+"""Figures of a timed run under load (issue 28; the protocol is runner/load.py), and the record's ``load``
+section with the lossless guard under load (``finish``, after ``analysis.finish.finish``).
 
 A run under load is many requests at once. Per run and pooled over the job's runs:
 
@@ -16,10 +17,17 @@ from __future__ import annotations
 
 import statistics
 from collections import Counter
+from pathlib import Path
 from typing import Iterable, Sequence
 
-from spec_decode.analysis import latency
+from spec_decode.analysis import latency, lossless
+from spec_decode.core.config import BenchmarkConfig
+from spec_decode.parsers import decode_log
 from spec_decode.parsers.decode_log import LogLine
+from spec_decode.record.results import JobRecord, performance_only
+
+SELF, PAIRED = "self", "paired_baseline"  # the record's own server, the paired baseline server beside it
+_MEMORY = "_load_requests"  # the requests' RunRecords (token gaps, ids) in memory until finish: never written
 
 RUNNING, QUEUED = "#running-req", "#queue-req"
 
@@ -141,3 +149,102 @@ def describe(load: dict) -> list[str]:
         t = lat["ttft_ms"]
         lines.append(f"  TTFT P50 {t['p50']:.1f} P99 {t['p99']:.1f} ms over {int(t['n'])} requests")
     return lines
+
+
+def _running(log_path: Path, windows: list[list[int]], concurrency: int) -> dict | None:
+    if not log_path.exists():
+        return None
+    lines: list[str] = []
+    with open(log_path, "rb") as f:
+        for lo, hi in windows:
+            f.seek(lo)
+            lines += f.read(hi - lo).decode(errors="replace").splitlines()
+    return running_batch(decode_log.parse_lines(lines), concurrency)
+
+
+def finish(
+    rec: JobRecord,
+    b: BenchmarkConfig,
+    baseline: JobRecord | None,
+    log_path: Path,
+    paired_log_path: Path | None,
+    exact: bool,
+) -> list[str]:
+    """After ``analysis.finish.finish``: the record's ``load`` section and metrics, the lossless guard of
+    every request under load against the baseline's bs-1 outputs (``exact``: the engine's outputs must be
+    equal, else a divergence warns); console lines. Forgets the in-memory requests."""
+    memory = rec.__dict__.pop(_MEMORY, None) or {SELF: [], PAIRED: []}
+    runs = [x for launch in rec.launches for x in launch.get("load_runs", [])]
+    section: dict = {}
+    for arm, path in ((SELF, log_path), (PAIRED, paired_log_path)):
+        mine = [x for x in runs if x["arm"] == arm]
+        if not mine or path is None:
+            continue
+        for x in mine:
+            x["running"] = _running(path, [x["log_window"]], b.concurrency)
+        reqs = [r for batch in memory[arm] for r in batch]
+        s = summarize(
+            [{k: v for k, v in x.items() if k != "request_entries"} for x in mine],
+            reqs,
+            b.concurrency,
+            b.request_rate,
+            _running(path, [x["log_window"] for x in mine], b.concurrency),
+        )
+        entries = [e for x in mine for e in x["request_entries"]]
+        s["batch_invariance"] = {
+            "requests": sum(e["equals_reference"] is not None for e in entries),
+            "equal": sum(e["equals_reference"] is True for e in entries),
+            "what": "each request's output vs its prompt decoded alone (bs 1) on the same server",
+        }
+        section[arm] = s
+    if SELF not in section:
+        return []
+    s = section[SELF]
+    s["profile_note"] = (
+        "the phase profile comes from the profiled pass (the protocol request at bs 1), not from the runs under load"
+    )
+    if PAIRED in section:
+        s["paired_baseline"] = section[PAIRED]
+    rec.extra["load"] = s
+    rec.metrics.update(metrics_of(s))
+    if rec.role == "spec":
+        _guard(rec, b, baseline, runs, exact)
+    inv = s["batch_invariance"]
+    lines = describe(s) + [f"  outputs under load equal bs 1 on this server: {inv['equal']} of {inv['requests']}"]
+    return lines
+
+
+def _guard(rec: JobRecord, b: BenchmarkConfig, baseline: JobRecord | None, runs: list[dict], exact: bool) -> None:
+    """The lossless guard under load: every spec request's output vs the baseline's bs-1 output of its
+    prompt (the paired baseline server's reference pass in the same launch, else the baseline job's)."""
+    job_ref = {}
+    if baseline is not None:
+        job_ref = next((x["load_reference"].get(SELF) for x in baseline.launches if x.get("load_reference")), {}) or {}
+    comparisons = []
+    for launch in rec.launches:
+        refs = launch.get("load_reference") or {}
+        mine, base = refs.get(SELF) or {}, refs.get(PAIRED) or job_ref
+        for x in launch.get("load_runs", []):
+            if x["arm"] != SELF:
+                continue
+            for e in x["request_entries"]:
+                p = str(e["prompt_index"])
+                ids = e.get("output_ids") if e["equals_reference"] is False else mine.get(p)
+                comparisons.append(lossless.Comparison(f"load:{p}", ids, base.get(p), b.max_new_tokens))
+    verdict = lossless.guard(
+        comparisons,
+        exact,
+        b.temperature,
+        performance_only(rec),
+        has_baseline=bool(job_ref)
+        or any("load_reference" in x and PAIRED in x["load_reference"] for x in rec.launches),
+    )
+    verdict["what"] = "every request under load vs the baseline's output of its prompt at bs 1"
+    rec.lossless = verdict
+    rec.checks = [c for c in rec.checks if c.name != "lossless_vs_baseline"]
+    if (check := lossless.check_of(verdict)) is not None:
+        rec.checks.append(check)
+    if verdict["checked"]:
+        rec.metrics["lossless_match_rate"] = float(verdict["match_rate"])
+    elif verdict["verdict"] == "warn":
+        rec.warnings.append(f"lossless guard: {verdict['reason']}")

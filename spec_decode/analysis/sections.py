@@ -1,4 +1,4 @@
-"""The record's derived sections, one pure function each (``runner.completion.finish`` calls them in turn).
+"""The record's derived sections, one pure function each (``analysis.finish.finish`` calls them in turn).
 
 Each takes what was measured (the job's ``RunRecord``s, its launches, the profile file, the decode-log
 lines) and returns a ``Section``: the record fields it fills, its flat metrics (units in the names) and
@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING, Any, Sequence
 
 from spec_decode.analysis import acceptance, latency, profiler_effect, stats
 from spec_decode.parsers import decode_log, profile
-from spec_decode.record.provenance import filter_env, rank_environment
+from spec_decode.record.provenance import filter_env
 
 if TYPE_CHECKING:
     from spec_decode.record.runs import RunRecord
@@ -278,3 +278,61 @@ def server_env_section(
                 "(the engine's launcher rewrote it: server_env_set_by_engine)"
             )
     return out
+
+
+def rank_environment(tree: dict, launcher_pid: int | None) -> dict:
+    """The environment the server's ranks really ran with, from every process of its tree ({pid: env},
+    read back from /proc): the launcher's children are the ranks (SGLang's schedulers, our engine's
+    rank processes). A launcher that writes ``os.environ`` before it spawns them (SGLang does:
+    NCCL_CUMEM_ENABLE, NCCL_NVLS_ENABLE, NCCL_GRAPH_REGISTER, NCCL_ALGO under
+    --enable-deterministic-inference; spec_decode.engines.sglang.ENV_WRITES) never shows those writes
+    in its own /proc environ, so the launcher is not the reference.
+
+    Returns ``env`` (the ranks' variables, filtered; the launcher's when it has no children),
+    ``set_by_engine`` (filtered variables the ranks hold with another value than the launcher was
+    started with: the engine's own writes) and ``differing`` ({name: {pid: value}} for variables the
+    ranks themselves disagree on; empty when they agree)."""
+    envs = {str(pid): filter_env(env) for pid, env in tree.items()}
+    launcher = envs.get(str(launcher_pid), {})
+    # A process whose environment reads back empty (a zombie, an exec with env={}) tells nothing about
+    # what the ranks ran with: on real SGLang 0.5.17 at tp 1, two such children of the launcher made the
+    # ranks "disagree" on every NCCL variable (docs/sglang-route.md).
+    readable = {str(pid) for pid, env in tree.items() if env}
+    ranks = {pid: env for pid, env in envs.items() if pid != str(launcher_pid) and pid in readable} or {
+        str(launcher_pid): launcher
+    }
+    first = next(iter(ranks.values()), {})
+    names = sorted({k for env in ranks.values() for k in env})
+    differing = {
+        k: {pid: env.get(k) for pid, env in ranks.items()}
+        for k in names
+        if len({env.get(k) for env in ranks.values()}) > 1
+    }
+    set_by_engine = {k: v for k, v in first.items() if launcher.get(k) != v and k not in differing}
+    return {
+        "env": first,
+        "set_by_engine": set_by_engine if launcher_pid is not None and len(envs) > 1 else {},
+        "differing": differing,
+    }
+
+
+def nccl_section(probe_result: dict | None, prov: dict) -> Section:
+    """The NCCL probe's metrics, and its backend and library facts copied into the provenance."""
+    if not probe_result:
+        return Section()
+    facts = {k: probe_result.get(k) for k in ("backend", "nccl_version", "algorithms", "protocols")}
+    return Section({"provenance": {**prov, "nccl": facts}}, nccl_metrics(probe_result))
+
+
+def nccl_metrics(result: dict) -> dict[str, float]:
+    """MLflow metrics: eager per-call median (``nccl_allreduce_us_<bytes>``, the name since the first
+    probe) and, with NCCL, the device median (``nccl_allreduce_device_us_<bytes>``)."""
+    m = {f"nccl_allreduce_us_{s}": v["median_us"] for s, v in result["sizes"].items()}
+    m.update(
+        {
+            f"nccl_allreduce_device_us_{s}": v["device_median_us"]
+            for s, v in result["sizes"].items()
+            if v.get("device_median_us") is not None
+        }
+    )
+    return m

@@ -197,20 +197,6 @@ def combine(ranks: list[dict], sizes: list[int], rounds: int, iters: int, backen
     return out
 
 
-def metrics_of(result: dict) -> dict[str, float]:
-    """MLflow metrics: eager per-call median (``nccl_allreduce_us_<bytes>``, the name since the first
-    probe) and, with NCCL, the device median (``nccl_allreduce_device_us_<bytes>``)."""
-    m = {f"nccl_allreduce_us_{s}": v["median_us"] for s, v in result["sizes"].items()}
-    m.update(
-        {
-            f"nccl_allreduce_device_us_{s}": v["device_median_us"]
-            for s, v in result["sizes"].items()
-            if v.get("device_median_us") is not None
-        }
-    )
-    return m
-
-
 def _fmt(x: float | None) -> str:
     return "-" if x is None else f"{x:.1f}"
 

@@ -1,9 +1,9 @@
 """results.json: the one authoritative record of a job (DESIGN §3.5), typed.
 
 ``JobRecord`` is the record's type; this module holds its JSON form, the one write (``write``) and the
-reading (``read``, ``collect``). The job builds it when it starts (``runner.recording.new_record``),
-fills it while it runs and completes it (``runner.recording.finish``: the derived sections, each a pure
-function of ``analysis.sections`` or ``record.provenance``) before the one write. MLflow (``tracking``),
+reading (``read``, ``collect``). The job builds it when it starts (``runner.context.new_record``),
+fills it while it runs and completes it (``analysis.finish.finish``: the derived sections, each a pure
+function of ``analysis.sections`` and the modules it names) before the one write. MLflow (``tracking``),
 reports (``report``) and DVC metrics (``experiment``) only read it: ``collect`` finds the records under
 a directory.
 
@@ -76,6 +76,23 @@ class BaselineRef:
     throughput_tok_s: dict | None  # its stats.Summary
 
 
+@dataclass
+class Category:
+    """The request pass's figures for one prompt category (the record's ``categories``: name -> Category)."""
+
+    n: int  # requests
+    accept_len: float | None  # sum of completion tokens / sum of verify counts; None without counters (a baseline)
+    throughput_tok_s: float  # the median request's tok/s
+
+    def as_dict(self) -> dict:
+        return asdict(self)
+
+
+def categories_from(data: dict | None) -> dict[str, Category]:
+    """The ``categories`` section as JSON holds it (results.json, metrics.json) -> typed, in its order."""
+    return {name: Category(c["n"], c["accept_len"], c["throughput_tok_s"]) for name, c in (data or {}).items()}
+
+
 RUN_LISTS = ("runs", "baseline_runs", "profiled_runs", "profiled_requests")  # lists of RunRecord in a record
 
 
@@ -137,7 +154,7 @@ class JobRecord:
     # Streamed timed runs: {ttft_ms|itl_ms|tpot_ms|e2e_ms: {p50, p90, p99, mean, n}} (spec_decode.analysis.latency)
     latency: dict = field(default_factory=dict)
     requests: list[dict] = field(default_factory=list)  # the request pass, one entry per prompt
-    categories: dict = field(default_factory=dict)  # the request pass per prompt category
+    categories: dict[str, Category] = field(default_factory=dict)  # the request pass per prompt category
     lossless: dict = field(default_factory=dict)  # the lossless guard's verdict (spec_decode.analysis.lossless)
     mlflow_run_id: str | None = None
     extra: dict[str, Any] = field(default_factory=dict)  # keys of other schema versions, kept as read
@@ -177,6 +194,8 @@ class JobRecord:
                 v = dataclasses.asdict(v)
             elif f.name == "checks":
                 v = [c.as_dict() for c in v]
+            elif f.name == "categories":
+                v = {name: c.as_dict() for name, c in v.items()}
             out[f.name] = v
         out.update({k: v for k, v in self.extra.items() if k not in out})
         return out
@@ -191,6 +210,7 @@ class JobRecord:
         for key in RUN_LISTS:
             known[key] = [RunRecord(**{k: v for k, v in r.items() if k in run_fields}) for r in known.get(key) or []]
         known["engine"] = EngineInfo(**(known.get("engine") or {"name": "unknown"}))
+        known["categories"] = categories_from(known.get("categories"))
         known["checks"] = [
             Check(**{k: c.get(k) for k in ("name", "ok", "value", "expected", "message")})
             for c in known.get("checks") or []

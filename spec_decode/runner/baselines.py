@@ -9,12 +9,12 @@ import dataclasses
 from pathlib import Path
 
 from spec_decode.analysis import drift
+from spec_decode.analysis.finish import measures_baseline
 from spec_decode.core.config import DrafterConfig, ExperimentConfig, config_hash, resolved_dict
 from spec_decode.core.identity import SPEC_ITEM, override_items
 from spec_decode.record import results
 from spec_decode.record.results import JobRecord
 from spec_decode.runner.context import JobContext
-from spec_decode.runner.recording import measures_baseline
 
 
 def baseline_config(cfg: ExperimentConfig) -> ExperimentConfig:
@@ -39,16 +39,16 @@ def baseline_key(cfg: ExperimentConfig) -> str:
     return f"{readable},{config_hash(data)[:8]}"
 
 
-def earlier_baselines(cfg: ExperimentConfig, ctx: JobContext, rec: JobRecord) -> list[drift.Reference]:
+def earlier_baselines(results_dirs: list[str], nccl: str, ctx: JobContext, rec: JobRecord) -> list[drift.Reference]:
     """The drift guard's reference: earlier baselines (baseline jobs and paired jobs' baseline arms) of the
     same identity, any NCCL profile, from MLflow when tracking is on and reachable, else from the
-    results.json files under tracking.results_dirs. A sweep that varies NCCL compares each profile with
+    results.json files under ``results_dirs`` (tracking.results_dirs). A sweep that varies NCCL compares each profile with
     its own history: there another profile is the question asked, not drift."""
     found = ctx.tracker.earlier_baselines(rec) if ctx.tracker is not None else None
     if found is None:
-        found = _from_records(cfg, ctx, rec)
+        found = _from_records(results_dirs, ctx, rec)
     if varies_nccl(ctx.sweep_axes):
-        found = [r for r in found if r.nccl in (None, cfg.nccl.name)]
+        found = [r for r in found if r.nccl in (None, nccl)]
     return found
 
 
@@ -56,10 +56,10 @@ def varies_nccl(axes: list[str]) -> bool:
     return any(a.lstrip("+~") == "nccl" or a.lstrip("+~").startswith("nccl.") for a in axes)
 
 
-def _from_records(cfg: ExperimentConfig, ctx: JobContext, rec: JobRecord) -> list[drift.Reference]:
+def _from_records(results_dirs: list[str], ctx: JobContext, rec: JobRecord) -> list[drift.Reference]:
     want = drift.identity(rec.config)
     refs = []
-    for d in cfg.tracking.results_dirs:
+    for d in results_dirs:
         for other in results.collect(abs_path(ctx.root, d)):
             key = measures_baseline(other)
             if key is None or other.record_id == rec.record_id or drift.identity(other.config) != want:

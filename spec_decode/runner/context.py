@@ -8,7 +8,10 @@ from pathlib import Path
 from typing import Protocol
 
 from spec_decode.analysis.drift import Reference
-from spec_decode.record.results import JobRecord
+from spec_decode.core.config import ExperimentConfig, config_hash, resolved_dict
+from spec_decode.record import provenance
+from spec_decode.record.results import EngineInfo, JobRecord
+from spec_decode.runner import provenance as collected
 
 # The keys a sweep varies (views.sweep sets it for each job; hydra_entry reads it into JobContext.sweep_axes).
 AXES_ENV = "SPEC_DECODE_SWEEP_AXES"
@@ -41,3 +44,32 @@ class JobContext:
     tracker: RunLog | None = None  # MLflow, or None for no MLflow
     sweep_axes: list[str] = field(default_factory=list)  # the keys the sweep varies (nccl, spec.steps, ...)
     quiet: bool = False
+
+
+def new_record(
+    cfg: ExperimentConfig, ctx: JobContext, role: str, extra_env: dict[str, str], warnings: list[str]
+) -> JobRecord:
+    """The job's record as it starts (RUNNING): config, names, provenance."""
+    conf = resolved_dict(cfg)
+    return JobRecord(
+        role=role,
+        name=ctx.run_name,
+        experiment=cfg.name,
+        overrides=list(ctx.overrides),
+        config=conf,
+        config_hash=config_hash(conf),
+        engine=EngineInfo(cfg.engine.name),
+        speculative=cfg.speculative,
+        server_env_extra=provenance.redact_env(extra_env),
+        warnings=list(warnings),
+        out_dir=str(ctx.out_dir),
+        provenance=collected.collect(
+            ctx.root,
+            {
+                "target": cfg.model.path,
+                "drafter": cfg.drafter.path,
+                "prompts": cfg.benchmark.prompts,
+                "request_prompts": cfg.benchmark.request_prompts if cfg.benchmark.request_pass else None,
+            },
+        ),
+    )

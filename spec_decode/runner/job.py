@@ -21,29 +21,31 @@ from pathlib import Path
 
 from filelock import FileLock
 
+from spec_decode.analysis.finish import Measured, add_drift, finish, measures_baseline
+from spec_decode.analysis.load import finish as load_finish
 from spec_decode.core.config import ExperimentConfig
 from spec_decode.core.lineage import lineage_tags
-from spec_decode.core.prompts import load_prompt_set, load_prompts
+from spec_decode.core.prompts import load_prompts
 from spec_decode.engines import rank_nccl_env, server_extra_env, start_server
+from spec_decode.engines.engine import engine_of
 from spec_decode.engines.server_process import ServerError
 from spec_decode.parsers.profile import rank_files
 from spec_decode.probe.nccl import DEFAULT_SIZES, decode_bytes, probe
-from spec_decode.record import host, results
+from spec_decode.record import outputs, results
 from spec_decode.record.results import JobRecord
 from spec_decode.runner import (
     dryrun,
     load,
+    machine,
     pairing,
     preflight,
     profile_pass,
     progress,
-    recording,
     request_pass,
 )
 from spec_decode.runner.baselines import abs_path, baseline_config, baseline_key, baseline_name, earlier_baselines
 from spec_decode.runner.client import Client, ClientError
-from spec_decode.runner.context import JobContext
-from spec_decode.runner.request_pass import OUTPUTS_FILE, PAIRED_OUTPUTS_FILE
+from spec_decode.runner.context import JobContext, new_record
 from spec_decode.runner.slots import SlotTimeout, allocate, pool_for
 from spec_decode.runner.summary import job_summary
 
@@ -106,7 +108,7 @@ def run_job(cfg: ExperimentConfig, ctx: JobContext) -> JobRecord | None:
 def record_refusal(cfg: ExperimentConfig, ctx: JobContext, error: str) -> JobRecord:
     """A job that preflight refused still leaves its FAILED record (and MLflow run), so sweep
     summaries and the parent run count it."""
-    rec = recording.new_record(cfg, ctx, "spec" if cfg.speculative else "baseline", {}, [])
+    rec = new_record(cfg, ctx, "spec" if cfg.speculative else "baseline", {}, [])
     rec.status, rec.error, rec.ended_at, rec.refused = "FAILED", error, time.time(), "preflight"
     tracked = ctx.tracker.start(rec, ctx) if ctx.tracker is not None else None
     results.write(ctx.out_dir, rec)
@@ -146,19 +148,19 @@ def measure(
     for stale in (
         profile_path,
         log_path,
-        out / OUTPUTS_FILE,
-        out / PAIRED_OUTPUTS_FILE,
+        out / outputs.FILE,
+        out / outputs.PAIRED_FILE,
         *rank_files(profile_path).values(),
     ):
         stale.unlink(missing_ok=True)
     prompt = load_prompts(abs_path(ctx.root, cfg.benchmark.prompts))[cfg.benchmark.prompt_index]
     extra_env = server_extra_env(cfg, str(profile_path) if cfg.benchmark.profile else None)
-    rec = recording.new_record(cfg, ctx, role, extra_env, warnings)
+    rec = new_record(cfg, ctx, role, extra_env, warnings)
     rec.nccl_probe = probe
     if cfg.speculative:  # one click from a throughput number to the data its drafter learned from
-        rec.provenance["drafter_lineage"] = _drafter_lineage(cfg, ctx)
+        rec.provenance["drafter_lineage"] = _drafter_lineage(cfg.drafter.path, ctx)
     tracked = ctx.tracker.start(rec, ctx) if ctx.tracker is not None else None
-    measured = recording.Measured(out, log_path)  # log windows, the first launch's live server env
+    measured = Measured(out, log_path)  # log windows, the first launch's live server env
     status, error = "FINISHED", None
     pool, slots, need = pool_for(cfg.hardware)
     pair = None
@@ -186,14 +188,15 @@ def measure(
         status, error = "FAILED", f"{type(e).__name__}: {e}"
         raise
     finally:
-        recording.finish(rec, cfg, status, error, measured, baseline)
+        engine = engine_of(cfg)
+        finish(rec, cfg, status, error, measured, baseline, engine)  # analysis/finish.py
         load_lines = (
-            load.finish(rec, cfg, baseline, log_path, pair.log_path if pair else None)
+            load_finish(rec, cfg.benchmark, baseline, log_path, pair.log_path if pair else None, engine.exact_outputs)
             if cfg.benchmark.under_load
             else []
         )  # benchmark.concurrency / request_rate (issue 28)
-        if recording.measures_baseline(rec) is not None:  # a baseline job, or a paired job's baseline arm
-            recording.add_drift(rec, earlier_baselines(cfg, ctx, rec))
+        if measures_baseline(rec) is not None:  # a baseline job, or a paired job's baseline arm
+            add_drift(rec, earlier_baselines(cfg.tracking.results_dirs, cfg.nccl.name, ctx, rec))
         results.write(out, rec)  # the one write
         if ctx.tracker is not None:
             ctx.tracker.finish(tracked, rec, out)  # a view: logs the record as written
@@ -220,7 +223,7 @@ def where_to_look(rec: JobRecord, ctx: JobContext) -> str:
     return "\n".join(lines)
 
 
-def _drafter_lineage(cfg: ExperimentConfig, ctx: JobContext) -> dict[str, str]:
+def _drafter_lineage(path: str | None, ctx: JobContext) -> dict[str, str]:
     """The drafter's lineage tags; its training run is looked up in the job's own store, and only
     when that store answers (MLflow's client retries a dead server for minutes)."""
     uri = "off"
@@ -230,7 +233,7 @@ def _drafter_lineage(cfg: ExperimentConfig, ctx: JobContext) -> dict[str, str]:
             uri = ctx.tracker.uri
         except ConnectionError:
             pass
-    return lineage_tags(abs_path(ctx.root, str(cfg.drafter.path)), uri)
+    return lineage_tags(abs_path(ctx.root, str(path)), uri)
 
 
 @dataclass
@@ -249,7 +252,7 @@ def _one_launch(
     prompt: str,
     extra_env: dict[str, str],
     rec: JobRecord,
-    measured: recording.Measured,
+    measured: Measured,
     pair: Pair | None = None,
 ) -> None:
     """One server launch: warmup, /flush_cache, the timed runs. With ``pair``, the baseline server runs
@@ -289,14 +292,14 @@ def _one_launch(
                 rec.launches[-1]["baseline_server_nice"] = pairing.group_nice(bsrv.pid)
             pairer = pairing.Pairer(b.pairing, srv.pid, bsrv.pid)  # concurrent: pins both trees now
         if launch == 0:
-            measured.live_env.update(srv.environ())  # filtered + redacted in recording.finish
+            measured.live_env.update(srv.environ())  # filtered + redacted in analysis.finish
             measured.live_env_tree.update(srv.environ_tree())
         body = client.generate_body(prompt, b.max_new_tokens, b.temperature, b.ignore_eos)
         gen = functools.partial(client.generate, body)  # one timed run: one request, or a load (issue 28)
         bgen = functools.partial(bclient.generate, body) if bclient is not None else None
         if b.under_load:
-            gen = load.LoadRunner(cfg, ctx.root, client, rec, load.SELF, log_path)
-            bgen = load.LoadRunner(cfg, ctx.root, bclient, rec, load.PAIRED, pair.log_path) if bclient else None
+            gen = load.LoadRunner(b, ctx.root, client, rec, load.SELF, log_path)
+            bgen = load.LoadRunner(b, ctx.root, bclient, rec, load.PAIRED, pair.log_path) if bclient else None
         try:
             log_start = log_path.stat().st_size
             progress.phase(bar, label, "warmup")
@@ -308,7 +311,9 @@ def _one_launch(
                     bw = bclient.generate(body, launch, -1, stream=b.stream)
                     pairer.expected_s = {"spec": w.wall_s, "base": bw.wall_s}  # pair 0's start delays
                     bar.update()
-            profile_pass.after_warmup(rec, cfg, w if b.warmup else None, log_path, log_start, launch, extra_env)
+            profile_pass.after_warmup(
+                rec, b, cfg.speculative, w if b.warmup else None, log_path, log_start, launch, extra_env
+            )
             if b.under_load:  # each load prompt alone (bs 1): warms, and every request must equal it
                 gen.reference(launch)
                 if bclient is not None:
@@ -316,7 +321,7 @@ def _one_launch(
             client.flush_cache()
             if bclient is not None:
                 bclient.flush_cache()
-            start, host_t0 = log_path.stat().st_size, host.sample()  # + load/steal over the timed runs
+            start, host_t0 = log_path.stat().st_size, machine.sample()  # + load/steal over the timed runs
             for run in range(b.runs):
                 progress.phase(bar, label, f"run {run + 1}/{b.runs}", [r.throughput_tok_s for r in rec.runs])
                 if bclient is None:
@@ -336,32 +341,16 @@ def _one_launch(
                 bsrv.check_alive()
                 bar.update(2)
             time.sleep(0.05)  # let the last decode-log line reach the file
-            rec.launches[-1]["host"] = host.window(host_t0, host.sample())
+            rec.launches[-1]["host"] = machine.window(host_t0, machine.sample())
             measured.log_windows.append((start, log_path.stat().st_size))
-            profile_pass.run(cfg, gen, rec, launch, extra_env, srv.check_alive)
+            profile_pass.run(b, gen, rec, launch, extra_env, srv.check_alive)
             rec.server_info = client.server_info()
             if b.request_pass and launch == b.launches - 1:
-                rec.requests += run_request_pass(cfg, ctx, client, launch, log_path.parent, OUTPUTS_FILE)
+                prompts_path = abs_path(ctx.root, b.request_prompts)
+                rec.requests += request_pass.run(
+                    b, prompts_path, client, launch, log_path.parent, outputs.FILE, ctx.quiet
+                )
                 if bclient is not None:  # the paired server's outputs: the lossless guard's reference
-                    run_request_pass(cfg, ctx, bclient, launch, log_path.parent, PAIRED_OUTPUTS_FILE)
+                    request_pass.run(b, prompts_path, bclient, launch, log_path.parent, outputs.PAIRED_FILE, ctx.quiet)
         finally:
             bar.close()
-
-
-def run_request_pass(
-    cfg: ExperimentConfig, ctx: JobContext, client: Client, launch: int, out: Path, name: str
-) -> list[dict]:
-    """After the timed runs (outside their windows, so their numbers cannot change): one greedy request
-    per prompt of benchmark.request_prompts -> its entries (returned), the output ids -> ``out/name``."""
-    b = cfg.benchmark
-    prompts = load_prompt_set(abs_path(ctx.root, b.request_prompts))
-    _say(
-        ctx,
-        f"[request pass] {len(prompts)} prompts of {b.request_prompts}, {b.request_max_new_tokens} tokens each -> {name}",
-    )
-    runs = []
-    for p in prompts:
-        body = client.generate_body(p.text, b.request_max_new_tokens, b.temperature, b.ignore_eos)
-        runs.append(client.generate(body, launch, p.index, stream=b.stream))
-    request_pass.write_outputs(out, prompts, runs, name)
-    return [request_pass.entry(p, r) for p, r in zip(prompts, runs)]

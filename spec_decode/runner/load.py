@@ -16,7 +16,8 @@ baseline server runs the same load; a separate baseline job has the same benchma
 Before the timed runs each server decodes every load prompt once at batch 1 (the reference pass; it
 also warms the batch path). Every request under load must return the tokens of its prompt's reference
 (batch invariance), and the spec server's must equal the baseline's at batch 1 (the lossless guard):
-``finish`` compares them and replaces the record's one-prompt lossless verdict with this one.
+``analysis.load.finish`` compares them and replaces the record's one-prompt lossless verdict with this
+one.
 
 Per request the record keeps its figures (no token gaps, no ids unless it diverged); per run and pooled:
 ``analysis.load`` (aggregate and per-request tok/s, TTFT/ITL/TPOT/E2E, accept length per request, the
@@ -31,16 +32,11 @@ import time
 from pathlib import Path
 
 from spec_decode.analysis import load as figures
-from spec_decode.analysis import lossless
-from spec_decode.core.config import ExperimentConfig
+from spec_decode.analysis.load import _MEMORY, PAIRED, SELF
+from spec_decode.core.config import BenchmarkConfig
 from spec_decode.core.prompts import Prompt, load_prompt_set
-from spec_decode.engines.engine import named
-from spec_decode.parsers import decode_log
-from spec_decode.record.results import JobRecord, performance_only
+from spec_decode.record.results import JobRecord
 from spec_decode.runner.client import Client, RunRecord, output_sha256
-
-SELF, PAIRED = "self", "paired_baseline"  # the record's own server, the paired baseline server beside it
-_MEMORY = "_load_requests"  # the requests' RunRecords (token gaps, ids) in memory until finish: never written
 
 
 def poisson_arrivals(rate: float, n: int, seed: int) -> list[float]:
@@ -61,11 +57,10 @@ def run_seed(seed: int, launch: int, run: int) -> int:
 class LoadRunner:
     """The load protocol against one server: ``reference`` (bs 1 pass) and ``__call__`` (one timed run)."""
 
-    def __init__(self, cfg: ExperimentConfig, root: Path, client: Client, rec: JobRecord, arm: str, log_path: Path):
-        b = cfg.benchmark
+    def __init__(self, b: BenchmarkConfig, root: Path, client: Client, rec: JobRecord, arm: str, log_path: Path):
         path = Path(b.load_prompts) if Path(b.load_prompts).is_absolute() else root / b.load_prompts
         self.prompts: list[Prompt] = load_prompt_set(path)
-        self.cfg, self.client, self.rec, self.arm, self.log_path = cfg, client, rec, arm, log_path
+        self.b, self.client, self.rec, self.arm, self.log_path = b, client, rec, arm, log_path
         self.n = b.requests_per_run
         self.bodies = [
             client.generate_body(p.text, b.max_new_tokens, b.temperature, b.ignore_eos) for p in self.prompts
@@ -80,7 +75,7 @@ class LoadRunner:
         """Each load prompt once, alone (bs 1): the outputs every request under load must equal."""
         refs = {}
         for p, body in zip(self.prompts, self.bodies):
-            r = self.client.generate(body, launch, -1, stream=self.cfg.benchmark.stream)
+            r = self.client.generate(body, launch, -1, stream=self.b.stream)
             refs[str(p.index)] = r.output_ids
         self.rec.launches[-1].setdefault("load_reference", {})[self.arm] = refs
 
@@ -88,7 +83,7 @@ class LoadRunner:
         """One timed run: ``load_requests`` requests, closed or open loop; their sum as one RunRecord.
         ``timed=False`` (the profiled pass): the same load, kept out of the timed runs' load figures
         and guard; its requests are in ``last_requests``."""
-        b = self.cfg.benchmark
+        b = self.b
         arrivals = (
             poisson_arrivals(b.request_rate, self.n, run_seed(b.load_seed, launch, run))
             if b.request_rate is not None
@@ -245,100 +240,3 @@ def _aggregate(reqs: list[RunRecord], launch: int, run: int, wall_s: float) -> R
         spec_num_proposed_drafts=total("spec_num_proposed_drafts"),
         spec_correct_drafts_histogram=hist,
     )
-
-
-def _running(log_path: Path, windows: list[list[int]], concurrency: int) -> dict | None:
-    if not log_path.exists():
-        return None
-    lines: list[str] = []
-    with open(log_path, "rb") as f:
-        for lo, hi in windows:
-            f.seek(lo)
-            lines += f.read(hi - lo).decode(errors="replace").splitlines()
-    return figures.running_batch(decode_log.parse_lines(lines), concurrency)
-
-
-def finish(
-    rec: JobRecord, cfg: ExperimentConfig, baseline: JobRecord | None, log_path: Path, paired_log_path: Path | None
-) -> list[str]:
-    """After ``results.finish``: the record's ``load`` section and metrics, the lossless guard of every
-    request under load against the baseline's bs-1 outputs; console lines. Forgets the in-memory requests."""
-    memory = rec.__dict__.pop(_MEMORY, None) or {SELF: [], PAIRED: []}
-    b = cfg.benchmark
-    runs = [x for launch in rec.launches for x in launch.get("load_runs", [])]
-    section: dict = {}
-    for arm, path in ((SELF, log_path), (PAIRED, paired_log_path)):
-        mine = [x for x in runs if x["arm"] == arm]
-        if not mine or path is None:
-            continue
-        for x in mine:
-            x["running"] = _running(path, [x["log_window"]], b.concurrency)
-        reqs = [r for batch in memory[arm] for r in batch]
-        s = figures.summarize(
-            [{k: v for k, v in x.items() if k != "request_entries"} for x in mine],
-            reqs,
-            b.concurrency,
-            b.request_rate,
-            _running(path, [x["log_window"] for x in mine], b.concurrency),
-        )
-        entries = [e for x in mine for e in x["request_entries"]]
-        s["batch_invariance"] = {
-            "requests": sum(e["equals_reference"] is not None for e in entries),
-            "equal": sum(e["equals_reference"] is True for e in entries),
-            "what": "each request's output vs its prompt decoded alone (bs 1) on the same server",
-        }
-        section[arm] = s
-    if SELF not in section:
-        return []
-    s = section[SELF]
-    s["profile_note"] = (
-        "the phase profile comes from the profiled pass (the protocol request at bs 1), not from the runs under load"
-    )
-    if PAIRED in section:
-        s["paired_baseline"] = section[PAIRED]
-    rec.extra["load"] = s
-    rec.metrics.update(figures.metrics_of(s))
-    if rec.role == "spec":
-        _guard(rec, cfg, baseline, runs)
-    inv = s["batch_invariance"]
-    lines = figures.describe(s) + [
-        f"  outputs under load equal bs 1 on this server: {inv['equal']} of {inv['requests']}"
-    ]
-    return lines
-
-
-def _guard(rec: JobRecord, cfg: ExperimentConfig, baseline: JobRecord | None, runs: list[dict]) -> None:
-    """The lossless guard under load: every spec request's output vs the baseline's bs-1 output of its
-    prompt (the paired baseline server's reference pass in the same launch, else the baseline job's)."""
-    b = cfg.benchmark
-    job_ref = {}
-    if baseline is not None:
-        job_ref = next((x["load_reference"].get(SELF) for x in baseline.launches if x.get("load_reference")), {}) or {}
-    comparisons = []
-    for launch in rec.launches:
-        refs = launch.get("load_reference") or {}
-        mine, base = refs.get(SELF) or {}, refs.get(PAIRED) or job_ref
-        for x in launch.get("load_runs", []):
-            if x["arm"] != SELF:
-                continue
-            for e in x["request_entries"]:
-                p = str(e["prompt_index"])
-                ids = e.get("output_ids") if e["equals_reference"] is False else mine.get(p)
-                comparisons.append(lossless.Comparison(f"load:{p}", ids, base.get(p), b.max_new_tokens))
-    verdict = lossless.guard(
-        comparisons,
-        named(rec.engine.name).exact_outputs,
-        b.temperature,
-        performance_only(rec),
-        has_baseline=bool(job_ref)
-        or any("load_reference" in x and PAIRED in x["load_reference"] for x in rec.launches),
-    )
-    verdict["what"] = "every request under load vs the baseline's output of its prompt at bs 1"
-    rec.lossless = verdict
-    rec.checks = [c for c in rec.checks if c.name != "lossless_vs_baseline"]
-    if (check := lossless.check_of(verdict)) is not None:
-        rec.checks.append(check)
-    if verdict["checked"]:
-        rec.metrics["lossless_match_rate"] = float(verdict["match_rate"])
-    elif verdict["verdict"] == "warn":
-        rec.warnings.append(f"lossless guard: {verdict['reason']}")

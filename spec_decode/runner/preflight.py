@@ -15,8 +15,6 @@ from spec_decode.core.nccl_names import NCCL_VARIABLES
 from spec_decode.core.prompts import load_prompts
 from spec_decode.engines.engine import engine_of
 from spec_decode.engines.server_process import KEPT_NCCL
-from spec_decode.record import provenance
-from spec_decode.record.provenance import git_state
 from spec_decode.record.results import PERFORMANCE_ONLY
 from spec_decode.runner import doctor, pairing
 from spec_decode.runner.preflight_items import (
@@ -25,11 +23,13 @@ from spec_decode.runner.preflight_items import (
     check_load,
     check_request_prompts,
     check_synthetic,
+    hardware_mismatches,
     has_weights,
     missing_weights,
     read_json,
     visible_gpus,
 )
+from spec_decode.runner.provenance import git_state, gpu_facts
 
 
 class PreflightError(ValueError):
@@ -193,9 +193,7 @@ def check(cfg: ExperimentConfig, root: Path) -> Preflight:
         )
         if n:  # the profile's labels against what the box reports (GPU names, nvidia-smi topo -m)
             pf.warnings.extend(
-                provenance.hardware_mismatches(
-                    cfg.hardware.gpu_type, cfg.hardware.interconnect, cfg.hardware.tp_size, provenance.gpu_facts()
-                )
+                hardware_mismatches(cfg.hardware.gpu_type, cfg.hardware.interconnect, cfg.hardware.tp_size, gpu_facts())
             )
     # Forced acceptance: real speed, outputs not lossless -- the record says so (results.PERFORMANCE_ONLY).
     if cfg.speculative and cfg.spec.simulate_accept_len is not None:

@@ -5,6 +5,7 @@ them in order; each failure says what to do."""
 from __future__ import annotations
 
 import json
+import re
 import shutil
 import subprocess
 from dataclasses import dataclass, field
@@ -275,3 +276,44 @@ def check_load(cfg: ExperimentConfig, root: Path, pf: Preflight, tcfg: dict | No
     if items is None:
         return
     _fits_context(pf, cfg, tcfg, items, "max_new_tokens", b.max_new_tokens, b.load_prompts)
+
+
+def topology_links(topo: str | None, n: int) -> set[str]:
+    """The link kinds between the first ``n`` GPUs in ``nvidia-smi topo -m``: ``nvlink`` (NV#) and/or
+    ``pcie`` (PIX, PXB, PHB, NODE, SYS); empty when the matrix is not there."""
+    rows = [
+        line.split()
+        for line in (topo or "").splitlines()
+        if re.match(r"GPU\d+\s", line) and not re.match(r"GPU\d+\s+GPU\d+", line)
+    ]  # not the header
+    kinds: set[str] = set()
+    for i, row in enumerate(rows[:n]):
+        for j, cell in enumerate(row[1 : n + 1]):
+            if j == i:
+                continue
+            if re.fullmatch(r"NV\d+", cell):
+                kinds.add("nvlink")
+            elif cell in ("PIX", "PXB", "PHB", "NODE", "SYS"):
+                kinds.add("pcie")
+    return kinds
+
+
+def hardware_mismatches(gpu_type: str | None, interconnect: str, tp_size: int, facts: dict | None) -> list[str]:
+    """What the hardware profile claims (gpu_type, interconnect) against what this box reports
+    (nvidia-smi's GPU names, ``nvidia-smi topo -m``); empty without GPUs or when they agree."""
+    if not facts or not facts.get("gpus"):
+        return []
+    out = []
+    names = sorted({g.split(",")[0].strip() for g in facts["gpus"]})
+    if gpu_type and not any(gpu_type.lower() in n.lower() or n.lower() in gpu_type.lower() for n in names):
+        out.append(
+            f"hardware.gpu_type={gpu_type!r} but nvidia-smi reports {names}: fix the hardware profile "
+            "(its label goes into every record)"
+        )
+    links = topology_links(facts.get("topology"), tp_size)
+    if links and interconnect in ("pcie", "nvlink") and links != {interconnect}:
+        out.append(
+            f"hardware.interconnect={interconnect} but `nvidia-smi topo -m` shows {sorted(links)} links "
+            f"between the first {tp_size} GPUs: fix the hardware profile"
+        )
+    return out

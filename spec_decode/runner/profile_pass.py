@@ -3,13 +3,13 @@
     arm(extra_env)                 # before the launch: switch on (start-up, warmup: the self-check)
     after_warmup(...)              # the self-check on the warmup's lines, then switch off
     ... timed runs: hooks installed, dormant (one byte read per cycle) ...
-    run(cfg, client, body, ...)    # last launch: benchmark.profile_pairs pairs (on, dormant), ABBA
+    run(b, gen, rec, ...)          # last launch: benchmark.profile_pairs pairs (on, dormant), ABBA
 
 The switch is the one-byte file of ``spec_decode.profiler.switch`` (``SPEC_DECODE_PROFILE_SWITCH`` in
 the server's environment, set by ``engines.server_extra_env`` with ``benchmark.profile``). The pass
 sends the timed protocol's run (under load: the load, at the job's concurrency); its profiled requests'
 windows select the profile's cycles
-(``runner.recording.finish``), and each pair (one profiled run beside one dormant run) gives the
+(``analysis.finish.finish``), and each pair (one profiled run beside one dormant run) gives the
 profiler's own effect on tok/s (``analysis.profiler_effect``). Without the switch variable nothing
 here does anything (``benchmark.profile=false``, the baseline).
 """
@@ -19,7 +19,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from pathlib import Path
 
-from spec_decode.core.config import ExperimentConfig
+from spec_decode.core.config import BenchmarkConfig
 from spec_decode.profiler.switch import ENV, set_switch
 from spec_decode.record.results import JobRecord
 from spec_decode.record.runs import RunRecord
@@ -35,7 +35,8 @@ def arm(extra_env: dict[str, str]) -> None:
 
 def after_warmup(
     rec: JobRecord,
-    cfg: ExperimentConfig,
+    b: BenchmarkConfig,
+    speculative: bool,
     warmup,
     log_path: Path,
     log_start: int,
@@ -45,9 +46,8 @@ def after_warmup(
     """The doctor's live items on the first launch's warmup request (profile lines from rank 0 with
     every phase, meta_info counters, decode-log lines; a failure is a warning, the job still
     measures), then the switch off: the timed runs run with dormant hooks."""
-    b = cfg.benchmark
     if launch == 0 and b.warmup and b.profile and warmup is not None:
-        items = doctor.warmup_checks(warmup, log_path.parent / "profile.jsonl", log_path, log_start, cfg.speculative)
+        items = doctor.warmup_checks(warmup, log_path.parent / "profile.jsonl", log_path, log_start, speculative)
         rec.doctor = doctor.as_records(items)
         for it in items:
             if not it.ok:
@@ -59,7 +59,7 @@ def after_warmup(
 
 
 def run(
-    cfg: ExperimentConfig,
+    b: BenchmarkConfig,
     gen: Callable[..., RunRecord],
     rec: JobRecord,
     launch: int,
@@ -73,7 +73,6 @@ def run(
     ``rec.profiled_runs`` (under load: each its load's aggregate, and its requests to
     ``rec.profiled_requests``); the dormant ones' tok/s to ``rec.profile_pass``."""
     path = extra_env.get(ENV)
-    b = cfg.benchmark
     if not path or launch != b.launches - 1:
         return
     on_runs, off_runs = [], []

@@ -1,27 +1,23 @@
 """The request pass (``benchmark.request_pass``): after the timed runs, one streamed greedy request per
-prompt of ``benchmark.request_prompts``; per-request entries, per-category aggregates, outputs file.
+prompt of ``benchmark.request_prompts`` (``run``); one entry per request (``entry``), the output ids to
+``outputs.jsonl`` (``record.outputs``).
 
 Each request's entry (the record's ``requests``) holds its counters and the hash of its output ids;
 the ids themselves go to ``outputs.jsonl`` in the job dir (one line per request), where the lossless
-guard of a later spec job reads the baseline's. Per category: ``n``, accept length = sum of completion
-tokens / sum of verify counts (the run-scoped convention, over the category's requests) and the median
-request tok/s (client wall clock, like the timed runs).
+guard of a later spec job reads the baseline's. The per-category figures are derived in
+``analysis.categories``.
 """
 
 from __future__ import annotations
 
-import json
-import statistics
+import sys
 from pathlib import Path
-from typing import Optional
 
-from spec_decode.analysis.sections import Section
-from spec_decode.core.prompts import Prompt
-from spec_decode.runner.client import RunRecord
-
-OUTPUTS_FILE = "outputs.jsonl"
-# The paired baseline server's request pass (benchmark.paired): the lossless guard's reference for the requests.
-PAIRED_OUTPUTS_FILE = "baseline.outputs.jsonl"
+from spec_decode.core.config import BenchmarkConfig
+from spec_decode.core.prompts import Prompt, load_prompt_set
+from spec_decode.record import outputs
+from spec_decode.record.runs import RunRecord
+from spec_decode.runner.client import Client
 
 
 def entry(prompt: Prompt, r: RunRecord) -> dict:
@@ -41,70 +37,23 @@ def entry(prompt: Prompt, r: RunRecord) -> dict:
     }
 
 
-def categories(entries: list[dict]) -> dict[str, dict]:
-    """``{name: {n, accept_len, throughput_tok_s}}`` in first-seen order; accept_len None without
-    verify counts (a baseline)."""
-    groups: dict[str, list[dict]] = {}
-    for e in entries:
-        groups.setdefault(e["category"], []).append(e)
-    out = {}
-    for name, es in groups.items():
-        verify = [e["verify_ct"] for e in es]
-        accept = sum(e["completion_tokens"] for e in es) / sum(verify) if all(v for v in verify) else None
-        out[name] = {
-            "n": len(es),
-            "accept_len": accept,
-            "throughput_tok_s": statistics.median(e["throughput_tok_s"] for e in es),
-        }
-    return out
-
-
-def metrics_of(cats: dict[str, dict]) -> dict[str, float]:
-    """Flat metrics: ``category_<name>_accept_len``, ``category_<name>_throughput_tok_s``."""
-    out = {}
-    for name, c in cats.items():
-        if c["accept_len"] is not None:
-            out[f"category_{name}_accept_len"] = c["accept_len"]
-        out[f"category_{name}_throughput_tok_s"] = c["throughput_tok_s"]
-    return out
-
-
-def categories_section(entries: list[dict]) -> Section:
-    """The record's ``categories`` section and its metrics."""
-    cats = categories(entries)
-    return Section({"categories": cats}, metrics_of(cats))
-
-
-def write_outputs(out_dir: Path, prompts: list[Prompt], runs: list[RunRecord], name: str = OUTPUTS_FILE) -> Path:
-    """``outputs.jsonl``: one line per request, ``{prompt_index, category, output_sha256, output_ids}``."""
-    path = Path(out_dir) / name
-    with open(path, "w") as f:
-        for p, r in zip(prompts, runs):
-            f.write(
-                json.dumps(
-                    {
-                        "prompt_index": p.index,
-                        "category": p.category,
-                        "output_sha256": r.output_sha256,
-                        "output_ids": r.output_ids,
-                    }
-                )
-                + "\n"
-            )
-    return path
-
-
-def read_outputs(out_dir: Optional[str | Path], name: str = OUTPUTS_FILE) -> dict[int, list[int]]:
-    """prompt index -> output ids from a job dir's ``outputs.jsonl`` (empty if it has none)."""
-    if not out_dir:
-        return {}
-    path = Path(out_dir) / name
-    if not path.is_file():
-        return {}
-    out = {}
-    for line in path.read_text().splitlines():
-        if line.strip():
-            row = json.loads(line)
-            if isinstance(row.get("output_ids"), list):
-                out[int(row["prompt_index"])] = row["output_ids"]
-    return out
+def run(
+    b: BenchmarkConfig, prompts_path: Path, client: Client, launch: int, out: Path, name: str, quiet: bool
+) -> list[dict]:
+    """After the timed runs (outside their windows, so their numbers cannot change): one greedy request
+    per prompt of benchmark.request_prompts (``prompts_path``, resolved) -> its entries (returned), the
+    output ids -> ``out/name``."""
+    prompts = load_prompt_set(prompts_path)
+    if not quiet:
+        print(
+            f"[request pass] {len(prompts)} prompts of {b.request_prompts}, {b.request_max_new_tokens} tokens each "
+            f"-> {name}",
+            file=sys.stderr,
+            flush=True,
+        )
+    runs = []
+    for p in prompts:
+        body = client.generate_body(p.text, b.request_max_new_tokens, b.temperature, b.ignore_eos)
+        runs.append(client.generate(body, launch, p.index, stream=b.stream))
+    outputs.write(out, prompts, runs, name)
+    return [entry(p, r) for p, r in zip(prompts, runs)]

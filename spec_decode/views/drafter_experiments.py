@@ -1,8 +1,8 @@
 """The drafter experiments (DVC stages lineage_bench@<name>, lineage_report@<name>):
 
-    python -m spec_decode.views.drafter_experiments bench drafter_data_scaling   # sweep -> metrics.json
+    python -m spec_decode.bench drafters drafter_data_scaling                    # sweep -> metrics.json
     python -m spec_decode.views.drafter_experiments report drafter_data_scaling  # table into README + plot
-    python -m spec_decode.views.drafter_experiments bench drafter_layer_ids
+    python -m spec_decode.bench drafters drafter_layer_ids
 
 - drafter_data_scaling: one drafter per sample count (stage drafter_scaling@N), each served at the
   step counts of conf/experiment/drafter_data_scaling.yaml; the cost model (spec_decode.analysis.costmodel)
@@ -24,171 +24,13 @@ import argparse
 import json
 import os
 import re
-import shutil
-import subprocess
-import sys
 from pathlib import Path
 
-import yaml
-
-from spec_decode.analysis.costmodel import fit, points_from_records
-from spec_decode.core.lineage import lineage_tags
-from spec_decode.record.results import collect
 from spec_decode.views.experiment import BEGIN, END, exp_dir
-
-SERVED_DIR = "served"  # experiments/drafter_layer_ids/served/<ids>/: the re-labelled copies (not in git)
-
-
-def sweep_params(name: str, root: Path) -> dict[str, str]:
-    cfg = yaml.safe_load((root / "conf" / "experiment" / f"{name}.yaml").read_text())
-    return {k: str(v) for k, v in cfg["hydra"]["sweeper"]["params"].items()}
-
-
-def check_scaling_paths(root: Path) -> list[str]:
-    """The experiment file's drafter paths must be the drafters params.yaml builds (one fact, checked)."""
-    params = yaml.safe_load((root / "params.yaml").read_text())["build"]["drafter_scaling"]
-    want = [f"models/tiny/drafter_scaling/n{n}" for n in params["samples"]]
-    got = sweep_params("drafter_data_scaling", root)["drafter.path"].split(",")
-    if got != want:
-        raise SystemExit(
-            f"conf/experiment/drafter_data_scaling.yaml: drafter.path is {got} but params.yaml "
-            f"build.drafter_scaling.samples builds {want}; make them the same"
-        )
-    return want
-
-
-def make_served_copies(root: Path) -> None:
-    """Copies of models/tiny/drafter whose config.json serves other layer ids (paths from the sweep)."""
-    src = root / "models" / "tiny" / "drafter"
-    trained = json.loads((src / "training.json").read_text())["trained_aux_layer_ids"]
-    for path in sweep_params("drafter_layer_ids", root)["drafter.path"].split(","):
-        m = re.search(r"ids_(\d+)-(\d+)-(\d+)$", path)
-        if not m:
-            continue  # the drafter as trained
-        ids = [int(x) for x in m.groups()]
-        dst = root / path
-        if dst.exists():
-            shutil.rmtree(dst)
-        dst.mkdir(parents=True)
-        cfg = json.loads((src / "config.json").read_text())
-        cfg["eagle_config"]["eagle_aux_hidden_state_layer_ids"] = ids
-        (dst / "config.json").write_text(json.dumps(cfg, indent=2, sort_keys=True) + "\n")
-        shutil.copy2(src / "model.safetensors", dst / "model.safetensors")
-        note = {
-            "copy_of": "models/tiny/drafter",
-            "trained_aux_layer_ids": trained,
-            "served_aux_layer_ids": ids,
-            "why": "layer-id mismatch experiment: no training.json here, so preflight does not refuse it",
-        }
-        (dst / "served_as.json").write_text(json.dumps(note, indent=2) + "\n")
 
 
 def served_ids(path: Path) -> list[int]:
     return json.loads((path / "config.json").read_text())["eagle_config"]["eagle_aux_hidden_state_layer_ids"]
-
-
-def training_record(path: Path, root: Path) -> dict:
-    """The drafter's own training.json, or (a served copy) the original's."""
-    for p in (path, root / "models" / "tiny" / "drafter"):
-        if (p / "training.json").is_file():
-            return json.loads((p / "training.json").read_text())
-    return {}
-
-
-def offline_acceptance(root: Path, ids: list[int]) -> dict:
-    """Held-out acceptance of the quick start's drafter read with `ids` (no server)."""
-    import torch  # lazy: the evaluation only (torch + the engine's model cost seconds)
-
-    from spec_decode.engines.embedded.build import evaluate
-    from spec_decode.engines.embedded.drafter_data import load, load_frozen_target
-    from spec_decode.engines.embedded.model import load_drafter
-
-    torch.set_num_threads(2)
-    target = load_frozen_target(root / "models" / "tiny" / "target")
-    drafter = load_drafter(root / "models" / "tiny" / "drafter", target)
-    splits, rec = load(root / "data" / "drafter_train")
-    return evaluate(drafter, target, splits["heldout"], ids, rec["prompt_tokens"])
-
-
-def job_metrics(r: dict) -> dict:
-    m = r.get("metrics", {})
-    t = r.get("throughput_tok_s") or {}
-    e = {"status": r["status"], "throughput_tok_s": round(m.get("throughput_tok_s", float("nan")), 2)}
-    for k in ("ci95_lo", "ci95_hi", "std", "n"):
-        if k in t:
-            e[f"throughput_tok_s_{k}"] = round(t[k], 3)
-    for k in (
-        "accept_len",
-        "accept_rate_draft",
-        "speedup_vs_baseline",
-        "speedup_vs_baseline_ci95_lo",
-        "speedup_vs_baseline_ci95_hi",
-        "cycle_ms",
-    ):
-        if k in m:
-            e[k] = round(m[k], 4)
-    return e
-
-
-def bench(name: str, root: Path, extra: list[str]) -> Path:
-    d = exp_dir(name, root)
-    if name == "drafter_data_scaling":
-        check_scaling_paths(root)
-    else:
-        make_served_copies(root)
-    sweep = d / "sweep"
-    if sweep.exists():
-        shutil.rmtree(sweep)
-    cmd = [sys.executable, str(root / "run.py"), "-m", f"experiment={name}", f"hydra.sweep.dir={sweep}", *extra]
-    print("+ " + " ".join(cmd), flush=True)
-    if subprocess.run(cmd, cwd=root).returncode != 0:
-        raise SystemExit(f"bench {name}: run.py failed")
-    recs = collect(sweep)
-    out: dict = {"baseline": None, "drafters": {}}
-    for r in recs:
-        if not r.get("speculative"):
-            out["baseline"] = job_metrics(r)
-            continue
-        path = root / r["config"]["drafter"]["path"]
-        rec = training_record(path, root)
-        key = (
-            f"n{rec['data']['samples']}"
-            if name == "drafter_data_scaling"
-            else "ids_" + "-".join(map(str, served_ids(path)))
-        )
-        entry = out["drafters"].setdefault(
-            key,
-            {
-                "path": r["config"]["drafter"]["path"],
-                "served_ids": served_ids(path),
-                "trained_ids": rec.get("trained_aux_layer_ids"),
-                "lineage": lineage_tags(path, None) or lineage_tags(root / "models" / "tiny" / "drafter", None),
-                "data_samples": rec.get("data", {}).get("samples"),
-                "epochs": rec.get("epochs"),
-                "steps": {},
-                "_recs": [],
-            },
-        )
-        if name == "drafter_data_scaling":
-            h = rec["heldout"]
-            entry["heldout_accept_len"] = h["accept_len"]
-            entry["heldout_accept_len_ci95"] = h["accept_len_ci95"]
-        entry["steps"][str(r["config"]["spec"]["steps"])] = job_metrics(r)
-        entry["_recs"].append(r)
-    for entry in out["drafters"].values():
-        recs_d = entry.pop("_recs")
-        if name == "drafter_layer_ids":
-            h = offline_acceptance(root, entry["served_ids"])
-            entry["heldout_accept_len"], entry["heldout_accept_len_ci95"] = h["accept_len"], h["accept_len_ci95"]
-            entry["heldout_top1"] = h["top1"]
-        pts = points_from_records(recs_d)
-        if len(pts) >= 2:
-            f = fit(pts, max_steps=8)
-            entry["costmodel_best_steps"] = f.best_steps
-            entry["costmodel_best_tok_s"] = [round(v, 1) for v in f.best_tok_s]
-    (d / "metrics.json").write_text(json.dumps(out, indent=2, sort_keys=True) + "\n")
-    print(f"{len(recs)} jobs -> {d / 'metrics.json'}")
-    return d / "metrics.json"
 
 
 def _ci(lo: float | None, hi: float | None, spec: str = ".2f") -> str:
@@ -321,15 +163,11 @@ def main(argv: list[str] | None = None) -> None:
         description=__doc__,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
-    ap.add_argument("cmd", choices=["bench", "report"])
+    ap.add_argument("cmd", choices=["report"], help="the sweep (bench) is `python -m spec_decode.bench drafters`")
     ap.add_argument("name", choices=["drafter_data_scaling", "drafter_layer_ids"])
-    ap.add_argument("overrides", nargs="*", help="extra Hydra overrides for bench (e.g. tracking=off)")
     args = ap.parse_args(argv)
     root = Path(os.environ.get("DVC_ROOT") or Path.cwd())
-    if args.cmd == "bench":
-        bench(args.name, root, args.overrides)
-    else:
-        report(args.name, root)
+    report(args.name, root)
 
 
 if __name__ == "__main__":

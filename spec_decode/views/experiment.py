@@ -1,8 +1,7 @@
-"""Reported experiments (experiments/<name>/): the DVC `bench` and `report` stages, and `compare`.
+"""Reported experiments (experiments/<name>/): the DVC `report` stage, `compare` and the headline. The
+sweep itself (the `bench` stage, `rebuild`) is run by ``spec_decode.bench``: a view only reads records.
 
-    python -m spec_decode.views.experiment bench embedded_steps_nccl    # run the sweep -> metrics.json
     python -m spec_decode.views.experiment report embedded_steps_nccl   # metrics.json -> table, facts, plots
-    python -m spec_decode.views.experiment rebuild embedded_steps_nccl  # rerun into rebuild/ (ignored), compare
     python -m spec_decode.views.experiment compare embedded_steps_nccl  # rebuilt (workspace) vs committed (HEAD)
     python -m spec_decode.views.experiment compare SWEEP_A SWEEP_B      # dirs, metrics.json or MLflow parent ids
     python -m spec_decode.views.experiment headline embedded_steps_nccl # metrics.json -> README's headline table
@@ -21,7 +20,6 @@ import argparse
 import json
 import os
 import re
-import shutil
 import statistics
 import subprocess
 import sys
@@ -32,7 +30,6 @@ from tabulate import tabulate
 from spec_decode.analysis import compare as cmp
 from spec_decode.analysis import concurrency
 from spec_decode.analysis.costmodel import nonneg_line
-from spec_decode.record.results import collect
 from spec_decode.views.metrics_json import records_from_metrics, to_metrics
 from spec_decode.views.plots import write_plots
 from spec_decode.views.report import records_of, sweep_summary
@@ -46,42 +43,7 @@ def exp_dir(name: str, root: Path) -> Path:
     return root / "experiments" / name
 
 
-def bench(name: str, root: Path, extra: list[str], out: Path | None = None) -> Path:
-    """The sweep into ``out`` (default: the experiment's dir, the DVC stage's committed outputs) -> metrics.json."""
-    d = out or exp_dir(name, root)
-    sweep = d / "sweep"
-    if sweep.exists():
-        shutil.rmtree(sweep)
-    cmd = [sys.executable, str(root / "run.py"), "-m", f"experiment={name}", f"hydra.sweep.dir={sweep}", *extra]
-    print("+ " + " ".join(cmd), flush=True)
-    p = subprocess.run(cmd, cwd=root)
-    if p.returncode != 0:
-        raise SystemExit(f"bench {name}: run.py exited {p.returncode}")
-    metrics = to_metrics(collect(sweep))
-    (d / "metrics.json").write_text(json.dumps(metrics, indent=2, sort_keys=True) + "\n")
-    failed = [k for k, v in metrics["jobs"].items() if v["status"] != "FINISHED"]
-    print(f"{len(metrics['jobs'])} jobs -> {d / 'metrics.json'}" + (f"; FAILED: {failed}" if failed else ""))
-    return d / "metrics.json"
-
-
 REBUILD = "rebuild"  # experiments/<name>/rebuild/: ignored by git (.gitignore), so a rerun never dirties git
-
-
-def rebuild(name: str, root: Path, extra: list[str], rev: str = "HEAD") -> bool:
-    """Rerun a reported experiment into experiments/<name>/rebuild/ (sweep, metrics.json, table, plots; no
-    committed file touched), then the verdict against its metrics.json at ``rev``. True if a cell differs."""
-    out = exp_dir(name, root) / REBUILD
-    shutil.rmtree(out, ignore_errors=True)
-    out.mkdir(parents=True)
-    metrics = json.loads(bench(name, root, extra, out).read_text())
-    recs = records_from_metrics(metrics)
-    text, _ = sweep_summary(recs)
-    (out / "table.txt").write_text(text + "\n")
-    plots = write_plots(recs, out)
-    reported = committed_metrics(exp_dir(name, root) / "metrics.json", rev, root)
-    lines, differ = compare(reported, metrics, (f"reported ({rev})", "rebuilt"))
-    print("\n".join([text, "", f"rebuilt: {out} (metrics.json, table.txt, {len(plots)} plots)", "", *lines]))
-    return differ
 
 
 def facts(metrics: dict) -> list[str]:
@@ -316,7 +278,7 @@ def same_metrics_warning(rebuilt: dict, reported: dict, name: str, rev: str) -> 
     return (
         f"warning: experiments/{name}/metrics.json in the workspace is the one committed at {rev}: "
         f"nothing was rebuilt, so this compares the committed numbers with themselves. Rerun the "
-        f"experiment first: python -m spec_decode.views.experiment rebuild {name} (it compares itself)"
+        f"experiment first: python -m spec_decode.bench rebuild {name} (it compares itself)"
     )
 
 
@@ -335,14 +297,8 @@ def main(argv: list[str] | None = None) -> None:
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     sub = ap.add_subparsers(dest="cmd", required=True)
-    b = sub.add_parser("bench", help="run the experiment's sweep and write metrics.json")
-    b.add_argument("name")
-    b.add_argument("overrides", nargs="*", help="extra Hydra overrides (e.g. tracking=off)")
     r = sub.add_parser("report", help="render the table (into README.md) and plots")
     r.add_argument("name")
-    rb = sub.add_parser("rebuild", help=f"rerun it into experiments/NAME/{REBUILD}/ (ignored by git); compare")
-    rb.add_argument("name")
-    rb.add_argument("overrides", nargs="*", help="extra Hydra overrides (e.g. tracking=off)")
     h = sub.add_parser("headline", help="metrics.json -> the headline table in README.md (between its markers)")
     h.add_argument("name")
     h.add_argument("--readme", type=Path, default=None, help="default: README.md of the project")
@@ -371,12 +327,8 @@ def main(argv: list[str] | None = None) -> None:
         raise SystemExit(1 if differ else 0)
     if not (root / "conf" / "experiment" / f"{args.name}.yaml").exists():
         ap.error(f"no experiment {args.name!r}: conf/experiment/{args.name}.yaml not found")
-    if args.cmd == "bench":
-        bench(args.name, root, args.overrides)
-    elif args.cmd == "report":
+    if args.cmd == "report":
         report(args.name, root)
-    elif args.cmd == "rebuild":
-        raise SystemExit(1 if rebuild(args.name, root, args.overrides) else 0)
     else:
         print(write_headline(args.name, root, args.readme or root / "README.md"))
 

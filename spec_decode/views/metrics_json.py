@@ -11,7 +11,7 @@ from pathlib import Path
 from spec_decode.analysis import blocks
 from spec_decode.analysis.acceptance import rates_from_metrics
 from spec_decode.analysis.sections import PHASE_METRICS
-from spec_decode.record.results import Check, EngineInfo, JobRecord, section
+from spec_decode.record.results import Check, EngineInfo, JobRecord, categories_from, section
 
 SUMMARY = ("mean", "std", "n", "ci95_lo", "ci95_hi", "cv", "robust_cv")
 
@@ -32,7 +32,7 @@ METRICS = (
     "host_load1_max",
     "host_steal_pct",
     "host_busy_pct",
-)  # host_*: record/host.py
+)  # host_*: analysis/host.py
 
 
 AXES = ("hardware", "model", "engine", "nccl", "drafter")
@@ -49,6 +49,7 @@ ISSUE21_METRICS = re.compile(
 
 
 SECTIONS = ("latency", "categories", "lossless")  # issue 21's record sections kept whole (small dicts)
+UNTYPED = ("latency", "lossless")  # of those, the ones the record holds as dicts (categories: record.results.Category)
 
 
 def job_key(rec: JobRecord) -> str:
@@ -117,7 +118,7 @@ def _entry(i: int, r: JobRecord) -> dict:
     for name in SECTIONS:
         value = section(r, name)
         if value:
-            entry[name] = value
+            entry[name] = {k: c.as_dict() for k, c in value.items()} if name == "categories" else value
     if r.speedup_vs_baseline:
         entry["speedup_method"] = r.speedup_vs_baseline.get("method", "welch")
     entry["checks"] = {c.name: c.ok for c in r.checks}
@@ -185,7 +186,8 @@ def records_from_metrics(metrics: dict) -> list[JobRecord]:
                 checks=[Check(c, ok, None, "", "") for c, ok in (e.get("checks") or {}).items()],
                 speedup_vs_baseline={"method": e["speedup_method"]} if "speedup_method" in e else None,
                 acceptance=acc,
-                extra={k: e[k] for k in SECTIONS if e.get(k)},
+                categories=categories_from(e.get("categories")),
+                extra={k: e[k] for k in UNTYPED if e.get(k)},
             )
         )
     return out

@@ -104,7 +104,7 @@ def tags_of(rec: JobRecord) -> dict[str, str]:
         if h.get("dvc_md5"):
             tags[f"dvc.{name}.md5"] = h["dvc_md5"]
     tags.update(prov.get("drafter_lineage") or {})  # drafter.training_run_id, drafter.data_md5, ...
-    fp = prov.get("host") or {}  # the host fingerprint (record/host.py); its load figures are metrics
+    fp = prov.get("host") or {}  # the host fingerprint (runner/machine.py); its load figures are metrics
     tags.update(
         {
             "host.cpu": str(fp.get("cpu_model")),

@@ -31,8 +31,8 @@ from tabulate import tabulate
 
 from spec_decode.analysis import batchcost, blocks, concurrency, control, effects, recommend
 from spec_decode.analysis.costmodel import describe
+from spec_decode.analysis.host import describe as describe_host
 from spec_decode.core import store
-from spec_decode.record import host
 from spec_decode.record.results import JobRecord, collect, performance_only, section
 from spec_decode.views.plots import cost_models, write_plots
 
@@ -164,9 +164,7 @@ def category_table(recs: list[JobRecord]) -> str | None:
     rows = []
     for r in recs:
         for name, c in sorted((section(r, "categories") or {}).items()):
-            rows.append(
-                [job_label(r), name, c.get("n", "-"), _fmt(c.get("accept_len"), ".2f"), _fmt(c.get("throughput_tok_s"))]
-            )
+            rows.append([job_label(r), name, c.n, _fmt(c.accept_len, ".2f"), _fmt(c.throughput_tok_s)])
     if not rows:
         return None
     return "per prompt category\n" + tabulate(
@@ -224,7 +222,7 @@ def sweep_summary(recs: list[JobRecord]) -> tuple[str, dict[str, list]]:
     fps = {
         json.dumps((r.provenance or {}).get("host"), sort_keys=True) for r in recs if (r.provenance or {}).get("host")
     }
-    lines += [host.describe(json.loads(fp)) for fp in sorted(fps)]
+    lines += [describe_host(json.loads(fp)) for fp in sorted(fps)]
     loads = [r.metrics["host_load1"] for r in recs if "host_load1" in r.metrics]
     if loads:
         lines.append(

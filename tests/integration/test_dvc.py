@@ -61,16 +61,16 @@ def test_compare_on_the_committed_metrics_warns_that_nothing_was_rebuilt(clone):
     d, env = clone
     p = sh([sys.executable, "-m", "spec_decode.views.experiment", "compare", "ci_smoke"], cwd=d, env=env)
     assert "is the one committed at HEAD: nothing was rebuilt" in p.stderr
-    assert "python -m spec_decode.views.experiment rebuild ci_smoke" in p.stderr
+    assert "python -m spec_decode.bench rebuild ci_smoke" in p.stderr
 
 
 def test_the_rebuild_judges_itself_and_leaves_git_clean(clone):
-    """Issue 44: the experiment READMEs' rerun (`... experiment rebuild <name>`) measures again in a fresh
+    """Issue 44: the experiment READMEs' rerun (`python -m spec_decode.bench rebuild <name>`) measures again in a fresh
     clone, beside the committed result: experiments/<name>/rebuild/ (ignored), a verdict against the
     committed metrics.json, and not one file of git's changed."""
     d, env = clone
     p = sh(
-        [sys.executable, "-m", "spec_decode.views.experiment", "rebuild", "ci_smoke", "tracking=off"],
+        [sys.executable, "-m", "spec_decode.bench", "rebuild", "ci_smoke", "tracking=off"],
         cwd=d,
         env=env,
         check=False,

@@ -49,7 +49,7 @@ def runner(server, *overrides: str) -> tuple[load.LoadRunner, JobRecord]:
         speculative=True,
         launches=[{"launch": 0}],
     )
-    return load.LoadRunner(cfg, ROOT, Client(server.base_url, 60), rec, load.SELF, server.log_path), rec
+    return load.LoadRunner(cfg.benchmark, ROOT, Client(server.base_url, 60), rec, load.SELF, server.log_path), rec
 
 
 @pytest.mark.parametrize("n", [2, 4])

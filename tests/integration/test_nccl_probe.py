@@ -8,7 +8,8 @@ import sys
 
 import pytest
 
-from spec_decode.probe.nccl import DEFAULT_SIZES, combine, metrics_of, probe, profile_env
+from spec_decode.analysis.sections import nccl_metrics as metrics_of
+from spec_decode.probe.nccl import DEFAULT_SIZES, combine, probe, profile_env
 from spec_decode.probe.nccl_debug import ALGO_NAMES, PROTO_NAMES, parse_nccl_debug
 
 from ..conftest import ROOT, run_py, small

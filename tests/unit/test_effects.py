@@ -1,6 +1,6 @@
 """Issue 44: the sweep summary says per axis whether it mattered, by intervals ("nccl: no effect detected
 here (A/A)"), and the recommendation does not present a pick from 1 stable cell of 8 as an answer.
-Records carry real runs and the aggregates recording.finish computes from them (stats.summarize)."""
+Records carry real runs and the aggregates analysis.finish computes from them (stats.summarize)."""
 
 import pytest
 

@@ -86,6 +86,6 @@ def test_unchanged_metrics_warn_and_rebuilt_ones_do_not():
     committed = {"jobs": {"nccl=default,spec.steps=1": {"throughput_tok_s": 300.0}}}
     w = same_metrics_warning(dict(committed), committed, "ci_smoke", "HEAD")
     assert w.startswith("warning: experiments/ci_smoke/metrics.json in the workspace is the one committed at HEAD")
-    assert "python -m spec_decode.views.experiment rebuild ci_smoke" in w
+    assert "python -m spec_decode.bench rebuild ci_smoke" in w
     rebuilt = {"jobs": {"nccl=default,spec.steps=1": {"throughput_tok_s": 301.5}}}
     assert same_metrics_warning(rebuilt, committed, "ci_smoke", "HEAD") is None

@@ -12,9 +12,8 @@ from spec_decode.engines import server_extra_env
 from spec_decode.engines.embedded.decoding import FILL_TOKEN, ForcedAcceptance
 from spec_decode.engines.server_process import server_env
 from spec_decode.record import results
-from spec_decode.runner import recording
 from spec_decode.runner.baselines import baseline_config
-from spec_decode.runner.context import JobContext
+from spec_decode.runner.context import JobContext, new_record
 from spec_decode.runner.summary import job_summary
 from spec_decode.views.mlflow_run import tags_of
 
@@ -103,9 +102,9 @@ def test_the_spec_server_alone_gets_the_env_and_inherited_forcing_is_dropped(mon
 def test_performance_only_labels_the_forced_spec_record_not_its_baseline(tmp_path):
     ctx = JobContext(out_dir=tmp_path, run_name="spec.simulate_accept_len=2.0", root=ROOT)
     cfg = experiment("spec.simulate_accept_len=2.0")
-    spec = recording.new_record(cfg, ctx, "spec", {}, [])
-    base = recording.new_record(baseline_config(cfg), ctx, "baseline", {}, [])
-    plain = recording.new_record(experiment(), ctx, "spec", {}, [])
+    spec = new_record(cfg, ctx, "spec", {}, [])
+    base = new_record(baseline_config(cfg), ctx, "baseline", {}, [])
+    plain = new_record(experiment(), ctx, "spec", {}, [])
     assert results.performance_only(spec) and not results.performance_only(base)
     assert not results.performance_only(plain)
     assert tags_of(spec)["spec_decode.performance_only"] == "true"

@@ -10,9 +10,9 @@ import threading
 import time
 
 from spec_decode.parsers.profile import rank_path
-from spec_decode.record.provenance import dvc_hashes
 from spec_decode.record.runs import RunRecord
 from spec_decode.runner import doctor
+from spec_decode.runner.provenance import dvc_hashes
 
 DECODE_LINE = (
     "[2026-12-01 06:06:15] Decode batch, #running-req: 1, #token: 119, token usage: 0.01, "

@@ -1,12 +1,17 @@
 """The packages are the layers: a lower layer never imports a higher one (docs/architecture.md).
 
-Floors, bottom up: core < record < analysis < runner < views. Beside them: parsers and probe (leaves),
+Floors, bottom up: core < record < analysis < runner < views. Above them all, imported by nothing of ours:
+the command modules (``__main__``, ``hydra_entry``: Hydra -> run_job, ``bench``: an experiment's sweep ->
+metrics.json). Beside them: parsers and probe (leaves),
 engines (core and its own modules; the embedded engine's processes also run the plugins), profiler (code
 that runs inside the server: parsers and the plugin registry only). Every import counts, at module
 level, inside a function or under TYPE_CHECKING alike.
 
 KNOWN lists the arrows that still run the wrong way, each with the piece that sits in the wrong room.
 It may only shrink: a new wrong arrow fails, and so does a listed one that no longer exists (delete it).
+
+Nothing in ``views/`` runs a sweep: no view starts ``run.py`` (a child process) or calls ``runner.job``; the
+sweep commands live in ``spec_decode/bench.py``.
 
 The engine is an object (``spec_decode/engines/engine.py``): outside ``engines/`` no comparison or
 ``match`` names an engine (``engine.name == "sglang"``); the code asks the engine instead.
@@ -41,6 +46,7 @@ SIDE_USERS = {  # which floors may import each side package
     "engines": 3,
     "profiler": 3,
 }
+TOP = {"__main__", "hydra_entry", "bench"}  # the command modules: above every floor, imported by nothing of ours
 KNOWN: set[tuple[str, str]] = set()  # empty: every arrow points down (a new wrong one fails)
 
 
@@ -50,7 +56,11 @@ def _package(mod: str) -> str:
 
 def _allowed(src: str, dst: str) -> bool:
     a, b = _package(src), _package(dst)
-    if a == b or dst in ("", "__main__"):
+    if a == b or dst == "":
+        return True
+    if b in TOP:
+        return False
+    if a in TOP:
         return True
     if a in SIDE:
         return b in SIDE[a] or dst in SIDE[a]
@@ -103,8 +113,7 @@ def edges() -> set[tuple[str, str]]:
 
 def arrows() -> set[tuple[str, str]]:
     """(importer, imported) for every wrong-way import in the package."""
-    # the package root and the CLI (__main__) sit above every floor
-    return {(a, b) for a, b in edges() if a != "__main__" and not _allowed(a, b)}
+    return {(a, b) for a, b in edges() if not _allowed(a, b)}
 
 
 def _module_of(dotted: str) -> str:
@@ -227,3 +236,32 @@ def test_no_branch_on_the_engine_name_outside_engines():
 def test_every_engine_schema_has_an_engine_object():
     assert set(BY_NAME) == set(ENGINES), "core.engine_config.ENGINES and engines.engine.BY_NAME name the same engines"
     assert all(BY_NAME[n].name == n for n in BY_NAME)
+
+
+def sweep_starts_in_views(pkg: Path = PKG) -> list[str]:
+    """``module:function`` of every function in ``views/`` that starts ``run.py`` (a subprocess or exec in a
+    function that names run.py), and every view that imports the job runner (``runner.job``)."""
+    found = []
+    for path in sorted((pkg / "views").glob("*.py")):
+        mod = f"views.{path.stem}"
+        tree = ast.parse(path.read_text())
+        for fn in (n for n in ast.walk(tree) if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef))):
+            starts = any(
+                isinstance(n, ast.Call) and ast.unparse(n.func).startswith(("subprocess.", "os.exec", "os.spawn"))
+                for n in ast.walk(fn)
+            )
+            names_run_py = any(
+                isinstance(n, ast.Constant) and isinstance(n.value, str) and n.value.endswith("run.py")
+                for n in ast.walk(fn)
+            )
+            if starts and names_run_py:
+                found.append(f"{mod}:{fn.name}")
+        found += [f"{mod}: imports {dst}" for dst in _imports(path, mod) if dst.startswith("runner.job")]
+    return found
+
+
+def test_nothing_in_views_runs_a_sweep():
+    found = sweep_starts_in_views()
+    assert not found, "a view runs a sweep (move it to spec_decode/bench.py; views only read records): " + ", ".join(
+        found
+    )

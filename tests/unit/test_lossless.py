@@ -1,5 +1,5 @@
 """The lossless guard, the request pass's categories and the latency percentiles, through
-recording.finish on a composed config with real files (outputs.jsonl) in tmp dirs."""
+analysis.finish on a composed config with real files (outputs.jsonl) in tmp dirs."""
 
 from __future__ import annotations
 
@@ -8,11 +8,14 @@ from pathlib import Path
 
 import pytest
 
+from spec_decode.analysis import finish as analysis_finish
 from spec_decode.analysis import latency, lossless
 from spec_decode.core.prompts import Prompt, load_prompt_set
+from spec_decode.engines.engine import named
 from spec_decode.record import results
-from spec_decode.record.results import JobRecord
-from spec_decode.runner import recording, request_pass
+from spec_decode.record.outputs import write as write_outputs
+from spec_decode.record.results import Category, JobRecord
+from spec_decode.runner import request_pass
 from spec_decode.runner.client import RunRecord
 
 from .test_record import ROOT, new
@@ -48,7 +51,7 @@ def baseline(tmp_path: Path, ids: list[int] | None = GOOD, outputs: dict[int, li
     bdir.mkdir()
     if outputs is not None:
         prompts = [Prompt(i, "x") for i in outputs]
-        request_pass.write_outputs(bdir, prompts, [run(i, v, None) for i, v in outputs.items()])
+        write_outputs(bdir, prompts, [run(i, v, None) for i, v in outputs.items()])
     return JobRecord(
         role="baseline",
         name="baseline",
@@ -67,7 +70,9 @@ def baseline(tmp_path: Path, ids: list[int] | None = GOOD, outputs: dict[int, li
 def finish(tmp_path: Path, rec, cfg, base) -> None:
     out = tmp_path / "spec"
     out.mkdir(exist_ok=True)
-    recording.finish(rec, cfg, "FINISHED", None, recording.Measured(out, out / "server.log"), base)
+    analysis_finish.finish(
+        rec, cfg, "FINISHED", None, analysis_finish.Measured(out, out / "server.log"), base, named(rec.engine.name)
+    )
 
 
 def test_planted_divergence_at_17_fails_the_embedded_job(tmp_path):
@@ -110,7 +115,7 @@ def test_request_pass_outputs_compared_by_prompt_index(tmp_path):
     out.mkdir()
     prompts = [Prompt(i, "x", "qa") for i in mine]
     runs = [run(i, v) for i, v in mine.items()]
-    request_pass.write_outputs(out, prompts, runs)
+    write_outputs(out, prompts, runs)
     rec.requests = [request_pass.entry(p, r) for p, r in zip(prompts, runs)]
     finish(tmp_path, rec, cfg, baseline(tmp_path, outputs={0: GOOD[:20], 1: GOOD[20:40], 3: GOOD[:20]}))
     assert rec.lossless["first_divergence"] == {"3": 5}
@@ -160,8 +165,8 @@ def test_categories_aggregate_run_scoped_accept_length_and_median_tok_s(tmp_path
     rec.requests = [e("code", 100, 50, 1.0), e("code", 100, 25, 0.5), e("qa", 90, 30, 0.3), e("code", 40, 10, 0.1)]
     finish(tmp_path, rec, cfg, None)
     # code: 240 tokens / 85 verifies (not the mean of 2.0, 4.0, 4.0); tok/s median of 100, 200, 400
-    assert rec.categories["code"] == {"n": 3, "accept_len": pytest.approx(240 / 85), "throughput_tok_s": 200.0}
-    assert rec.categories["qa"]["accept_len"] == 3.0
+    assert rec.categories["code"] == Category(3, pytest.approx(240 / 85), 200.0)
+    assert rec.categories["qa"].accept_len == 3.0
     m = rec.metrics
     assert m["category_code_accept_len"] == pytest.approx(240 / 85) and m["category_qa_throughput_tok_s"] == 300.0
 

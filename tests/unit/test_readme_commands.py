@@ -102,7 +102,7 @@ def test_every_experiment_readme_command_has_a_kind():
         assert rule is not None, f"{c.section}:{c.line}: {c.text!r} matches no rule in RULES"
         kinds.setdefault(rule.kind, []).append(c.text)
     # the reruns are the rebuild (git unchanged); a named `dvc repro X@Y` must run nothing in a fresh clone
-    assert "python -m spec_decode.views.experiment rebuild ci_smoke" in kinds["experiment-rebuild"]
+    assert "python -m spec_decode.bench rebuild ci_smoke" in kinds["experiment-rebuild"]
     assert "dvc repro bench@ci_smoke report@ci_smoke" in kinds["repro-stages"]
     assert all(r.keeps_git for r in rx.RULES if r.kind == "experiment-rebuild")  # it must leave git as it was
     assert all(r.restores for r in rx.RULES if r.kind in ("repro-experiment", "repro-models", "drafter-bench"))

@@ -1,6 +1,6 @@
 """The step recommendation (spec_decode.analysis.recommend): noisy cells refused, a conservative score, "cannot
 decide" when the data cannot, performance-only records never chosen. Records carry real runs and the
-aggregates recording.finish computes from them (stats.summarize)."""
+aggregates analysis.finish computes from them (stats.summarize)."""
 
 import pytest
 

@@ -1,4 +1,4 @@
-"""The typed job record: recording.finish computes from real files, one write, schema-1 records still read,
+"""The typed job record: analysis.finish computes from real files, one write, schema-1 records still read,
 the profile windows, and the drift guard's findings."""
 
 import json
@@ -7,12 +7,13 @@ from pathlib import Path
 import pytest
 
 from spec_decode.analysis import drift
+from spec_decode.analysis.finish import Measured, add_drift, finish
+from spec_decode.engines.engine import engine_of
 from spec_decode.parsers import profile
 from spec_decode.record import results
 from spec_decode.record.results import JobRecord
-from spec_decode.runner import recording
 from spec_decode.runner.client import RunRecord
-from spec_decode.runner.context import JobContext
+from spec_decode.runner.context import JobContext, new_record
 
 from ..conftest import compose_experiment
 
@@ -25,7 +26,7 @@ experiment = compose_experiment
 
 def new(tmp_path: Path, *overrides: str, role: str = "spec") -> tuple:
     cfg = experiment(*overrides)
-    rec = recording.new_record(cfg, JobContext(out_dir=tmp_path, run_name="spec.steps=2", root=ROOT), role, {}, [])
+    rec = new_record(cfg, JobContext(out_dir=tmp_path, run_name="spec.steps=2", root=ROOT), role, {}, [])
     return cfg, rec
 
 
@@ -98,8 +99,14 @@ def test_finish_computes_every_figure_from_the_runs_profile_and_log(tmp_path):
         out_dir="/b",
     )
 
-    recording.finish(
-        rec, cfg, "FINISHED", None, recording.Measured(tmp_path, log, [(len(before), len(before) + len(inside))]), base
+    finish(
+        rec,
+        cfg,
+        "FINISHED",
+        None,
+        Measured(tmp_path, log, [(len(before), len(before) + len(inside))]),
+        base,
+        engine_of(cfg),
     )
 
     m = rec.metrics
@@ -137,8 +144,8 @@ def test_finish_computes_every_figure_from_the_runs_profile_and_log(tmp_path):
 
 def test_failed_job_without_runs_has_no_numbers_and_no_checks(tmp_path):
     cfg, rec = new(tmp_path)
-    recording.finish(
-        rec, cfg, "FAILED", "ServerError: boom", recording.Measured(tmp_path, tmp_path / "server.log", []), None
+    finish(
+        rec, cfg, "FAILED", "ServerError: boom", Measured(tmp_path, tmp_path / "server.log", []), None, engine_of(cfg)
     )
     assert (rec.status, rec.error, rec.metrics, rec.checks) == ("FAILED", "ServerError: boom", {}, [])
     assert rec.profile == {"missing": "no profile lines from rank 0 in the timed runs (plugin not loaded?)"}
@@ -148,7 +155,7 @@ def test_failed_job_without_runs_has_no_numbers_and_no_checks(tmp_path):
 def test_the_record_is_written_once_and_reads_back_equal(tmp_path):
     cfg, rec = new(tmp_path)
     rec.runs = [run(0, 100, 0.25, 40, 1000.0)]
-    recording.finish(rec, cfg, "FINISHED", None, recording.Measured(tmp_path, tmp_path / "server.log", []), None)
+    finish(rec, cfg, "FINISHED", None, Measured(tmp_path, tmp_path / "server.log", []), None, engine_of(cfg))
     results.write(tmp_path, rec)
     back = results.read(tmp_path)
     assert back.to_dict() == json.loads(json.dumps(rec.to_dict()))
@@ -268,9 +275,9 @@ def test_drift_interval_and_environment_findings():
 def test_add_drift_only_for_finished_baselines(tmp_path):
     _, spec = new(tmp_path)
     spec.status, spec.metrics = "FINISHED", {"throughput_tok_s": 1.0}
-    recording.add_drift(spec, [ref(300.0)])
+    add_drift(spec, [ref(300.0)])
     assert spec.drift is None
     _, base = new(tmp_path, "drafter=none", role="baseline")
     base.status, base.metrics, base.server_env = "FINISHED", {"throughput_tok_s": 100.0}, {"NCCL_PROTO": "LL"}
-    recording.add_drift(base, [ref(300.0, started=1), ref(310.0, started=2), ref(290.0, started=3)])
+    add_drift(base, [ref(300.0, started=1), ref(310.0, started=2), ref(290.0, started=3)])
     assert base.drift.outside_interval and base.warnings == [base.drift.message]

@@ -1,6 +1,6 @@
 """Issue 25's pure parts on known inputs: the A/A control and the recommendation's refusal, cells folded
 over blocks (the interval from block-level values), the compare verdict, the host fingerprint and load
-window. Records carry real runs and the aggregates recording.finish computes from them."""
+window. Records carry real runs and the aggregates analysis.finish computes from them."""
 
 import math
 import statistics
@@ -9,11 +9,11 @@ import matplotlib
 import pytest
 from scipy import stats as st
 
-from spec_decode.analysis import blocks, compare, control, recommend
+from spec_decode.analysis import blocks, compare, control, host, recommend
 from spec_decode.analysis import stats as sd_stats
 from spec_decode.analysis.costmodel import chain_accept_len
-from spec_decode.record import host
 from spec_decode.record.results import EngineInfo, JobRecord
+from spec_decode.runner import machine
 from spec_decode.runner.client import RunRecord
 from spec_decode.views import plots, report
 
@@ -320,7 +320,7 @@ flags\t\t: fpu sse4_2 avx avx2 fma avx512f amx_tile hypervisor
 
 
 def test_cpu_facts_and_the_load_window():
-    f = host.cpu_facts(CPUINFO)
+    f = machine.cpu_facts(CPUINFO)
     assert f == {
         "cpu_model": "Intel(R) Xeon(R) Platinum 8480+",
         "cpu_vendor": "GenuineIntel",
@@ -331,7 +331,7 @@ def test_cpu_facts_and_the_load_window():
     # 1000 ticks: 500 user, 200 idle, 100 iowait, 200 steal -> busy 70%, steal 20%
     a = {"t": 10.0, "cpu": [0] * 8, "loadavg": [4.0, 3.0, 2.0]}
     b = {"t": 12.5, "cpu": [500, 0, 0, 200, 100, 0, 0, 200], "loadavg": [6.0, 3.5, 2.1]}
-    w = host.window(a, b)
+    w = machine.window(a, b)
     assert w == {
         "s": 2.5,
         "load1_start": 4.0,
@@ -342,7 +342,7 @@ def test_cpu_facts_and_the_load_window():
     }
     m = host.metrics_of([w, {**w, "s": 7.5, "steal_pct": 0.0, "load1_start": 8.0, "load1_end": 8.0}])
     assert m == {"host_load1": 6.5, "host_load1_max": 8.0, "host_steal_pct": 5.0, "host_busy_pct": 70.0}
-    live = host.fingerprint()
+    live = machine.fingerprint()
     assert live["logical_cores"] >= 1 and live["cpu_model"] and "host:" in host.describe(live)
 
 

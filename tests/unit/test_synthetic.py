@@ -15,9 +15,9 @@ from spec_decode.engines.embedded import synthetic
 from spec_decode.engines.embedded.decoding import FILL_TOKEN, Decoder, ForcedAcceptance
 from spec_decode.engines.embedded.model import load_drafter, load_target
 from spec_decode.record import results
-from spec_decode.runner import preflight, recording
+from spec_decode.runner import preflight
 from spec_decode.runner.baselines import baseline_config
-from spec_decode.runner.context import JobContext
+from spec_decode.runner.context import JobContext, new_record
 
 from ..conftest import compose_experiment
 
@@ -131,9 +131,7 @@ def test_preflight_refuses_a_synthetic_pair_without_forcing_and_names_the_genera
 def test_every_record_on_a_synthetic_target_is_performance_only(tmp_path):
     ctx = JobContext(out_dir=tmp_path, run_name="x", root=ROOT)
     cfg = compose_experiment(*PAIR, "spec.simulate_accept_len=2")
-    spec = recording.new_record(cfg, ctx, "spec", {}, [])
-    base = recording.new_record(baseline_config(cfg), ctx, "baseline", {}, [])
+    spec = new_record(cfg, ctx, "spec", {}, [])
+    base = new_record(baseline_config(cfg), ctx, "baseline", {}, [])
     assert results.performance_only(spec) and results.performance_only(base)
-    assert not results.performance_only(
-        recording.new_record(baseline_config(compose_experiment()), ctx, "baseline", {}, [])
-    )
+    assert not results.performance_only(new_record(baseline_config(compose_experiment()), ctx, "baseline", {}, []))

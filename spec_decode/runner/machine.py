@@ -1,14 +1,14 @@
-"""The host a number was measured on: what it is (fingerprint) and how busy it was while the timed runs ran.
+"""The machine a job runs on, sampled by the runner (the record stores what these return, as read):
 
 - ``fingerprint()``: CPU model, vendor, the ISA flags that change a CPU engine's speed (a summary, not the
   whole flag list), logical / physical cores, the cores this process may use, memory, kernel, whether a
   hypervisor is visible; where ``nvidia-smi`` exists, every GPU's name, driver, current and maximum SM
   clock, and the NCCL version torch loads. Never required: a missing source leaves its field None.
+  It goes into the record's ``provenance.host`` (``runner.provenance.collect``).
 - ``sample()`` / ``window(a, b)``: /proc/stat's CPU times and /proc/loadavg at the start and the end of a
   launch's timed runs -> the 1-minute load at both ends, and the shares of CPU time that were busy, stolen
-  by the hypervisor (steal: another VM had our core) and waiting for I/O over the window.
-- ``metrics_of(windows)``: the job's flat figures (``host_load1``, ``host_load1_max``, ``host_steal_pct``,
-  ``host_busy_pct``); ``analysis.compare.host_differences`` names what differs between two fingerprints.
+  by the hypervisor (steal: another VM had our core) and waiting for I/O over the window (the record's
+  ``launches[].host``; ``analysis.host.metrics_of`` sums them into the job's metrics).
 """
 
 from __future__ import annotations
@@ -155,36 +155,3 @@ def window(a: dict, b: dict) -> dict:
                 iowait_pct=round(100 * d["iowait"] / total, 2),
             )
     return out
-
-
-def metrics_of(windows: list[dict]) -> dict[str, float]:
-    """A job's host figures over its timed windows: mean and max 1-minute load (both ends of every
-    window), steal and busy shares weighted by the windows' durations."""
-    loads = [w[k] for w in windows for k in ("load1_start", "load1_end") if w.get(k) is not None]
-    out: dict[str, float] = {}
-    if loads:
-        out["host_load1"] = sum(loads) / len(loads)
-        out["host_load1_max"] = max(loads)
-    timed = [w for w in windows if "steal_pct" in w and w.get("s")]
-    if timed:
-        total = sum(w["s"] for w in timed)
-        out["host_steal_pct"] = sum(w["steal_pct"] * w["s"] for w in timed) / total
-        out["host_busy_pct"] = sum(w["busy_pct"] * w["s"] for w in timed) / total
-    return out
-
-
-def describe(fp: dict | None) -> str:
-    """One line: ``Intel Xeon ..., 2 cores (2 usable), avx2 fma avx512f; GPUs: ...``."""
-    if not fp:
-        return "host: unknown (recorded before the host fingerprint)"
-    gpus = fp.get("gpus") or []
-    gpu = (
-        f"; {len(gpus)} x {gpus[0].get('name')} (driver {gpus[0].get('driver_version')}, SM "
-        f"{gpus[0].get('clocks.sm')}/{gpus[0].get('clocks.max.sm')} MHz), NCCL {fp.get('nccl_version')}"
-        if gpus
-        else "; no GPU"
-    )
-    return (
-        f"host: {fp.get('cpu_model')}, {fp.get('logical_cores')} cores ({fp.get('usable_cores')} usable), "
-        f"ISA {' '.join(fp.get('isa') or []) or '?'}" + (", VM" if fp.get("hypervisor") else "") + gpu
-    )

@@ -1,8 +1,12 @@
-"""The job's record from start to the one write: ``new_record`` when the job starts, ``finish`` when it
-ends (the derived sections in order, each a pure function of ``analysis.sections`` or
-``record.provenance``), ``add_drift`` for a job that measured a baseline. ``record.results.write`` then writes it.
+"""The record's finish: every derived section, computed from what a job measured, in order (``finish``),
+and the drift guard's finding for a job that measured a baseline (``add_drift``). The runner calls them
+(``runner.job.measure``) and then writes the record once (``record.results.write``); nothing here
+measures, launches or writes.
 
-Who computes each section: the table in docs/architecture.md.
+Each section is a pure function (``analysis.sections`` and the modules it names) returning a ``Section``;
+``finish`` takes them in turn (later ones read earlier metrics). What the job's engine decides (exact
+outputs or not, the host-stamp rule of its profile) comes in as ``engine``: analysis does not import the
+engines (they import analysis). Who computes each section: the table in docs/architecture.md.
 """
 
 from __future__ import annotations
@@ -11,19 +15,24 @@ import functools
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Protocol
 
-from spec_decode.analysis import drift, lossless, sections
+from spec_decode.analysis import categories, drift, host, lossless, sections
 from spec_decode.analysis.checks import cost_model_metrics, host_oversubscribed, run_checks
 from spec_decode.analysis.drift import Reference
 from spec_decode.analysis.sections import Section
-from spec_decode.core.config import ExperimentConfig, config_hash, resolved_dict
-from spec_decode.engines.engine import engine_of, named
+from spec_decode.core.config import BenchmarkConfig, ExperimentConfig, NcclConfig
 from spec_decode.parsers import decode_log
-from spec_decode.probe import nccl as nccl_probe
-from spec_decode.record import host, provenance
-from spec_decode.record.results import BaselineRef, EngineInfo, JobRecord, performance_only
-from spec_decode.runner import request_pass
-from spec_decode.runner.context import JobContext
+from spec_decode.record import outputs
+from spec_decode.record.results import BaselineRef, JobRecord, performance_only
+
+
+class EngineFacts(Protocol):
+    """What ``finish`` asks of the job's engine (``engines.engine.Engine`` answers it)."""
+
+    exact_outputs: bool
+
+    def host_stamps_na(self, cfg: ExperimentConfig) -> str | None: ...
 
 
 @dataclass
@@ -38,35 +47,6 @@ class Measured:
     live_env_tree: dict = field(default_factory=dict)
 
 
-def new_record(
-    cfg: ExperimentConfig, ctx: JobContext, role: str, extra_env: dict[str, str], warnings: list[str]
-) -> JobRecord:
-    """The job's record as it starts (RUNNING): config, names, provenance."""
-    conf = resolved_dict(cfg)
-    return JobRecord(
-        role=role,
-        name=ctx.run_name,
-        experiment=cfg.name,
-        overrides=list(ctx.overrides),
-        config=conf,
-        config_hash=config_hash(conf),
-        engine=EngineInfo(cfg.engine.name),
-        speculative=cfg.speculative,
-        server_env_extra=provenance.redact_env(extra_env),
-        warnings=list(warnings),
-        out_dir=str(ctx.out_dir),
-        provenance=provenance.collect(
-            ctx.root,
-            {
-                "target": cfg.model.path,
-                "drafter": cfg.drafter.path,
-                "prompts": cfg.benchmark.prompts,
-                "request_prompts": cfg.benchmark.request_prompts if cfg.benchmark.request_pass else None,
-            },
-        ),
-    )
-
-
 def finish(
     rec: JobRecord,
     cfg: ExperimentConfig,
@@ -74,12 +54,13 @@ def finish(
     error: str | None,
     measured: Measured,
     baseline: JobRecord | None,
+    engine: EngineFacts,
 ) -> None:
     """Every section computed from what was measured, in order (later ones read earlier metrics). Writes nothing."""
     rec.status, rec.error, rec.ended_at = status, error, time.time()
     metrics: dict[str, float] = {}
     take = functools.partial(_take, rec, metrics)
-    take(_server_env_section(rec, cfg, measured))
+    take(_server_env_section(rec, cfg.nccl, measured))
     rec.engine.version = (rec.server_info or {}).get("version")
     take(sections.throughput(rec.runs, cfg.benchmark.launches))
     take(sections.server_start(rec.launches))
@@ -87,31 +68,35 @@ def finish(
         take(sections.acceptance_counters(rec.runs, cfg.spec.num_draft_tokens or 0))
     take(sections.profiler_cost(rec.profile_pass, rec.profiled_runs, rec.runs))
     if cfg.speculative:
-        _profile_and_request_acceptance(rec, cfg, measured, take)
+        _profile_and_request_acceptance(
+            rec, cfg.spec.steps, cfg.benchmark.profile, measured, engine.host_stamps_na(cfg), take
+        )
     take(sections.decode_log_summary(decode_log.read_windows(measured.log_path, measured.log_windows)))
     _speedup(rec, baseline, take)
-    take(nccl_section(rec.nccl_probe, rec.provenance))
+    take(sections.nccl_section(rec.nccl_probe, rec.provenance))
     take(Section(metrics=cost_model_metrics(metrics)))
     take(sections.latency_percentiles(rec.runs))
-    take(request_pass.categories_section(rec.requests))
-    take(lossless_section(rec, cfg, measured.out_dir, baseline))
-    take(Section(metrics=host.metrics_of([x["host"] for x in rec.launches if "host" in x])))  # record/host.py
+    take(categories.section(rec.requests))
+    take(lossless_section(rec, cfg.benchmark, measured.out_dir, baseline, engine.exact_outputs))
+    take(Section(metrics=host.metrics_of([x["host"] for x in rec.launches if "host" in x])))
     rec.metrics = {k: float(v) for k, v in metrics.items() if v is not None}
-    _checks(rec, cfg)
+    _checks(rec, cfg.spec.steps if cfg.speculative else 0, cfg.benchmark.stream)
 
 
-def _server_env_section(rec: JobRecord, cfg: ExperimentConfig, measured: Measured) -> Section:
+def _server_env_section(rec: JobRecord, nccl: NcclConfig, measured: Measured) -> Section:
     """The first launch's server environment read back, against the NCCL profile's (record.provenance)."""
     pid = rec.launches[0]["pid"] if rec.launches else None
-    return sections.server_env_section(measured.live_env, measured.live_env_tree, pid, cfg.nccl.name, cfg.nccl.env)
+    return sections.server_env_section(measured.live_env, measured.live_env_tree, pid, nccl.name, nccl.env)
 
 
-def _profile_and_request_acceptance(rec: JobRecord, cfg: ExperimentConfig, measured: Measured, take) -> None:
+def _profile_and_request_acceptance(
+    rec: JobRecord, steps: int, profile_on: bool, measured: Measured, host_stamps_na: str | None, take
+) -> None:
     """The phase profile, then the acceptance per request (from the profiled cycles where there are any)."""
-    run_cycles = _phase_profile(rec, cfg, measured.out_dir / "profile.jsonl", take)
+    run_cycles = _phase_profile(rec, profile_on, measured.out_dir / "profile.jsonl", host_stamps_na, take)
     if rec.runs:
         runs = _profile_windows(rec) if run_cycles else rec.runs
-        take(sections.request_acceptance(cfg.spec.steps, runs, run_cycles, rec.requests, rec.acceptance))
+        take(sections.request_acceptance(steps, runs, run_cycles, rec.requests, rec.acceptance))
 
 
 def _speedup(rec: JobRecord, baseline: JobRecord | None, take) -> None:
@@ -128,19 +113,19 @@ def _speedup(rec: JobRecord, baseline: JobRecord | None, take) -> None:
         rec.baseline = BaselineRef(baseline and baseline.out_dir, baseline and baseline.mlflow_run_id, base_summary)
 
 
-def _checks(rec: JobRecord, cfg: ExperimentConfig) -> None:
+def _checks(rec: JobRecord, steps: int, stream: bool) -> None:
     """The checks over the finished metrics and runs, then the lossless guard's verdict (a check, or a warning)."""
     rec.checks = run_checks(
         rec.metrics,
         [r.as_dict() for r in rec.runs],
         rec.profile,
         rec.speculative,
-        cfg.spec.steps if cfg.speculative else 0,
+        steps,
         [r.as_dict() for r in _profile_windows(rec)],
         host_oversubscribed(
             rec.metrics.get("host_load1"), ((rec.provenance or {}).get("host") or {}).get("usable_cores")
         ),
-        cfg.benchmark.stream,
+        stream,
     )
     if (check := lossless.check_of(rec.lossless)) is not None:
         rec.checks.append(check)
@@ -148,15 +133,17 @@ def _checks(rec: JobRecord, cfg: ExperimentConfig) -> None:
         rec.warnings.append(f"lossless guard: {rec.lossless['reason']}")
 
 
-def _phase_profile(rec: JobRecord, cfg: ExperimentConfig, path: Path, take) -> list[list[dict]] | None:
+def _phase_profile(
+    rec: JobRecord, profile_on: bool, path: Path, host_stamps_na: str | None, take
+) -> list[list[dict]] | None:
     """The phase profile section (``analysis.sections.phase_profile``); returns each profiled run's cycles."""
     section, run_cycles = sections.phase_profile(
         path,
         _profile_windows(rec),
         not rec.profiled_runs,
-        cfg.benchmark.profile,
+        profile_on,
         bool(rec.runs),
-        engine_of(cfg).host_stamps_na(cfg),
+        host_stamps_na,
     )
     take(section)
     return run_cycles
@@ -182,24 +169,23 @@ def _pairings(launches: list[dict]) -> list[str]:
     return sorted({x.get("pairing", "interleaved") for x in launches if "baseline_pid" in x})
 
 
-def lossless_section(rec: JobRecord, cfg: ExperimentConfig, out_dir: Path, baseline: JobRecord | None) -> Section:
+def lossless_section(
+    rec: JobRecord, b: BenchmarkConfig, out_dir: Path, baseline: JobRecord | None, exact: bool
+) -> Section:
     """The spec job's outputs against the baseline's for the same prompts (``spec_decode.analysis.lossless``):
     the timed runs against the paired baseline's runs (else the baseline job's), the request pass
     against the baseline's request pass (the baseline job's ``outputs.jsonl``, else the paired server's)."""
     if rec.role != "spec":
         return Section({"lossless": lossless.skipped("a baseline job (no speculation to check)")})
-    b = cfg.benchmark
     base_runs = rec.baseline_runs or (baseline.runs if baseline is not None else [])
     base_ids = next((r.output_ids for r in base_runs if r.output_ids is not None), None)
     comparisons = [
         lossless.Comparison(f"timed:{b.prompt_index}", r.output_ids, base_ids, b.max_new_tokens) for r in rec.runs
     ]
     if rec.requests:
-        mine = request_pass.read_outputs(out_dir)
+        mine = outputs.read(out_dir)
         theirs = (
-            request_pass.read_outputs(baseline.out_dir)
-            if baseline is not None
-            else request_pass.read_outputs(out_dir, request_pass.PAIRED_OUTPUTS_FILE)
+            outputs.read(baseline.out_dir) if baseline is not None else outputs.read(out_dir, outputs.PAIRED_FILE)
         )  # the paired server's
         comparisons += [
             lossless.Comparison(
@@ -212,7 +198,7 @@ def lossless_section(rec: JobRecord, cfg: ExperimentConfig, out_dir: Path, basel
         ]
     verdict = lossless.guard(
         comparisons,
-        named(rec.engine.name).exact_outputs,
+        exact,
         b.temperature,
         performance_only(rec),
         has_baseline=bool(base_runs) or baseline is not None,
@@ -245,11 +231,3 @@ def add_drift(rec: JobRecord, earlier: list[Reference]) -> None:
     )
     if rec.drift is not None and rec.drift.message:
         rec.warnings.append(rec.drift.message)
-
-
-def nccl_section(probe_result: dict | None, prov: dict) -> Section:
-    """The NCCL probe's metrics, and its backend and library facts copied into the provenance."""
-    if not probe_result:
-        return Section()
-    facts = {k: probe_result.get(k) for k in ("backend", "nccl_version", "algorithms", "protocols")}
-    return Section({"provenance": {**prov, "nccl": facts}}, nccl_probe.metrics_of(probe_result))

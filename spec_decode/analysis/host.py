@@ -1,0 +1,39 @@
+"""The host's figures, derived from what the runner sampled (``runner.machine``): a job's load and steal
+over its timed windows (``metrics_of``), and one line naming a fingerprint (``describe``);
+``analysis.compare.host_differences`` names what differs between two fingerprints.
+"""
+
+from __future__ import annotations
+
+
+def metrics_of(windows: list[dict]) -> dict[str, float]:
+    """A job's host figures over its timed windows: mean and max 1-minute load (both ends of every
+    window), steal and busy shares weighted by the windows' durations."""
+    loads = [w[k] for w in windows for k in ("load1_start", "load1_end") if w.get(k) is not None]
+    out: dict[str, float] = {}
+    if loads:
+        out["host_load1"] = sum(loads) / len(loads)
+        out["host_load1_max"] = max(loads)
+    timed = [w for w in windows if "steal_pct" in w and w.get("s")]
+    if timed:
+        total = sum(w["s"] for w in timed)
+        out["host_steal_pct"] = sum(w["steal_pct"] * w["s"] for w in timed) / total
+        out["host_busy_pct"] = sum(w["busy_pct"] * w["s"] for w in timed) / total
+    return out
+
+
+def describe(fp: dict | None) -> str:
+    """One line: ``Intel Xeon ..., 2 cores (2 usable), avx2 fma avx512f; GPUs: ...``."""
+    if not fp:
+        return "host: unknown (recorded before the host fingerprint)"
+    gpus = fp.get("gpus") or []
+    gpu = (
+        f"; {len(gpus)} x {gpus[0].get('name')} (driver {gpus[0].get('driver_version')}, SM "
+        f"{gpus[0].get('clocks.sm')}/{gpus[0].get('clocks.max.sm')} MHz), NCCL {fp.get('nccl_version')}"
+        if gpus
+        else "; no GPU"
+    )
+    return (
+        f"host: {fp.get('cpu_model')}, {fp.get('logical_cores')} cores ({fp.get('usable_cores')} usable), "
+        f"ISA {' '.join(fp.get('isa') or []) or '?'}" + (", VM" if fp.get("hypervisor") else "") + gpu
+    )

@@ -1,0 +1,56 @@
+"""docs/architecture.md is the map of the code: its layers block names every module of every package, in
+that package's entry, and every floor it states is the one ``tests/unit/test_layers.py`` enforces. A module
+added, moved or removed without the map fails here."""
+
+import re
+
+import pytest
+
+from .test_layers import FLOOR, PKG, TOP
+
+pytestmark = pytest.mark.unit
+
+DOC = PKG.parent / "docs" / "architecture.md"
+
+
+def layer_entries() -> dict[str, str]:
+    """Package (or top-level module) -> the text of its entry in the layers block."""
+    block = DOC.read_text().split("## The layers", 1)[1].split("```", 2)[1]
+    entries: dict[str, str] = {}
+    name = None
+    for line in block.splitlines():
+        m = re.match(r"^  (\w+)(/|\.py)?\s", line)
+        if m:
+            name = m.group(1)
+            entries[name] = ""
+        if name:
+            entries[name] += line + "\n"
+    return entries
+
+
+def unnamed_modules() -> list[str]:
+    entries = layer_entries()
+    missing = []
+    for pkg in sorted(p for p in PKG.iterdir() if p.is_dir() and (p / "__init__.py").exists()):
+        text = entries.get(pkg.name)
+        if text is None:
+            missing.append(f"{pkg.name}/ (no entry)")
+            continue
+        for mod in sorted(pkg.glob("*.py")):
+            if mod.stem != "__init__" and not re.search(rf"\b{mod.stem}\b", text):
+                missing.append(f"{pkg.name}/{mod.name}")
+    for top in sorted(TOP):
+        if top not in entries:
+            missing.append(f"{top}.py (no entry)")
+    return missing
+
+
+def test_the_layers_block_names_every_module():
+    missing = unnamed_modules()
+    assert not missing, "docs/architecture.md's layers block does not name: " + ", ".join(missing)
+
+
+def test_the_floors_the_map_states_are_the_enforced_ones():
+    entries = layer_entries()
+    for pkg, floor in FLOOR.items():
+        assert f"floor {floor}" in entries[pkg], f"docs/architecture.md: {pkg}/ is floor {floor} in test_layers.FLOOR"
