@@ -34,7 +34,6 @@ FIELDS = (
 )
 
 
-
 def parse(argvs: list[list[str]]) -> list[dict]:
     out = []
     for argv in argvs:
