@@ -150,3 +150,32 @@ def _run_single(root: Path) -> Job:
     out = root / "job"
     proc = run_py([*small(), *store["overrides"], f"hydra.run.dir={out}"])
     return Job(dir=out, proc=proc, uri=store["uri"])
+
+
+# The request pass's job, as test_request_pass ran it: spec.steps=3 with the request pass (12 prompts of 6
+# categories, 24 tokens, no forced EOS), benchmark.paired=false (a baseline job beside it, with its own
+# record and request pass), its own MLflow store.
+REQUEST_PASS_JOB = [
+    *small(),
+    "spec.steps=3",
+    "benchmark.stream=false",
+    "benchmark.request_pass=true",
+    "benchmark.request_max_new_tokens=24",
+    "benchmark.ignore_eos=false",
+]
+
+
+@pytest.fixture(scope="session")
+def request_pass_job(tmp_path_factory) -> Job:
+    """`python run.py REQUEST_PASS_JOB benchmark.paired=false` (the job strategy: a spec job and its
+    baseline job, two servers): read by test_request_pass (categories, outputs.jsonl, the lossless guard,
+    MLflow) and test_baseline_strategy (the job strategy's record beside a paired run of the same config).
+    Once per test run (`_once`); tests only read it."""
+    return _once(tmp_path_factory, "request_pass", _run_request_pass)
+
+
+def _run_request_pass(root: Path) -> Job:
+    store = store_at(root)
+    out = root / "job"
+    proc = run_py([*REQUEST_PASS_JOB, *store["overrides"], "benchmark.paired=false", f"hydra.run.dir={out}"])
+    return Job(dir=out, proc=proc, uri=store["uri"])
