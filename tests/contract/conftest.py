@@ -19,7 +19,9 @@ def _absent(why: str) -> None:
 
 @pytest.fixture(scope="session")
 def sglang_args():
-    """parse(argvs) -> one result per argv from SGLang's own prepare_server_args, in a subprocess."""
+    """parse(argvs) -> one result per argv from SGLang's own prepare_server_args, in a subprocess (its
+    import needs the triton stub and patches torch). One probe process per test session answers every
+    call, line by line: SGLang's import (~4.5 s of CPU) once, not once per test."""
     import importlib.util
     import json
     import subprocess
@@ -29,20 +31,46 @@ def sglang_args():
     from importlib.metadata import version
 
     assert version("sglang") == "0.5.23", f"contract tests pin sglang 0.5.23, found {version('sglang')}"
+    import tempfile
+    import threading
+
+    errlog = tempfile.TemporaryFile(mode="w+")  # the probe's stderr (a pipe left unread could fill and block it)
+    probe = subprocess.Popen(
+        [sys.executable, str(Path(__file__).parent / "sglang_probe.py")],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        stderr=errlog,
+        text=True,
+    )
+
+    def stderr_tail() -> str:
+        errlog.seek(0)
+        return errlog.read()[-3000:]
 
     def parse(argvs: list[list[str]]) -> list[dict]:
-        p = subprocess.run(
-            [sys.executable, str(Path(__file__).parent / "sglang_probe.py")],
-            input=json.dumps(argvs),
-            capture_output=True,
-            text=True,
-            timeout=300,
-        )
-        line = [x for x in p.stdout.splitlines() if x.startswith("PROBE_RESULT ")]
-        assert p.returncode == 0 and line, p.stderr[-3000:]
-        return json.loads(line[0][len("PROBE_RESULT ") :])
+        assert probe.poll() is None, f"the SGLang probe exited {probe.returncode}:\n{stderr_tail()}"
+        probe.stdin.write(json.dumps(argvs) + "\n")
+        probe.stdin.flush()
+        watchdog = threading.Timer(300, probe.kill)  # the old per-call timeout: a hung probe fails the test
+        watchdog.start()
+        try:
+            for line in probe.stdout:  # SGLang may print its own lines first
+                if line.startswith("PROBE_RESULT "):
+                    return json.loads(line[len("PROBE_RESULT ") :])
+        finally:
+            watchdog.cancel()
+        raise AssertionError(f"the SGLang probe exited {probe.wait(timeout=60)} without a result:\n{stderr_tail()}")
 
-    return parse
+    try:
+        yield parse
+    finally:
+        probe.stdin.close()
+        try:
+            probe.wait(timeout=60)
+        except subprocess.TimeoutExpired:
+            probe.kill()
+            probe.wait()
+        errlog.close()
 
 
 @pytest.fixture(scope="session")

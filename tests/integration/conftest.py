@@ -8,6 +8,7 @@ from __future__ import annotations
 import json
 import os
 import subprocess
+import sys
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable, TypeVar
@@ -15,7 +16,7 @@ from typing import Callable, TypeVar
 import pytest
 from filelock import FileLock
 
-from ..conftest import run_py, small, store_at
+from ..conftest import ROOT, run_py, small, store_at
 
 # Put into the headline sweep's environment; tests/integration/test_reliability.py then proves that none
 # of them reaches a file, the MLflow store or an artifact.
@@ -150,3 +151,63 @@ def _run_single(root: Path) -> Job:
     out = root / "job"
     proc = run_py([*small(), *store["overrides"], f"hydra.run.dir={out}"])
     return Job(dir=out, proc=proc, uri=store["uri"])
+
+
+# The request pass's job, as test_request_pass ran it: spec.steps=3 with the request pass (12 prompts of 6
+# categories, 24 tokens, no forced EOS), benchmark.paired=false (a baseline job beside it, with its own
+# record and request pass), its own MLflow store.
+REQUEST_PASS_JOB = [
+    *small(),
+    "spec.steps=3",
+    "benchmark.stream=false",
+    "benchmark.request_pass=true",
+    "benchmark.request_max_new_tokens=24",
+    "benchmark.ignore_eos=false",
+]
+
+
+@pytest.fixture(scope="session")
+def request_pass_job(tmp_path_factory) -> Job:
+    """`python run.py REQUEST_PASS_JOB benchmark.paired=false` (the job strategy: a spec job and its
+    baseline job, two servers): read by test_request_pass (categories, outputs.jsonl, the lossless guard,
+    MLflow) and test_baseline_strategy (the job strategy's record beside a paired run of the same config).
+    Once per test run (`_once`); tests only read it."""
+    return _once(tmp_path_factory, "request_pass", _run_request_pass)
+
+
+def _run_request_pass(root: Path) -> Job:
+    store = store_at(root)
+    out = root / "job"
+    proc = run_py([*REQUEST_PASS_JOB, *store["overrides"], "benchmark.paired=false", f"hydra.run.dir={out}"])
+    return Job(dir=out, proc=proc, uri=store["uri"])
+
+
+@pytest.fixture(scope="session")
+def headline_report_by_flag(tmp_path_factory, headline_sweep) -> Job:
+    """`python -m spec_decode.views.report --mlflow-run <the headline sweep's parent run> --uri <its store>`,
+    run from an empty dir (``dir``) with MLFLOW_TRACKING_URI naming another store (``uri``: sqlite, no
+    file). Read by test_runner (it writes nothing in the cwd; the charts are where it says) and
+    test_store_uri (the flag wins over the variable, and the variable's store is not created): one report
+    process (~4.7 s of CPU), not two. Once per test run (`_once`); tests only read it."""
+    return _once(tmp_path_factory, "report_by_flag", lambda root: _run_report_by_flag(root, headline_sweep))
+
+
+def _run_report_by_flag(root: Path, sweep: Sweep) -> Job:
+    from mlflow.tracking import MlflowClient
+
+    c = MlflowClient(sweep.uri)
+    runs = c.search_runs([c.get_experiment_by_name("spec-decode-bench").experiment_id])
+    parent = [r for r in runs if r.data.tags.get("spec_decode.role") == "sweep"][0]
+    cwd = root / "cwd"
+    cwd.mkdir()
+    other = f"sqlite:///{root / 'no.db'}"
+    env = {k: v for k, v in os.environ.items() if k != "MLFLOW_TRACKING_URI"}
+    proc = subprocess.run(
+        [sys.executable, "-m", "spec_decode.views.report", "--mlflow-run", parent.info.run_id, "--uri", sweep.uri],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        cwd=cwd,
+        env={**env, "PYTHONPATH": str(ROOT), "MLFLOW_TRACKING_URI": other},
+    )
+    return Job(dir=cwd, proc=proc, uri=other)

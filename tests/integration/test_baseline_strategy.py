@@ -9,7 +9,8 @@ import json
 
 import pytest
 
-from ..conftest import run_py, small
+from ..conftest import run_py
+from .conftest import REQUEST_PASS_JOB
 
 pytestmark = pytest.mark.integration
 
@@ -19,15 +20,10 @@ def servers(rec: dict) -> set[int]:
     return {pid for x in rec["launches"] for pid in (x.get("pid"), x.get("baseline_pid")) if pid is not None}
 
 
-def test_default_run_starts_two_servers_and_the_job_strategy_the_same_record_fields(tmp_path):
-    common = [
-        *small(),
-        "tracking=off",
-        "benchmark.request_pass=true",
-        "benchmark.request_max_new_tokens=16",
-        "benchmark.ignore_eos=false",
-    ]
-    run_py([*common, f"hydra.run.dir={tmp_path / 'paired'}"])
+def test_default_run_starts_two_servers_and_the_job_strategy_the_same_record_fields(tmp_path, request_pass_job):
+    # the paired run: the shared request-pass job's config (tests/integration/conftest.py: REQUEST_PASS_JOB),
+    # the default strategy, tracking off
+    run_py([*REQUEST_PASS_JOB, "tracking=off", f"hydra.run.dir={tmp_path / 'paired'}"])
     paired = json.loads((tmp_path / "paired" / "results.json").read_text())
     assert not (tmp_path / "paired" / "baseline").exists()  # no baseline job
     assert len(servers(paired)) == 2 and len(paired["launches"]) == 1
@@ -41,12 +37,13 @@ def test_default_run_starts_two_servers_and_the_job_strategy_the_same_record_fie
     assert g["verdict"] == "pass" and g["requests"] == 2 + 12, g
     assert (tmp_path / "paired" / "baseline.outputs.jsonl").is_file()
 
-    run_py([*common, "benchmark.paired=false", f"hydra.run.dir={tmp_path / 'job'}"])
-    job = json.loads((tmp_path / "job" / "results.json").read_text())
-    base = json.loads((tmp_path / "job" / "baseline" / "results.json").read_text())
+    # the job strategy (benchmark.paired=false) on the same config: the shared job, read only
+    d = request_pass_job.dir
+    job = json.loads((d / "results.json").read_text())
+    base = json.loads((d / "baseline" / "results.json").read_text())
     assert len(servers(job)) == 1 and len(servers(base)) == 1  # two servers, one per job
     assert job["speedup_vs_baseline"]["method"] == "welch" and job["baseline_runs"] == []
-    assert job["baseline"]["out_dir"] == str(tmp_path / "job" / "baseline")
+    assert job["baseline"]["out_dir"] == str(d / "baseline")
     assert job["lossless"]["verdict"] == "pass" and job["lossless"]["requests"] == 2 + 12
     assert list(paired) == list(job)  # the same record fields, in the same order
     assert set(paired["metrics"]) == set(job["metrics"])

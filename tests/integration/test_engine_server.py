@@ -181,11 +181,25 @@ class TestSpecServer:
         assert r.status_code == 400 and "JSON" in r.json()["error"]["message"]
 
 
-def test_baseline_server_has_no_spec_fields(tmp_path):
-    with embedded_server(tmp_path / "server.log", startup_timeout_s=60) as srv:
-        out = requests.post(srv.base_url + "/generate", json=BODY, timeout=30).json()
-        assert out["meta_info"]["completion_tokens"] == 64
-        assert not [k for k in out["meta_info"] if k.startswith("spec_")]
+@pytest.fixture(scope="module")
+def baseline_server(tmp_path_factory):
+    """One baseline server (no speculation) for the two tests below, started without SPEC_DECODE_PROFILE
+    (the server inherits our environment): the torch test needs the front as it runs without the
+    profiler, the spec-fields test any baseline server. One launch, not two."""
+    d = tmp_path_factory.mktemp("baseline_server")
+    with pytest.MonkeyPatch.context() as mp:
+        mp.delenv("SPEC_DECODE_PROFILE", raising=False)
+        srv = embedded_server(d / "server.log", startup_timeout_s=60).start()
+    try:
+        yield srv
+    finally:
+        srv.stop()
+
+
+def test_baseline_server_has_no_spec_fields(baseline_server):
+    out = requests.post(baseline_server.base_url + "/generate", json=BODY, timeout=30).json()
+    assert out["meta_info"]["completion_tokens"] == 64
+    assert not [k for k in out["meta_info"] if k.startswith("spec_")]
 
 
 def libtorch_mapped(pid: int) -> bool:
@@ -193,17 +207,16 @@ def libtorch_mapped(pid: int) -> bool:
     return "libtorch" in Path(f"/proc/{pid}/maps").read_text()
 
 
-def test_the_front_never_loads_torch_without_the_profiler(tmp_path, monkeypatch):
+def test_the_front_never_loads_torch_without_the_profiler(baseline_server):
     """The front (HTTP, rank group) computes nothing with torch: importing it cost each server ~1 s of CPU
     (docs/testing.md). Only its rank loads torch -- seen through the same check, so a check that cannot
-    see torch would fail here too."""
-    monkeypatch.delenv("SPEC_DECODE_PROFILE", raising=False)  # the server inherits our environment
-    with embedded_server(tmp_path / "server.log", startup_timeout_s=60) as srv:
-        r = requests.post(srv.base_url + "/generate", json=BODY, timeout=30)
-        assert r.status_code == 200
-        (rank,) = requests.get(srv.base_url + "/server_info", timeout=5).json()["rank_pids"]
-        assert libtorch_mapped(rank)
-        assert not libtorch_mapped(srv.pid), "the front imported torch (python -X importtime shows through what)"
+    see torch would fail here too. The module's baseline server was started without SPEC_DECODE_PROFILE."""
+    srv = baseline_server
+    r = requests.post(srv.base_url + "/generate", json=BODY, timeout=30)
+    assert r.status_code == 200
+    (rank,) = requests.get(srv.base_url + "/server_info", timeout=5).json()["rank_pids"]
+    assert libtorch_mapped(rank)
+    assert not libtorch_mapped(srv.pid), "the front imported torch (python -X importtime shows through what)"
 
 
 def start(args: list[str], timeout: float = 60) -> subprocess.CompletedProcess:

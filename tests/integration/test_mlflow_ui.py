@@ -41,10 +41,12 @@ def chromium(url: str, profile: Path, *, shot: Path | None = None) -> str:
     return subprocess.run([*args, "--dump-dom", url], capture_output=True, text=True, timeout=180, check=True).stdout
 
 
-@pytest.fixture
+@pytest.fixture(scope="module")
 def ui(headline_sweep):
     """`mlflow ui` on the shared sweep's store (tests/integration/conftest.py: spec.steps=1,3 x nccl), as
-    the sweep's last lines name it (`open: mlflow ui --backend-store-uri … --app-name spec-decode  ->  …`)."""
+    the sweep's last lines name it (`open: mlflow ui --backend-store-uri … --app-name spec-decode  ->  …`).
+    One server for the module's two tests (each page still from a fresh browser profile; what a page can
+    change is in the store, which both tests share anyway): one `mlflow ui` start-up, not two."""
     printed = re.search(r"open: (mlflow ui .+?)  ->", headline_sweep.proc.stderr).group(1)
     argv = shlex.split(printed)
     assert argv[argv.index("--backend-store-uri") + 1] == headline_sweep.uri and "--app-name" in argv, printed

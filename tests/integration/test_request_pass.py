@@ -17,21 +17,10 @@ pytestmark = pytest.mark.integration
 CATEGORIES = {"narrative", "qa", "summarization", "translation", "math", "code"}
 
 
-def test_request_pass_categories_and_lossless_pass(tmp_path, tmp_store):
-    out = tmp_path / "job"
-    run_py(
-        [
-            *small(),
-            "spec.steps=3",
-            "benchmark.stream=false",
-            "benchmark.request_pass=true",
-            "benchmark.request_max_new_tokens=24",
-            "benchmark.ignore_eos=false",
-            *tmp_store["overrides"],
-            "benchmark.paired=false",
-            f"hydra.run.dir={out}",
-        ]
-    )  # a baseline job with its own record
+def test_request_pass_categories_and_lossless_pass(request_pass_job):
+    # the shared job (tests/integration/conftest.py: REQUEST_PASS_JOB, benchmark.paired=false, its own
+    # store): a baseline job with its own record; test_baseline_strategy reads it too
+    out = request_pass_job.dir
     spec = json.loads((out / "results.json").read_text())
     base = json.loads((out / "baseline" / "results.json").read_text())
     for rec, d in ((spec, out), (base, out / "baseline")):
@@ -59,7 +48,7 @@ def test_request_pass_categories_and_lossless_pass(tmp_path, tmp_store):
     g = spec["lossless"]
     assert g["verdict"] == "pass" and g["requests"] == 2 + 12 and g["first_divergence"] == {}
     assert {c["name"]: c["ok"] for c in spec["checks"]}["lossless_vs_baseline"] is True
-    run = MlflowClient(tmp_store["uri"]).get_run(spec["mlflow_run_id"])
+    run = MlflowClient(request_pass_job.uri).get_run(spec["mlflow_run_id"])
     assert run.data.metrics["lossless_match_rate"] == 1.0
     assert run.data.metrics["category_code_accept_len"] == pytest.approx(
         spec["categories"]["code"]["accept_len"], abs=1e-4

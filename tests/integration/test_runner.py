@@ -2,7 +2,6 @@
 through MlflowClient; single runs; dry runs; bad overrides fail before any server starts."""
 
 import json
-import os
 import subprocess
 import sys
 import time
@@ -30,7 +29,9 @@ def runs_of(uri: str):
     return c, c.search_runs([exp.experiment_id], order_by=["start_time ASC"])
 
 
-def test_sweep_steps_by_nccl_gives_parent_children_and_paired_baselines(tmp_path, headline_sweep):
+def test_sweep_steps_by_nccl_gives_parent_children_and_paired_baselines(
+    tmp_path, headline_sweep, headline_report_by_flag
+):
     # the shared sweep (tests/integration/conftest.py): -m spec.steps=1,3 nccl=tuned,default, small jobs,
     # with a stray NCCL_PROTO=Simple in run.py's environment
     sweep, proc = headline_sweep.dir, headline_sweep.proc
@@ -115,25 +116,10 @@ def test_sweep_steps_by_nccl_gives_parent_children_and_paired_baselines(tmp_path
         "sweep_summary.json",
         "plots",
     }
-    # report --mlflow-run writes under the directory it names, nothing in the cwd
-    cwd = tmp_path / "cwd"
-    cwd.mkdir()
-    rep = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "spec_decode.views.report",
-            "--mlflow-run",
-            parents[0].info.run_id,
-            "--uri",
-            headline_sweep.uri,
-        ],
-        capture_output=True,
-        text=True,
-        timeout=120,
-        cwd=cwd,
-        env={**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[2])},
-    )
+    # report --mlflow-run writes under the directory it names, nothing in the cwd (the shared run of it,
+    # tests/integration/conftest.py: headline_report_by_flag, from an empty dir; test_store_uri reads it too)
+    rep, cwd = headline_report_by_flag.proc, headline_report_by_flag.dir
+    assert rep.args[-4:] == ["--mlflow-run", parents[0].info.run_id, "--uri", headline_sweep.uri]
     assert rep.returncode == 0, rep.stderr
     assert list(cwd.iterdir()) == []
     named = Path(rep.stderr.split("downloaded the sweep's results.json files to ", 1)[1].split()[0])

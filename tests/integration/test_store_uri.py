@@ -5,6 +5,7 @@ is named by the variable alone), real sqlite store, real report CLI run from ano
 import os
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 from mlflow.tracking import MlflowClient
@@ -28,7 +29,7 @@ def report(args, cwd, env_uri=None):
     )
 
 
-def test_the_variable_is_honoured_and_readers_create_no_store(tmp_path, headline_sweep):
+def test_the_variable_is_honoured_and_readers_create_no_store(tmp_path, headline_sweep, headline_report_by_flag):
     # run.py: the shared sweep (tests/integration/conftest.py) had no tracking.uri on its command line;
     # the variable alone named its store
     uri = headline_sweep.uri
@@ -43,10 +44,13 @@ def test_the_variable_is_honoured_and_readers_create_no_store(tmp_path, headline
     assert p.returncode == 0, p.stderr
     assert "4 job(s): 4 FINISHED" in p.stdout  # paired baselines: no baseline jobs
     assert not (elsewhere / "mlflow.db").exists()
-    # the flag wins over the variable
-    p = report(["--mlflow-run", parent.info.run_id, "--uri", uri], elsewhere, env_uri=f"sqlite:///{tmp_path}/no.db")
+    # the flag wins over the variable (the shared run of report --mlflow-run ID --uri URI with the variable
+    # naming another store, tests/integration/conftest.py: headline_report_by_flag; test_runner reads it too)
+    p, other = headline_report_by_flag.proc, headline_report_by_flag.uri
+    assert p.args[-4:] == ["--mlflow-run", parent.info.run_id, "--uri", uri] and other != uri
     assert p.returncode == 0, p.stderr
-    assert not (tmp_path / "no.db").exists()
+    assert "4 job(s): 4 FINISHED" in p.stdout
+    assert not Path(other[len("sqlite:///") :]).exists()
     # no variable, no flag, no store here: a clear error, and still no store created
     p = report(["--mlflow-run", parent.info.run_id], elsewhere)
     assert p.returncode == 2
