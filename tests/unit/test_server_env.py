@@ -19,6 +19,20 @@ def test_inherited_nccl_tuning_dropped_but_nvls_off_kept(monkeypatch):
     assert {k: v for k, v in env.items() if k.startswith("NCCL_")} == {"NCCL_PROTO": "LL", "NCCL_NVLS_ENABLE": "0"}
 
 
+def test_a_containers_nccl_version_label_is_no_dropped_tuning(monkeypatch):
+    """NVIDIA's images export NCCL_VERSION (the lent H200: 2.28.3-1), which NCCL never reads: it is not
+    named as a dropped NCCL variable (the warning fired on every job of the 2026-12-04 GPU session), and
+    it passes through; a real stray tuning beside it is still named."""
+    from spec_decode.runner.preflight import inherited_nccl
+
+    cfg = compose_experiment("nccl=tuned")
+    monkeypatch.setenv("NCCL_VERSION", "2.28.3-1")
+    assert inherited_nccl(cfg, {"NCCL_VERSION": "2.28.3-1", "PATH": "/bin"}) is None
+    assert server_env({})["NCCL_VERSION"] == "2.28.3-1"
+    warning = inherited_nccl(cfg, {"NCCL_VERSION": "2.28.3-1", "NCCL_ALGO": "Tree"})
+    assert warning is not None and "NCCL_ALGO=Tree" in warning and "NCCL_VERSION" not in warning
+
+
 def test_which_allreduce_runs_is_the_configs_never_an_inherited_switch(monkeypatch):
     """SGLANG_ENABLE_PCIE_IPC_ALLREDUCE (SGLang's PCIe-IPC all-reduce, chosen before NCCL for decode):
     engine.pcie_ipc_allreduce decides it, passed explicitly; an inherited copy never reaches a server."""
