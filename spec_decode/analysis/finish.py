@@ -129,8 +129,8 @@ def _checks(rec: JobRecord, steps: int, stream: bool) -> None:
     )
     if (check := lossless.check_of(rec.lossless)) is not None:
         rec.checks.append(check)
-    elif rec.lossless["verdict"] == "warn":
-        rec.warnings.append(f"lossless guard: {rec.lossless['reason']}")
+    elif rec.lossless is not None and rec.lossless.verdict == "warn":
+        rec.warnings.append(f"lossless guard: {rec.lossless.reason}")
 
 
 def _phase_profile(
@@ -203,7 +203,7 @@ def lossless_section(
         performance_only(rec),
         has_baseline=bool(base_runs) or baseline is not None,
     )
-    return Section({"lossless": verdict}, {"lossless_match_rate": verdict["match_rate"]} if verdict["checked"] else {})
+    return Section({"lossless": verdict}, {"lossless_match_rate": verdict.match_rate} if verdict.checked else {})
 
 
 def measures_baseline(rec: JobRecord) -> str | None:

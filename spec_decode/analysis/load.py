@@ -239,12 +239,12 @@ def _guard(rec: JobRecord, b: BenchmarkConfig, baseline: JobRecord | None, runs:
         has_baseline=bool(job_ref)
         or any("load_reference" in x and PAIRED in x["load_reference"] for x in rec.launches),
     )
-    verdict["what"] = "every request under load vs the baseline's output of its prompt at bs 1"
+    verdict.what = "every request under load vs the baseline's output of its prompt at bs 1"
     rec.lossless = verdict
     rec.checks = [c for c in rec.checks if c.name != "lossless_vs_baseline"]
     if (check := lossless.check_of(verdict)) is not None:
         rec.checks.append(check)
-    if verdict["checked"]:
-        rec.metrics["lossless_match_rate"] = float(verdict["match_rate"])
-    elif verdict["verdict"] == "warn":
-        rec.warnings.append(f"lossless guard: {verdict['reason']}")
+    if verdict.checked:
+        rec.metrics["lossless_match_rate"] = float(verdict.match_rate)
+    elif verdict.verdict == "warn":
+        rec.warnings.append(f"lossless guard: {verdict.reason}")

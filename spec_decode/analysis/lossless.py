@@ -20,7 +20,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Optional
 
-from spec_decode.record.results import Check
+from spec_decode.record.results import Check, Lossless
 
 PERFORMANCE_ONLY = "performance-only (forced acceptance)"
 
@@ -46,16 +46,16 @@ def first_divergence(spec: list[int], base: list[int], max_new_tokens: int) -> O
     return None
 
 
-def skipped(reason: str) -> dict:
-    return {
-        "checked": False,
-        "requests": 0,
-        "matched": 0,
-        "match_rate": None,
-        "first_divergence": {},
-        "verdict": "skipped",
-        "reason": reason,
-    }
+def skipped(reason: str) -> Lossless:
+    return Lossless(
+        checked=False,
+        requests=0,
+        matched=0,
+        match_rate=None,
+        first_divergence={},
+        verdict="skipped",
+        reason=reason,
+    )
 
 
 def guard(
@@ -97,26 +97,26 @@ def guard(
             else "SGLang's GPU kernels are not always batch-invariant: check whether it is the kernels"
         )
         reason = f"{n - matched} of {n} outputs differ from the baseline's (first divergence: {where}); {why}{note}"
-    return {
-        "checked": True,
-        "requests": n,
-        "matched": matched,
-        "match_rate": matched / n,
-        "first_divergence": first,
-        "verdict": verdict,
-        "reason": reason,
-    }
+    return Lossless(
+        checked=True,
+        requests=n,
+        matched=matched,
+        match_rate=matched / n,
+        first_divergence=first,
+        verdict=verdict,
+        reason=reason,
+    )
 
 
-def check_of(lossless: dict) -> Optional[Check]:
+def check_of(lossless: Lossless | None) -> Optional[Check]:
     """The failed/passed check for a checked embedded job (``warn`` and ``skipped`` give none: SGLang's
     mismatch is a warning, a skipped guard compared nothing)."""
-    if lossless.get("verdict") not in ("pass", "fail"):
+    if lossless is None or lossless.verdict not in ("pass", "fail"):
         return None
     return Check(
         "lossless_vs_baseline",
-        lossless["verdict"] == "pass",
-        lossless["match_rate"],
+        lossless.verdict == "pass",
+        lossless.match_rate,
         "match_rate == 1.0 (greedy: the baseline's tokens)",
-        lossless["reason"],
+        lossless.reason,
     )

@@ -33,7 +33,7 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass, field
 
 from spec_decode.analysis import control
-from spec_decode.record.results import JobRecord, performance_only, section
+from spec_decode.record.results import JobRecord, performance_only
 
 STABLE_MAX = 0.05  # robust CV (or CV) of a cell's runs' tok/s; why 5%: see the module doc
 MIN_RUNS = 3  # a MAD or a CV of 2 runs says nothing about the spread
@@ -92,7 +92,7 @@ def verdict(rec: JobRecord, threshold: float = STABLE_MAX) -> CellVerdict:
         stable, why = False, f"noisy: {measure} {100 * disp:.1f}% > {100 * threshold:.0f}% over {n} runs"
     else:
         stable, why = True, f"stable: {measure} {100 * disp:.1f}% <= {100 * threshold:.0f}% over {n} runs"
-    lossless = (section(rec, "lossless") or {}).get("verdict")
+    lossless = rec.lossless.verdict if rec.lossless is not None else None
     if lossless == "fail":
         why = "lossless check failed (outputs differ from plain decoding); " + why
     if perf:

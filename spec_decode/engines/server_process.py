@@ -39,13 +39,9 @@ import requests
 # SGLang's PCIe-IPC all-reduce switch (engine.pcie_ipc_allreduce; inherited, it would replace NCCL for
 # decode and turn the nccl= axis into a no-op).
 DROPPED_PREFIXES = ("NCCL_", "SGLANG_SIMULATE_ACC_", "SGLANG_ENABLE_PCIE_IPC_ALLREDUCE")
-# Inherited NCCL variables that survive the drop: machine-safety settings an operator sets for every
-# NCCL process on the host (NVLink multicast can take shared GPUs out of service), never tuning.
-KEPT_NCCL = ("NCCL_NVLS_ENABLE",)
-# Inherited NCCL_* names that are no NCCL setting: NVIDIA's CUDA and PyTorch container images export the
-# version of the NCCL they ship (NCCL_VERSION=2.28.3-1 on the lent H200); NCCL reads no such variable, so it
-# passes through and is never named as a dropped tuning.
-NOT_NCCL_SETTINGS = ("NCCL_VERSION",)
+# Inherited NCCL variables that survive the drop: machine safety (NVLink multicast can take shared GPUs
+# out of service), never tuning; and NVIDIA images' label of the NCCL they ship, which NCCL never reads.
+PASSED_THROUGH = ("NCCL_NVLS_ENABLE", "NCCL_VERSION")
 SHUTDOWN_GRACE_S = 30.0  # SGLang's own drain: 15 s for ShutdownReq, then its reaping (>= 25 s)
 KILL_WAIT_S = 10.0  # after SIGKILL: until the processes are gone (the kernel frees their memory)
 GPU_WAIT_S = 60.0  # after that: until no GPU lists one of them (the driver frees its contexts)
@@ -93,8 +89,7 @@ def log_tail(path: Path, lines: int = 20) -> str:
 
 
 def server_env(extra: dict[str, str]) -> dict[str, str]:
-    keep = KEPT_NCCL + NOT_NCCL_SETTINGS
-    env = {k: v for k, v in os.environ.items() if not k.startswith(DROPPED_PREFIXES) or k in keep}
+    env = {k: v for k, v in os.environ.items() if not k.startswith(DROPPED_PREFIXES) or k in PASSED_THROUGH}
     env.update({k: str(v) for k, v in extra.items()})
     return env
 

@@ -88,6 +88,33 @@ class Category:
         return asdict(self)
 
 
+@dataclass
+class Lossless:
+    """The lossless guard's verdict (``analysis.lossless``): the speculative outputs against the baseline's."""
+
+    checked: bool  # False: nothing compared (``reason`` says why)
+    requests: int  # outputs compared
+    matched: int
+    match_rate: float | None
+    first_divergence: dict[str, int]  # per prompt that differed: the first token index where it did
+    verdict: str  # "pass", "fail", "warn" (an engine whose outputs may differ) or "skipped"
+    reason: str
+    what: str | None = None  # what was compared, where not the timed runs and the request pass (under load)
+
+    def as_dict(self) -> dict:
+        d = asdict(self)
+        if self.what is None:
+            del d["what"]
+        return d
+
+
+def lossless_from(data: dict | None) -> Lossless | None:
+    """The ``lossless`` section as JSON holds it (results.json, metrics.json) -> typed; None when absent."""
+    if not data:
+        return None
+    return Lossless(**{f.name: data.get(f.name) for f in dataclasses.fields(Lossless) if f.name in data})
+
+
 def categories_from(data: dict | None) -> dict[str, Category]:
     """The ``categories`` section as JSON holds it (results.json, metrics.json) -> typed, in its order."""
     return {name: Category(c["n"], c["accept_len"], c["throughput_tok_s"]) for name, c in (data or {}).items()}
@@ -155,7 +182,7 @@ class JobRecord:
     latency: dict = field(default_factory=dict)
     requests: list[dict] = field(default_factory=list)  # the request pass, one entry per prompt
     categories: dict[str, Category] = field(default_factory=dict)  # the request pass per prompt category
-    lossless: dict = field(default_factory=dict)  # the lossless guard's verdict (spec_decode.analysis.lossless)
+    lossless: Lossless | None = None  # the lossless guard's verdict (spec_decode.analysis.lossless)
     mlflow_run_id: str | None = None
     extra: dict[str, Any] = field(default_factory=dict)  # keys of other schema versions, kept as read
 
@@ -190,6 +217,8 @@ class JobRecord:
             v = getattr(self, f.name)
             if f.name in RUN_LISTS:
                 v = [r.as_dict() for r in v]
+            elif f.name == "lossless":  # written {} when absent, as before it was typed
+                v = v.as_dict() if v is not None else {}
             elif dataclasses.is_dataclass(v):
                 v = dataclasses.asdict(v)
             elif f.name == "checks":
@@ -211,6 +240,7 @@ class JobRecord:
             known[key] = [RunRecord(**{k: v for k, v in r.items() if k in run_fields}) for r in known.get(key) or []]
         known["engine"] = EngineInfo(**(known.get("engine") or {"name": "unknown"}))
         known["categories"] = categories_from(known.get("categories"))
+        known["lossless"] = lossless_from(known.get("lossless"))
         known["checks"] = [
             Check(**{k: c.get(k) for k in ("name", "ok", "value", "expected", "message")})
             for c in known.get("checks") or []

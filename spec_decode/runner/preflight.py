@@ -14,7 +14,7 @@ from spec_decode.core.config import ExperimentConfig
 from spec_decode.core.nccl_names import NCCL_VARIABLES
 from spec_decode.core.prompts import load_prompts
 from spec_decode.engines.engine import engine_of
-from spec_decode.engines.server_process import KEPT_NCCL, NOT_NCCL_SETTINGS
+from spec_decode.engines.server_process import PASSED_THROUGH
 from spec_decode.record.results import PERFORMANCE_ONLY
 from spec_decode.runner import doctor, pairing
 from spec_decode.runner.preflight_items import (
@@ -39,7 +39,7 @@ class PreflightError(ValueError):
 def inherited_nccl(cfg: ExperimentConfig, environ: dict[str, str]) -> str | None:
     """The NCCL variables exported in this shell, which the server never gets (engines.server_process drops them:
     the NCCL profile alone decides), named -- a user who exported NCCL_PROTO=LL must not believe it ran."""
-    dropped = sorted(k for k in environ if k.startswith("NCCL_") and k not in KEPT_NCCL + NOT_NCCL_SETTINGS)
+    dropped = sorted(k for k in environ if k.startswith("NCCL_") and k not in PASSED_THROUGH)
     if not dropped:
         return None
     now = ", ".join(f"{k}={cfg.nccl.env[k]}" if k in cfg.nccl.env else f"{k} unset" for k in dropped)

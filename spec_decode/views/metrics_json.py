@@ -11,7 +11,7 @@ from pathlib import Path
 from spec_decode.analysis import blocks
 from spec_decode.analysis.acceptance import rates_from_metrics
 from spec_decode.analysis.sections import PHASE_METRICS
-from spec_decode.record.results import Check, EngineInfo, JobRecord, categories_from, section
+from spec_decode.record.results import Check, EngineInfo, JobRecord, categories_from, lossless_from, section
 
 SUMMARY = ("mean", "std", "n", "ci95_lo", "ci95_hi", "cv", "robust_cv")
 
@@ -49,7 +49,7 @@ ISSUE21_METRICS = re.compile(
 
 
 SECTIONS = ("latency", "categories", "lossless")  # issue 21's record sections kept whole (small dicts)
-UNTYPED = ("latency", "lossless")  # of those, the ones the record holds as dicts (categories: record.results.Category)
+UNTYPED = ("latency",)  # of those, the ones the record holds as dicts (categories, lossless: typed in record.results)
 
 
 def job_key(rec: JobRecord) -> str:
@@ -118,7 +118,11 @@ def _entry(i: int, r: JobRecord) -> dict:
     for name in SECTIONS:
         value = section(r, name)
         if value:
-            entry[name] = {k: c.as_dict() for k, c in value.items()} if name == "categories" else value
+            if name == "categories":
+                value = {k: c.as_dict() for k, c in value.items()}
+            elif name == "lossless":
+                value = value.as_dict()
+            entry[name] = value
     if r.speedup_vs_baseline:
         entry["speedup_method"] = r.speedup_vs_baseline.get("method", "welch")
     entry["checks"] = {c.name: c.ok for c in r.checks}
@@ -187,6 +191,7 @@ def records_from_metrics(metrics: dict) -> list[JobRecord]:
                 speedup_vs_baseline={"method": e["speedup_method"]} if "speedup_method" in e else None,
                 acceptance=acc,
                 categories=categories_from(e.get("categories")),
+                lossless=lossless_from(e.get("lossless")),
                 extra={k: e[k] for k in UNTYPED if e.get(k)},
             )
         )

@@ -66,13 +66,12 @@ def job_label(rec: JobRecord) -> str:
 
 
 def lossless_cell(rec: JobRecord) -> str:
-    ll = section(rec, "lossless")
-    if not ll:
+    ll = rec.lossless
+    if ll is None:
         return "-"
-    verdict = ll.get("verdict", "?")
-    if ll.get("match_rate") is not None and verdict != "skipped":
-        return f"{verdict} ({100 * ll['match_rate']:.0f}% match)"
-    return verdict
+    if ll.match_rate is not None and ll.verdict != "skipped":
+        return f"{ll.verdict} ({100 * ll.match_rate:.0f}% match)"
+    return ll.verdict
 
 
 def row(rec: JobRecord) -> dict:

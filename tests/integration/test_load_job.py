@@ -35,7 +35,7 @@ def test_a_job_under_load_has_its_speedup_at_its_own_concurrency(tmp_path):
     # the aggregate tok/s of each run is what the protocol's throughput and speedup read
     mine = [x["aggregate_tok_s"] for x in rec.launches[0]["load_runs"] if x["arm"] == load.SELF]
     assert [r.throughput_tok_s for r in rec.runs] == pytest.approx(mine)
-    assert rec.lossless["verdict"] == "pass" and rec.lossless["requests"] == 2 * 4
+    assert rec.lossless.verdict == "pass" and rec.lossless.requests == 2 * 4
     assert "lossless_vs_baseline" in [c.name for c in rec.checks if c.ok]
     assert rec.extra["load"]["batch_invariance"]["equal"] == 8
 

@@ -23,7 +23,7 @@ def test_one_lookup_from_the_config_and_from_a_records_name():
 
 def test_a_divergence_fails_on_the_exact_engine_and_warns_on_sglang():
     verdicts = {
-        n: lossless.guard(DIVERGED, named(n).exact_outputs, 0.0, False, True)["verdict"] for n in ("embedded", "sglang")
+        n: lossless.guard(DIVERGED, named(n).exact_outputs, 0.0, False, True).verdict for n in ("embedded", "sglang")
     }
     assert verdicts == {"embedded": "fail", "sglang": "warn"}
 

@@ -80,9 +80,9 @@ def test_planted_divergence_at_17_fails_the_embedded_job(tmp_path):
     rec.runs = [run(0, GOOD), run(1, ids_diverging_at(17)), run(2, ids_diverging_at(40))]
     finish(tmp_path, rec, cfg, baseline(tmp_path))
     g = rec.lossless
-    assert g["verdict"] == "fail" and g["checked"] is True
-    assert g["first_divergence"] == {"timed:0": 17}  # the earliest of the two divergent runs
-    assert (g["requests"], g["matched"]) == (3, 1) and rec.metrics["lossless_match_rate"] == pytest.approx(1 / 3)
+    assert g.verdict == "fail" and g.checked is True
+    assert g.first_divergence == {"timed:0": 17}  # the earliest of the two divergent runs
+    assert (g.requests, g.matched) == (3, 1) and rec.metrics["lossless_match_rate"] == pytest.approx(1 / 3)
     assert "lossless_vs_baseline" in rec.failed_checks
     assert "prompt timed:0 at token 17" in {c.name: c for c in rec.checks}["lossless_vs_baseline"].message
 
@@ -92,7 +92,7 @@ def test_on_sglang_a_divergence_is_a_warning_with_the_position(tmp_path):
     rec.engine.name = "sglang"
     rec.runs = [run(0, ids_diverging_at(17)), run(1, GOOD)]
     finish(tmp_path, rec, cfg, baseline(tmp_path))
-    assert rec.lossless["verdict"] == "warn" and rec.lossless["first_divergence"] == {"timed:0": 17}
+    assert rec.lossless.verdict == "warn" and rec.lossless.first_divergence == {"timed:0": 17}
     assert "lossless_vs_baseline" not in rec.failed_checks
     assert any("lossless guard" in w and "token 17" in w for w in rec.warnings)
 
@@ -101,7 +101,7 @@ def test_equal_outputs_pass_and_the_last_cycles_overshoot_still_matches(tmp_path
     cfg, rec = new(tmp_path, "benchmark.max_new_tokens=500")
     rec.runs = [run(0, GOOD + [1, 2]), run(1, GOOD)]  # the last cycle committed 2 tokens past 500
     finish(tmp_path, rec, cfg, baseline(tmp_path))
-    assert rec.lossless["verdict"] == "pass" and rec.lossless["match_rate"] == 1.0
+    assert rec.lossless.verdict == "pass" and rec.lossless.match_rate == 1.0
     assert {c.name: c.ok for c in rec.checks}["lossless_vs_baseline"] is True
     # an output that stopped early (an EOS the baseline did not take) diverges where it stopped
     assert lossless.first_divergence(GOOD[:300], GOOD, 500) == 300
@@ -118,8 +118,8 @@ def test_request_pass_outputs_compared_by_prompt_index(tmp_path):
     write_outputs(out, prompts, runs)
     rec.requests = [request_pass.entry(p, r) for p, r in zip(prompts, runs)]
     finish(tmp_path, rec, cfg, baseline(tmp_path, outputs={0: GOOD[:20], 1: GOOD[20:40], 3: GOOD[:20]}))
-    assert rec.lossless["first_divergence"] == {"3": 5}
-    assert (rec.lossless["requests"], rec.lossless["matched"]) == (4, 3)  # 1 timed run + 3 requests
+    assert rec.lossless.first_divergence == {"3": 5}
+    assert (rec.lossless.requests, rec.lossless.matched) == (4, 3)  # 1 timed run + 3 requests
     assert rec.requests[2]["output_sha256"] != rec.requests[0]["output_sha256"]
 
 
@@ -131,18 +131,18 @@ def test_skipped_with_the_reason(tmp_path, why):
         rec.config["spec"]["simulate_accept_len"] = 2.0
     finish(tmp_path, rec, cfg, None if why == "no_baseline" else baseline(tmp_path))
     g = rec.lossless
-    assert g["verdict"] == "skipped" and g["checked"] is False and "lossless_match_rate" not in rec.metrics
-    assert g["reason"] == {
+    assert g.verdict == "skipped" and g.checked is False and "lossless_match_rate" not in rec.metrics
+    assert g.reason == {
         "forced": "performance-only (forced acceptance)",
         "no_baseline": "no baseline arm to compare with",
         "baseline_role": "a baseline job (no speculation to check)",
-    }.get(why, g["reason"])
+    }.get(why, g.reason)
     assert "lossless_vs_baseline" not in {c.name for c in rec.checks}
 
 
 def test_sampling_is_skipped():
     g = lossless.guard([lossless.Comparison("0", [1], [2], 1)], True, 0.7, False, True)
-    assert g["verdict"] == "skipped" and "temperature 0.7" in g["reason"]
+    assert g.verdict == "skipped" and "temperature 0.7" in g.reason
 
 
 def test_categories_aggregate_run_scoped_accept_length_and_median_tok_s(tmp_path):
