@@ -112,7 +112,7 @@ def lossless_from(data: dict | None) -> Lossless | None:
     """The ``lossless`` section as JSON holds it (results.json, metrics.json) -> typed; None when absent."""
     if not data:
         return None
-    return Lossless(**{f.name: data.get(f.name) for f in dataclasses.fields(Lossless) if f.name in data})
+    return Lossless(**{f.name: data[f.name] for f in dataclasses.fields(Lossless) if f.name in data})
 
 
 def categories_from(data: dict | None) -> dict[str, Category]:

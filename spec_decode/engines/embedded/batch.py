@@ -162,7 +162,7 @@ class BatchResult:
             flat = [x.tolist() for x in self._device_tensors()]
         if self.accepted is not None:
             preds, acc = flat
-            t = len(preds) // max(len(acc), 1)
+            t = self.preds.shape[1]
             self._accepted_drafts = acc
             self._ids = [preds[i * t : i * t + a + 1] for i, a in enumerate(acc)]
             for c, a in zip(self.caches or [], acc):
