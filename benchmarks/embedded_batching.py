@@ -12,7 +12,10 @@ started first, then timed in interleaved rounds (for each round, for each concur
 in turn), so machine noise hits all of them alike. At concurrency c, c calls (prompts 0..c-1 of
 ``data/prompts.jsonl``, cycled, each ``--tokens`` new tokens) are sent at once from c threads; the
 aggregate tok/s is c x tokens / the wall time until the last answer. The table gives medians over the
-rounds and the speedup of steps 3 over the baseline as the median of per-round ratios. "lossless":
+rounds, the speedup of each variant over the baseline as the median of per-round ratios, and the same as
+a geometric mean with a 95% interval (``stats.paired_ratio``: the rounds are the pairs); a last table
+says per variant where speculation stops paying under load (issue 41's crossover). Those intervals hold
+the rounds' noise within one start of each group, not launch-to-launch noise. "lossless":
 every output at every concurrency equals the baseline's output for that prompt sent alone.
 Overlap off (``--disable-overlap-schedule``) runs at the concurrencies of ``--overlap-off-at`` (default 1);
 ``--steps`` lists the speculative variants (default 3), each with overlap on and off, so
@@ -39,6 +42,7 @@ from pathlib import Path
 
 import torch
 
+from spec_decode.analysis.stats import paired_ratio
 from spec_decode.engines.embedded.ranks import RankGroup
 from spec_decode.engines.embedded.scheduler import RankSpec
 from spec_decode.engines.embedded.tokenizer import encode
@@ -97,6 +101,23 @@ def burst(group: RankGroup, prompts: list[list[int]], tokens: int) -> tuple[floa
     return len(prompts) * tokens / (time.perf_counter() - t0), outs
 
 
+def crossover(rows: list[dict], concs: list[int]) -> None:
+    """Per speculative variant: the concurrencies where it pays (the speedup's 95% CI above 1), where it
+    costs (below 1) and where the rounds cannot tell. The intervals are the rounds' (paired per round,
+    Student t on the log ratios) within one start of each rank group: launch-to-launch noise is not in them."""
+    print("\n| variant | pays (CI > 1) | cannot tell | costs (CI < 1) | crossover |")
+    print("|---|---|---|---|---|")
+    for name in dict.fromkeys(r["variant"] for r in rows if r.get("speedup_ci")):
+        by_c = {r["concurrency"]: r["speedup_ci"] for r in rows if r["variant"] == name and r.get("speedup_ci")}
+        pays = [c for c in concs if c in by_c and by_c[c][0] > 1]
+        costs = [c for c in concs if c in by_c and by_c[c][1] < 1]
+        unclear = [c for c in concs if c in by_c and c not in pays and c not in costs]
+        first_not = next((c for c in concs if c in by_c and c not in pays), None)
+        where = "pays at every concurrency" if first_not is None else f"not shown to pay from concurrency {first_not}"
+        fmt = lambda cs: ",".join(map(str, cs)) or "-"  # noqa: E731
+        print(f"| {name} | {fmt(pays)} | {fmt(unclear)} | {fmt(costs)} | {where} |")
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--device", default="cpu")
@@ -142,7 +163,7 @@ def main() -> None:
     variants = {}  # name: (steps, overlap, path, forced accept length or None)
     for path in paths:
         tag = "" if len(paths) == 1 else f" [{path}]"
-        for overlap in (True, False):
+        for overlap in (True, False) if off_at & set(concs) else (True,):  # no overlap-off group never timed
             off = "" if overlap else " overlap-off"
             variants[f"baseline{off}{tag}"] = (0, overlap, path, None)
             for k in steps_list:
@@ -190,8 +211,11 @@ def main() -> None:
         f"paths: {', '.join(paths)} (static: CUDA graphs per bucket up to "
         f"{args.cuda_graph_max_bs_decode or args.max_running_requests} on cuda, eager shapes on cpu)"
     )
-    print("| variant | concurrency | aggregate tok/s (median) | quartiles | speedup vs baseline (median of rounds) |")
-    print("|---|---|---|---|---|")
+    print(
+        "| variant | concurrency | aggregate tok/s (median) | quartiles | speedup vs baseline (median of rounds) "
+        "| geometric mean of rounds [95% CI] |"
+    )
+    print("|---|---|---|---|---|---|")
     rows = []
     for (name, c), rates in tps.items():
         tag = name[name.index(" [") :] if " [" in name else ""
@@ -199,6 +223,7 @@ def main() -> None:
         base = tps[(base_name, c)]
         q = statistics.quantiles(rates, n=4) if len(rates) > 1 else [rates[0]] * 3
         speed = statistics.median(v / b for v, b in zip(rates, base))
+        pr = paired_ratio(rates, base) if name != base_name else None
         rows.append(
             {
                 "variant": name,
@@ -208,10 +233,14 @@ def main() -> None:
                 "q1": q[0],
                 "q3": q[2],
                 "speedup": speed,
+                "speedup_gmean": pr.ratio if pr else None,
+                "speedup_ci": [pr.ci95_lo, pr.ci95_hi] if pr else None,
                 "rounds": rates,
             }
         )
-        print(f"| {name} | {c} | {statistics.median(rates):.0f} | {q[0]:.0f}-{q[2]:.0f} | {speed:.2f}x |")
+        ci = f"{pr.ratio:.3f} [{pr.ci95_lo:.3f}, {pr.ci95_hi:.3f}]" if pr else "-"
+        print(f"| {name} | {c} | {statistics.median(rates):.0f} | {q[0]:.0f}-{q[2]:.0f} | {speed:.2f}x | {ci} |")
+    crossover(rows, concs)
     print("\n| variant | concurrency | overlap on / off (median of per-round ratios) | per round |")
     print("|---|---|---|---|")
     for name in [n for n in variants if "overlap-off" not in n]:

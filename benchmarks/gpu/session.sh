@@ -26,6 +26,8 @@
 #               the second with REAL_SHAPE_ARGS_2 if set, into real_shape-2.tgz
 #       putsync  benchmarks/gpu/put_sync.py on one GPU: StaticRunner._put from pageable vs pinned memory (the
 #               copy's wait for the GPU, the 8B steps-1 cycle); PUT_SYNC_ARGS, e.g. "--repeats 3"
+#       noise   benchmarks/gpu/launch_noise.py on one GPU: launch-to-launch tok/s of a baseline and a steps-3
+#               rank group, their ranks free or pinned to fixed cores, interleaved (NOISE_ARGS); noise.json
 #       sweep   python run.py -m experiment=$SESSION_EXPERIMENT tracking=off [overrides]
 #               (default embedded_h200x2_steps_nccl; on one GPU add hardware=h200x1; SWEEP_TIMEOUT_S bounds it)
 #   e.g.  bash benchmarks/gpu/session.sh tests,probe,engine     # call 1
@@ -36,8 +38,12 @@
 # Writes into $OUT (default ./gpu_out): <step>.log for each step, probe.tgz (JSON + debug logs +
 # machine facts + tables.md) and sweep.tgz (the multirun dir: results.json, server.log, profile.jsonl
 # per job; extract at the repo root, then python -m spec_decode.views.tracking sync multirun/<dir>).
-# At most 7 files: the device tool brings back 8. Every step runs under `timeout`, and the whole call
-# under SESSION_BUDGET_S (default 540 s), so the files come back even when a step hangs.
+# The device tool brings back at most 8 files: at the end, when $OUT holds more (several steps, a
+# second sweep, extra files a command wrote there), the logs are folded into logs.tgz and, if still
+# too many, everything but the archives into rest.tgz (the output tail keeps the last 12,000 characters
+# anyway). CLOCKS=1 samples the GPU's clocks, power and load every 200 ms (nvidia-smi) for the whole
+# call into clocks.csv.gz. Every step runs under `timeout`, and the whole call under SESSION_BUDGET_S
+# (default 540 s), so the files come back even when a step hangs.
 set -u -o pipefail
 
 STEPS=${1:-all}
@@ -50,7 +56,7 @@ PY=${PYTHON:-python3}
 BUDGET_S=${SESSION_BUDGET_S:-540}
 mkdir -p "$OUT" "$WORK"
 for s in ${STEPS//,/ }; do
-  case $s in profile|tests|probe|engine|batching|realshape|putsync|sweep) ;; *) echo "session.sh: unknown step '$s' (profile, tests, probe, engine, batching, realshape, putsync, sweep, all)" >&2; exit 2;; esac
+  case $s in profile|tests|probe|engine|batching|realshape|putsync|noise|sweep) ;; *) echo "session.sh: unknown step '$s' (profile, tests, probe, engine, batching, realshape, putsync, noise, sweep, all)" >&2; exit 2;; esac
 done
 
 # The lent machine's rule (KINDS.md): NVLink multicast stays off in every NCCL process. The runner
@@ -223,6 +229,13 @@ step_putsync() {
   CUDA_VISIBLE_DEVICES=0 PYTHONPATH="$PWD:$PYTHONPATH" bounded "${PUT_SYNC_TIMEOUT_S:-200}" "$PY" benchmarks/gpu/put_sync.py ${PUT_SYNC_ARGS:-}
 }
 
+step_noise() {
+  # Launch-to-launch noise with the ranks free or pinned (benchmarks/gpu/launch_noise.py); NOISE_ARGS, e.g.
+  # "--launches 4 --pin 2,3"; NOISE_TIMEOUT_S (default 200) bounds it; noise.json
+  # shellcheck disable=SC2086  # NOISE_ARGS is a list of flags
+  CUDA_VISIBLE_DEVICES=0 PYTHONPATH="$PWD:$PYTHONPATH" bounded "${NOISE_TIMEOUT_S:-200}" "$PY" benchmarks/gpu/launch_noise.py --json "$OUT/noise.json" ${NOISE_ARGS:-}
+}
+
 step_sweep() {
   local dir rc
   local exp=${SESSION_EXPERIMENT:-embedded_h200x2_steps_nccl}
@@ -234,6 +247,36 @@ step_sweep() {
   [ -d "$dir" ] && tar -czf "$OUT/sweep.tgz" "$dir"
   return $rc
 }
+
+# fold_out: at most OUT_MAX_FILES (8) plain files directly under $OUT (the device tool's limit).
+fold_out() {
+  local max=${OUT_MAX_FILES:-8} f
+  local files=()
+  count() { files=(); for f in "$OUT"/*; do [ -f "$f" ] && files+=("${f##*/}"); done; }
+  count
+  [ "${#files[@]}" -le "$max" ] && return 0
+  local logs=()
+  for f in "${files[@]}"; do case $f in *.log) logs+=("$f");; esac; done
+  if [ "${#logs[@]}" -gt 1 ]; then
+    tar -czf "$OUT/logs.tgz" -C "$OUT" "${logs[@]}" && (cd "$OUT" && rm -f "${logs[@]}")
+    echo "[session] more than $max files under \$OUT: ${logs[*]} folded into logs.tgz"
+  fi
+  count
+  [ "${#files[@]}" -le "$max" ] && return 0
+  local rest=()
+  for f in "${files[@]}"; do case $f in *.tgz) ;; *) rest+=("$f");; esac; done
+  tar -czf "$OUT/rest.tgz" -C "$OUT" "${rest[@]}" && (cd "$OUT" && rm -f "${rest[@]}")
+  echo "[session] still more than $max files: ${rest[*]} folded into rest.tgz"
+  count
+  [ "${#files[@]}" -le "$max" ] || echo "[session] warning: ${#files[@]} files under \$OUT; the device tool returns $max"
+}
+
+clock_pid=""
+if [ "${CLOCKS:-0}" = 1 ] && command -v nvidia-smi >/dev/null; then
+  nvidia-smi --query-gpu=timestamp,index,clocks.sm,clocks.mem,power.draw,utilization.gpu,temperature.gpu,clocks_event_reasons.active \
+    --format=csv -lms 200 > "$WORK/clocks.csv" 2>&1 &
+  clock_pid=$!
+fi
 
 install 2>&1 | tee "$OUT/install.log"
 [ "${PIPESTATUS[0]}" = 0 ] || { echo "[session] install failed: see install.log"; exit 1; }
@@ -248,5 +291,7 @@ for s in ${STEPS//,/ }; do
   echo "[session] === $s exit $rc after ${SECONDS}s"
   [ "$rc" = 0 ] || status=1
 done
+if [ -n "$clock_pid" ]; then kill "$clock_pid" 2>/dev/null; gzip -c "$WORK/clocks.csv" > "$OUT/clocks.csv.gz"; fi
+fold_out
 ls -la "$OUT"
 exit $status
