@@ -29,6 +29,10 @@ NON_CYCLE_GAP_MAX_PCT = 5.0
 # streamed jobs. The streamed bound keeps 1.5x over them.
 STREAMED_GAP_MAX_PCT = 8.0
 ENGINE_CLIENT_TOL = 0.05  # client wall time vs server e2e latency
+# ... or at most this many ms a request beyond it: the HTTP round trip's fixed cost. A healthy 48-token
+# request on an H200 (tests/gpu/test_checks_on_cuda.py) took 38-52 ms in the engine and 3-4 ms more at the
+# client (+7-9%, failing 5%), while a 500-token one spends ~2% there.
+ENGINE_CLIENT_FIXED_MS = 5.0
 COLLAPSE_ACCEPT_LEN = 1.05
 
 
@@ -172,15 +176,16 @@ def run_checks(
     # 5. Client-side vs engine-side time (HTTP and queueing overhead).
     lat = [(r["wall_s"], r["e2e_latency_s"]) for r in runs if r.get("e2e_latency_s")]
     if lat:
-        rel = sum(w for w, _ in lat) / sum(e for _, e in lat) - 1
+        wall, e2e = sum(w for w, _ in lat), sum(e for _, e in lat)
+        rel, extra_ms = wall / e2e - 1, 1000 * (wall - e2e) / len(lat)
         out.append(
             _check(
                 "client_vs_engine_time",
-                -0.01 <= rel <= ENGINE_CLIENT_TOL,
+                -0.01 <= rel and (rel <= ENGINE_CLIENT_TOL or extra_ms <= ENGINE_CLIENT_FIXED_MS),
                 round(rel, 4),
-                f"-0.01 <= rel <= {ENGINE_CLIENT_TOL}",
-                f"client wall time {sum(w for w, _ in lat):.3f} s vs the engine's e2e latency "
-                f"{sum(e for _, e in lat):.3f} s ({100 * rel:+.1f}%)",
+                f"-0.01 <= rel <= {ENGINE_CLIENT_TOL}, or <= {ENGINE_CLIENT_FIXED_MS:g} ms a request more",
+                f"client wall time {wall:.3f} s vs the engine's e2e latency {e2e:.3f} s ({100 * rel:+.1f}%, "
+                f"{extra_ms:+.1f} ms a request)",
             )
         )
     # 6. Speculation is working at all.

@@ -183,6 +183,18 @@ def test_client_much_slower_than_engine_fails():
     assert checks_of(pairs)["client_vs_engine_time"].ok is False
 
 
+@pytest.mark.parametrize(
+    ("e2e_ms", "extra_ms", "ok"), [(40, 3.5, True), (40, 6.0, False), (500, 24, True), (500, 30, False)]
+)
+def test_client_time_allows_the_http_round_trips_fixed_cost(e2e_ms, extra_ms, ok):
+    # a short request on a fast GPU: a few ms of HTTP is > 5% of it but healthy (the H200's 48-token jobs:
+    # +3-4 ms on 38-52 ms); beyond 5 ms a request, or beyond 5% of a long one, it is not
+    pairs = healthy()
+    for r, _ in pairs:
+        r["e2e_latency_s"], r["wall_s"] = e2e_ms / 1000, (e2e_ms + extra_ms) / 1000
+    assert checks_of(pairs)["client_vs_engine_time"].ok is ok
+
+
 def test_cost_model_figures_and_break_even():
     # source story: baseline 88.8 tok/s -> T_dec 11.26 ms; verify/decode 1.66; S = L T_dec / T_cycle
     m = {"accept_len": 1.73, "cycle_ms": 19.85, "verify_ms": 18.66, "baseline_throughput_tok_s": 88.8}
