@@ -61,20 +61,40 @@ class Reference:
     paired: bool = False  # the baseline arm of a paired spec job (else a baseline job)
 
 
+# The serving options and the load a user chooses: each changes a baseline's speed by design, so another
+# value is another setup, not drift (on the H200, 2026-12-04, baselines with the overlap scheduler off
+# were reported "DRIFT ... no provenance difference found" against the overlap-on ones, 1975 vs 2341-2514
+# tok/s). Keys an engine's config lacks (SGLang has no disable_overlap_schedule: its flags are extra_args)
+# are left out.
+ENGINE_OPTIONS = (
+    "disable_overlap_schedule",
+    "cuda_eager_batching",
+    "cuda_graph_max_bs_decode",
+    "torch_compile",
+    "max_running_requests",
+    "extra_args",
+)
+LOAD_OPTIONS = ("concurrency", "request_rate", "load", "load_prompts", "stream", "temperature", "ignore_eos")
+
+
 def identity(config: dict) -> dict[str, object]:
-    """What two baselines must share to be compared (throughput depends on the protocol too). The
-    engine version, the weights and the NCCL profile are not part of it: a change there is a finding
-    (the seed's incident: the same key with other NCCL settings), not a new setup."""
-    b = config["benchmark"]
-    return {
+    """What two baselines must share to be compared (throughput depends on the protocol, the serving
+    options and the load too). The engine version, the weights and the NCCL profile are not part of it: a
+    change there is a finding (the seed's incident: the same key with other NCCL settings), not a new
+    setup. Values as the record holds them (``extra_args`` a list)."""
+    b, e = config["benchmark"], config["engine"]
+    out = {
         "hardware": config["hardware"]["name"],
         "hardware.tp_size": config["hardware"].get("tp_size", 1),
         "model": config["model"]["name"],
-        "engine": config["engine"]["name"],
+        "engine": e["name"],
         "benchmark.max_new_tokens": b["max_new_tokens"],
         "benchmark.prompts": b["prompts"],
         "benchmark.prompt_index": b["prompt_index"],
     }
+    out.update({f"engine.{k}": e[k] for k in ENGINE_OPTIONS if k in e})
+    out.update({f"benchmark.{k}": b[k] for k in LOAD_OPTIONS if k in b})
+    return out
 
 
 def data_hashes_of(provenance: dict) -> dict[str, str]:

@@ -200,7 +200,12 @@ class Tracker:
         """Earlier FINISHED baselines with the same identity (drift.identity): baseline jobs and paired spec
         jobs' baseline arms (tag ``speedup.method=paired``); None if unreachable."""
         ident = drift.identity(rec.config)
-        filt = " and ".join(["attributes.status = 'FINISHED'"] + [f"params.`{k}` = '{v}'" for k, v in ident.items()])
+        # Scalars in the search filter; a list (engine.extra_args) is compared with its logged str() after
+        # (its quotes do not fit the filter's syntax).
+        # Values as params_of logs them: None as "", the rest str().
+        scalar = {k: "" if v is None else str(v) for k, v in ident.items() if not isinstance(v, (list, tuple))}
+        listed = {k: str(list(v)) for k, v in ident.items() if k not in scalar}
+        filt = " and ".join(["attributes.status = 'FINISHED'"] + [f"params.`{k}` = '{v}'" for k, v in scalar.items()])
         try:
             found = self.client.search_runs([self.experiment_id()], filt, max_results=50)
         except Exception as e:  # noqa: BLE001
@@ -213,6 +218,8 @@ class Tracker:
             key = "baseline_throughput_tok_s" if paired else "throughput_tok_s"
             if r.info.run_id == rec.mlflow_run_id or key not in m:
                 continue
+            if any(r.data.params.get(k) != v for k, v in listed.items()):
+                continue  # other engine flags: another setup
             if paired and r.data.tags.get("speedup.method") != "paired":
                 continue  # a spec job against a baseline job: that job is the reference
             ci = (m[f"{key}_ci95_lo"], m[f"{key}_ci95_hi"]) if f"{key}_ci95_lo" in m else None

@@ -16,15 +16,15 @@ from ..conftest import ROOT, compose_experiment
 pytestmark = pytest.mark.integration
 
 
-def baseline(tp: int, tput: float, out_dir, warnings=()) -> JobRecord:
+def baseline(tp: int, tput: float, out_dir, warnings=(), engine=None, load=None) -> JobRecord:
     cfg = {
         "hardware": {"name": "cpu", "tp_size": tp},
         "model": {"name": "tiny_llama"},
-        "engine": {"name": "embedded"},
+        "engine": {"name": "embedded", **(engine or {})},
         "nccl": {"name": "default"},
         "drafter": {"name": "none"},
         "spec": {"steps": 2},
-        "benchmark": {"max_new_tokens": 48, "prompts": "data/prompts.jsonl", "prompt_index": 0},
+        "benchmark": {"max_new_tokens": 48, "prompts": "data/prompts.jsonl", "prompt_index": 0, **(load or {})},
     }
     m = {
         "throughput_tok_s": tput,
@@ -55,6 +55,31 @@ def test_earlier_baselines_are_those_of_the_same_tp(tmp_path):
     tracker.client.set_terminated(rid, "FINISHED")
     assert [r.throughput_tok_s for r in tracker.earlier_baselines(baseline(1, 305.0, tmp_path))] == [300.0]
     assert tracker.earlier_baselines(baseline(2, 150.0, tmp_path)) == []  # tp 2 is another setup, not drift
+
+
+SERVING = {"disable_overlap_schedule": False, "cuda_graph_max_bs_decode": None, "extra_args": ["--cpu-threads", "1"]}
+LOAD = {"concurrency": 1, "request_rate": None, "stream": False}
+
+
+@pytest.mark.parametrize(
+    ("engine", "load", "compared"),
+    [
+        ({}, {}, True),  # the same serving options and load (None, a list and bools as MLflow params)
+        ({"disable_overlap_schedule": True}, {}, False),  # the H200's false DRIFT (2026-12-04)
+        ({"extra_args": ["--cpu-threads", "2"]}, {}, False),  # a list compared after the search
+        ({"cuda_graph_max_bs_decode": 4}, {}, False),
+        ({}, {"request_rate": 2.0}, False),
+        ({}, {"concurrency": 8}, False),
+    ],
+)
+def test_earlier_baselines_are_those_of_the_same_serving_options_and_load(tmp_path, engine, load, compared):
+    tracker = Tracker(f"sqlite:///{tmp_path}/m.db", "drift", str(tmp_path / "art"), ROOT)
+    old = baseline(1, 300.0, tmp_path, engine=SERVING, load=LOAD)
+    rid = tracker.client.create_run(tracker.experiment_id(), run_name="old").info.run_id
+    log_record(tracker.client, rid, old, tmp_path)
+    tracker.client.set_terminated(rid, "FINISHED")
+    now = baseline(1, 250.0, tmp_path, engine={**SERVING, **engine}, load={**LOAD, **load})
+    assert [r.throughput_tok_s for r in tracker.earlier_baselines(now)] == ([300.0] if compared else [])
 
 
 def test_tp_over_the_useful_cores_is_in_the_sweep_summary(tmp_path):

@@ -115,6 +115,13 @@ def test_identity_leaves_engine_version_weights_and_nccl_to_the_findings():
         "benchmark.prompts": "p",
         "benchmark.prompt_index": 0,
     }
+    # the serving options and the load, where the config has them: another value is another setup
+    cfg["engine"].update(disable_overlap_schedule=True, extra_args=["--x"], startup_timeout_s=60)
+    cfg["benchmark"].update(concurrency=8, runs=3)
+    ident = drift.identity(cfg)
+    assert ident["engine.disable_overlap_schedule"] is True and ident["engine.extra_args"] == ["--x"]
+    assert ident["benchmark.concurrency"] == 8
+    assert "engine.startup_timeout_s" not in ident and "benchmark.runs" not in ident  # no effect on speed
     assert drift.data_hashes_of(
         {"data": {"target": {"dvc_md5": "m1"}, "prompts": {"sha256": "s1"}, "x": {"missing": True}}}
     ) == {"target": "m1", "prompts": "s1", "x": "missing"}
