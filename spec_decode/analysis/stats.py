@@ -20,21 +20,25 @@ import math
 import statistics
 from dataclasses import asdict, dataclass
 
-from scipy import special
-
 CV_WARN = 0.03
 
 
 # Student's t through scipy.special, the functions scipy.stats.t calls (same bits for 0 < p < 1): importing
 # scipy.stats costs ~0.4 s of CPU more, paid by every process that imports the record (run.py's jobs, the
-# report, compare, sync, the model builds), and t is all we take from it.
+# report, compare, sync, the model builds), and t is all we take from it. Imported on first use: a run.py
+# that stops in preflight or at a config error imports this module (the sweep callback, the drift guard)
+# and never calls t (scipy.special: ~0.2 s of CPU).
 def t_ppf(p: float, df: float) -> float:
     """scipy.stats.t.ppf(p, df)."""
+    from scipy import special  # lazy: ~0.2 s of CPU, paid on the first t only (above)
+
     return special.stdtrit(df, p)
 
 
 def t_cdf(x: float, df: float) -> float:
     """scipy.stats.t.cdf(x, df)."""
+    from scipy import special  # lazy: ~0.2 s of CPU, paid on the first t only (above)
+
     return special.stdtr(df, x)
 
 

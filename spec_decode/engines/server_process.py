@@ -23,6 +23,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 import shutil
 import signal
@@ -32,7 +33,6 @@ import time
 from pathlib import Path
 
 import psutil
-import requests
 
 # Inherited variables the job's config alone decides: NCCL_* (the NCCL profile), SGLang's forced
 # acceptance (spec.simulate_accept_len; an inherited one would silently make outputs not lossless) and
@@ -171,10 +171,8 @@ def shutdown(
         os.killpg(pid, signal.SIGCONT)
     except (ProcessLookupError, PermissionError):
         pass
-    try:
+    with contextlib.suppress(ProcessLookupError):
         os.kill(pid, signal.SIGTERM)
-    except ProcessLookupError:
-        pass
 
     def left() -> list[psutil.Process]:
         if reap is not None:
@@ -305,6 +303,8 @@ class ServerProcess:
 
     def _wait_healthy(self, t0: float) -> None:
         assert self.proc is not None
+        import requests  # lazy: ~50 ms of CPU that a run.py stopping before its first launch never needs
+
         deadline = t0 + self.startup_timeout_s
         session = requests.Session()
         delay = 0.05

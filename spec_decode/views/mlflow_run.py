@@ -13,7 +13,6 @@ from pathlib import Path
 from spec_decode.core.config import flatten
 from spec_decode.record import results
 from spec_decode.record.results import JobRecord
-from spec_decode.views import charts
 
 RECORD_TAG = "spec_decode.record_id"
 
@@ -158,6 +157,8 @@ def log_record(client, run_id: str, rec: JobRecord, out_dir: Path, plots: bool =
 def log_acceptance_plots(client, run_id: str, rec: JobRecord) -> None:
     """The job's acceptance histogram and rate-by-position charts under plots/ (drawn in a temp dir:
     the job dir holds only what the job wrote)."""
+    from spec_decode.views import charts  # lazy: the cost model's scipy.optimize, ~0.2 s of CPU at start-up
+
     figs = charts.acceptance_figures([rec])
     if not figs:
         return

@@ -20,19 +20,20 @@ from hydra._internal.core_plugins.basic_sweeper import (
 from hydra.core.override_parser.overrides_parser import OverridesParser
 from hydra.experimental.callback import Callback
 from omegaconf import OmegaConf
-from tabulate import tabulate
 
-from spec_decode.analysis import blocks, control, recommend
 from spec_decode.record import results
 from spec_decode.runner import interrupt, progress
 from spec_decode.runner.context import AXES_ENV
-from spec_decode.views.mlflow_run import log_acceptance_plots
-from spec_decode.views.plots import write_plots
-from spec_decode.views.report import sweep_summary
 from spec_decode.views.tracking import PARENT_ENV, Tracker, experiment_tags
+
+# Hydra builds this callback in every run.py, a single job too: what only the summary needs (tabulate, the
+# report, the plots, the A/A control, the step recommendation: scipy, ~0.3 s of CPU) is imported where it is
+# used, so that a run.py stopping at a config error, in preflight or at a dry run does not pay for it.
 
 
 def markdown_summary(table: dict[str, list], sweep_dir: str) -> str:
+    from tabulate import tabulate  # lazy: start-up cost of every run.py (the note after the imports)
+
     cols = list(table)
     rows = [[table[c][i] for c in cols] for i in range(len(table[cols[0]]) if cols else 0)]
     return (
@@ -200,6 +201,12 @@ class SweepCallback(Callback):
         if self._done or self.sweep_dir is None:
             return
         self._done = True
+        # lazy: what only the summary needs; every run.py builds this callback (the note after the imports)
+        from spec_decode.analysis import blocks, control, recommend
+        from spec_decode.views.mlflow_run import log_acceptance_plots
+        from spec_decode.views.plots import write_plots
+        from spec_decode.views.report import sweep_summary
+
         if self._bar is not None:
             self._bar.close()
         recs = results.collect(Path(self.sweep_dir))
