@@ -10,6 +10,7 @@ artifact ``recommendation.json``, and the parent closes FINISHED, FAILED (any jo
 from __future__ import annotations
 
 import atexit
+import functools
 import os
 import sys
 from pathlib import Path
@@ -29,6 +30,20 @@ from spec_decode.views.tracking import PARENT_ENV, Tracker, experiment_tags
 # Hydra builds this callback in every run.py, a single job too: what only the summary needs (tabulate, the
 # report, the plots, the A/A control, the step recommendation: scipy, ~0.3 s of CPU) is imported where it is
 # used, so that a run.py stopping at a config error, in preflight or at a dry run does not pay for it.
+
+
+@functools.cache
+def _summary_modules():
+    """What only the summary needs (the note after the imports), imported once a sweep starts: a single
+    job never pays for it, and a Ctrl-C that lands in the middle of an import (numpy half-initialised)
+    cannot leave the summary to import it again at exit (a traceback there, test_interrupt.py)."""
+    # lazy: start-up cost of every run.py (the docstring above)
+    from spec_decode.analysis import blocks, control, recommend
+    from spec_decode.views.mlflow_run import log_acceptance_plots
+    from spec_decode.views.plots import write_plots
+    from spec_decode.views.report import sweep_summary
+
+    return blocks, control, recommend, log_acceptance_plots, write_plots, sweep_summary
 
 
 def markdown_summary(table: dict[str, list], sweep_dir: str) -> str:
@@ -139,6 +154,7 @@ class SweepCallback(Callback):
         return {**self.__dict__, "_tracker": None, "_bar": None, "_clock": None}
 
     def on_multirun_start(self, config, **kwargs) -> None:
+        _summary_modules()  # before the sweep starts: never first imported in the atexit path of a Ctrl-C
         interrupt.started()  # the sweep's dir, bar and parent run: from here on a Ctrl-C cleans up
         self.sweep_dir = str(Path(config.hydra.sweep.dir).resolve())
         Path(self.sweep_dir).mkdir(parents=True, exist_ok=True)
@@ -201,12 +217,7 @@ class SweepCallback(Callback):
         if self._done or self.sweep_dir is None:
             return
         self._done = True
-        # lazy: what only the summary needs; every run.py builds this callback (the note after the imports)
-        from spec_decode.analysis import blocks, control, recommend
-        from spec_decode.views.mlflow_run import log_acceptance_plots
-        from spec_decode.views.plots import write_plots
-        from spec_decode.views.report import sweep_summary
-
+        blocks, control, recommend, log_acceptance_plots, write_plots, sweep_summary = _summary_modules()
         if self._bar is not None:
             self._bar.close()
         recs = results.collect(Path(self.sweep_dir))
