@@ -114,8 +114,8 @@ def crossover(rows: list[dict], concs: list[int]) -> None:
         unclear = [c for c in concs if c in by_c and c not in pays and c not in costs]
         first_not = next((c for c in concs if c in by_c and c not in pays), None)
         where = "pays at every concurrency" if first_not is None else f"not shown to pay from concurrency {first_not}"
-        fmt = lambda cs: ",".join(map(str, cs)) or "-"  # noqa: E731
-        print(f"| {name} | {fmt(pays)} | {fmt(unclear)} | {fmt(costs)} | {where} |")
+        cells = (",".join(map(str, cs)) or "-" for cs in (pays, unclear, costs))
+        print(f"| {name} | {' | '.join(cells)} | {where} |")
 
 
 def main() -> None:

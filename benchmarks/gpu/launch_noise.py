@@ -28,11 +28,11 @@ import statistics
 import time
 from pathlib import Path
 
-import psutil
-
+from spec_decode.analysis.stats import summarize
 from spec_decode.engines.embedded.ranks import RankGroup
 from spec_decode.engines.embedded.scheduler import RankSpec
 from spec_decode.engines.embedded.tokenizer import encode
+from spec_decode.runner.pairing import pin_tree
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -59,23 +59,14 @@ def group(args, steps: int) -> RankGroup:
     return RankGroup(spec)
 
 
-def pin_threads(pids: list[int], cores: set[int]) -> None:
-    """Every thread of these processes (not their children) on ``cores``."""
-    for pid in pids:
-        for t in psutil.Process(pid).threads():
-            try:
-                os.sched_setaffinity(t.id, cores)
-            except (ProcessLookupError, PermissionError):
-                pass  # a thread that ended between listing and pinning
-
-
 def last_cpu(pid: int) -> int:
     """The core a process last ran on (/proc/PID/stat, field 39)."""
     return int(Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[36])
 
 
 def cv(xs: list[float]) -> float:
-    return 100 * statistics.stdev(xs) / statistics.fmean(xs) if len(xs) > 1 else 0.0
+    """The coefficient of variation in % (stats.summarize's; 0 for one value)."""
+    return 100 * summarize(xs).cv
 
 
 def one_launch(args, arm: str, prompt: list[int], all_cores: set[int], pin: set[int]) -> dict:
@@ -83,11 +74,11 @@ def one_launch(args, arm: str, prompt: list[int], all_cores: set[int], pin: set[
     groups = {"base": group(args, 0), "spec": group(args, 3)}
     try:
         pids = [p.pid for g in groups.values() for p in g.procs]
+        # pin_tree pins a process and its children: this process's tree first (the client), then the ranks
+        pin_tree(os.getpid(), all_cores - pin if arm == "pinned" else all_cores)
         if arm == "pinned":
-            pin_threads(pids, pin)
-            pin_threads([os.getpid()], all_cores - pin)
-        else:
-            pin_threads([os.getpid()], all_cores)
+            for pid in pids:
+                pin_tree(pid, pin)
         for g in groups.values():  # warmup
             g.call("generate", prompt, args.tokens, False)
         rates: dict[str, list[float]] = {"base": [], "spec": []}

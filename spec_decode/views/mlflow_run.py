@@ -81,7 +81,12 @@ def params_of(rec: JobRecord) -> dict[str, str]:
         out[g] = rec.choice(g)
     out["speculative"] = rec.speculative
     out["role"] = rec.role
-    return {k: ("" if v is None else str(v))[:6000] for k, v in out.items()}
+    return {k: param_value(v)[:6000] for k, v in out.items()}
+
+
+def param_value(v) -> str:
+    """A config value as an MLflow param holds it (None as "")."""
+    return "" if v is None else str(v)
 
 
 def tags_of(rec: JobRecord) -> dict[str, str]:

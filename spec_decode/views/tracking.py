@@ -33,7 +33,15 @@ from spec_decode.record import results
 from spec_decode.record.results import JobRecord
 from spec_decode.runner import interrupt
 from spec_decode.runner.context import JobContext
-from spec_decode.views.mlflow_run import ENV_PARAM, LOGGED_TAG, RECORD_TAG, display_name, log_record, run_status
+from spec_decode.views.mlflow_run import (
+    ENV_PARAM,
+    LOGGED_TAG,
+    RECORD_TAG,
+    display_name,
+    log_record,
+    param_value,
+    run_status,
+)
 
 PARENT_ENV = "SPEC_DECODE_PARENT_RUN_ID"
 
@@ -202,9 +210,8 @@ class Tracker:
         ident = drift.identity(rec.config)
         # Scalars in the search filter; a list (engine.extra_args) is compared with its logged str() after
         # (its quotes do not fit the filter's syntax).
-        # Values as params_of logs them: None as "", the rest str().
-        scalar = {k: "" if v is None else str(v) for k, v in ident.items() if not isinstance(v, (list, tuple))}
-        listed = {k: str(list(v)) for k, v in ident.items() if k not in scalar}
+        scalar = {k: param_value(v) for k, v in ident.items() if not isinstance(v, (list, tuple))}
+        listed = {k: param_value(v) for k, v in ident.items() if k not in scalar}
         filt = " and ".join(["attributes.status = 'FINISHED'"] + [f"params.`{k}` = '{v}'" for k, v in scalar.items()])
         try:
             found = self.client.search_runs([self.experiment_id()], filt, max_results=50)
