@@ -28,6 +28,8 @@
 #               copy's wait for the GPU, the 8B steps-1 cycle); PUT_SYNC_ARGS, e.g. "--repeats 3"
 #       noise   benchmarks/gpu/launch_noise.py on one GPU: launch-to-launch tok/s of a baseline and a steps-3
 #               rank group, their ranks free or pinned to fixed cores, interleaved (NOISE_ARGS); noise.json
+#       draftchain  benchmarks/gpu/draft_chain.py on one GPU: the draft chain as one graph vs one replay a
+#               step, interleaved in one process (DRAFT_CHAIN_ARGS, e.g. "--steps 3,5 --rounds 7"); draft_chain.json
 #       sweep   python run.py -m experiment=$SESSION_EXPERIMENT tracking=off [overrides]
 #               (default embedded_h200x2_steps_nccl; on one GPU add hardware=h200x1; SWEEP_TIMEOUT_S bounds it)
 #   e.g.  bash benchmarks/gpu/session.sh tests,probe,engine     # call 1
@@ -56,7 +58,7 @@ PY=${PYTHON:-python3}
 BUDGET_S=${SESSION_BUDGET_S:-540}
 mkdir -p "$OUT" "$WORK"
 for s in ${STEPS//,/ }; do
-  case $s in profile|tests|probe|engine|batching|realshape|putsync|noise|sweep) ;; *) echo "session.sh: unknown step '$s' (profile, tests, probe, engine, batching, realshape, putsync, noise, sweep, all)" >&2; exit 2;; esac
+  case $s in profile|tests|probe|engine|batching|realshape|putsync|noise|draftchain|sweep) ;; *) echo "session.sh: unknown step '$s' (profile, tests, probe, engine, batching, realshape, putsync, noise, draftchain, sweep, all)" >&2; exit 2;; esac
 done
 
 # The lent machine's rule (KINDS.md): NVLink multicast stays off in every NCCL process. The runner
@@ -234,6 +236,13 @@ step_noise() {
   # "--launches 4 --pin 2,3"; NOISE_TIMEOUT_S (default 200) bounds it; noise.json
   # shellcheck disable=SC2086  # NOISE_ARGS is a list of flags
   CUDA_VISIBLE_DEVICES=0 PYTHONPATH="$PWD:$PYTHONPATH" bounded "${NOISE_TIMEOUT_S:-200}" "$PY" benchmarks/gpu/launch_noise.py --json "$OUT/noise.json" ${NOISE_ARGS:-}
+}
+
+step_draftchain() {
+  # The draft chain in one graph against one replay per step (benchmarks/gpu/draft_chain.py); DRAFT_CHAIN_ARGS,
+  # DRAFT_CHAIN_TIMEOUT_S (default 200); draft_chain.json
+  # shellcheck disable=SC2086  # DRAFT_CHAIN_ARGS is a list of flags
+  CUDA_VISIBLE_DEVICES=0 PYTHONPATH="$PWD:$PYTHONPATH" bounded "${DRAFT_CHAIN_TIMEOUT_S:-200}" "$PY" benchmarks/gpu/draft_chain.py --json "$OUT/draft_chain.json" ${DRAFT_CHAIN_ARGS:-}
 }
 
 step_sweep() {

@@ -8,7 +8,9 @@ Shapes, for each bucket b of ``buckets.capture_bs(max_bs)`` (k = speculative ste
 - ``decode``: the target over 1 token per row -> next token (the baseline);
 - ``verify``: the target over k+1 tokens per row -> argmax per position, accepted count per row,
   captured features;
-- ``draft``: one drafter step per row on its own hidden state -> next draft token (target ids), hidden;
+- ``draft`` (k > 1): the k-1 drafter steps of a cycle, each row on its own hidden state -> k-1 draft
+  tokens (target ids): one graph for the whole chain, as SGLang's EAGLEDraftCudaGraphRunner captures
+  the multi-step draft, so the host issues one replay per cycle for it, not k-1 replays and their copies;
 - ``extend``: the drafter re-extended over each row's accepted tokens, every row padded to k+1 tokens
   (the verify's predictions, features and positions) with its own last valid index -> first draft,
   hidden. A padded position writes drafter K/V past the row's length: no query of that row sees it
@@ -153,19 +155,19 @@ class StaticRunner:
             },
             self._verify,
         )
-        self._add(
-            f"draft@{b}",
-            b,
-            1,
-            {
-                "tok": torch.zeros(1, b, **long),
-                "h": torch.zeros(1, b, h, **f),
-                "pos": torch.zeros(b, **long),
-                "next": torch.zeros(b, **long),
-                "h_out": torch.zeros(1, b, h, **f),
-            },
-            self._draft,
-        )
+        if k > 1:  # steps 1 drafts nothing past the re-extend's first token
+            self._add(
+                f"draft@{b}",
+                b,
+                1,
+                {
+                    "tok": torch.zeros(1, b, **long),
+                    "h": torch.zeros(1, b, h, **f),
+                    "pos": torch.zeros(b, **long),
+                    "next": torch.zeros(b, k - 1, **long),
+                },
+                self._draft,
+            )
         self._add(
             f"extend@{b}",
             b,
@@ -209,9 +211,12 @@ class StaticRunner:
         b["aux"].copy_(aux)
 
     def _draft(self, b) -> None:
-        dl, h = self.drafter.forward_static(b["tok"], b["h"], b["pos"], b["drows"], rot_rows=not self.compile)
-        b["next"].copy_(self.drafter.to_target_ids(dl.argmax(-1)))
-        b["h_out"].copy_(h)
+        tok, h = b["tok"], b["h"]
+        for j in range(self.k - 1):  # unrolled: the chain is one graph (and one compiled function)
+            dl, h = self.drafter.forward_static(tok, h, b["pos"] + j, b["drows"], rot_rows=not self.compile)
+            nxt = self.drafter.to_target_ids(dl.argmax(-1))
+            b["next"][:, j].copy_(nxt)
+            tok = nxt.view(1, -1)
 
     def _extend(self, b) -> None:
         dl, dh = self.drafter.forward_static(b["ids"], b["feats"], b["pos"], b["drows"], rot_rows=not self.compile)
@@ -330,20 +335,16 @@ class StaticRunner:
     def draft(self, caches: list[SlotCache], firsts: torch.Tensor, h: torch.Tensor) -> torch.Tensor:
         """(n, k) drafts: ``firsts`` (n,) from the last re-extend, then k-1 drafter steps on h (1, n, h)."""
         n = len(caches)
+        if self.k == 1:
+            return firsts.view(n, 1)
         b, name, size = self._rows("draft", caches)
-        drafts = [firsts]
         b["tok"][0, :n].copy_(firsts)
         b["h"][:, :n].copy_(h)
         self._device_positions(b, 1)  # the drafter's length equals the target's at a cycle's start
-        for _ in range(self.k - 1):
-            out = self.run(name)
-            drafts.append(out["next"][:n].clone())
-            b["tok"][0].copy_(out["next"])
-            b["h"].copy_(out["h_out"])
-            b["pos"].add_(1)
+        out = self.run(name)
         for c in caches:
             c.length += self.k - 1
-        return torch.stack(drafts, dim=1)
+        return torch.cat([firsts.view(n, 1), out["next"][:n]], dim=1)  # a copy: the buffer is reused
 
     def verify(
         self, caches: list[SlotCache], lasts: torch.Tensor, drafts: torch.Tensor, accept: list[int] | None = None
