@@ -44,7 +44,8 @@
 # second sweep, extra files a command wrote there), the logs are folded into logs.tgz and, if still
 # too many, everything but the archives into rest.tgz (the output tail keeps the last 12,000 characters
 # anyway). CLOCKS=1 samples the GPU's clocks, power and load every 200 ms (nvidia-smi) for the whole
-# call into clocks.csv.gz. Every step runs under `timeout`, and the whole call under SESSION_BUDGET_S
+# call into clocks.csv.gz; PLACEMENT=1 writes, every second, the CPU each busy thread (> 5% CPU) ran on,
+# with the SMT sibling lists, into placement.txt.gz. Every step runs under `timeout`, and the whole call under SESSION_BUDGET_S
 # (default 540 s), so the files come back even when a step hangs.
 set -u -o pipefail
 
@@ -287,6 +288,13 @@ if [ "${CLOCKS:-0}" = 1 ] && command -v nvidia-smi >/dev/null; then
   clock_pid=$!
 fi
 
+place_pid=""
+if [ "${PLACEMENT:-0}" = 1 ]; then  # which CPU each busy thread ran on, every second (ps), and the SMT siblings
+  { grep -H . /sys/devices/system/cpu/cpu*/topology/thread_siblings_list 2>/dev/null; lscpu 2>/dev/null; } > "$WORK/placement.txt"
+  while sleep 1; do echo "t $(date +%s.%N)"; ps -eLo pid,tid,psr,pcpu,comm --no-headers | awk '$4 > 5'; done >> "$WORK/placement.txt" 2>&1 &
+  place_pid=$!
+fi
+
 install 2>&1 | tee "$OUT/install.log"
 [ "${PIPESTATUS[0]}" = 0 ] || { echo "[session] install failed: see install.log"; exit 1; }
 export PYTHONPATH="$SITE:$PWD${PYTHONPATH:+:$PYTHONPATH}"
@@ -301,6 +309,7 @@ for s in ${STEPS//,/ }; do
   [ "$rc" = 0 ] || status=1
 done
 if [ -n "$clock_pid" ]; then kill "$clock_pid" 2>/dev/null; gzip -c "$WORK/clocks.csv" > "$OUT/clocks.csv.gz"; fi
+if [ -n "$place_pid" ]; then kill "$place_pid" 2>/dev/null; gzip -c "$WORK/placement.txt" > "$OUT/placement.txt.gz"; fi
 fold_out
 ls -la "$OUT"
 exit $status
