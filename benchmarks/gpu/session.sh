@@ -291,7 +291,7 @@ fi
 place_pid=""
 if [ "${PLACEMENT:-0}" = 1 ]; then  # which CPU each busy thread ran on, every second (ps), and the SMT siblings
   { grep -H . /sys/devices/system/cpu/cpu*/topology/thread_siblings_list 2>/dev/null; lscpu 2>/dev/null; } > "$WORK/placement.txt"
-  while sleep 1; do echo "t $(date +%s.%N)"; ps -eLo pid,tid,psr,pcpu,comm --no-headers | awk '$4 > 5'; done >> "$WORK/placement.txt" 2>&1 &
+  while sleep 1; do echo "t $(date +%s.%N)"; ps -eLo pid,tid,psr,pcpu,args --no-headers | awk '$4 > 5' | cut -c1-160; done >> "$WORK/placement.txt" 2>&1 &
   place_pid=$!
 fi
 
