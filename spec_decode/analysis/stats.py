@@ -12,13 +12,16 @@ The unit of replication is the run (5 x 500 tokens by default), and the server l
   MDE = (t(0.975, df) + t(0.8, df)) * sqrt(2 / n) * CV; with 5 runs per arm that is about 2.0 CV;
 - robust CV = 1.4826 x MAD / median (the step recommendation's stability measure, spec_decode.analysis.recommend);
 - CV above 3% is flagged: a 5.9% gain needs CV <= ~3% to be seen with 5 runs.
+
+The figures it returns are the record's types (``record.sections``: ``Summary``, ``Ratio``): the record holds them.
 """
 
 from __future__ import annotations
 
 import math
 import statistics
-from dataclasses import asdict, dataclass
+
+from spec_decode.record.sections import Ratio, Summary
 
 CV_WARN = 0.03
 
@@ -42,23 +45,6 @@ def t_cdf(x: float, df: float) -> float:
     return special.stdtr(df, x)
 
 
-@dataclass
-class Summary:
-    n: int
-    mean: float
-    median: float
-    std: float
-    cv: float
-    ci95_lo: float
-    ci95_hi: float
-    # 1.4826 x MAD / median: estimates the CV for normal noise, and one outlier of five runs (a
-    # neighbour's burst on a shared host) does not move it; spec_decode.analysis.recommend's stability verdict
-    robust_cv: float = 0.0
-
-    def as_dict(self) -> dict:
-        return asdict(self)
-
-
 MAD_TO_SD = 1.4826  # MAD x this = the standard deviation, for normal noise
 
 
@@ -78,24 +64,12 @@ def summarize(values: list[float], confidence: float = 0.95) -> Summary:
     mean = statistics.fmean(values)
     median = statistics.median(values)
     if n < 2:
-        return Summary(n, mean, median, 0.0, 0.0, mean, mean)
+        return Summary(n, mean, median, 0.0, 0.0, mean, mean, 0.0)
     std = statistics.stdev(values)
     half = t_ppf(0.5 + confidence / 2, n - 1) * std / math.sqrt(n)
     return Summary(
         n, mean, median, std, std / mean if mean else float("nan"), mean - half, mean + half, robust_cv(values)
     )
-
-
-@dataclass
-class Ratio:
-    ratio: float
-    ci95_lo: float
-    ci95_hi: float
-    df: float
-    significant: bool  # the CI excludes 1.0
-
-    def as_dict(self) -> dict:
-        return asdict(self)
 
 
 def ratio_of_means(a: list[float], b: list[float], confidence: float = 0.95) -> Ratio:

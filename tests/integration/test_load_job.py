@@ -28,7 +28,7 @@ def test_a_job_under_load_has_its_speedup_at_its_own_concurrency(tmp_path):
     rec = results.read(tmp_path)
     assert rec.status == "FINISHED" and not (tmp_path / "baseline").exists()
     assert rec.config["benchmark"]["concurrency"] == 2
-    assert rec.speedup_vs_baseline["method"] == "paired" and rec.metrics["speedup_vs_baseline"] > 0
+    assert rec.speedup_vs_baseline.method == "paired" and rec.metrics["speedup_vs_baseline"] > 0
     arms = [x["arm"] for x in rec.launches[0]["load_runs"]]
     assert arms.count(load.SELF) == arms.count(load.PAIRED) == 2  # both arms of each pair under the same load
     assert rec.metrics["concurrency"] == 2 and rec.metrics["running_req_max"] == 2

@@ -284,6 +284,7 @@ def test_plots_read_at_a_glance(tmp_path):
     from matplotlib import pyplot as plt
 
     from spec_decode.record.results import EngineInfo, JobRecord
+    from spec_decode.record.sections import Speedup
     from spec_decode.views import plots
     from spec_decode.views.charts import save
 
@@ -313,7 +314,7 @@ def test_plots_read_at_a_glance(tmp_path):
             speculative=True,
             status="FINISHED",
             metrics=m,
-            speedup_vs_baseline={"method": "paired"},
+            speedup_vs_baseline=Speedup(method="paired"),
         )
 
     recs = [

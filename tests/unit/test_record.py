@@ -12,6 +12,7 @@ from spec_decode.engines.engine import engine_of
 from spec_decode.parsers import profile
 from spec_decode.record import results
 from spec_decode.record.results import JobRecord
+from spec_decode.record.sections import Summary
 from spec_decode.runner.client import RunRecord
 from spec_decode.runner.context import JobContext, new_record
 
@@ -95,7 +96,7 @@ def test_finish_computes_every_figure_from_the_runs_profile_and_log(tmp_path):
         speculative=False,
         status="FINISHED",
         runs=[run(0, 100, 0.5, None, 0.0), run(1, 100, 0.5, None, 1.0)],
-        throughput_tok_s={"mean": 200.0},
+        throughput_tok_s=Summary(mean=200.0),
         out_dir="/b",
     )
 

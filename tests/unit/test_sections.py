@@ -9,6 +9,7 @@ from spec_decode.analysis import sections
 from spec_decode.parsers import profile
 from spec_decode.record import provenance
 from spec_decode.record.runs import RunRecord
+from spec_decode.record.sections import Summary
 
 pytestmark = pytest.mark.unit
 
@@ -39,16 +40,16 @@ def test_throughput_warns_above_the_cv_limit_and_splits_launches_only_when_there
 def test_speedup_pairs_runs_in_order_and_falls_back_to_welch_only_without_pairs():
     spec = [run(i, 600.0) for i in range(3)]
     paired = [run(0, 300.0), run(1, 200.0), run(2, 600.0)]  # per pair: 2x, 3x, 1x
-    sec, base = sections.speedup(spec, paired, ["interleaved"], [run(0, 100.0)], {"mean": 100.0})
+    sec, base = sections.speedup(spec, paired, ["interleaved"], [run(0, 100.0)], Summary(mean=100.0))
     sp = sec.fields["speedup_vs_baseline"]
-    assert sp["method"] == "paired" and sp["pairs"] == 3 and sp["per_pair"] == pytest.approx([2.0, 3.0, 1.0])
-    assert base["mean"] == pytest.approx(1100 / 3)  # the paired arm's runs, not the job's
-    assert "vs_baseline_job" not in sp  # one baseline per job: the paired one
+    assert sp.method == "paired" and sp.pairs == 3 and sp.per_pair == pytest.approx([2.0, 3.0, 1.0])
+    assert base.mean == pytest.approx(1100 / 3)  # the paired arm's runs, not the job's
+    assert "vs_baseline_job" not in sp.as_dict()  # one baseline per job: the paired one
     # a paired arm one run short: pairs are the first n of each, never shifted
     sec, _ = sections.speedup(spec, paired[:2], ["interleaved"], None, None)
-    assert sec.fields["speedup_vs_baseline"]["per_pair"] == pytest.approx([2.0, 3.0])
-    sec, base = sections.speedup(spec, [], [], [run(0, 300.0), run(1, 300.0)], {"mean": 300.0})
-    assert sec.fields["speedup_vs_baseline"]["method"] == "welch" and sec.metrics["speedup_vs_baseline"] == 2.0
+    assert sec.fields["speedup_vs_baseline"].per_pair == pytest.approx([2.0, 3.0])
+    sec, base = sections.speedup(spec, [], [], [run(0, 300.0), run(1, 300.0)], Summary(mean=300.0))
+    assert sec.fields["speedup_vs_baseline"].method == "welch" and sec.metrics["speedup_vs_baseline"] == 2.0
     assert sections.speedup(spec, [], [], None, None) == (sections.Section(), None)
 
 
