@@ -7,6 +7,7 @@ from pathlib import Path
 
 import pytest
 
+from spec_decode import bench
 from spec_decode.analysis import blocks, sections
 from spec_decode.record import results
 from spec_decode.record.results import BaselineRef, Category, EngineInfo, JobRecord, Lossless
@@ -239,3 +240,18 @@ def test_every_committed_metrics_json_rebuilds_the_derived_sections_typed(experi
     for key, e in metrics["jobs"].items():
         mine = {k: v for k, v in again[key].items() if KEPT.match(k)}
         assert mine == {k: v for k, v in e.items() if KEPT.match(k)}, key
+
+
+def test_the_drafter_bench_reads_a_job_s_tok_s_from_the_typed_record(tmp_path):
+    """``bench drafters``' per-job figures from a collected record (a JobRecord, not the JSON dict)."""
+    rec = derived(tmp_path)
+    rec.status, rec.metrics = "FINISHED", {"throughput_tok_s": rec.throughput_tok_s.mean, "accept_len": 2.5}
+    results.write(tmp_path / "sweep" / "0", rec)
+    (got,) = results.collect(tmp_path / "sweep")
+    t = rec.throughput_tok_s
+    assert bench.job_metrics(got) == {
+        "status": "FINISHED",
+        "throughput_tok_s": round(t.mean, 2),
+        **{f"throughput_tok_s_{k}": round(getattr(t, k), 3) for k in ("ci95_lo", "ci95_hi", "std", "n")},
+        "accept_len": 2.5,
+    }
