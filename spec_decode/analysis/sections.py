@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING, Any, Sequence
 from spec_decode.analysis import acceptance, latency, profiler_effect, stats
 from spec_decode.parsers import decode_log, profile
 from spec_decode.record.provenance import filter_env
-from spec_decode.record.sections import Acceptance, Speedup, Summary
+from spec_decode.record.sections import Acceptance, Profile, Speedup, Summary, profile_from
 
 if TYPE_CHECKING:
     from spec_decode.record.runs import RunRecord
@@ -126,48 +126,50 @@ def phase_profile(
             else f"no profile lines from rank 0 in the {where} (plugin not loaded?)"
         )
         return Section(
-            {"profile": {"missing": why}}, warnings=[f"phase profile missing: {why}"] if profile_on and any_runs else []
+            {"profile": Profile(missing=why)},
+            warnings=[f"phase profile missing: {why}"] if profile_on and any_runs else [],
         ), per_run
-    out = Section({"profile": summary})
+    prof = profile_from(summary)
+    out = Section({"profile": prof})
     # Per request: tok/s inside the decode on the wall clock vs from the cycle durations, and the time
     # outside the cycles (prefill, HTTP, gaps between cycles) as its own figure.
     timing = [profile.run_timing(w, r.start_wall, r.end_wall, r.wall_s) for r, w in zip(prof_runs, per_run)]
-    summary["per_run"] = timing
+    prof.per_run = timing
     have = [t for t in timing if t is not None]
-    summary["non_cycle_ms_per_request"] = sum(t["non_cycle_ms"] for t in have) / len(have) if have else None
+    prof.non_cycle_ms_per_request = sum(t["non_cycle_ms"] for t in have) / len(have) if have else None
     if have:
-        out.metrics["non_cycle_ms"] = summary["non_cycle_ms_per_request"]
+        out.metrics["non_cycle_ms"] = prof.non_cycle_ms_per_request
         out.metrics["non_cycle_pct"] = 100 * sum(t["non_cycle_ms"] for t in have) / sum(t["wall_ms"] for t in have)
         for part in ("head", "gap", "tail"):
             out.metrics[f"non_cycle_{part}_ms"] = sum(t[f"{part}_ms"] for t in have) / len(have)
     # Every verify is one cycle: a complete profile has exactly the runs' verify count.
     verify_ct = sum(r.spec_verify_ct or 0 for r in prof_runs)
-    summary["spec_verify_ct"] = verify_ct
-    summary["measured_in"] = (
+    prof.spec_verify_ct = verify_ct
+    prof.measured_in = (
         "the timed runs (profiler on)"
         if timed_runs
         else "the profiled pass (profiler on; the timed runs ran it dormant)"
     )
-    summary["measured_in_tok_s"] = stats.summarize([r.throughput_tok_s for r in prof_runs]).mean
-    summary["complete"] = summary["cycles"] == verify_ct
-    if not summary["complete"]:
+    prof.measured_in_tok_s = stats.summarize([r.throughput_tok_s for r in prof_runs]).mean
+    prof.complete = prof.cycles == verify_ct
+    if not prof.complete:
         out.warnings.append(
-            f"phase profile incomplete: {summary['cycles']} cycles from rank 0 in the {where}, "
+            f"phase profile incomplete: {prof.cycles} cycles from rank 0 in the {where}, "
             f"but the runs' meta_info says {verify_ct} verifies"
         )
-    agreement = summary.get("rank_agreement")
+    agreement = prof.rank_agreement
     if agreement and not agreement["ok"]:
         out.warnings.append(
-            f"phase profiles of the {summary['ranks']} ranks disagree (cycle counts differ or a rank's mean "
+            f"phase profiles of the {prof.ranks} ranks disagree (cycle counts differ or a rank's mean "
             f"cycle is more than {agreement['tolerance_pct']:.0f}% from rank 0's): "
             + ", ".join(
                 f"rank {r}: {a['cycles']} cycles, {a['cycle_ms_diff_pct']:+.1f}%" for r, a in agreement["ranks"].items()
             )
         )
     if host_stamps_na:
-        summary["host_stamps_na"] = host_stamps_na
+        prof.host_stamps_na = host_stamps_na
     for k in PHASE_METRICS:
-        out.metrics[k] = summary[k]
+        out.metrics[k] = getattr(prof, k)
     return out, per_run
 
 

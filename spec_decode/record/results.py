@@ -27,10 +27,12 @@ from spec_decode.record.runs import RunRecord
 from spec_decode.record.sections import (
     Acceptance,
     Latency,
+    Profile,
     Speedup,
     Summary,
     acceptance_from,
     latency_from,
+    profile_from,
     speedup_from,
     summary_from,
 )
@@ -146,6 +148,7 @@ TYPED = {
     "speedup_vs_baseline": Speedup,
     "acceptance": Acceptance,
     "latency": Latency,
+    "profile": Profile,
     "lossless": Lossless,
 }
 ABSENT_AS_EMPTY = ("lossless", "latency")
@@ -199,7 +202,7 @@ class JobRecord:
     throughput_tok_s: Summary | None = None  # tok/s over the timed runs (record.sections)
     variance_components: dict | None = None
     acceptance: Acceptance | None = None  # counters, per draft position, per request (record.sections)
-    profile: dict | None = None
+    profile: Profile | None = None  # the phase profile, or why there is none (record.sections)
     decode_log: dict | None = None
     baseline: BaselineRef | None = None
     speedup_vs_baseline: Speedup | None = None  # its Ratio and how it was measured (record.sections)
@@ -271,6 +274,7 @@ class JobRecord:
         known["speedup_vs_baseline"] = speedup_from(known.get("speedup_vs_baseline"))
         known["acceptance"] = acceptance_from(known.get("acceptance"))
         known["latency"] = latency_from(known.get("latency"))
+        known["profile"] = profile_from(known.get("profile"))
         known["checks"] = [
             Check(**{k: c.get(k) for k in ("name", "ok", "value", "expected", "message")})
             for c in known.get("checks") or []

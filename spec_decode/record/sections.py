@@ -1,6 +1,6 @@
 """The record's derived sections as types (issue 45): what ``analysis`` computes and ``results.JobRecord``
 holds -- tok/s over the runs (``Summary``), the speedup (``Ratio``, ``Speedup``), the acceptance
-(``Acceptance``) and the token latency (``Latency`` of ``Distribution``s). Each writes the JSON it always
+(``Acceptance``), the token latency (``Latency`` of ``Distribution``s) and the phase profile (``Profile``). Each writes the JSON it always
 had (``as_dict``: its keys, in their order; a key the section never had stays absent) and reads it back
 (``*_from``: results.json and metrics.json alike; keys it does not know are kept in ``extra`` and written
 back after its own). ``analysis.stats`` builds ``Summary`` and ``Ratio``: they sit here, below it, so the
@@ -19,12 +19,13 @@ from typing import Any, TypeVar
 T = TypeVar("T")
 
 
-def _written(obj: Any, skip: tuple[str, ...] = ()) -> dict:
-    """The fields that are set (None: absent from the JSON), in field order, then ``extra``."""
+def _written(obj: Any, keep: tuple[str, ...] = ()) -> dict:
+    """The fields that are set (None: absent from the JSON, but for those in ``keep``: written null), in
+    field order, then ``extra``."""
     out = {
         f.name: getattr(obj, f.name)
         for f in dataclasses.fields(obj)
-        if f.name != "extra" and f.name not in skip and getattr(obj, f.name) is not None
+        if f.name != "extra" and (getattr(obj, f.name) is not None or f.name in keep)
     }
     return {**out, **getattr(obj, "extra", {})}
 
@@ -211,3 +212,49 @@ def latency_from(data: dict | None) -> Latency | None:
     if unknown := set(data) - kinds:
         raise TypeError(f"latency: unknown kinds {sorted(unknown)}")
     return Latency(**{k: Distribution(**d) for k, d in data.items()})
+
+
+@dataclass
+class Profile:
+    """The record's ``profile``: the phase profile of one rank's cycles inside the profiled windows
+    (``parsers.profile.summarize_run_windows``: ``cycles`` .. ``rank_agreement``), completed by
+    ``analysis.sections.phase_profile`` (``per_run`` .. ``host_stamps_na``); or, without one, why
+    (``missing``, then its only field). Its parts from the parser (``rank_agreement``, each ``per_run``
+    entry: ``parsers.profile.run_timing``) are the parser's dicts."""
+
+    cycles: int | None = None
+    cycle_ms: float | None = None  # mean
+    cycle_ms_median: float | None = None
+    draft_ms: float | None = None
+    draft_pct: float | None = None  # of the cycle
+    verify_ms: float | None = None
+    verify_pct: float | None = None
+    extend_ms: float | None = None
+    extend_pct: float | None = None
+    other_ms: float | None = None
+    other_pct: float | None = None
+    batch_size_mean: float | None = None
+    accept_len: float | None = None
+    tok_s_from_profile: float | None = None
+    extra_cycles: int | None = None  # the in-flight cycles no request counted, set apart
+    ranks: int | None = None
+    replicas: int | None = None
+    rank: int | None = None  # whose cycles these are
+    rank_agreement: dict | None = None  # several ranks: each other rank's cycles vs this one's
+    per_run: list[dict | None] | None = None  # per profiled request: where its wall time went
+    non_cycle_ms_per_request: float | None = None  # written null where no request has its timing
+    spec_verify_ct: int | None = None  # the profiled requests' verifies: one cycle each
+    measured_in: str | None = None
+    measured_in_tok_s: float | None = None
+    complete: bool | None = None  # cycles == spec_verify_ct
+    host_stamps_na: str | None = None  # why the host's cycle stamps are not the device's (the engine's rule)
+    missing: str | None = None  # no profile: why
+    extra: dict[str, Any] = field(default_factory=dict)
+
+    def as_dict(self) -> dict:
+        return _written(self, () if self.missing is not None else ("non_cycle_ms_per_request",))
+
+
+def profile_from(data: dict | None) -> Profile | None:
+    """A ``profile`` section as JSON (or the parser) holds it -> typed; None when absent."""
+    return _read(Profile, data) if data else None

@@ -65,9 +65,9 @@ def test_the_profiled_pass_under_load_profiles_the_batches_the_timed_runs_ran(tm
     # the timed runs' load figures hold the timed runs only
     assert len([x for x in rec.launches[0]["load_runs"] if x["arm"] == load.SELF]) == 2
     prof = rec.profile
-    assert prof["batch_size_mean"] > 1.5, prof["batch_size_mean"]  # batches, as in the timed runs
-    assert prof["complete"] and prof["cycles"] == sum(r.spec_verify_ct for r in rec.profiled_requests)
-    assert prof["extra_cycles"] >= 1  # the overlap loop's in-flight cycles, reported apart
+    assert prof.batch_size_mean > 1.5, prof.batch_size_mean  # batches, as in the timed runs
+    assert prof.complete and prof.cycles == sum(r.spec_verify_ct for r in rec.profiled_requests)
+    assert prof.extra_cycles >= 1  # the overlap loop's in-flight cycles, reported apart
     assert rec.profile_pass["pairs"] == 2 and len(rec.profile_pass["dormant_tok_s"]) == 2
     failed = [c for c in rec.checks if c.ok is False]
     assert not failed, failed

@@ -78,7 +78,7 @@ def write_ranks(tmp_path, cycle_ms_by_rank: dict[int, float], n: int = 20):
 def test_phase_profile_flags_a_rank_15pct_slow_with_equal_cycle_counts(tmp_path):
     slow = write_ranks(tmp_path, {0: 10.0, 1: 11.5})
     sec, per_run = sections.phase_profile(slow, [run(0, 500.0, verify_ct=20)], True, True, True)
-    agree = sec.fields["profile"]["rank_agreement"]
+    agree = sec.fields["profile"].rank_agreement
     assert agree["ok"] is False and agree["ranks"]["1"]["cycle_ms_diff_pct"] == pytest.approx(15.0)
     assert any("ranks disagree" in w and "rank 1: 20 cycles, +15.0%" in w for w in sec.warnings)
     assert [len(c) for c in per_run] == [20]
@@ -87,11 +87,11 @@ def test_phase_profile_flags_a_rank_15pct_slow_with_equal_cycle_counts(tmp_path)
 def test_phase_profile_of_agreeing_ranks_is_complete_without_warnings(tmp_path):
     base = write_ranks(tmp_path, {0: 10.0, 1: 10.3})
     sec, _ = sections.phase_profile(base, [run(0, 500.0, verify_ct=20)], True, True, True)
-    assert sec.warnings == [] and sec.fields["profile"]["complete"] is True
+    assert sec.warnings == [] and sec.fields["profile"].complete is True
     assert sec.metrics["cycle_ms"] == pytest.approx(10.0)
     # one verify more than cycles: incomplete, said so
     sec, _ = sections.phase_profile(base, [run(0, 500.0, verify_ct=21)], True, True, True)
-    assert sec.fields["profile"]["complete"] is False and sec.warnings[0].startswith("phase profile incomplete")
+    assert sec.fields["profile"].complete is False and sec.warnings[0].startswith("phase profile incomplete")
 
 
 def test_server_env_section_warns_when_the_ranks_ran_without_the_profiles_value():

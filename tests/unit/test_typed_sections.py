@@ -9,10 +9,11 @@ import pytest
 
 from spec_decode import bench
 from spec_decode.analysis import blocks, sections
+from spec_decode.parsers import profile
 from spec_decode.record import results
 from spec_decode.record.results import BaselineRef, Category, EngineInfo, JobRecord, Lossless
 from spec_decode.record.runs import RunRecord
-from spec_decode.record.sections import Acceptance, Distribution, Latency, Speedup, Summary
+from spec_decode.record.sections import Acceptance, Distribution, Latency, Profile, Speedup, Summary
 from spec_decode.views.metrics_json import records_from_metrics, to_metrics
 
 pytestmark = pytest.mark.unit
@@ -186,10 +187,47 @@ def block_of(rec: JobRecord, block: int, speedup: float) -> JobRecord:
     return out
 
 
+def profile_files(tmp_path: Path) -> Path:
+    """Two ranks' profile lines: 20 cycles each inside the first run's window, rank 1 10% slower."""
+    base = tmp_path / "profile.jsonl"
+    for rank in (0, 1):
+        cycles = [
+            {"t": 0.01 + k * 0.04, "rank": rank, "draft_ms": 1.0, "verify_ms": 8.0, "extend_ms": 0.5, "accepted": 2}
+            for k in range(20)
+        ]
+        lines = [json.dumps({**c, "cycle_ms": 10.0 + rank}) for c in cycles]
+        Path(profile.rank_path(base, rank)).write_text("\n".join(lines) + "\n")
+    return base
+
+
+def test_the_phase_profile_is_typed_and_keeps_the_parser_s_keys_then_the_job_s(tmp_path):
+    path, runs = profile_files(tmp_path), [run(0, 500.0)]
+    na = "SGLang's overlap scheduler: enqueue stamps"
+    sec, _ = sections.phase_profile(path, runs, False, True, True, na)
+    rec = derived(tmp_path)
+    rec.profile = sec.fields["profile"]
+    assert isinstance(rec.profile, Profile) and rec.profile.cycles == 20 and rec.profile.complete is False
+    first, back, second = rewritten(tmp_path, rec)
+    assert second == first and isinstance(back.profile, Profile) and back.profile == rec.profile
+    parsed, _ = profile.summarize_run_windows(path, [(0.0, 1.0)], requests=[(None, 40)])
+    assert "rank_agreement" in parsed  # two ranks
+    job = ["per_run", "non_cycle_ms_per_request", "spec_verify_ct", "measured_in", "measured_in_tok_s", "complete"]
+    assert list(json.loads(first)["profile"]) == [*parsed, *job, "host_stamps_na"]
+    assert json.loads(first)["profile"]["host_stamps_na"] == na
+    # without a profile: why, and nothing else
+    rec.profile = sections.phase_profile(tmp_path / "none.jsonl", runs, False, False, True)[0].fields["profile"]
+    first, back, second = rewritten(tmp_path / "missing", rec)
+    assert json.loads(first)["profile"] == {"missing": "profiling off (benchmark.profile=false)"} and second == first
+    assert back.profile == Profile(missing="profiling off (benchmark.profile=false)")
+    # a profile whose requests have no timing writes its per-request figure null, as before it was typed
+    assert Profile(cycles=3).as_dict() == {"cycles": 3, "non_cycle_ms_per_request": None}
+
+
 def test_a_section_of_another_type_is_refused_at_the_write(tmp_path):
     """A writer that puts the old dict back where the type belongs fails the write (not a silent dict)."""
-    for name in ("throughput_tok_s", "speedup_vs_baseline", "acceptance", "latency"):
+    for name in ("throughput_tok_s", "speedup_vs_baseline", "acceptance", "latency", "profile"):
         rec = derived(tmp_path)
+        rec.profile = Profile(missing="profiling off")
         setattr(rec, name, getattr(rec, name).as_dict())
         with pytest.raises(TypeError, match=name):
             results.write(tmp_path / name, rec)
@@ -201,6 +239,7 @@ def test_a_section_of_another_type_is_refused_at_the_write(tmp_path):
         ("throughput_tok_s", [400.0, 3.0]),
         ("speedup_vs_baseline", "2.0x"),
         ("acceptance", [1, 2]),
+        ("profile", "profiling off"),
         ("latency", {"ttft_ms": {"p50": 1.0}}),  # a kind without its other figures
         ("latency", {"ttfb_ms": {"p50": 1, "p90": 1, "p99": 1, "mean": 1, "n": 1}}),  # no such kind
     ],
