@@ -5,6 +5,7 @@ report, the headline and compare render)."""
 
 from __future__ import annotations
 
+import dataclasses
 import re
 from pathlib import Path
 
@@ -12,7 +13,7 @@ from spec_decode.analysis import blocks
 from spec_decode.analysis.acceptance import rates_from_metrics
 from spec_decode.analysis.sections import PHASE_METRICS
 from spec_decode.record.results import Check, EngineInfo, JobRecord, categories_from, lossless_from, section
-from spec_decode.record.sections import Acceptance, Speedup, latency_from, summary_from
+from spec_decode.record.sections import Speedup, acceptance_from, latency_from, summary_from
 
 SUMMARY = ("mean", "std", "n", "ci95_lo", "ci95_hi", "cv", "robust_cv")
 
@@ -155,9 +156,8 @@ def records_from_metrics(metrics: dict) -> list[JobRecord]:
         m.update({k: v for k, v in e.items() if ISSUE21_METRICS.match(k) and isinstance(v, (int, float))})
         acc = None
         if e.get("acceptance"):
-            acc = Acceptance(
-                histogram=e["acceptance"].get("histogram"),
-                source=e["acceptance"].get("source"),
+            acc = dataclasses.replace(
+                acceptance_from(e["acceptance"]),  # its histogram and source
                 per_position=rates_from_metrics(m) or None,
                 accept_len_weighted=m.get("accept_len_request_weighted"),
                 accept_len_unweighted=m.get("accept_len_request_mean"),
