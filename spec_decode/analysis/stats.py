@@ -13,7 +13,8 @@ The unit of replication is the run (5 x 500 tokens by default), and the server l
 - robust CV = 1.4826 x MAD / median (the step recommendation's stability measure, spec_decode.analysis.recommend);
 - CV above 3% is flagged: a 5.9% gain needs CV <= ~3% to be seen with 5 runs.
 
-The figures it returns are the record's types (``record.sections``: ``Summary``, ``Ratio``): the record holds them.
+The figures it returns are the record's types (``record.sections``: ``Summary``, ``Ratio``,
+``VarianceComponents``): the record holds them.
 """
 
 from __future__ import annotations
@@ -21,7 +22,7 @@ from __future__ import annotations
 import math
 import statistics
 
-from spec_decode.record.sections import Ratio, Summary
+from spec_decode.record.sections import Ratio, Summary, VarianceComponents
 
 CV_WARN = 0.03
 
@@ -118,7 +119,7 @@ def min_detectable_effect(cv: float, n: int, alpha: float = 0.05, power: float =
     return (t_ppf(1 - alpha / 2, df) + t_ppf(power, df)) * math.sqrt(2.0 / n) * cv
 
 
-def variance_components(groups: list[list[float]]) -> dict:
+def variance_components(groups: list[list[float]]) -> VarianceComponents:
     """One-way random-effects split for launches (groups) x runs: std between launches and within.
 
     Returns std_within, std_between (0 when the between-launch mean square is below the within one)
@@ -126,19 +127,14 @@ def variance_components(groups: list[list[float]]) -> dict:
     groups = [g for g in groups if g]
     k = len(groups)
     if k < 2 or any(len(g) < 2 for g in groups):
-        return {"launches": k, "std_within": None, "std_between": None, "between_share": None}
+        return VarianceComponents(k, None, None, None)
     n_bar = statistics.fmean(len(g) for g in groups)
     grand = statistics.fmean(v for g in groups for v in g)
     msw = sum(sum((v - statistics.fmean(g)) ** 2 for v in g) for g in groups) / sum(len(g) - 1 for g in groups)
     msb = sum(len(g) * (statistics.fmean(g) - grand) ** 2 for g in groups) / (k - 1)
     var_between = max(0.0, (msb - msw) / n_bar)
     total = var_between + msw
-    return {
-        "launches": k,
-        "std_within": math.sqrt(msw),
-        "std_between": math.sqrt(var_between),
-        "between_share": var_between / total if total > 0 else 0.0,
-    }
+    return VarianceComponents(k, math.sqrt(msw), math.sqrt(var_between), var_between / total if total > 0 else 0.0)
 
 
 def acceptance(

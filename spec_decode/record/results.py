@@ -30,11 +30,13 @@ from spec_decode.record.sections import (
     Profile,
     Speedup,
     Summary,
+    VarianceComponents,
     acceptance_from,
     latency_from,
     profile_from,
     speedup_from,
     summary_from,
+    variance_components_from,
 )
 
 # 2: typed record, drift and checks computed by the job, preflight failures recorded
@@ -145,6 +147,7 @@ TYPED = {
     "baseline": BaselineRef,
     "drift": Drift,
     "throughput_tok_s": Summary,
+    "variance_components": VarianceComponents,
     "speedup_vs_baseline": Speedup,
     "acceptance": Acceptance,
     "latency": Latency,
@@ -200,7 +203,7 @@ class JobRecord:
     nccl_probe: dict | None = None
     doctor: list[dict] | None = None  # the first-contact self-check's live items (spec_decode.runner.doctor)
     throughput_tok_s: Summary | None = None  # tok/s over the timed runs (record.sections)
-    variance_components: dict | None = None
+    variance_components: VarianceComponents | None = None  # launches > 1: between vs within (record.sections)
     acceptance: Acceptance | None = None  # counters, per draft position, per request (record.sections)
     profile: Profile | None = None  # the phase profile, or why there is none (record.sections)
     decode_log: dict | None = None
@@ -271,6 +274,7 @@ class JobRecord:
         known["categories"] = categories_from(known.get("categories"))
         known["lossless"] = lossless_from(known.get("lossless"))
         known["throughput_tok_s"] = summary_from(known.get("throughput_tok_s"))
+        known["variance_components"] = variance_components_from(known.get("variance_components"))
         known["speedup_vs_baseline"] = speedup_from(known.get("speedup_vs_baseline"))
         known["acceptance"] = acceptance_from(known.get("acceptance"))
         known["latency"] = latency_from(known.get("latency"))

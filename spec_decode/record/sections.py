@@ -1,9 +1,10 @@
 """The record's derived sections as types (issue 45): what ``analysis`` computes and ``results.JobRecord``
 holds -- tok/s over the runs (``Summary``), the speedup (``Ratio``, ``Speedup``), the acceptance
-(``Acceptance``), the token latency (``Latency`` of ``Distribution``s) and the phase profile (``Profile``). Each writes the JSON it always
+(``Acceptance``), the token latency (``Latency`` of ``Distribution``s), the phase profile (``Profile``) and
+the launches' share of the tok/s variance (``VarianceComponents``). Each writes the JSON it always
 had (``as_dict``: its keys, in their order; a key the section never had stays absent) and reads it back
 (``*_from``: results.json and metrics.json alike; keys it does not know are kept in ``extra`` and written
-back after its own). ``analysis.stats`` builds ``Summary`` and ``Ratio``: they sit here, below it, so the
+back after its own). ``analysis.stats`` builds ``Summary``, ``Ratio`` and ``VarianceComponents``: they sit here, below it, so the
 record imports nothing of ``analysis``.
 
 A record rebuilt from metrics.json holds what that file keeps of a section (a ``Summary`` without its
@@ -212,6 +213,30 @@ def latency_from(data: dict | None) -> Latency | None:
     if unknown := set(data) - kinds:
         raise TypeError(f"latency: unknown kinds {sorted(unknown)}")
     return Latency(**{k: Distribution(**d) for k, d in data.items()})
+
+
+@dataclass
+class VarianceComponents:
+    """tok/s of launches x runs split one-way (``analysis.stats.variance_components``): the std within a
+    launch and between launches, and the share of the variance between them; None without two launches
+    of two runs each (its four keys always written)."""
+
+    launches: int
+    std_within: float | None
+    std_between: float | None
+    between_share: float | None
+
+    def as_dict(self) -> dict:
+        return dataclasses.asdict(self)
+
+
+def variance_components_from(data: dict | None) -> VarianceComponents | None:
+    """A ``variance_components`` section as JSON holds it -> typed; None when absent."""
+    if not data:
+        return None
+    if not isinstance(data, dict):
+        raise TypeError(f"VarianceComponents: a JSON object expected, got {type(data).__name__}")
+    return VarianceComponents(**data)
 
 
 @dataclass

@@ -13,7 +13,15 @@ from spec_decode.parsers import profile
 from spec_decode.record import results
 from spec_decode.record.results import BaselineRef, Category, EngineInfo, JobRecord, Lossless
 from spec_decode.record.runs import RunRecord
-from spec_decode.record.sections import Acceptance, Distribution, Latency, Profile, Speedup, Summary
+from spec_decode.record.sections import (
+    Acceptance,
+    Distribution,
+    Latency,
+    Profile,
+    Speedup,
+    Summary,
+    VarianceComponents,
+)
 from spec_decode.views.metrics_json import records_from_metrics, to_metrics
 
 pytestmark = pytest.mark.unit
@@ -103,7 +111,7 @@ BY_REQUEST_KEYS += ["accept_len_unweighted", "requests_from", "per_request"]
 
 def run(i: int, tok_s: float, stream: bool = False, hist=(10, 10, 20)) -> RunRecord:
     return RunRecord(
-        0, i, float(i), i + 1.0, 100 / tok_s, 8, 100, 0.9, 40, 50, 80,
+        i % 2, i, float(i), i + 1.0, 100 / tok_s, 8, 100, 0.9, 40, 50, 80,
         spec_correct_drafts_histogram=list(hist),
         ttft_s=0.01 * (i + 1) if stream else None,
         token_gaps_s=[0.002] * 99 if stream else None,
@@ -116,7 +124,7 @@ def derived(tmp_path: Path) -> JobRecord:
     rec = JobRecord("spec", "spec.steps=2", "x", {"spec": {"steps": 2}}, "h", EngineInfo("embedded"), True)
     rec.runs = [run(i, t, stream=True) for i, t in enumerate((400.0, 410.0, 395.0, 405.0))]
     rec.baseline_runs = [run(i, t) for i, t in enumerate((200.0, 210.0, 190.0, 205.0))]
-    for sec in (sections.throughput(rec.runs, 1), sections.acceptance_counters(rec.runs, 3)):
+    for sec in (sections.throughput(rec.runs, 2), sections.acceptance_counters(rec.runs, 3)):
         vars(rec).update(sec.fields)
     vars(rec).update(sections.request_acceptance(2, rec.runs, None, None, rec.acceptance).fields)
     sp, base = sections.speedup(rec.runs, rec.baseline_runs, ["interleaved"], None, None)
@@ -139,11 +147,13 @@ def test_derived_sections_are_typed_and_results_json_keeps_their_keys_and_bytes(
     assert isinstance(rec.throughput_tok_s, Summary) and isinstance(rec.speedup_vs_baseline, Speedup)
     assert isinstance(rec.acceptance, Acceptance) and isinstance(rec.latency, Latency)
     assert isinstance(rec.baseline.throughput_tok_s, Summary) and isinstance(rec.latency.ttft_ms, Distribution)
+    assert isinstance(rec.variance_components, VarianceComponents) and rec.variance_components.launches == 2
     first, back, second = rewritten(tmp_path, rec)
     assert second == first
     for name, typ in (("throughput_tok_s", Summary), ("speedup_vs_baseline", Speedup), ("acceptance", Acceptance)):
         assert isinstance(getattr(back, name), typ) and getattr(back, name) == getattr(rec, name), name
     assert back.latency == rec.latency and back.baseline == rec.baseline
+    assert back.variance_components == rec.variance_components
     d = json.loads(first)
     # the keys (and their order) the record had when these sections were dicts
     assert list(d["throughput_tok_s"]) == SUMMARY_KEYS == list(d["baseline"]["throughput_tok_s"])
@@ -151,6 +161,7 @@ def test_derived_sections_are_typed_and_results_json_keeps_their_keys_and_bytes(
     assert d["speedup_vs_baseline"]["method"] == "paired" and d["speedup_vs_baseline"]["pairs"] == 4
     assert list(d["acceptance"]) == COUNTER_KEYS + BY_REQUEST_KEYS
     assert d["acceptance"]["histogram"] == [40, 40, 80] and d["acceptance"]["accept_rate_draft"] == 50 / 80
+    assert list(d["variance_components"]) == ["launches", "std_within", "std_between", "between_share"]
     assert list(d["latency"]) == ["ttft_ms", "itl_ms", "tpot_ms", "e2e_ms"]
     assert all(list(x) == ["p50", "p90", "p99", "mean", "n"] for x in d["latency"].values())
     assert d["latency"]["itl_ms"]["n"] == 4 * 99 and d["latency"]["ttft_ms"]["p50"] == pytest.approx(25.0)
@@ -166,11 +177,15 @@ def test_the_other_shapes_of_the_derived_sections_keep_their_keys(tmp_path):
     rec.acceptance = sections.acceptance_counters([run(0, 400.0)], 3).fields["acceptance"]
     rec.acceptance.accept_rate_draft = None  # a counter SGLang did not report: written null, not dropped
     rec.latency = sections.latency_percentiles([run(0, 400.0)]).fields["latency"]
+    rec.variance_components = sections.throughput([run(0, 400.0), run(1, 410.0)], 2).fields["variance_components"]
     first, back, second = rewritten(tmp_path, rec)
     d = json.loads(first)
     assert second == first and list(d["speedup_vs_baseline"]) == [*RATIO_KEYS, "method"]
     assert list(d["acceptance"]) == COUNTER_KEYS and d["acceptance"]["accept_rate_draft"] is None
     assert rec.latency is None and d["latency"] == {} and back.latency is None
+    # one run per launch: no split, its four keys written null
+    assert d["variance_components"] == {"launches": 2, "std_within": None, "std_between": None, "between_share": None}
+    assert back.variance_components == rec.variance_components
     both = sections.request_acceptance(2, rec.runs, [[{"accepted": 3}] * 10] * 4, None, None).fields["acceptance"]
     assert both.profile_matches_meta_info is False  # 10 cycles of 2 drafts vs the runs' histograms
     assert list(both.as_dict()) == [*BY_REQUEST_KEYS, "profile_matches_meta_info"]
@@ -225,7 +240,7 @@ def test_the_phase_profile_is_typed_and_keeps_the_parser_s_keys_then_the_job_s(t
 
 def test_a_section_of_another_type_is_refused_at_the_write(tmp_path):
     """A writer that puts the old dict back where the type belongs fails the write (not a silent dict)."""
-    for name in ("throughput_tok_s", "speedup_vs_baseline", "acceptance", "latency", "profile"):
+    for name in ("throughput_tok_s", "speedup_vs_baseline", "acceptance", "latency", "profile", "variance_components"):
         rec = derived(tmp_path)
         rec.profile = Profile(missing="profiling off")
         setattr(rec, name, getattr(rec, name).as_dict())
@@ -240,6 +255,7 @@ def test_a_section_of_another_type_is_refused_at_the_write(tmp_path):
         ("speedup_vs_baseline", "2.0x"),
         ("acceptance", [1, 2]),
         ("profile", "profiling off"),
+        ("variance_components", {"launches": 2}),  # without its figures
         ("latency", {"ttft_ms": {"p50": 1.0}}),  # a kind without its other figures
         ("latency", {"ttfb_ms": {"p50": 1, "p90": 1, "p99": 1, "mean": 1, "n": 1}}),  # no such kind
     ],
