@@ -33,14 +33,14 @@ def main(argv: list[str] | None = None) -> None:
         for r in results.collect(args.sweep)
         if r.speculative and r.status == "FINISHED" and (args.nccl is None or r.choice("nccl") == args.nccl)
     ]
-    have = sorted((r for r in recs if (r.acceptance or {}).get("per_position")), key=lambda r: r.steps)
+    have = sorted((r for r in recs if r.acceptance and r.acceptance.per_position), key=lambda r: r.steps)
     if not have:
         raise SystemExit(f"{args.sweep}: no finished spec job with per-position acceptance (issue 21 records)")
     f = fit(points_from_records(recs, nccl=args.nccl), max_steps=max(r.steps for r in have))
     depth = max(r.steps for r in have)
     rows = []
     for i in range(1, depth + 1):
-        measured = {r.steps: r.acceptance["per_position"][i - 1] for r in have if r.steps >= i}
+        measured = {r.steps: r.acceptance.per_position[i - 1] for r in have if r.steps >= i}
         deepest = measured.get(f.rates_steps)
         rows.append(
             [
@@ -73,8 +73,8 @@ def main(argv: list[str] | None = None) -> None:
     print()
     rows = []
     for r in have:
-        hist = r.acceptance["histogram"]
-        from_hist = acceptance.accept_len_from_rates(r.acceptance["per_position"])
+        hist = r.acceptance.histogram
+        from_hist = acceptance.accept_len_from_rates(r.acceptance.per_position)
         from_fit = chain_accept_len(f.alpha, r.steps, f.decay)
         from_rates = acceptance.accept_len_from_rates(f.accept_rates[: r.steps])
         rows.append(

@@ -104,8 +104,8 @@ def main() -> None:
     lat = latency.summarize(runs[True])
     print("\n| streamed runs | p50 | p90 | p99 | mean | n |")
     print("|---|---|---|---|---|---|")
-    for k, d in lat.items():
-        print(f"| {k} | {d['p50']:.3f} | {d['p90']:.3f} | {d['p99']:.3f} | {d['mean']:.3f} | {d['n']} |")
+    for k, d in lat.kinds().items():
+        print(f"| {k} | {d.p50:.3f} | {d.p90:.3f} | {d.p99:.3f} | {d.mean:.3f} | {d.n} |")
 
 
 if __name__ == "__main__":

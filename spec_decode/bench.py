@@ -23,7 +23,7 @@ import yaml
 
 from spec_decode.analysis.costmodel import fit, points_from_records
 from spec_decode.core.lineage import lineage_tags
-from spec_decode.record.results import collect
+from spec_decode.record.results import JobRecord, collect
 from spec_decode.views.drafter_experiments import served_ids
 from spec_decode.views.experiment import REBUILD, committed_metrics, compare, exp_dir
 from spec_decode.views.metrics_json import records_from_metrics, to_metrics
@@ -142,13 +142,13 @@ def offline_acceptance(root: Path, ids: list[int]) -> dict:
     return evaluate(drafter, target, splits["heldout"], ids, rec["prompt_tokens"])
 
 
-def job_metrics(r: dict) -> dict:
-    m = r.get("metrics", {})
-    t = r.get("throughput_tok_s") or {}
-    e = {"status": r["status"], "throughput_tok_s": round(m.get("throughput_tok_s", float("nan")), 2)}
+def job_metrics(r: JobRecord) -> dict:
+    """A drafter experiment's figures of one job (its metrics.json entry per step count)."""
+    m, t = r.metrics, r.throughput_tok_s
+    e = {"status": r.status, "throughput_tok_s": round(m.get("throughput_tok_s", float("nan")), 2)}
     for k in ("ci95_lo", "ci95_hi", "std", "n"):
-        if k in t:
-            e[f"throughput_tok_s_{k}"] = round(t[k], 3)
+        if t is not None and getattr(t, k) is not None:
+            e[f"throughput_tok_s_{k}"] = round(getattr(t, k), 3)
     for k in (
         "accept_len",
         "accept_rate_draft",
@@ -177,10 +177,10 @@ def drafters(name: str, root: Path, extra: list[str]) -> Path:
     recs = collect(sweep)
     out: dict = {"baseline": None, "drafters": {}}
     for r in recs:
-        if not r.get("speculative"):
+        if not r.speculative:
             out["baseline"] = job_metrics(r)
             continue
-        path = root / r["config"]["drafter"]["path"]
+        path = root / r.config["drafter"]["path"]
         rec = training_record(path, root)
         key = (
             f"n{rec['data']['samples']}"
@@ -190,7 +190,7 @@ def drafters(name: str, root: Path, extra: list[str]) -> Path:
         entry = out["drafters"].setdefault(
             key,
             {
-                "path": r["config"]["drafter"]["path"],
+                "path": r.config["drafter"]["path"],
                 "served_ids": served_ids(path),
                 "trained_ids": rec.get("trained_aux_layer_ids"),
                 "lineage": lineage_tags(path, None) or lineage_tags(root / "models" / "tiny" / "drafter", None),
@@ -204,7 +204,7 @@ def drafters(name: str, root: Path, extra: list[str]) -> Path:
             h = rec["heldout"]
             entry["heldout_accept_len"] = h["accept_len"]
             entry["heldout_accept_len_ci95"] = h["accept_len_ci95"]
-        entry["steps"][str(r["config"]["spec"]["steps"])] = job_metrics(r)
+        entry["steps"][str(r.steps)] = job_metrics(r)
         entry["_recs"].append(r)
     for entry in out["drafters"].values():
         recs_d = entry.pop("_recs")

@@ -26,6 +26,8 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
 
+from spec_decode.record.sections import Acceptance
+
 SOURCES = ("profile", "meta_info")
 
 
@@ -86,8 +88,9 @@ def summarize(
     runs: Sequence,
     run_cycles: Sequence[Sequence[dict]] | None = None,
     pass_requests: Sequence[dict] | None = None,
-) -> dict | None:
-    """The job's ``acceptance`` block (see the module doc) or None without a single verify.
+) -> Acceptance | None:
+    """The job's ``acceptance`` per position and per request (see the module doc; the counters' group is
+    the runs', ``analysis.sections.acceptance_counters``) or None without a single verify.
 
     ``runs``: the timed runs (``client.RunRecord``: ``completion_tokens``, ``spec_verify_ct``, and,
     where the client reads it, ``spec_correct_drafts_histogram``); ``run_cycles``: each run's profile
@@ -131,34 +134,32 @@ def summarize(
         }
         for i, r in enumerate(reqs)
     ]
-    out = {
-        "steps": steps,
-        "histogram": hist,
-        "per_position": per_position_rates(hist) if hist is not None and sum(hist) else None,
-        "source": source,
-        "histogram_scope": "timed runs" if source == "profile" or meta is not None else requests_from,
-        "accept_len_weighted": weighted,
-        "accept_len_unweighted": unweighted,
-        "requests_from": requests_from,
-        "per_request": per_request,
-    }
-    if prof is not None and meta is not None:
+    return Acceptance(
+        steps=steps,
+        histogram=hist,
+        per_position=per_position_rates(hist) if hist is not None and sum(hist) else None,
+        source=source,
+        histogram_scope="timed runs" if source == "profile" or meta is not None else requests_from,
+        accept_len_weighted=weighted,
+        accept_len_unweighted=unweighted,
+        requests_from=requests_from,
+        per_request=per_request,
         # Two records of the same verifies: the server's counters and the profiler's cycles.
-        out["profile_matches_meta_info"] = prof == meta
-    return out
+        profile_matches_meta_info=prof == meta if prof is not None and meta is not None else None,
+    )
 
 
-def metrics_of(acc: dict | None) -> dict[str, float]:
+def metrics_of(acc: Acceptance | None) -> dict[str, float]:
     """The flat metrics (MLflow's): accept_len_request_weighted, accept_len_request_mean,
     accept_rate_pos<i> (i = 1..steps, where measured)."""
     if not acc:
         return {}
     out: dict[str, float] = {}
-    if acc.get("accept_len_weighted") is not None:
-        out["accept_len_request_weighted"] = acc["accept_len_weighted"]
-    if acc.get("accept_len_unweighted") is not None:
-        out["accept_len_request_mean"] = acc["accept_len_unweighted"]
-    for i, r in enumerate(acc.get("per_position") or [], start=1):
+    if acc.accept_len_weighted is not None:
+        out["accept_len_request_weighted"] = acc.accept_len_weighted
+    if acc.accept_len_unweighted is not None:
+        out["accept_len_request_mean"] = acc.accept_len_unweighted
+    for i, r in enumerate(acc.per_position or [], start=1):
         if r is not None:
             out[f"accept_rate_pos{i}"] = r
     return out

@@ -44,7 +44,7 @@ def batch_points(recs: list[JobRecord]) -> dict[str, list[tuple[float, float]]]:
         base_batch = (paired.get("running") or {}).get("running_median") or (
             1.0 if conc == 1 and r.speculative else None
         )
-        is_paired = (r.speedup_vs_baseline or {}).get("method") == "paired"
+        is_paired = r.speedup_vs_baseline is not None and r.speedup_vs_baseline.method == "paired"
         if r.speculative and is_paired and m.get("baseline_throughput_tok_s") and base_batch:
             # the paired baseline server beside this job (the default strategy: no baseline job), at the
             # same concurrency; its own running batch from its decode log

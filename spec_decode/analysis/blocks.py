@@ -30,12 +30,14 @@ cell, the within-launch interval, labelled ``interval: runs within one launch`` 
 from __future__ import annotations
 
 import copy
+import dataclasses
 import json
 import math
 import statistics
 from typing import TYPE_CHECKING
 
 from spec_decode.analysis.stats import robust_cv, summarize, t_cdf, t_ppf
+from spec_decode.record.sections import Ratio, Speedup
 
 if TYPE_CHECKING:  # the record type, for annotations only: analysis sits below record
     from spec_decode.record.results import JobRecord
@@ -119,7 +121,7 @@ def fold(blocks: list[JobRecord]) -> JobRecord:
     m = {k: statistics.fmean(r.metrics[k] for r in done) for k in keys}
     tput = [r.metrics["throughput_tok_s"] for r in done]
     s = summarize(tput)
-    out.throughput_tok_s = {**s.as_dict(), "robust_cv": robust_cv(tput), "unit": "block means"}
+    out.throughput_tok_s = dataclasses.replace(s, robust_cv=robust_cv(tput), unit="block means")
     m.update(
         throughput_tok_s=s.mean,
         throughput_tok_s_std=s.std,
@@ -143,16 +145,12 @@ def fold(blocks: list[JobRecord]) -> JobRecord:
             speedup_vs_baseline_rerun95_lo=rlo,
             speedup_vs_baseline_rerun95_hi=rhi,
         )
-        out.speedup_vs_baseline = {
-            "ratio": g,
-            "ci95_lo": lo,
-            "ci95_hi": hi,
-            "df": float(len(ratios) - 1),
-            "significant": not (lo <= 1.0 <= hi),
-            "method": "blocks",
-            "per_block": ratios,
-            "rerun95": [rlo, rhi],
-        }
+        out.speedup_vs_baseline = Speedup.of(
+            Ratio(g, lo, hi, float(len(ratios) - 1), not (lo <= 1.0 <= hi)),
+            "blocks",
+            per_block=ratios,
+            rerun95=[rlo, rhi],
+        )
     out.metrics = m
     out.checks = [c for r in done for c in r.checks if not c.ok] or done[0].checks
     return out

@@ -10,6 +10,7 @@ from __future__ import annotations
 import statistics
 
 from spec_decode.record.results import Check
+from spec_decode.record.sections import Profile
 
 # tok/s inside the cycles on the wall clock vs accept_len / cycle: each cycle's wall-clock time (its entry
 # and exit stamps; older profiles: the interval between end stamps, a few us of loop time more) against
@@ -51,7 +52,7 @@ def _check(name: str, ok: bool | None, value, expected, message: str) -> Check:
 def run_checks(
     metrics: dict[str, float],
     runs: list[dict],
-    profile: dict | None,
+    profile: Profile | None,
     speculative: bool,
     steps: int = 0,
     profile_runs: list[dict] | None = None,
@@ -59,7 +60,7 @@ def run_checks(
     streamed: bool = False,
 ) -> list[Check]:
     """``runs``: the timed runs as dicts (``wall_s``, ``e2e_latency_s``, ``completion_tokens``,
-    ``spec_verify_ct``); ``profile``: the phase summary with ``per_run`` (``parsers.profile.run_timing``
+    ``spec_verify_ct``); ``profile``: the phase profile with ``per_run`` (``parsers.profile.run_timing``
     for each run) or None; ``steps``: draft steps per cycle (bounds the last cycle's overshoot).
     ``profile_runs``: the runs the profile was measured in (the profiled pass; default ``runs``): the
     profile's counts are compared with theirs. ``oversubscribed``: why the host had more runnable work
@@ -69,20 +70,21 @@ def run_checks(
     prof_runs = runs if profile_runs is None else profile_runs
     m = metrics
     out: list[Check] = []
-    timing = [t for t in (profile or {}).get("per_run") or [] if t is not None]
+    prof = profile or Profile()
+    timing = [t for t in prof.per_run or [] if t is not None]
     # 1. tok/s inside the cycles: each cycle's tokens over its wall-clock time (entry to exit stamp; in
     #    older profiles between end stamps) vs over its own duration (accept_len / cycle): the median cycle's relative difference per
     #    run, the median over runs. Occasional long gaps (a log line, a preemption) are not inside a
     #    cycle: they count in the time outside the cycles (check 2).
     rels = [1 / t["interval_over_cycle"] - 1 for t in timing if t.get("interval_over_cycle")]
-    if rels and (profile or {}).get("host_stamps_na"):
+    if rels and prof.host_stamps_na:
         out.append(
             _check(
                 "throughput_in_cycles_vs_accept_over_cycle",
                 None,
                 None,
                 f"|median rel| <= {IN_CYCLE_TOL}",
-                f"n/a: {profile['host_stamps_na']}",
+                f"n/a: {prof.host_stamps_na}",
             )
         )
     elif rels:
@@ -111,11 +113,11 @@ def run_checks(
         n = len(timing)
         # Host stamps that do not bound the GPU work (overlap on a GPU): the gaps between them are the
         # host's, not idle device time; only the total outside the cycles is judged then.
-        host_na = bool((profile or {}).get("host_stamps_na"))
+        host_na = bool(prof.host_stamps_na)
         # Batched (continuous batching under load): a request's gaps hold the prefills of the requests
         # that joined meanwhile (scheduled between decode batches, as SGLang does): work, not idle time,
         # so the gap bound of a request alone does not apply; the total is judged.
-        batched = ((profile or {}).get("batch_size_mean") or 1) > 1
+        batched = (prof.batch_size_mean or 1) > 1
         # An oversubscribed host (more runnable work than cores): the server's loop waits for a CPU
         # between cycles, so the gaps measure the host's contention, not the engine (2-core VM at load
         # 3.5: 15 of 96 healthy jobs at 5.0-5.5% between cycles); the total is judged.

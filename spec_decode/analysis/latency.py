@@ -16,6 +16,8 @@ import math
 import statistics
 from typing import Iterable, Sequence
 
+from spec_decode.record.sections import Distribution, Latency
+
 PERCENTILES = (50, 90, 99)
 KINDS = ("ttft_ms", "itl_ms", "tpot_ms", "e2e_ms")
 
@@ -30,12 +32,10 @@ def percentile(values: Sequence[float], q: float) -> float:
     return xs[lo] + (xs[hi] - xs[lo]) * (pos - lo)
 
 
-def distribution(values: Sequence[float]) -> dict[str, float]:
-    """``{p50, p90, p99, mean, n}``."""
-    out = {f"p{q}": percentile(values, q) for q in PERCENTILES}
-    out["mean"] = statistics.fmean(values)
-    out["n"] = len(values)
-    return out
+def distribution(values: Sequence[float]) -> Distribution:
+    """p50, p90, p99, mean, n."""
+    p50, p90, p99 = (percentile(values, q) for q in PERCENTILES)
+    return Distribution(p50, p90, p99, statistics.fmean(values), len(values))
 
 
 def samples(runs: Iterable) -> dict[str, list[float]]:
@@ -52,28 +52,28 @@ def samples(runs: Iterable) -> dict[str, list[float]]:
     return out
 
 
-def summarize(runs: Iterable) -> dict[str, dict[str, float]]:
-    """The job's ``latency`` section: ``{ttft_ms|itl_ms|tpot_ms|e2e_ms: {p50, p90, p99, mean, n}}``;
-    empty when no run streamed."""
-    return {k: distribution(v) for k, v in samples(runs).items() if v}
+def summarize(runs: Iterable) -> Latency:
+    """The job's ``latency`` section: a ``Distribution`` per kind (ttft_ms, itl_ms, tpot_ms, e2e_ms) that
+    a run measured; no kind when no run streamed."""
+    return Latency(**{k: distribution(v) for k, v in samples(runs).items() if v})
 
 
-def metrics_of(latency: dict[str, dict[str, float]]) -> dict[str, float]:
+def metrics_of(latency: Latency | None) -> dict[str, float]:
     """Flat metrics: ``ttft_ms_p50`` ... ``e2e_ms_p99``."""
-    return {f"{k}_p{q}": d[f"p{q}"] for k, d in latency.items() for q in PERCENTILES}
+    kinds = latency.kinds() if latency is not None else {}
+    return {f"{k}_p{q}": getattr(d, f"p{q}") for k, d in kinds.items() for q in PERCENTILES}
 
 
 TAIL_MIN_N = 100  # below this many samples P99 is about the largest value, not a tail estimate
 
 
-def describe(lat: dict[str, dict[str, float]]) -> list[str]:
+def describe(lat: Latency | None) -> list[str]:
     """Console lines for a streamed job: TTFT, ITL, TPOT at P50/P90/P99 with the sample count."""
     lines = []
-    for kind, name in (("ttft_ms", "TTFT"), ("itl_ms", "ITL"), ("tpot_ms", "TPOT")):
-        d = lat.get(kind)
+    for d, name in ((lat.ttft_ms, "TTFT"), (lat.itl_ms, "ITL"), (lat.tpot_ms, "TPOT")) if lat is not None else ():
         if d:
             lines.append(
-                f"  {name:<4} P50 {d['p50']:.2f}  P90 {d['p90']:.2f}  P99 {d['p99']:.2f} ms  (n={int(d['n'])}"
-                + (f"; P99 of {int(d['n'])} samples is near the maximum, not a tail)" if d["n"] < TAIL_MIN_N else ")")
+                f"  {name:<4} P50 {d.p50:.2f}  P90 {d.p90:.2f}  P99 {d.p99:.2f} ms  (n={int(d.n)}"
+                + (f"; P99 of {int(d.n)} samples is near the maximum, not a tail)" if d.n < TAIL_MIN_N else ")")
             )
     return lines

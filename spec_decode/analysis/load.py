@@ -82,7 +82,7 @@ def run_figures(requests: Sequence, wall_s: float) -> dict:
         "aggregate_tok_s": tokens / wall_s if wall_s > 0 else None,
         "request_tok_s": _dist([r.throughput_tok_s for r in requests]),
         "accept_len_per_request": _dist(accept),
-        "latency": latency.summarize(requests),
+        "latency": latency.summarize(requests).as_dict(),
     }
 
 
@@ -100,7 +100,7 @@ def summarize(
         "runs": list(runs),
         "request_tok_s": _dist([r.throughput_tok_s for r in requests]),
         "accept_len_per_request": _dist(accept),
-        "latency": latency.summarize(requests),
+        "latency": latency.summarize(requests).as_dict(),
         "running": running,
     }
 

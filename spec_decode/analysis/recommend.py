@@ -75,7 +75,7 @@ class Recommendation:
 def dispersion(rec: JobRecord) -> tuple[float | None, str, int]:
     """(robust CV, or the CV where the record predates it, of the runs' tok/s; which one; runs)."""
     m = rec.metrics
-    n = int((rec.throughput_tok_s or {}).get("n") or len(rec.runs))
+    n = int((rec.throughput_tok_s and rec.throughput_tok_s.n) or len(rec.runs))
     if "throughput_tok_s_robust_cv" in m:
         return m["throughput_tok_s_robust_cv"], "robust CV", n
     return m.get("throughput_tok_s_cv"), "CV", n

@@ -19,6 +19,7 @@ from typing import TYPE_CHECKING, Any, Sequence
 from spec_decode.analysis import acceptance, latency, profiler_effect, stats
 from spec_decode.parsers import decode_log, profile
 from spec_decode.record.provenance import filter_env
+from spec_decode.record.sections import Acceptance, Profile, Speedup, Summary, profile_from
 
 if TYPE_CHECKING:
     from spec_decode.record.runs import RunRecord
@@ -43,7 +44,7 @@ def throughput(runs: Sequence[RunRecord], launches: int) -> Section:
     if not runs:
         return Section()
     s = stats.summarize([r.throughput_tok_s for r in runs])
-    out = Section({"throughput_tok_s": s.as_dict()}, {"throughput_tok_s": s.mean})
+    out = Section({"throughput_tok_s": s}, {"throughput_tok_s": s.mean})
     for k in ("median", "std", "cv", "robust_cv", "ci95_lo", "ci95_hi"):
         out.metrics[f"throughput_tok_s_{k}"] = getattr(s, k)
     out.metrics["mde_pct"] = 100 * stats.min_detectable_effect(s.cv, s.n)
@@ -80,11 +81,11 @@ def acceptance_counters(runs: Sequence[RunRecord], num_draft_tokens: int) -> Sec
     )
     return Section(
         {
-            "acceptance": {
+            "acceptance": Acceptance(
                 **acc,
-                "accept_len_source": "meta_info counters (run-scoped)",
-                "per_run_accept_len": [r.completion_tokens / r.spec_verify_ct for r in runs if r.spec_verify_ct],
-            }
+                accept_len_source="meta_info counters (run-scoped)",
+                per_run_accept_len=[r.completion_tokens / r.spec_verify_ct for r in runs if r.spec_verify_ct],
+            )
         },
         {k: v for k, v in acc.items() if v is not None},
     )
@@ -125,48 +126,50 @@ def phase_profile(
             else f"no profile lines from rank 0 in the {where} (plugin not loaded?)"
         )
         return Section(
-            {"profile": {"missing": why}}, warnings=[f"phase profile missing: {why}"] if profile_on and any_runs else []
+            {"profile": Profile(missing=why)},
+            warnings=[f"phase profile missing: {why}"] if profile_on and any_runs else [],
         ), per_run
-    out = Section({"profile": summary})
+    prof = profile_from(summary)
+    out = Section({"profile": prof})
     # Per request: tok/s inside the decode on the wall clock vs from the cycle durations, and the time
     # outside the cycles (prefill, HTTP, gaps between cycles) as its own figure.
     timing = [profile.run_timing(w, r.start_wall, r.end_wall, r.wall_s) for r, w in zip(prof_runs, per_run)]
-    summary["per_run"] = timing
+    prof.per_run = timing
     have = [t for t in timing if t is not None]
-    summary["non_cycle_ms_per_request"] = sum(t["non_cycle_ms"] for t in have) / len(have) if have else None
+    prof.non_cycle_ms_per_request = sum(t["non_cycle_ms"] for t in have) / len(have) if have else None
     if have:
-        out.metrics["non_cycle_ms"] = summary["non_cycle_ms_per_request"]
+        out.metrics["non_cycle_ms"] = prof.non_cycle_ms_per_request
         out.metrics["non_cycle_pct"] = 100 * sum(t["non_cycle_ms"] for t in have) / sum(t["wall_ms"] for t in have)
         for part in ("head", "gap", "tail"):
             out.metrics[f"non_cycle_{part}_ms"] = sum(t[f"{part}_ms"] for t in have) / len(have)
     # Every verify is one cycle: a complete profile has exactly the runs' verify count.
     verify_ct = sum(r.spec_verify_ct or 0 for r in prof_runs)
-    summary["spec_verify_ct"] = verify_ct
-    summary["measured_in"] = (
+    prof.spec_verify_ct = verify_ct
+    prof.measured_in = (
         "the timed runs (profiler on)"
         if timed_runs
         else "the profiled pass (profiler on; the timed runs ran it dormant)"
     )
-    summary["measured_in_tok_s"] = stats.summarize([r.throughput_tok_s for r in prof_runs]).mean
-    summary["complete"] = summary["cycles"] == verify_ct
-    if not summary["complete"]:
+    prof.measured_in_tok_s = stats.summarize([r.throughput_tok_s for r in prof_runs]).mean
+    prof.complete = prof.cycles == verify_ct
+    if not prof.complete:
         out.warnings.append(
-            f"phase profile incomplete: {summary['cycles']} cycles from rank 0 in the {where}, "
+            f"phase profile incomplete: {prof.cycles} cycles from rank 0 in the {where}, "
             f"but the runs' meta_info says {verify_ct} verifies"
         )
-    agreement = summary.get("rank_agreement")
+    agreement = prof.rank_agreement
     if agreement and not agreement["ok"]:
         out.warnings.append(
-            f"phase profiles of the {summary['ranks']} ranks disagree (cycle counts differ or a rank's mean "
+            f"phase profiles of the {prof.ranks} ranks disagree (cycle counts differ or a rank's mean "
             f"cycle is more than {agreement['tolerance_pct']:.0f}% from rank 0's): "
             + ", ".join(
                 f"rank {r}: {a['cycles']} cycles, {a['cycle_ms_diff_pct']:+.1f}%" for r, a in agreement["ranks"].items()
             )
         )
     if host_stamps_na:
-        summary["host_stamps_na"] = host_stamps_na
+        prof.host_stamps_na = host_stamps_na
     for k in PHASE_METRICS:
-        out.metrics[k] = summary[k]
+        out.metrics[k] = getattr(prof, k)
     return out, per_run
 
 
@@ -175,15 +178,16 @@ def request_acceptance(
     runs: Sequence[RunRecord],
     run_cycles: list[list[dict]] | None,
     requests: list[dict] | None,
-    counters: dict | None,
+    counters: Acceptance | None,
 ) -> Section:
     """Acceptance per draft position and per request: from the profile's cycles where it has them, else
     from the runs' meta_info histograms; merged into the counters' ``acceptance``."""
     per_request = acceptance.summarize(steps, runs, run_cycles, requests or None)
     if per_request is None:
         return Section()
-    out = Section({"acceptance": {**(counters or {}), **per_request}}, acceptance.metrics_of(per_request))
-    if per_request.get("profile_matches_meta_info") is False:
+    merged = counters.with_requests(per_request) if counters is not None else per_request
+    out = Section({"acceptance": merged}, acceptance.metrics_of(per_request))
+    if per_request.profile_matches_meta_info is False:
         out.warnings.append(
             "acceptance histogram: the profile's cycles and the runs' meta_info "
             "spec_correct_drafts_histogram disagree (the profile's is used)"
@@ -207,8 +211,8 @@ def speedup(
     paired_runs: Sequence[RunRecord],
     pairings: list[str],
     job_runs: Sequence[RunRecord] | None,
-    job_summary: dict | None,
-) -> tuple[Section, dict | None]:
+    job_summary: Summary | None,
+) -> tuple[Section, Summary | None]:
     """Speedup against the job's one baseline: per pair when its runs were interleaved with ours
     (``paired_runs``, the paired strategy), else the ratio of two independent means (Welch CI) against
     the baseline job's runs. Also returns the baseline's tok/s summary it was measured against."""
@@ -216,26 +220,26 @@ def speedup(
         n = min(len(runs), len(paired_runs))
         spec_tput = [r.throughput_tok_s for r in runs[:n]]
         base_tput = [r.throughput_tok_s for r in paired_runs[:n]]
-        ratio, base_summary = stats.paired_ratio(spec_tput, base_tput), stats.summarize(base_tput).as_dict()
-        sp = {
-            **ratio.as_dict(),
-            "method": "paired",
-            "pairs": n,
-            "pairing": ",".join(pairings) or "interleaved",
-            "per_pair": [x / y for x, y in zip(spec_tput, base_tput)],
-        }
+        ratio, base_summary = stats.paired_ratio(spec_tput, base_tput), stats.summarize(base_tput)
+        sp = Speedup.of(
+            ratio,
+            "paired",
+            pairs=n,
+            pairing=",".join(pairings) or "interleaved",
+            per_pair=[x / y for x, y in zip(spec_tput, base_tput)],
+        )
     elif job_runs and runs:
         ratio, base_summary = (
             stats.ratio_of_means([r.throughput_tok_s for r in runs], [r.throughput_tok_s for r in job_runs]),
             job_summary,
         )
-        sp = {**ratio.as_dict(), "method": "welch"}
+        sp = Speedup.of(ratio, "welch")
     else:
         return Section(), None
     return Section(
         {"speedup_vs_baseline": sp},
         {
-            "baseline_throughput_tok_s": (base_summary or {})["mean"],
+            "baseline_throughput_tok_s": base_summary.mean,
             "speedup_vs_baseline": ratio.ratio,
             "speedup_vs_baseline_ci95_lo": ratio.ci95_lo,
             "speedup_vs_baseline_ci95_hi": ratio.ci95_hi,
@@ -247,7 +251,7 @@ def speedup(
 def latency_percentiles(runs: Sequence[RunRecord]) -> Section:
     """TTFT / ITL / TPOT / E2E percentiles of the streamed timed runs (empty when none streamed)."""
     lat = latency.summarize(runs)
-    return Section({"latency": lat}, latency.metrics_of(lat))
+    return Section({"latency": lat if lat.kinds() else None}, latency.metrics_of(lat))
 
 
 def server_env_section(

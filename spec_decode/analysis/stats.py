@@ -12,13 +12,17 @@ The unit of replication is the run (5 x 500 tokens by default), and the server l
   MDE = (t(0.975, df) + t(0.8, df)) * sqrt(2 / n) * CV; with 5 runs per arm that is about 2.0 CV;
 - robust CV = 1.4826 x MAD / median (the step recommendation's stability measure, spec_decode.analysis.recommend);
 - CV above 3% is flagged: a 5.9% gain needs CV <= ~3% to be seen with 5 runs.
+
+The figures it returns are the record's types (``record.sections``: ``Summary``, ``Ratio``,
+``VarianceComponents``): the record holds them.
 """
 
 from __future__ import annotations
 
 import math
 import statistics
-from dataclasses import asdict, dataclass
+
+from spec_decode.record.sections import Ratio, Summary, VarianceComponents
 
 CV_WARN = 0.03
 
@@ -42,23 +46,6 @@ def t_cdf(x: float, df: float) -> float:
     return special.stdtr(df, x)
 
 
-@dataclass
-class Summary:
-    n: int
-    mean: float
-    median: float
-    std: float
-    cv: float
-    ci95_lo: float
-    ci95_hi: float
-    # 1.4826 x MAD / median: estimates the CV for normal noise, and one outlier of five runs (a
-    # neighbour's burst on a shared host) does not move it; spec_decode.analysis.recommend's stability verdict
-    robust_cv: float = 0.0
-
-    def as_dict(self) -> dict:
-        return asdict(self)
-
-
 MAD_TO_SD = 1.4826  # MAD x this = the standard deviation, for normal noise
 
 
@@ -78,24 +65,12 @@ def summarize(values: list[float], confidence: float = 0.95) -> Summary:
     mean = statistics.fmean(values)
     median = statistics.median(values)
     if n < 2:
-        return Summary(n, mean, median, 0.0, 0.0, mean, mean)
+        return Summary(n, mean, median, 0.0, 0.0, mean, mean, 0.0)
     std = statistics.stdev(values)
     half = t_ppf(0.5 + confidence / 2, n - 1) * std / math.sqrt(n)
     return Summary(
         n, mean, median, std, std / mean if mean else float("nan"), mean - half, mean + half, robust_cv(values)
     )
-
-
-@dataclass
-class Ratio:
-    ratio: float
-    ci95_lo: float
-    ci95_hi: float
-    df: float
-    significant: bool  # the CI excludes 1.0
-
-    def as_dict(self) -> dict:
-        return asdict(self)
 
 
 def ratio_of_means(a: list[float], b: list[float], confidence: float = 0.95) -> Ratio:
@@ -144,7 +119,7 @@ def min_detectable_effect(cv: float, n: int, alpha: float = 0.05, power: float =
     return (t_ppf(1 - alpha / 2, df) + t_ppf(power, df)) * math.sqrt(2.0 / n) * cv
 
 
-def variance_components(groups: list[list[float]]) -> dict:
+def variance_components(groups: list[list[float]]) -> VarianceComponents:
     """One-way random-effects split for launches (groups) x runs: std between launches and within.
 
     Returns std_within, std_between (0 when the between-launch mean square is below the within one)
@@ -152,19 +127,14 @@ def variance_components(groups: list[list[float]]) -> dict:
     groups = [g for g in groups if g]
     k = len(groups)
     if k < 2 or any(len(g) < 2 for g in groups):
-        return {"launches": k, "std_within": None, "std_between": None, "between_share": None}
+        return VarianceComponents(k, None, None, None)
     n_bar = statistics.fmean(len(g) for g in groups)
     grand = statistics.fmean(v for g in groups for v in g)
     msw = sum(sum((v - statistics.fmean(g)) ** 2 for v in g) for g in groups) / sum(len(g) - 1 for g in groups)
     msb = sum(len(g) * (statistics.fmean(g) - grand) ** 2 for g in groups) / (k - 1)
     var_between = max(0.0, (msb - msw) / n_bar)
     total = var_between + msw
-    return {
-        "launches": k,
-        "std_within": math.sqrt(msw),
-        "std_between": math.sqrt(var_between),
-        "between_share": var_between / total if total > 0 else 0.0,
-    }
+    return VarianceComponents(k, math.sqrt(msw), math.sqrt(var_between), var_between / total if total > 0 else 0.0)
 
 
 def acceptance(

@@ -24,6 +24,20 @@ from typing import Any
 
 from spec_decode.record import provenance
 from spec_decode.record.runs import RunRecord
+from spec_decode.record.sections import (
+    Acceptance,
+    Latency,
+    Profile,
+    Speedup,
+    Summary,
+    VarianceComponents,
+    acceptance_from,
+    latency_from,
+    profile_from,
+    speedup_from,
+    summary_from,
+    variance_components_from,
+)
 
 # 2: typed record, drift and checks computed by the job, preflight failures recorded
 # 3: streamed runs (latency), request pass (requests, categories), lossless guard, pairing, acceptance by
@@ -73,7 +87,11 @@ class BaselineRef:
 
     out_dir: str | None
     mlflow_run_id: str | None
-    throughput_tok_s: dict | None  # its stats.Summary
+    throughput_tok_s: Summary | None  # its tok/s
+
+    def as_dict(self) -> dict:
+        t = self.throughput_tok_s
+        return {"out_dir": self.out_dir, "mlflow_run_id": self.mlflow_run_id, "throughput_tok_s": t and t.as_dict()}
 
 
 @dataclass
@@ -121,6 +139,22 @@ def categories_from(data: dict | None) -> dict[str, Category]:
 
 
 RUN_LISTS = ("runs", "baseline_runs", "profiled_runs", "profiled_requests")  # lists of RunRecord in a record
+# The sections held as one typed object (or None): written by its ``as_dict``; a value of another type (a
+# dict where the type belongs) is refused at the write. Absent: null, but {} for ``lossless`` and
+# ``latency`` (what they were written as before they were typed).
+TYPED = {
+    "engine": EngineInfo,
+    "baseline": BaselineRef,
+    "drift": Drift,
+    "throughput_tok_s": Summary,
+    "variance_components": VarianceComponents,
+    "speedup_vs_baseline": Speedup,
+    "acceptance": Acceptance,
+    "latency": Latency,
+    "profile": Profile,
+    "lossless": Lossless,
+}
+ABSENT_AS_EMPTY = ("lossless", "latency")
 
 
 @dataclass
@@ -168,18 +202,18 @@ class JobRecord:
     server_info: dict | None = None
     nccl_probe: dict | None = None
     doctor: list[dict] | None = None  # the first-contact self-check's live items (spec_decode.runner.doctor)
-    throughput_tok_s: dict | None = None  # stats.Summary of the runs
-    variance_components: dict | None = None
-    acceptance: dict | None = None
-    profile: dict | None = None
+    throughput_tok_s: Summary | None = None  # tok/s over the timed runs (record.sections)
+    variance_components: VarianceComponents | None = None  # launches > 1: between vs within (record.sections)
+    acceptance: Acceptance | None = None  # counters, per draft position, per request (record.sections)
+    profile: Profile | None = None  # the phase profile, or why there is none (record.sections)
     decode_log: dict | None = None
     baseline: BaselineRef | None = None
-    speedup_vs_baseline: dict | None = None  # stats.Ratio
+    speedup_vs_baseline: Speedup | None = None  # its Ratio and how it was measured (record.sections)
     metrics: dict[str, float] = field(default_factory=dict)  # flat, units in the names (MLflow's)
     checks: list[Check] = field(default_factory=list)
     drift: Drift | None = None
-    # Streamed timed runs: {ttft_ms|itl_ms|tpot_ms|e2e_ms: {p50, p90, p99, mean, n}} (spec_decode.analysis.latency)
-    latency: dict = field(default_factory=dict)
+    # Streamed timed runs: TTFT/ITL/TPOT/E2E percentiles (spec_decode.analysis.latency); None: none streamed
+    latency: Latency | None = None
     requests: list[dict] = field(default_factory=list)  # the request pass, one entry per prompt
     categories: dict[str, Category] = field(default_factory=dict)  # the request pass per prompt category
     lossless: Lossless | None = None  # the lossless guard's verdict (spec_decode.analysis.lossless)
@@ -217,10 +251,8 @@ class JobRecord:
             v = getattr(self, f.name)
             if f.name in RUN_LISTS:
                 v = [r.as_dict() for r in v]
-            elif f.name == "lossless":  # written {} when absent, as before it was typed
-                v = v.as_dict() if v is not None else {}
-            elif dataclasses.is_dataclass(v):
-                v = dataclasses.asdict(v)
+            elif f.name in TYPED:
+                v = _typed_json(f.name, v)
             elif f.name == "checks":
                 v = [c.as_dict() for c in v]
             elif f.name == "categories":
@@ -241,6 +273,12 @@ class JobRecord:
         known["engine"] = EngineInfo(**(known.get("engine") or {"name": "unknown"}))
         known["categories"] = categories_from(known.get("categories"))
         known["lossless"] = lossless_from(known.get("lossless"))
+        known["throughput_tok_s"] = summary_from(known.get("throughput_tok_s"))
+        known["variance_components"] = variance_components_from(known.get("variance_components"))
+        known["speedup_vs_baseline"] = speedup_from(known.get("speedup_vs_baseline"))
+        known["acceptance"] = acceptance_from(known.get("acceptance"))
+        known["latency"] = latency_from(known.get("latency"))
+        known["profile"] = profile_from(known.get("profile"))
         known["checks"] = [
             Check(**{k: c.get(k) for k in ("name", "ok", "value", "expected", "message")})
             for c in known.get("checks") or []
@@ -250,7 +288,9 @@ class JobRecord:
             known["drift"] = Drift(**{f.name: dr.get(f.name) for f in dataclasses.fields(Drift)})
         if known.get("baseline"):
             b = known["baseline"]
-            known["baseline"] = BaselineRef(b.get("out_dir"), b.get("mlflow_run_id"), b.get("throughput_tok_s"))
+            known["baseline"] = BaselineRef(
+                b.get("out_dir"), b.get("mlflow_run_id"), summary_from(b.get("throughput_tok_s"))
+            )
         if not known.get("record_id"):
             # schema 1 records got their id from MLflow; a stable one lets `tracking sync` find them again
             seed = f"{known.get('started_at')}:{known.get('config_hash')}:{known.get('name')}"
@@ -258,6 +298,15 @@ class JobRecord:
         for key in ("role", "name", "experiment", "config", "config_hash", "speculative"):
             known.setdefault(key, {"config": {}, "speculative": False}.get(key, ""))
         return cls(**known, extra=d)
+
+
+def _typed_json(name: str, v: Any) -> Any:
+    """A typed section's JSON (``TYPED``); a value of another type is refused."""
+    if v is None:
+        return {} if name in ABSENT_AS_EMPTY else None
+    if not isinstance(v, TYPED[name]):
+        raise TypeError(f"record section {name}: a {TYPED[name].__name__} expected, got {type(v).__name__}")
+    return v.as_dict() if hasattr(v, "as_dict") else dataclasses.asdict(v)
 
 
 class WrittenTwice(RuntimeError):

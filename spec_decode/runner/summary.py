@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from spec_decode.analysis import latency
 from spec_decode.record.results import FILENAME, PERFORMANCE_ONLY, JobRecord, performance_only
+from spec_decode.record.sections import Speedup
 
 
 def job_summary(rec: JobRecord) -> str:
@@ -27,17 +28,17 @@ def job_summary(rec: JobRecord) -> str:
         lines.append(
             f"  accept len {m['accept_len']:.2f}  draft accept rate {m.get('accept_rate_draft', float('nan')):.2f}"
         )
-    acc = rec.acceptance or {}
-    if acc.get("per_position"):
+    acc = rec.acceptance
+    if acc is not None and acc.per_position:
         lines.append(
             "  acceptance by draft position "
-            + " ".join("-" if r is None else f"{r:.2f}" for r in acc["per_position"])
-            + f" ({acc.get('source')})"
+            + " ".join("-" if r is None else f"{r:.2f}" for r in acc.per_position)
+            + f" ({acc.source})"
             + (
                 ""
-                if acc.get("accept_len_weighted") is None
-                else f"; accept len per request: {acc['accept_len_weighted']:.2f} weighted by verifies, "
-                f"{acc['accept_len_unweighted']:.2f} unweighted"
+                if acc.accept_len_weighted is None
+                else f"; accept len per request: {acc.accept_len_weighted:.2f} weighted by verifies, "
+                f"{acc.accept_len_unweighted:.2f} unweighted"
             )
         )
     if "cycle_ms" in m:
@@ -47,12 +48,11 @@ def job_summary(rec: JobRecord) -> str:
             f"({m['extend_pct']:.0f}%) + other {m['other_ms']:.2f} ({m['other_pct']:.0f}%)"
         )
     if "speedup_vs_baseline" in m:
-        method = (rec.speedup_vs_baseline or {}).get("method", "welch")
-        sp = rec.speedup_vs_baseline or {}
+        sp = rec.speedup_vs_baseline or Speedup()
         how = (
-            f"paired: {sp.get('pairs')} {sp.get('pairing', 'interleaved')} pairs, baseline "
+            f"paired: {sp.pairs} {sp.pairing or 'interleaved'} pairs, baseline "
             f"{m['baseline_throughput_tok_s']:.1f} tok/s"
-            if method == "paired"
+            if sp.how == "paired"
             else "vs a separate baseline job"
         )
         lines.append(
@@ -60,7 +60,7 @@ def job_summary(rec: JobRecord) -> str:
             f"[{m['speedup_vs_baseline_ci95_lo']:.3f}, {m['speedup_vs_baseline_ci95_hi']:.3f}] "
             f"(+-{m['speedup_ci95_halfwidth_pct']:.1f}%; {how})"
         )
-    lines += latency.describe(rec.latency or {})  # streamed runs only
+    lines += latency.describe(rec.latency)  # streamed runs only
     for c in rec.checks:
         if c.ok is False:
             lines.append(f"  CHECK FAILED {c.name}: {c.message}")

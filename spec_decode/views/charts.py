@@ -24,11 +24,7 @@ def acceptance_figures(recs: list[JobRecord], fits: dict | None = None) -> dict:
     from matplotlib.ticker import MaxNLocator
 
     have = sorted(
-        (
-            r
-            for r in recs
-            if r.speculative and r.acceptance and r.acceptance.get("histogram") and sum(r.acceptance["histogram"])
-        ),
+        (r for r in recs if r.speculative and r.acceptance and r.acceptance.histogram and sum(r.acceptance.histogram)),
         key=lambda r: (r.choice("nccl") or "", r.steps or 0),
     )
     if not have:
@@ -38,14 +34,14 @@ def acceptance_figures(recs: list[JobRecord], fits: dict | None = None) -> dict:
     fig, ax = plt.subplots(figsize=(8.5, 4.5))
     width = 0.8 / len(have)
     for i, r in enumerate(have):
-        h = r.acceptance["histogram"]
+        h = r.acceptance.histogram
         total = sum(h)
         xs = [a - 0.4 + width * (i + 0.5) for a in range(len(h))]
         ax.bar(
             xs,
             [n / total for n in h],
             width=width,
-            label=f"{_series(r, have)} ({total} verifies, {r.acceptance.get('source')})",
+            label=f"{_series(r, have)} ({total} verifies, {r.acceptance.source})",
         )
     ax.set_xlabel("draft tokens accepted in a verify")
     ax.xaxis.set_major_locator(MaxNLocator(integer=True))
@@ -57,12 +53,12 @@ def acceptance_figures(recs: list[JobRecord], fits: dict | None = None) -> dict:
 
     fig, ax = plt.subplots(figsize=(8.5, 4.5))
     for r in have:
-        rates = [(i, x) for i, x in enumerate(r.acceptance.get("per_position") or [], start=1) if x is not None]
+        rates = [(i, x) for i, x in enumerate(r.acceptance.per_position or [], start=1) if x is not None]
         if rates:
             ax.plot([i for i, _ in rates], [x for _, x in rates], marker="o", label=_series(r, have))
     for prof, f in (fits or {}).items():
         if prof in profiles:
-            depth = max(len(r.acceptance["histogram"]) - 1 for r in have)
+            depth = max(len(r.acceptance.histogram) - 1 for r in have)
             ax.plot(
                 range(1, depth + 1),
                 [fitted_rate(f, i) for i in range(1, depth + 1)],

@@ -5,6 +5,7 @@ report, the headline and compare render)."""
 
 from __future__ import annotations
 
+import dataclasses
 import re
 from pathlib import Path
 
@@ -12,6 +13,7 @@ from spec_decode.analysis import blocks
 from spec_decode.analysis.acceptance import rates_from_metrics
 from spec_decode.analysis.sections import PHASE_METRICS
 from spec_decode.record.results import Check, EngineInfo, JobRecord, categories_from, lossless_from, section
+from spec_decode.record.sections import Speedup, acceptance_from, latency_from, summary_from
 
 SUMMARY = ("mean", "std", "n", "ci95_lo", "ci95_hi", "cv", "robust_cv")
 
@@ -48,8 +50,7 @@ ISSUE21_METRICS = re.compile(
 )
 
 
-SECTIONS = ("latency", "categories", "lossless")  # issue 21's record sections kept whole (small dicts)
-UNTYPED = ("latency",)  # of those, the ones the record holds as dicts (categories, lossless: typed in record.results)
+SECTIONS = ("latency", "categories", "lossless")  # issue 21's record sections kept whole (small; typed in the record)
 
 
 def job_key(rec: JobRecord) -> str:
@@ -83,7 +84,7 @@ def to_metrics(recs: list[JobRecord]) -> dict:
 
 
 def _entry(i: int, r: JobRecord) -> dict:
-    m, t = r.metrics, r.throughput_tok_s or {}
+    m, t = r.metrics, r.throughput_tok_s
     bench = r.config.get("benchmark") or {}
     entry: dict = {
         "index": i,
@@ -104,14 +105,14 @@ def _entry(i: int, r: JobRecord) -> dict:
     if r.error:
         entry["error"] = r.error
     for k in SUMMARY:
-        if k in t:
-            entry["throughput_tok_s" if k == "mean" else f"throughput_tok_s_{k}"] = round(t[k], 4)
+        if t is not None and getattr(t, k) is not None:
+            entry["throughput_tok_s" if k == "mean" else f"throughput_tok_s_{k}"] = round(getattr(t, k), 4)
     entry.update({k: round(m[k], 4) for k in METRICS if k in m})
     # 6 places: the cost model multiplies the per-position rates, a report rebuilt from this file
     # must print the same predictions as one from the records
     entry.update({k: round(v, 6) for k, v in m.items() if ISSUE21_METRICS.match(k)})
-    if r.acceptance and r.acceptance.get("histogram"):
-        entry["acceptance"] = {k: r.acceptance.get(k) for k in ("histogram", "source")}
+    if r.acceptance and r.acceptance.histogram:
+        entry["acceptance"] = {"histogram": r.acceptance.histogram, "source": r.acceptance.source}
     simulated = r.forced_accept_len
     if simulated is not None:  # forced acceptance: the record is performance-only
         entry["axes"]["spec.simulate_accept_len"] = simulated
@@ -120,11 +121,11 @@ def _entry(i: int, r: JobRecord) -> dict:
         if value:
             if name == "categories":
                 value = {k: c.as_dict() for k, c in value.items()}
-            elif name == "lossless":
+            else:  # latency, lossless
                 value = value.as_dict()
             entry[name] = value
     if r.speedup_vs_baseline:
-        entry["speedup_method"] = r.speedup_vs_baseline.get("method", "welch")
+        entry["speedup_method"] = r.speedup_vs_baseline.how
     entry["checks"] = {c.name: c.ok for c in r.checks}
     if "interval" in r.extra:  # a cell folded over blocks: how its interval was taken
         entry["interval"] = r.extra["interval"]
@@ -155,12 +156,12 @@ def records_from_metrics(metrics: dict) -> list[JobRecord]:
         m.update({k: v for k, v in e.items() if ISSUE21_METRICS.match(k) and isinstance(v, (int, float))})
         acc = None
         if e.get("acceptance"):
-            acc = {
-                **e["acceptance"],
-                "per_position": rates_from_metrics(m) or None,
-                "accept_len_weighted": m.get("accept_len_request_weighted"),
-                "accept_len_unweighted": m.get("accept_len_request_mean"),
-            }
+            acc = dataclasses.replace(
+                acceptance_from(e["acceptance"]),  # its histogram and source
+                per_position=rates_from_metrics(m) or None,
+                accept_len_weighted=m.get("accept_len_request_weighted"),
+                accept_len_unweighted=m.get("accept_len_request_mean"),
+            )
         for p in ("draft", "verify", "extend", "other"):  # schema 1 kept the ms, not the shares
             if f"{p}_pct" not in m and f"{p}_ms" in m and m.get("cycle_ms"):
                 m[f"{p}_pct"] = 100 * m[f"{p}_ms"] / m["cycle_ms"]
@@ -184,15 +185,15 @@ def records_from_metrics(metrics: dict) -> list[JobRecord]:
                 status=e.get("status", "?"),
                 error=e.get("error"),
                 metrics=m,
-                throughput_tok_s=summary or None,
+                throughput_tok_s=summary_from(summary),
                 started_at=float(n),
                 out_dir=e.get("out_dir", ""),
                 checks=[Check(c, ok, None, "", "") for c, ok in (e.get("checks") or {}).items()],
-                speedup_vs_baseline={"method": e["speedup_method"]} if "speedup_method" in e else None,
+                speedup_vs_baseline=Speedup(method=e["speedup_method"]) if "speedup_method" in e else None,
                 acceptance=acc,
                 categories=categories_from(e.get("categories")),
                 lossless=lossless_from(e.get("lossless")),
-                extra={k: e[k] for k in UNTYPED if e.get(k)},
+                latency=latency_from(e.get("latency")),
             )
         )
     return out

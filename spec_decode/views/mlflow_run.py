@@ -123,7 +123,7 @@ def tags_of(rec: JobRecord) -> dict[str, str]:
     if results.performance_only(rec):
         tags["spec_decode.performance_only"] = "true"
     if rec.speedup_vs_baseline:  # paired: the job measured its own baseline (a drift reference)
-        tags["speedup.method"] = str(rec.speedup_vs_baseline.get("method"))
+        tags["speedup.method"] = str(rec.speedup_vs_baseline.method)
     if rec.baseline is not None and rec.baseline.mlflow_run_id:
         tags["baseline_run_id"] = rec.baseline.mlflow_run_id
     return tags

@@ -100,7 +100,7 @@ def figures(recs: list[JobRecord]) -> dict:
                     [y - r.metrics.get("speedup_vs_baseline_ci95_lo", y) for y, r in zip(ys, pts)],
                     [r.metrics.get("speedup_vs_baseline_ci95_hi", y) - y for y, r in zip(ys, pts)],
                 ]
-                methods = sorted({(r.speedup_vs_baseline or {}).get("method", "welch") for r in pts})
+                methods = sorted({r.speedup_vs_baseline.how if r.speedup_vs_baseline else "welch" for r in pts})
                 ax.errorbar(
                     xs,
                     ys,

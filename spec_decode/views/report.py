@@ -107,10 +107,10 @@ def row(rec: JobRecord) -> dict:
 def acceptance_table(recs: list[JobRecord]) -> str | None:
     """Per job: the acceptance rate at each draft position, the histogram of accepted drafts per verify
     (its source), the accept length per request weighted by verifies and unweighted."""
-    spec = [r for r in recs if r.speculative and r.acceptance and r.acceptance.get("histogram")]
+    spec = [r for r in recs if r.speculative and r.acceptance and r.acceptance.histogram]
     if not spec:
         return None
-    depth = max(len(r.acceptance["histogram"]) - 1 for r in spec)
+    depth = max(len(r.acceptance.histogram) - 1 for r in spec)
     headers = [
         "job",
         *(f"pos{i}" for i in range(1, depth + 1)),
@@ -122,15 +122,15 @@ def acceptance_table(recs: list[JobRecord]) -> str | None:
     rows = []
     for r in spec:
         a = r.acceptance
-        rates = list(a.get("per_position") or [])
+        rates = list(a.per_position or [])
         rows.append(
             [
                 job_label(r),
                 *(_fmt(x, ".3f") for x in rates + [None] * (depth - len(rates))),
-                " ".join(str(n) for n in a["histogram"]),
-                a.get("source") or "-",
-                _fmt(a.get("accept_len_weighted"), ".3f"),
-                _fmt(a.get("accept_len_unweighted"), ".3f"),
+                " ".join(str(n) for n in a.histogram),
+                a.source or "-",
+                _fmt(a.accept_len_weighted, ".3f"),
+                _fmt(a.accept_len_unweighted, ".3f"),
             ]
         )
     return "acceptance rate by draft position: P(accepted >= i | accepted >= i-1)\n" + tabulate(
@@ -140,17 +140,16 @@ def acceptance_table(recs: list[JobRecord]) -> str | None:
 
 def latency_table(recs: list[JobRecord]) -> str | None:
     """TTFT / ITL / TPOT / E2E percentiles (ms) of each job that streamed its requests."""
-    have = [r for r in recs if section(r, "latency")]
+    have = [r for r in recs if r.latency is not None]
     if not have:
         return None
     rows = []
     for r in have:
-        lat = section(r, "latency")
         cells = []
         for key, _ in LATENCY:
-            p = lat.get(f"{key}_ms") or {}
-            cells.append(" / ".join(_fmt(p.get(q), ".2f") for q in ("p50", "p90", "p99")) if p else "-")
-        n = (lat.get("itl_ms") or {}).get("n")
+            p = getattr(r.latency, f"{key}_ms")
+            cells.append(" / ".join(_fmt(x, ".2f") for x in (p.p50, p.p90, p.p99)) if p else "-")
+        n = r.latency.itl_ms.n if r.latency.itl_ms else None
         rows.append([job_label(r), *cells, n if n is not None else "-"])
     headers = ["job", *(f"{name} ms p50 / p90 / p99" for _, name in LATENCY), "tokens (ITL n)"]
     return "token latency (streamed requests; a chunk of n tokens spreads its gap over its n tokens)\n" + tabulate(

@@ -65,21 +65,21 @@ def test_profile_histogram_equals_the_servers_counters_per_request(tmp_path):
         requests=[(r.rid, r.spec_verify_ct) for r in runs],
     )
     acc = acceptance.summarize(STEPS, runs, per_run)
-    assert acc["source"] == "profile"
+    assert acc.source == "profile"
     # request by request, the profiler's cycles and the server's own counters tell the same story
-    for entry, meta in zip(acc["per_request"], metas):
+    for entry, meta in zip(acc.per_request, metas):
         assert entry["histogram"] == meta["spec_correct_drafts_histogram"]
         assert sum(entry["histogram"]) == meta["spec_verify_ct"]
         assert sum(a * n for a, n in enumerate(entry["histogram"])) == meta["spec_num_correct_drafts"]
     total = [sum(m["spec_correct_drafts_histogram"][a] for m in metas) for a in range(STEPS + 1)]
-    assert acc["histogram"] == total
+    assert acc.histogram == total
     reach = [sum(total[i:]) for i in range(STEPS + 1)]
-    assert acc["per_position"] == [reach[i] / reach[i - 1] for i in range(1, STEPS + 1)]
+    assert acc.per_position == [reach[i] / reach[i - 1] for i in range(1, STEPS + 1)]
     lengths = [m["completion_tokens"] / m["spec_verify_ct"] for m in metas]
-    assert acc["accept_len_unweighted"] == pytest.approx(sum(lengths) / 3)
-    assert acc["accept_len_weighted"] == pytest.approx(sum(m["completion_tokens"] for m in metas) / want)
+    assert acc.accept_len_unweighted == pytest.approx(sum(lengths) / 3)
+    assert acc.accept_len_weighted == pytest.approx(sum(m["completion_tokens"] for m in metas) / want)
     assert len(set(lengths)) > 1  # three prompts, three lengths: the two means differ
-    assert acc["accept_len_unweighted"] != pytest.approx(acc["accept_len_weighted"], abs=1e-9)
+    assert acc.accept_len_unweighted != pytest.approx(acc.accept_len_weighted, abs=1e-9)
 
 
 def test_sweep_records_and_logs_acceptance_and_the_recommendation(tmp_path, headline_sweep):
@@ -90,16 +90,16 @@ def test_sweep_records_and_logs_acceptance_and_the_recommendation(tmp_path, head
     for rec in recs:
         k = rec.steps
         acc = rec.acceptance
-        assert acc["source"] == "profile" and len(acc["histogram"]) == k + 1
+        assert acc.source == "profile" and len(acc.histogram) == k + 1
         runs = rec.profiled_runs  # the profile's histogram is of the profiled pass (issue 27)
-        assert runs and sum(acc["histogram"]) == sum(r.spec_verify_ct for r in runs)
+        assert runs and sum(acc.histogram) == sum(r.spec_verify_ct for r in runs)
         # the histogram's committed tokens vs the counters: the prefill made each run's first token, the
         # last cycle may commit up to k past max_new_tokens
-        committed = sum((a + 1) * n for a, n in enumerate(acc["histogram"]))
+        committed = sum((a + 1) * n for a, n in enumerate(acc.histogram))
         completion = sum(r.completion_tokens for r in runs)
         n = len(runs)
         assert completion - n <= committed <= completion - n + n * k
-        assert [rec.metrics[f"accept_rate_pos{i}"] for i in range(1, k + 1)] == acc["per_position"]
+        assert [rec.metrics[f"accept_rate_pos{i}"] for i in range(1, k + 1)] == acc.per_position
         assert rec.metrics["accept_len_request_weighted"] == pytest.approx(rec.metrics["accept_len"])
         assert "accept_rate_pos%d" % (k + 1) not in rec.metrics
     c = MlflowClient(headline_sweep.uri)

@@ -28,7 +28,7 @@ def test_a_job_under_load_has_its_speedup_at_its_own_concurrency(tmp_path):
     rec = results.read(tmp_path)
     assert rec.status == "FINISHED" and not (tmp_path / "baseline").exists()
     assert rec.config["benchmark"]["concurrency"] == 2
-    assert rec.speedup_vs_baseline["method"] == "paired" and rec.metrics["speedup_vs_baseline"] > 0
+    assert rec.speedup_vs_baseline.method == "paired" and rec.metrics["speedup_vs_baseline"] > 0
     arms = [x["arm"] for x in rec.launches[0]["load_runs"]]
     assert arms.count(load.SELF) == arms.count(load.PAIRED) == 2  # both arms of each pair under the same load
     assert rec.metrics["concurrency"] == 2 and rec.metrics["running_req_max"] == 2
@@ -65,9 +65,9 @@ def test_the_profiled_pass_under_load_profiles_the_batches_the_timed_runs_ran(tm
     # the timed runs' load figures hold the timed runs only
     assert len([x for x in rec.launches[0]["load_runs"] if x["arm"] == load.SELF]) == 2
     prof = rec.profile
-    assert prof["batch_size_mean"] > 1.5, prof["batch_size_mean"]  # batches, as in the timed runs
-    assert prof["complete"] and prof["cycles"] == sum(r.spec_verify_ct for r in rec.profiled_requests)
-    assert prof["extra_cycles"] >= 1  # the overlap loop's in-flight cycles, reported apart
+    assert prof.batch_size_mean > 1.5, prof.batch_size_mean  # batches, as in the timed runs
+    assert prof.complete and prof.cycles == sum(r.spec_verify_ct for r in rec.profiled_requests)
+    assert prof.extra_cycles >= 1  # the overlap loop's in-flight cycles, reported apart
     assert rec.profile_pass["pairs"] == 2 and len(rec.profile_pass["dormant_tok_s"]) == 2
     failed = [c for c in rec.checks if c.ok is False]
     assert not failed, failed

@@ -50,11 +50,11 @@ def test_profile_cycles_are_the_source_and_agree_with_meta_info():
     runs = [run(0, 7, 3, [1, 1, 1]), run(1, 6, 2, [0, 0, 2])]
     per_run = [cycles([0, 1, 2]), cycles([2, 2])]
     acc = acceptance.summarize(2, runs, per_run)
-    assert acc["source"] == "profile" and acc["histogram"] == [1, 1, 3]
-    assert acc["profile_matches_meta_info"] is True
-    assert [r["histogram"] for r in acc["per_request"]] == [[1, 1, 1], [0, 0, 2]]
-    assert acc["accept_len_weighted"] == pytest.approx(13 / 5)
-    assert acc["accept_len_unweighted"] == pytest.approx((7 / 3 + 3.0) / 2)
+    assert acc.source == "profile" and acc.histogram == [1, 1, 3]
+    assert acc.profile_matches_meta_info is True
+    assert [r["histogram"] for r in acc.per_request] == [[1, 1, 1], [0, 0, 2]]
+    assert acc.accept_len_weighted == pytest.approx(13 / 5)
+    assert acc.accept_len_unweighted == pytest.approx((7 / 3 + 3.0) / 2)
     m = acceptance.metrics_of(acc)
     assert m == {
         "accept_len_request_weighted": pytest.approx(13 / 5),
@@ -63,7 +63,7 @@ def test_profile_cycles_are_the_source_and_agree_with_meta_info():
         "accept_rate_pos2": pytest.approx(3 / 4),
     }
     # a profile that disagrees with the counters is reported as such
-    assert acceptance.summarize(2, runs, [cycles([0, 0, 2]), cycles([2, 2])])["profile_matches_meta_info"] is False
+    assert acceptance.summarize(2, runs, [cycles([0, 0, 2]), cycles([2, 2])]).profile_matches_meta_info is False
 
 
 def test_meta_info_histograms_when_the_profile_cannot_say():
@@ -71,11 +71,11 @@ def test_meta_info_histograms_when_the_profile_cannot_say():
     # a batch of two requests: a cycle committing 5 tokens at 2 steps is not one request's verify
     batched = [cycles([0, 1, 4]), cycles([2, 2])]
     acc = acceptance.summarize(2, runs, batched)
-    assert acc["source"] == "meta_info" and acc["histogram"] == [1, 1, 3]
-    assert acceptance.summarize(2, runs, None)["source"] == "meta_info"
+    assert acc.source == "meta_info" and acc.histogram == [1, 1, 3]
+    assert acceptance.summarize(2, runs, None).source == "meta_info"
     # neither: lengths only
     bare = acceptance.summarize(2, [run(0, 7, 3)], None)
-    assert bare["histogram"] is None and bare["per_position"] is None and bare["accept_len_weighted"] == 7 / 3
+    assert bare.histogram is None and bare.per_position is None and bare.accept_len_weighted == 7 / 3
 
 
 def test_request_pass_entries_are_the_requests_when_present():
@@ -85,9 +85,9 @@ def test_request_pass_entries_are_the_requests_when_present():
         {"prompt_index": 1, "completion_tokens": 60, "verify_ct": 60, "histogram": [60, 0, 0]},
     ]
     acc = acceptance.summarize(2, runs, None, passed)
-    assert acc["requests_from"] == "request pass" and len(acc["per_request"]) == 2
-    assert acc["accept_len_unweighted"] == pytest.approx((3.0 + 1.0) / 2)
-    assert acc["histogram"] == [60, 0, 30] and acc["source"] == "meta_info"
+    assert acc.requests_from == "request pass" and len(acc.per_request) == 2
+    assert acc.accept_len_unweighted == pytest.approx((3.0 + 1.0) / 2)
+    assert acc.histogram == [60, 0, 30] and acc.source == "meta_info"
 
 
 def test_cost_model_predicts_from_measured_rates_and_labels_the_fallback():

@@ -3,10 +3,13 @@
 Runs and cycles are built as a server would stamp them (cycle durations and wall-clock cycle ends) and go
 through the same ``parsers.profile.run_timing`` the job uses."""
 
+import dataclasses
+
 import pytest
 
 from spec_decode.analysis.checks import cost_model_metrics, host_oversubscribed, run_checks
 from spec_decode.parsers.profile import run_timing
+from spec_decode.record.sections import Profile
 
 pytestmark = pytest.mark.unit
 
@@ -67,7 +70,7 @@ def checks_of(pairs, **metrics):
     }
     m.update(metrics)
     m.update(cost_model_metrics(m))
-    return {c.name: c for c in run_checks(m, runs, {"per_run": [t for _, t in pairs]}, True, STEPS)}
+    return {c.name: c for c in run_checks(m, runs, Profile(per_run=[t for _, t in pairs]), True, STEPS)}
 
 
 def healthy(n=5, **kw):
@@ -108,7 +111,7 @@ def test_streamed_requests_have_their_own_gap_bound():
     m = {"accept_len": 3.6, "cycle_ms": 70.0, "draft_ms": 15, "verify_ms": 45, "extend_ms": 9, "other_pct": 1.4}
 
     def outside(share, streamed):
-        prof = {"per_run": [dict(t, gap_ms=share * t["span_ms"]) for _, t in pairs]}
+        prof = Profile(per_run=[dict(t, gap_ms=share * t["span_ms"]) for _, t in pairs])
         return {c.name: c for c in run_checks(m, runs, prof, True, STEPS, streamed=streamed)}["time_outside_cycles"]
 
     assert outside(0.055, True).ok is True and "between cycles <= 8% of the decode span (streamed" in (
@@ -222,7 +225,7 @@ def test_checks_only_read_the_metrics():
         "other_pct": 1.4,
     }
     before = dict(m)
-    run_checks(m, [r for r, _ in pairs], {"per_run": [t for _, t in pairs]}, True, STEPS)
+    run_checks(m, [r for r, _ in pairs], Profile(per_run=[t for _, t in pairs]), True, STEPS)
     assert m == before
 
 
@@ -284,6 +287,7 @@ def test_plots_read_at_a_glance(tmp_path):
     from matplotlib import pyplot as plt
 
     from spec_decode.record.results import EngineInfo, JobRecord
+    from spec_decode.record.sections import Speedup
     from spec_decode.views import plots
     from spec_decode.views.charts import save
 
@@ -313,7 +317,7 @@ def test_plots_read_at_a_glance(tmp_path):
             speculative=True,
             status="FINISHED",
             metrics=m,
-            speedup_vs_baseline={"method": "paired"},
+            speedup_vs_baseline=Speedup(method="paired"),
         )
 
     recs = [
@@ -371,20 +375,20 @@ def test_in_cycle_check_is_na_with_the_reason_where_host_stamps_are_not_cycle_wa
     pairs = healthy(stamp_scale=10.0)
     runs = [r for r, _ in pairs]
     m = {"accept_len": 3.6, "cycle_ms": 70.0, "draft_ms": 15, "verify_ms": 45, "extend_ms": 9, "other_pct": 1.4}
-    prof = {"per_run": [t for _, t in pairs], "host_stamps_na": "SGLang's overlap scheduler: enqueue stamps"}
+    prof = Profile(per_run=[t for _, t in pairs], host_stamps_na="SGLang's overlap scheduler: enqueue stamps")
     c = {c.name: c for c in run_checks(m, runs, prof, True, STEPS)}["throughput_in_cycles_vs_accept_over_cycle"]
     assert c.ok is None and c.message == "n/a: SGLang's overlap scheduler: enqueue stamps"
     # the gaps between such stamps are the host's, not idle device time: only the total is judged
     plain = healthy()
     gappy = [dict(t, gap_ms=0.2 * t["span_ms"]) for _, t in plain]  # 20% "between cycles"
     plain_runs = [r for r, _ in plain]
-    outside = {c.name: c for c in run_checks(m, plain_runs, {**prof, "per_run": gappy}, True, STEPS)}[
+    outside = {c.name: c for c in run_checks(m, plain_runs, dataclasses.replace(prof, per_run=gappy), True, STEPS)}[
         "time_outside_cycles"
     ]
     assert outside.ok is True and "between cycles <=" not in outside.expected
-    del prof["host_stamps_na"]
+    prof.host_stamps_na = None
     assert {c.name: c for c in run_checks(m, runs, prof, True, STEPS)}[c.name].ok is False
-    outside = {c.name: c for c in run_checks(m, plain_runs, {"per_run": gappy}, True, STEPS)}["time_outside_cycles"]
+    outside = {c.name: c for c in run_checks(m, plain_runs, Profile(per_run=gappy), True, STEPS)}["time_outside_cycles"]
     assert outside.ok is False
 
 
@@ -394,7 +398,7 @@ def test_profile_counts_are_compared_with_the_runs_they_were_measured_in():
     pairs = healthy(n=2)
     timed = [dict(r, spec_verify_ct=r["spec_verify_ct"] + 7) for r, _ in healthy(n=3)]
     m = {"accept_len": 3.6}
-    prof = {"per_run": [t for _, t in pairs]}
+    prof = Profile(per_run=[t for _, t in pairs])
     by = {c.name: c for c in run_checks(m, timed, prof, True, STEPS, [r for r, _ in pairs])}
     assert by["profile_vs_counters"].ok is True
     assert "profile_vs_counters" not in {c.name: c for c in run_checks(m, timed, prof, True, STEPS)}  # 2 vs 3 runs
@@ -407,7 +411,7 @@ def test_gaps_between_cycles_on_an_oversubscribed_host_are_its_contention_and_on
     pairs = healthy()
     runs = [r for r, _ in pairs]
     m = {"accept_len": 3.6, "cycle_ms": 70.0, "draft_ms": 15, "verify_ms": 45, "extend_ms": 9, "other_pct": 1.4}
-    gappy = {"per_run": [dict(t, gap_ms=0.055 * t["span_ms"]) for _, t in pairs]}
+    gappy = Profile(per_run=[dict(t, gap_ms=0.055 * t["span_ms"]) for _, t in pairs])
     busy = host_oversubscribed(3.5, 2)
     assert busy == "host oversubscribed: load 3.5 on 2 usable cores"
     assert host_oversubscribed(1.9, 2) is None and host_oversubscribed(None, 2) is None

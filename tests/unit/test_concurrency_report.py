@@ -6,6 +6,7 @@ import pytest
 from spec_decode.analysis import concurrency
 from spec_decode.analysis.batchcost import batch_model, describe_batch
 from spec_decode.record.results import EngineInfo, JobRecord
+from spec_decode.record.sections import Speedup, Summary
 from spec_decode.views.plots import write_plots
 from spec_decode.views.report import sweep_summary
 
@@ -149,7 +150,7 @@ def test_cost_model_learns_the_batch_from_paired_baselines_when_there_is_no_base
     for r in (x for x in batch_sweep(1.5, 1.5) if x.speculative):
         b = r.metrics["running_req_median"]
         r.metrics["baseline_throughput_tok_s"] = 1e3 * b / (1 + 0.5 * b)
-        r.speedup_vs_baseline = {"method": "paired"}
+        r.speedup_vs_baseline = Speedup(method="paired")
         r.extra["load"] = {"paired_baseline": {"running": {"running_median": b}}}
         spec.append(r)
     model = batch_model(spec)
@@ -159,7 +160,7 @@ def test_cost_model_learns_the_batch_from_paired_baselines_when_there_is_no_base
     )
     assert model["crossover_batch"]["steps=3"] == "pays below batch 4.0"
     for r in spec:  # a separate baseline job's figure is not a paired point
-        r.speedup_vs_baseline = {"method": "welch"}
+        r.speedup_vs_baseline = Speedup(method="welch")
     assert not batch_model(spec)["learned"]
 
 
@@ -171,11 +172,9 @@ def test_the_readme_facts_give_the_speedups_per_concurrency_not_one_line_across_
     for i, r in enumerate(recs):
         r.out_dir = f"/sweep/{i}"
         m = r.metrics
-        r.throughput_tok_s = {
-            "mean": m["throughput_tok_s"],
-            "ci95_lo": m["throughput_tok_s_ci95_lo"],
-            "ci95_hi": m["throughput_tok_s_ci95_hi"],
-        }
+        r.throughput_tok_s = Summary(
+            mean=m["throughput_tok_s"], ci95_lo=m["throughput_tok_s_ci95_lo"], ci95_hi=m["throughput_tok_s_ci95_hi"]
+        )
     lines = facts(to_metrics(recs))
     speedups = [x for x in lines if "speedup vs its baseline" in x]
     assert speedups == [
@@ -204,11 +203,9 @@ def test_the_readme_facts_give_the_speedups_per_forced_accept_length():
         r.name = f"spec.simulate_accept_len={forced},spec.steps={r.steps}"
         m = r.metrics
         m["throughput_tok_s"] = 100 * m["speedup_vs_baseline"]
-        r.throughput_tok_s = {
-            "mean": m["throughput_tok_s"],
-            "ci95_lo": m["throughput_tok_s"] - 1,
-            "ci95_hi": m["throughput_tok_s"] + 1,
-        }
+        r.throughput_tok_s = Summary(
+            mean=m["throughput_tok_s"], ci95_lo=m["throughput_tok_s"] - 1, ci95_hi=m["throughput_tok_s"] + 1
+        )
     lines = facts(to_metrics(recs))
     assert [x for x in lines if "speedup vs its baseline" in x] == [
         "- `nccl=default` at forced accept length 2.0 speedup vs its baseline (95% CI): 1.50x [1.40, 1.60] at 1, "

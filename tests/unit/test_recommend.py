@@ -44,7 +44,7 @@ def cell(
         status="FINISHED",
         runs=runs,
         metrics=m,
-        throughput_tok_s=s.as_dict(),
+        throughput_tok_s=s,
     )
 
 

@@ -12,6 +12,7 @@ from spec_decode.engines.engine import engine_of
 from spec_decode.parsers import profile
 from spec_decode.record import results
 from spec_decode.record.results import JobRecord
+from spec_decode.record.sections import Profile, Summary
 from spec_decode.runner.client import RunRecord
 from spec_decode.runner.context import JobContext, new_record
 
@@ -95,7 +96,7 @@ def test_finish_computes_every_figure_from_the_runs_profile_and_log(tmp_path):
         speculative=False,
         status="FINISHED",
         runs=[run(0, 100, 0.5, None, 0.0), run(1, 100, 0.5, None, 1.0)],
-        throughput_tok_s={"mean": 200.0},
+        throughput_tok_s=Summary(mean=200.0),
         out_dir="/b",
     )
 
@@ -112,12 +113,12 @@ def test_finish_computes_every_figure_from_the_runs_profile_and_log(tmp_path):
     m = rec.metrics
     assert m["throughput_tok_s"] == pytest.approx((400 + 500) / 2)
     assert m["accept_len"] == pytest.approx(200 / 80)
-    assert rec.profile["cycles"] == 80  # the 7 cycles outside the windows are left out
+    assert rec.profile.cycles == 80  # the 7 cycles outside the windows are left out
     assert (m["cycle_ms"], m["draft_ms"], m["verify_ms"], m["extend_ms"]) == pytest.approx((5.0, 1.0, 3.0, 0.5))
     assert m["other_ms"] == pytest.approx(0.5) and m["verify_pct"] == pytest.approx(60.0)
-    assert rec.profile["complete"] is True  # 80 cycles == 80 verifies
+    assert rec.profile.complete is True  # 80 cycles == 80 verifies
     # 250 ms and 200 ms requests, 40 cycles x 5 ms = 200 ms inside the cycles each
-    assert rec.profile["non_cycle_ms_per_request"] == pytest.approx((50 + 0) / 2)
+    assert rec.profile.non_cycle_ms_per_request == pytest.approx((50 + 0) / 2)
     # only the window's lines, and its first line (after idle) dropped: median of 500 and 600
     assert m["decode_log_gen_throughput_tok_s"] == 550.0
     assert m["speedup_vs_baseline"] == pytest.approx(450 / 200)
@@ -148,7 +149,7 @@ def test_failed_job_without_runs_has_no_numbers_and_no_checks(tmp_path):
         rec, cfg, "FAILED", "ServerError: boom", Measured(tmp_path, tmp_path / "server.log", []), None, engine_of(cfg)
     )
     assert (rec.status, rec.error, rec.metrics, rec.checks) == ("FAILED", "ServerError: boom", {}, [])
-    assert rec.profile == {"missing": "no profile lines from rank 0 in the timed runs (plugin not loaded?)"}
+    assert rec.profile == Profile(missing="no profile lines from rank 0 in the timed runs (plugin not loaded?)")
     assert not [w for w in rec.warnings if "profile" in w]  # no runs: nothing to warn about
 
 

@@ -68,7 +68,7 @@ def cell(
         status="FINISHED",
         runs=runs,
         metrics=m,
-        throughput_tok_s=s.as_dict(),
+        throughput_tok_s=s,
     )
 
 
@@ -142,7 +142,8 @@ def test_blocks_fold_into_one_cell_with_a_t_interval_on_block_level_speedups():
     )
     # the blocks' spread is in the interval: far wider than any one block's own +-0.02
     assert m["speedup_ci95_halfwidth_pct"] > 10
-    assert c.throughput_tok_s["n"] == 4 and c.speedup_vs_baseline["method"] == "blocks"
+    assert c.throughput_tok_s.n == 4 and c.throughput_tok_s.unit == "block means"
+    assert c.speedup_vs_baseline.method == "blocks" and c.speedup_vs_baseline.per_block == pytest.approx(per_block)
     assert "4 blocks" in blocks.interval_label(recs) and "3 df" in blocks.interval_label(recs)
 
 

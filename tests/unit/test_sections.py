@@ -9,6 +9,7 @@ from spec_decode.analysis import sections
 from spec_decode.parsers import profile
 from spec_decode.record import provenance
 from spec_decode.record.runs import RunRecord
+from spec_decode.record.sections import Summary
 
 pytestmark = pytest.mark.unit
 
@@ -32,23 +33,23 @@ def test_throughput_warns_above_the_cv_limit_and_splits_launches_only_when_there
     assert steady.metrics["throughput_tok_s"] == pytest.approx(501.5)
     noisy = sections.throughput([run(0, 400.0, 0), run(1, 600.0, 0), run(2, 450.0, 1), run(3, 650.0, 1)], launches=2)
     assert len(noisy.warnings) == 1 and noisy.warnings[0].startswith("run-to-run CV")
-    assert noisy.fields["variance_components"]["launches"] == 2
+    assert noisy.fields["variance_components"].launches == 2
     assert sections.throughput([], launches=1) == sections.Section()
 
 
 def test_speedup_pairs_runs_in_order_and_falls_back_to_welch_only_without_pairs():
     spec = [run(i, 600.0) for i in range(3)]
     paired = [run(0, 300.0), run(1, 200.0), run(2, 600.0)]  # per pair: 2x, 3x, 1x
-    sec, base = sections.speedup(spec, paired, ["interleaved"], [run(0, 100.0)], {"mean": 100.0})
+    sec, base = sections.speedup(spec, paired, ["interleaved"], [run(0, 100.0)], Summary(mean=100.0))
     sp = sec.fields["speedup_vs_baseline"]
-    assert sp["method"] == "paired" and sp["pairs"] == 3 and sp["per_pair"] == pytest.approx([2.0, 3.0, 1.0])
-    assert base["mean"] == pytest.approx(1100 / 3)  # the paired arm's runs, not the job's
-    assert "vs_baseline_job" not in sp  # one baseline per job: the paired one
+    assert sp.method == "paired" and sp.pairs == 3 and sp.per_pair == pytest.approx([2.0, 3.0, 1.0])
+    assert base.mean == pytest.approx(1100 / 3)  # the paired arm's runs, not the job's
+    assert "vs_baseline_job" not in sp.as_dict()  # one baseline per job: the paired one
     # a paired arm one run short: pairs are the first n of each, never shifted
     sec, _ = sections.speedup(spec, paired[:2], ["interleaved"], None, None)
-    assert sec.fields["speedup_vs_baseline"]["per_pair"] == pytest.approx([2.0, 3.0])
-    sec, base = sections.speedup(spec, [], [], [run(0, 300.0), run(1, 300.0)], {"mean": 300.0})
-    assert sec.fields["speedup_vs_baseline"]["method"] == "welch" and sec.metrics["speedup_vs_baseline"] == 2.0
+    assert sec.fields["speedup_vs_baseline"].per_pair == pytest.approx([2.0, 3.0])
+    sec, base = sections.speedup(spec, [], [], [run(0, 300.0), run(1, 300.0)], Summary(mean=300.0))
+    assert sec.fields["speedup_vs_baseline"].method == "welch" and sec.metrics["speedup_vs_baseline"] == 2.0
     assert sections.speedup(spec, [], [], None, None) == (sections.Section(), None)
 
 
@@ -77,7 +78,7 @@ def write_ranks(tmp_path, cycle_ms_by_rank: dict[int, float], n: int = 20):
 def test_phase_profile_flags_a_rank_15pct_slow_with_equal_cycle_counts(tmp_path):
     slow = write_ranks(tmp_path, {0: 10.0, 1: 11.5})
     sec, per_run = sections.phase_profile(slow, [run(0, 500.0, verify_ct=20)], True, True, True)
-    agree = sec.fields["profile"]["rank_agreement"]
+    agree = sec.fields["profile"].rank_agreement
     assert agree["ok"] is False and agree["ranks"]["1"]["cycle_ms_diff_pct"] == pytest.approx(15.0)
     assert any("ranks disagree" in w and "rank 1: 20 cycles, +15.0%" in w for w in sec.warnings)
     assert [len(c) for c in per_run] == [20]
@@ -86,11 +87,11 @@ def test_phase_profile_flags_a_rank_15pct_slow_with_equal_cycle_counts(tmp_path)
 def test_phase_profile_of_agreeing_ranks_is_complete_without_warnings(tmp_path):
     base = write_ranks(tmp_path, {0: 10.0, 1: 10.3})
     sec, _ = sections.phase_profile(base, [run(0, 500.0, verify_ct=20)], True, True, True)
-    assert sec.warnings == [] and sec.fields["profile"]["complete"] is True
+    assert sec.warnings == [] and sec.fields["profile"].complete is True
     assert sec.metrics["cycle_ms"] == pytest.approx(10.0)
     # one verify more than cycles: incomplete, said so
     sec, _ = sections.phase_profile(base, [run(0, 500.0, verify_ct=21)], True, True, True)
-    assert sec.fields["profile"]["complete"] is False and sec.warnings[0].startswith("phase profile incomplete")
+    assert sec.fields["profile"].complete is False and sec.warnings[0].startswith("phase profile incomplete")
 
 
 def test_server_env_section_warns_when_the_ranks_ran_without_the_profiles_value():

@@ -60,9 +60,9 @@ def test_mde_is_about_two_cv_for_five_runs():
 
 def test_variance_components_separate_launch_effect():
     within_only = stats.variance_components([[10, 11, 9, 10], [10, 9, 11, 10]])
-    assert within_only["std_between"] == 0.0
+    assert within_only.std_between == 0.0
     shifted = stats.variance_components([[10, 10.1, 9.9], [20, 20.1, 19.9]])
-    assert shifted["between_share"] > 0.99
+    assert shifted.between_share > 0.99
 
 
 def test_acceptance_conventions():

@@ -2,12 +2,26 @@
 back byte for byte (results.json and metrics.json on disk do not change)."""
 
 import json
+import re
 from pathlib import Path
 
 import pytest
 
+from spec_decode import bench
+from spec_decode.analysis import blocks, sections
+from spec_decode.parsers import profile
 from spec_decode.record import results
-from spec_decode.record.results import Category, EngineInfo, JobRecord, Lossless
+from spec_decode.record.results import BaselineRef, Category, EngineInfo, JobRecord, Lossless
+from spec_decode.record.runs import RunRecord
+from spec_decode.record.sections import (
+    Acceptance,
+    Distribution,
+    Latency,
+    Profile,
+    Speedup,
+    Summary,
+    VarianceComponents,
+)
 from spec_decode.views.metrics_json import records_from_metrics, to_metrics
 
 pytestmark = pytest.mark.unit
@@ -85,3 +99,214 @@ def test_metrics_json_keeps_the_lossless_verdicts_and_rebuilds_them_typed():
     for key, e in metrics["jobs"].items():
         if "lossless" in e:
             assert again["jobs"][key]["lossless"] == e["lossless"]
+
+
+# ---- the derived sections (record.sections): tok/s, speedup, acceptance, latency ----------------------
+SUMMARY_KEYS = ["n", "mean", "median", "std", "cv", "ci95_lo", "ci95_hi", "robust_cv"]
+RATIO_KEYS = ["ratio", "ci95_lo", "ci95_hi", "df", "significant"]
+COUNTER_KEYS = ["accept_len", "accept_rate_draft", "accept_rate_incl_bonus", "accept_len_source", "per_run_accept_len"]
+BY_REQUEST_KEYS = ["steps", "histogram", "per_position", "source", "histogram_scope", "accept_len_weighted"]
+BY_REQUEST_KEYS += ["accept_len_unweighted", "requests_from", "per_request"]
+
+
+def run(i: int, tok_s: float, stream: bool = False, hist=(10, 10, 20)) -> RunRecord:
+    return RunRecord(
+        i % 2, i, float(i), i + 1.0, 100 / tok_s, 8, 100, 0.9, 40, 50, 80,
+        spec_correct_drafts_histogram=list(hist),
+        ttft_s=0.01 * (i + 1) if stream else None,
+        token_gaps_s=[0.002] * 99 if stream else None,
+        stream=stream,
+    )  # fmt: skip
+
+
+def derived(tmp_path: Path) -> JobRecord:
+    """A spec job's record with its derived sections from the analysis functions the job's finish calls."""
+    rec = JobRecord("spec", "spec.steps=2", "x", {"spec": {"steps": 2}}, "h", EngineInfo("embedded"), True)
+    rec.runs = [run(i, t, stream=True) for i, t in enumerate((400.0, 410.0, 395.0, 405.0))]
+    rec.baseline_runs = [run(i, t) for i, t in enumerate((200.0, 210.0, 190.0, 205.0))]
+    for sec in (sections.throughput(rec.runs, 2), sections.acceptance_counters(rec.runs, 3)):
+        vars(rec).update(sec.fields)
+    vars(rec).update(sections.request_acceptance(2, rec.runs, None, None, rec.acceptance).fields)
+    sp, base = sections.speedup(rec.runs, rec.baseline_runs, ["interleaved"], None, None)
+    vars(rec).update(sp.fields, **sections.latency_percentiles(rec.runs).fields)
+    rec.baseline = BaselineRef(None, None, base)
+    return rec
+
+
+def rewritten(tmp_path: Path, rec: JobRecord) -> tuple[str, JobRecord, str]:
+    """(the first write, the record read back, its write in another dir with the same id)."""
+    first = results.write(tmp_path / "one", rec).read_text()
+    back = results.read(tmp_path / "one")
+    back.record_id = "another"
+    second = results.write(tmp_path / "two", back).read_text().replace('"another"', f'"{rec.record_id}"')
+    return first, back, second
+
+
+def test_derived_sections_are_typed_and_results_json_keeps_their_keys_and_bytes(tmp_path):
+    rec = derived(tmp_path)
+    assert isinstance(rec.throughput_tok_s, Summary) and isinstance(rec.speedup_vs_baseline, Speedup)
+    assert isinstance(rec.acceptance, Acceptance) and isinstance(rec.latency, Latency)
+    assert isinstance(rec.baseline.throughput_tok_s, Summary) and isinstance(rec.latency.ttft_ms, Distribution)
+    assert isinstance(rec.variance_components, VarianceComponents) and rec.variance_components.launches == 2
+    first, back, second = rewritten(tmp_path, rec)
+    assert second == first
+    for name, typ in (("throughput_tok_s", Summary), ("speedup_vs_baseline", Speedup), ("acceptance", Acceptance)):
+        assert isinstance(getattr(back, name), typ) and getattr(back, name) == getattr(rec, name), name
+    assert back.latency == rec.latency and back.baseline == rec.baseline
+    assert back.variance_components == rec.variance_components
+    d = json.loads(first)
+    # the keys (and their order) the record had when these sections were dicts
+    assert list(d["throughput_tok_s"]) == SUMMARY_KEYS == list(d["baseline"]["throughput_tok_s"])
+    assert list(d["speedup_vs_baseline"]) == [*RATIO_KEYS, "method", "pairs", "pairing", "per_pair"]
+    assert d["speedup_vs_baseline"]["method"] == "paired" and d["speedup_vs_baseline"]["pairs"] == 4
+    assert list(d["acceptance"]) == COUNTER_KEYS + BY_REQUEST_KEYS
+    assert d["acceptance"]["histogram"] == [40, 40, 80] and d["acceptance"]["accept_rate_draft"] == 50 / 80
+    assert list(d["variance_components"]) == ["launches", "std_within", "std_between", "between_share"]
+    assert list(d["latency"]) == ["ttft_ms", "itl_ms", "tpot_ms", "e2e_ms"]
+    assert all(list(x) == ["p50", "p90", "p99", "mean", "n"] for x in d["latency"].values())
+    assert d["latency"]["itl_ms"]["n"] == 4 * 99 and d["latency"]["ttft_ms"]["p50"] == pytest.approx(25.0)
+
+
+def test_the_other_shapes_of_the_derived_sections_keep_their_keys(tmp_path):
+    """welch; a cell folded over blocks; counters without a histogram (None kept); the profile and the
+    counters both (their agreement); no streamed run (latency written {} and read back None)."""
+    rec = derived(tmp_path)
+    rec.speedup_vs_baseline = sections.speedup(rec.runs, [], [], rec.baseline_runs, rec.baseline.throughput_tok_s)[
+        0
+    ].fields["speedup_vs_baseline"]
+    rec.acceptance = sections.acceptance_counters([run(0, 400.0)], 3).fields["acceptance"]
+    rec.acceptance.accept_rate_draft = None  # a counter SGLang did not report: written null, not dropped
+    rec.latency = sections.latency_percentiles([run(0, 400.0)]).fields["latency"]
+    rec.variance_components = sections.throughput([run(0, 400.0), run(1, 410.0)], 2).fields["variance_components"]
+    first, back, second = rewritten(tmp_path, rec)
+    d = json.loads(first)
+    assert second == first and list(d["speedup_vs_baseline"]) == [*RATIO_KEYS, "method"]
+    assert list(d["acceptance"]) == COUNTER_KEYS and d["acceptance"]["accept_rate_draft"] is None
+    assert rec.latency is None and d["latency"] == {} and back.latency is None
+    # one run per launch: no split, its four keys written null
+    assert d["variance_components"] == {"launches": 2, "std_within": None, "std_between": None, "between_share": None}
+    assert back.variance_components == rec.variance_components
+    both = sections.request_acceptance(2, rec.runs, [[{"accepted": 3}] * 10] * 4, None, None).fields["acceptance"]
+    assert both.profile_matches_meta_info is False  # 10 cycles of 2 drafts vs the runs' histograms
+    assert list(both.as_dict()) == [*BY_REQUEST_KEYS, "profile_matches_meta_info"]
+    cell = blocks.fold([block_of(rec, b, s) for b, s in enumerate((1.9, 2.1, 2.0))])
+    assert list(cell.throughput_tok_s.as_dict()) == [*SUMMARY_KEYS, "unit"]
+    assert list(cell.speedup_vs_baseline.as_dict()) == [*RATIO_KEYS, "method", "per_block", "rerun95"]
+
+
+def block_of(rec: JobRecord, block: int, speedup: float) -> JobRecord:
+    out = JobRecord.from_dict(rec.to_dict())
+    out.name, out.status, out.record_id = f"benchmark.block={block},spec.steps=2", "FINISHED", f"b{block}"
+    out.config = {"spec": {"steps": 2}, "benchmark": {"block": block}}
+    out.metrics = {"throughput_tok_s": 400.0 + block, "speedup_vs_baseline": speedup}
+    return out
+
+
+def profile_files(tmp_path: Path) -> Path:
+    """Two ranks' profile lines: 20 cycles each inside the first run's window, rank 1 10% slower."""
+    base = tmp_path / "profile.jsonl"
+    for rank in (0, 1):
+        cycles = [
+            {"t": 0.01 + k * 0.04, "rank": rank, "draft_ms": 1.0, "verify_ms": 8.0, "extend_ms": 0.5, "accepted": 2}
+            for k in range(20)
+        ]
+        lines = [json.dumps({**c, "cycle_ms": 10.0 + rank}) for c in cycles]
+        Path(profile.rank_path(base, rank)).write_text("\n".join(lines) + "\n")
+    return base
+
+
+def test_the_phase_profile_is_typed_and_keeps_the_parser_s_keys_then_the_job_s(tmp_path):
+    path, runs = profile_files(tmp_path), [run(0, 500.0)]
+    na = "SGLang's overlap scheduler: enqueue stamps"
+    sec, _ = sections.phase_profile(path, runs, False, True, True, na)
+    rec = derived(tmp_path)
+    rec.profile = sec.fields["profile"]
+    assert isinstance(rec.profile, Profile) and rec.profile.cycles == 20 and rec.profile.complete is False
+    first, back, second = rewritten(tmp_path, rec)
+    assert second == first and isinstance(back.profile, Profile) and back.profile == rec.profile
+    parsed, _ = profile.summarize_run_windows(path, [(0.0, 1.0)], requests=[(None, 40)])
+    assert "rank_agreement" in parsed  # two ranks
+    job = ["per_run", "non_cycle_ms_per_request", "spec_verify_ct", "measured_in", "measured_in_tok_s", "complete"]
+    assert list(json.loads(first)["profile"]) == [*parsed, *job, "host_stamps_na"]
+    assert json.loads(first)["profile"]["host_stamps_na"] == na
+    # without a profile: why, and nothing else
+    rec.profile = sections.phase_profile(tmp_path / "none.jsonl", runs, False, False, True)[0].fields["profile"]
+    first, back, second = rewritten(tmp_path / "missing", rec)
+    assert json.loads(first)["profile"] == {"missing": "profiling off (benchmark.profile=false)"} and second == first
+    assert back.profile == Profile(missing="profiling off (benchmark.profile=false)")
+    # a profile whose requests have no timing writes its per-request figure null, as before it was typed
+    assert Profile(cycles=3).as_dict() == {"cycles": 3, "non_cycle_ms_per_request": None}
+
+
+def test_a_section_of_another_type_is_refused_at_the_write(tmp_path):
+    """A writer that puts the old dict back where the type belongs fails the write (not a silent dict)."""
+    for name in ("throughput_tok_s", "speedup_vs_baseline", "acceptance", "latency", "profile", "variance_components"):
+        rec = derived(tmp_path)
+        rec.profile = Profile(missing="profiling off")
+        setattr(rec, name, getattr(rec, name).as_dict())
+        with pytest.raises(TypeError, match=name):
+            results.write(tmp_path / name, rec)
+
+
+@pytest.mark.parametrize(
+    "name, value",
+    [
+        ("throughput_tok_s", [400.0, 3.0]),
+        ("speedup_vs_baseline", "2.0x"),
+        ("acceptance", [1, 2]),
+        ("profile", "profiling off"),
+        ("variance_components", {"launches": 2}),  # without its figures
+        ("latency", {"ttft_ms": {"p50": 1.0}}),  # a kind without its other figures
+        ("latency", {"ttfb_ms": {"p50": 1, "p90": 1, "p99": 1, "mean": 1, "n": 1}}),  # no such kind
+    ],
+)
+def test_a_results_json_with_a_misshapen_section_does_not_read(tmp_path, name, value):
+    d = derived(tmp_path).to_dict()
+    with pytest.raises(TypeError):
+        JobRecord.from_dict({**d, name: value})
+
+
+def test_keys_a_section_does_not_know_are_kept():
+    d = derived(Path()).to_dict()
+    d["speedup_vs_baseline"]["vs_baseline_job"] = {"ratio": 2.0}  # another schema's key
+    d["throughput_tok_s"]["p10"] = 390.0
+    back = JobRecord.from_dict(json.loads(json.dumps(d)))
+    assert back.speedup_vs_baseline.extra == {"vs_baseline_job": {"ratio": 2.0}}
+    assert back.to_dict()["speedup_vs_baseline"] == d["speedup_vs_baseline"]
+    assert back.to_dict()["throughput_tok_s"] == d["throughput_tok_s"]
+
+
+EXPERIMENTS = sorted(p.parent.name for p in (ROOT / "experiments").glob("*/metrics.json"))
+KEPT = re.compile(r"^(throughput_tok_s(_\w+)?|speedup_method|acceptance|latency)$")
+
+
+@pytest.mark.parametrize("experiment", EXPERIMENTS)
+def test_every_committed_metrics_json_rebuilds_the_derived_sections_typed(experiment):
+    metrics = json.loads((ROOT / "experiments" / experiment / "metrics.json").read_text())
+    if "jobs" not in metrics:  # a drafter experiment: per drafter, not per job record
+        return
+    recs = records_from_metrics(metrics)
+    done = [r for r in recs if r.throughput_tok_s is not None]
+    assert done and all(isinstance(r.throughput_tok_s, Summary) for r in done)
+    assert all(isinstance(r.speedup_vs_baseline, Speedup | None) for r in recs)
+    assert all(isinstance(r.acceptance, Acceptance | None) and isinstance(r.latency, Latency | None) for r in recs)
+    assert all(not r.extra for r in recs)
+    again = to_metrics(recs)["jobs"]
+    for key, e in metrics["jobs"].items():
+        mine = {k: v for k, v in again[key].items() if KEPT.match(k)}
+        assert mine == {k: v for k, v in e.items() if KEPT.match(k)}, key
+
+
+def test_the_drafter_bench_reads_a_job_s_tok_s_from_the_typed_record(tmp_path):
+    """``bench drafters``' per-job figures from a collected record (a JobRecord, not the JSON dict)."""
+    rec = derived(tmp_path)
+    rec.status, rec.metrics = "FINISHED", {"throughput_tok_s": rec.throughput_tok_s.mean, "accept_len": 2.5}
+    results.write(tmp_path / "sweep" / "0", rec)
+    (got,) = results.collect(tmp_path / "sweep")
+    t = rec.throughput_tok_s
+    assert bench.job_metrics(got) == {
+        "status": "FINISHED",
+        "throughput_tok_s": round(t.mean, 2),
+        **{f"throughput_tok_s_{k}": round(getattr(t, k), 3) for k in ("ci95_lo", "ci95_hi", "std", "n")},
+        "accept_len": 2.5,
+    }

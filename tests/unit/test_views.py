@@ -8,6 +8,7 @@ from pathlib import Path
 import pytest
 
 from spec_decode.record.results import Check, EngineInfo, JobRecord
+from spec_decode.record.sections import Summary
 from spec_decode.views import experiment, metrics_json, plots, report
 
 pytestmark = pytest.mark.unit
@@ -68,9 +69,7 @@ def job(
         status=status,
         error=error,
         metrics=m,
-        throughput_tok_s={"mean": tput, "std": 5.0, "n": 5, "ci95_lo": tput - 10, "ci95_hi": tput + 10, "cv": 0.02}
-        if m
-        else None,
+        throughput_tok_s=Summary(n=5, mean=tput, std=5.0, cv=0.02, ci95_lo=tput - 10, ci95_hi=tput + 10) if m else None,
         out_dir=f"/s/{name}",
         checks=[Check("phases_within_cycle", steps != 3, 1.1, "", "")] if steps in (1, 3) else [],
     )
