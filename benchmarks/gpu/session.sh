@@ -28,8 +28,8 @@
 #               copy's wait for the GPU, the 8B steps-1 cycle); PUT_SYNC_ARGS, e.g. "--repeats 3"
 #       noise   benchmarks/gpu/launch_noise.py on one GPU: launch-to-launch tok/s of a baseline and a steps-3
 #               rank group, their ranks free or pinned to fixed cores, interleaved (NOISE_ARGS); noise.json
-#       draftchain  benchmarks/gpu/draft_chain.py on one GPU: the draft chain as one graph vs one replay a
-#               step, interleaved in one process (DRAFT_CHAIN_ARGS, e.g. "--steps 3,5 --rounds 7"); draft_chain.json
+#       draftchain  benchmarks/gpu/draft_chain.py on one GPU: a cycle's host operations now vs stepwise draft vs
+#               the old host glue, interleaved in one process (DRAFT_CHAIN_ARGS, e.g. "--steps 3,5 --rounds 7"); draft_chain.json
 #       sweep   python run.py -m experiment=$SESSION_EXPERIMENT tracking=off [overrides]
 #               (default embedded_h200x2_steps_nccl; on one GPU add hardware=h200x1; SWEEP_TIMEOUT_S bounds it)
 #   e.g.  bash benchmarks/gpu/session.sh tests,probe,engine     # call 1

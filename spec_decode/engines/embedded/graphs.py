@@ -45,11 +45,12 @@ import torch
 from spec_decode.engines.embedded import capture, slot_attention
 from spec_decode.engines.embedded.buckets import bucket, capture_bs
 from spec_decode.engines.embedded.kvcache import SlotCache
+from spec_decode.engines.embedded.static_shapes import ShapeFunctions
 
 log = logging.getLogger("spec_decode.embedded")
 
 
-class StaticRunner:
+class StaticRunner(ShapeFunctions):
     def __init__(
         self,
         target,
@@ -115,6 +116,7 @@ class StaticRunner:
         self.tlen = torch.zeros(self.n_slots + 1, dtype=torch.long, device=dev)
         self.fns: dict[str, callable] = {}
         self.bufs: dict[str, dict[str, torch.Tensor]] = {}
+        self.forced_counts: dict[str, bool] = {}  # per verify shape: its use_forced flag as last set
         for b in self.sizes:
             self._add_bucket(b)
         self.graphs: dict[str, torch.cuda.CUDAGraph] = {}
@@ -127,101 +129,6 @@ class StaticRunner:
     def graph_bs(self) -> list[int]:
         """The batch sizes whose graphs replay ([] when eager)."""
         return list(self.sizes) if self.use_graphs and self.graphs else []
-
-    # ---- the shapes (each reads and writes only its own buffers) --------------------------------------
-    def _add_bucket(self, b: int) -> None:
-        dev, h, k = self.device, self.target.shape.hidden_size, self.k
-        long, f = dict(dtype=torch.long, device=dev), dict(device=dev)
-        if self.drafter is None:
-            self._add(
-                f"decode@{b}",
-                b,
-                1,
-                {"ids": torch.zeros(1, b, **long), "pos": torch.zeros(b, **long), "tok": torch.zeros(b, **long)},
-                self._decode,
-            )
-            return
-        t, width = k + 1, len(self.capture_ids) * h
-        self._add(
-            f"verify@{b}",
-            b,
-            t,
-            {
-                "ids": torch.zeros(1, b * t, **long),
-                "pos": torch.zeros(b * t, **long),
-                "pred": torch.zeros(b, t, **long),
-                "accepted": torch.zeros(b, **long),
-                "aux": torch.zeros(1, b * t, width, **f),
-            },
-            self._verify,
-        )
-        if k > 1:  # steps 1 drafts nothing past the re-extend's first token
-            self._add(
-                f"draft@{b}",
-                b,
-                1,
-                {
-                    "tok": torch.zeros(1, b, **long),
-                    "h": torch.zeros(1, b, h, **f),
-                    "pos": torch.zeros(b, **long),
-                    "next": torch.zeros(b, k - 1, **long),
-                },
-                self._draft,
-            )
-        self._add(
-            f"extend@{b}",
-            b,
-            t,
-            {
-                "ids": torch.zeros(1, b * t, **long),
-                "feats": torch.zeros(1, b * t, width, **f),
-                "pos": torch.zeros(b * t, **long),
-                "last": torch.zeros(b, **long),
-                "first": torch.zeros(b, **long),
-                "h_out": torch.zeros(1, b, h, **f),
-            },
-            self._extend,
-        )
-
-    def _add(self, name: str, b: int, t: int, bufs: dict, fn) -> None:
-        bufs["slots"] = torch.full((b,), self.scratch, dtype=torch.long, device=self.device)
-        bufs["trows"] = self.tcache.rows(bufs["slots"], t)
-        if self.dcache is not None:
-            bufs["drows"] = self.dcache.rows(bufs["slots"], t)
-        self.bufs[name] = bufs
-        run = lambda: fn(bufs)  # noqa: E731
-        if self.compile:  # no autograd graph to trace (a caller outside no_grad: the weights require grad)
-            run = torch.compile(torch.no_grad()(run), fullgraph=True, dynamic=False, backend=self.compile_backend)
-        self.fns[name] = run
-
-    def _decode(self, b) -> None:
-        logits, _ = self.target.forward_static(
-            b["ids"], b["pos"], b["trows"], rot_rows=not self.compile, dense=self.compile
-        )
-        b["tok"].copy_(logits.argmax(-1))
-
-    def _verify(self, b) -> None:
-        logits, aux = self.target.forward_static(
-            b["ids"], b["pos"], b["trows"], self.capture_ids, rot_rows=not self.compile, dense=self.compile
-        )
-        pred = logits.argmax(-1).view(b["pred"].shape)
-        b["pred"].copy_(pred)
-        drafts = b["ids"].view(b["pred"].shape)[:, 1:]
-        b["accepted"].copy_((drafts == pred[:, : self.k]).to(torch.int32).cumprod(1).sum(1))
-        b["aux"].copy_(aux)
-
-    def _draft(self, b) -> None:
-        tok, h = b["tok"], b["h"]
-        for j in range(self.k - 1):  # unrolled: the chain is one graph (and one compiled function)
-            dl, h = self.drafter.forward_static(tok, h, b["pos"] + j, b["drows"], rot_rows=not self.compile)
-            nxt = self.drafter.to_target_ids(dl.argmax(-1))
-            b["next"][:, j].copy_(nxt)
-            tok = nxt.view(1, -1)
-
-    def _extend(self, b) -> None:
-        dl, dh = self.drafter.forward_static(b["ids"], b["feats"], b["pos"], b["drows"], rot_rows=not self.compile)
-        b["first"].copy_(self.drafter.to_target_ids(dl.index_select(0, b["last"]).argmax(-1)))
-        b["h_out"].copy_(dh.index_select(1, b["last"]))
 
     # ---- running ------------------------------------------------------------------------------------
     def shape(self, phase: str, n: int) -> tuple[str, int]:
@@ -263,12 +170,6 @@ class StaticRunner:
     def _positions(self, starts: list[int], b: int, t: int) -> list[int]:
         starts = starts + [0] * (b - len(starts))  # padding rows at positions 0..t-1 of the scratch slot
         return [s + j for s in starts for j in range(t)]
-
-    def _device_positions(self, bufs: dict, t: int) -> None:
-        """Each row's positions tlen[slot] + 0..t-1 into ``bufs["pos"]``, on the device (padding rows:
-        the scratch slot, length 0)."""
-        starts = self.tlen.index_select(0, bufs["slots"])
-        bufs["pos"].view(-1, t).copy_(starts[:, None] + self.arange[:t])
 
     def run(self, name: str) -> dict[str, torch.Tensor]:
         """Run shape ``name`` (replay its graph, or eagerly); its buffers."""
@@ -340,7 +241,6 @@ class StaticRunner:
         b, name, size = self._rows("draft", caches)
         b["tok"][0, :n].copy_(firsts)
         b["h"][:, :n].copy_(h)
-        self._device_positions(b, 1)  # the drafter's length equals the target's at a cycle's start
         out = self.run(name)
         for c in caches:
             c.length += self.k - 1
@@ -357,26 +257,20 @@ class StaticRunner:
         ids = b["ids"].view(size, t)
         ids[:n, 0].copy_(lasts)
         ids[:n, 1:].copy_(drafts)
-        self._device_positions(b, t)
+        forced = accept is not None
+        if forced:  # drawn on the host as SGLang's simulated acceptance draws them; the verify still runs
+            self._put(b["forced"], list(accept) + [0] * (size - n))
+        if forced != self.forced_counts.get(name):  # a device flag, set when it changes (not per cycle)
+            b["use_forced"].fill_(forced)
+            self.forced_counts[name] = forced
+        # No host read: the shape commits the counts (verified or forced) to each slot's length on the
+        # device, and the host queues the re-extend and the next cycle while the verify runs.
         out = self.run(name)
-        # No host read: the counts (verified, or forced ones, drawn on the host as SGLang's simulated
-        # acceptance does) advance each slot's length on the device, and the host queues the re-extend
-        # and the next cycle while the verify runs. Padding rows count 0 (their slot stays at 0).
-        real = self.arange[:size] < n  # no scalar setitem on the device: that is a copy and a stream sync
-        if accept is None:
-            rows = torch.where(real, out["accepted"], 0)
-            for c in caches:
-                c.length += t  # an upper bound until the result is processed (SlotCache.settle)
-        else:
-            rows = torch.zeros(size, dtype=torch.long)
-            rows[:n] = torch.tensor(list(accept), dtype=torch.long)
-            rows = rows.to(self.device, non_blocking=True)
-            for c, a in zip(caches, accept):
-                c.length += a + 1
-        self.tlen.index_add_(0, b["slots"], torch.where(real, rows + 1, 0))
-        self.last_verify = (name, size, rows)
+        for c, a in zip(caches, accept if forced else [None] * n):
+            c.length += t if a is None else a + 1  # verified: an upper bound until SlotCache.settle
+        self.last_verify = (name, size, out["rows"])
         aux = out["aux"].view(size, t, -1)[:n]
-        accepted = rows[:n] if accept is None else list(accept)
+        accepted = list(accept) if forced else out["rows"][:n].clone()  # the buffer is the next cycle's
         return accepted, out["pred"][:n].clone(), aux  # pred's tokens are kept (committed): a copy
 
     def extend(self, caches: list[SlotCache], preds: torch.Tensor | None = None):
@@ -384,16 +278,11 @@ class StaticRunner:
         (its positions, features and accepted counts; its predictions, or ``preds`` (n, k+1) when forced
         acceptance rewrote them): returns the next first draft tokens (n,) and hidden states (1, n, h).
         The caller sets the drafter caches' lengths (the target's, after the verify)."""
-        n, t = len(caches), self.k + 1
-        vname, size, rows = self.last_verify
-        v = self.bufs[vname]
-        b, name, esize = self._rows("extend", caches)
-        assert esize == size, (esize, size)
-        b["ids"].copy_(v["pred"].view(1, -1))
-        if preds is not None:
-            b["ids"].view(size, t)[:n].copy_(preds)
-        b["feats"].copy_(v["aux"])
-        b["pos"].copy_(v["pos"])
-        b["last"].copy_(self.arange[:size] * t + rows)  # each row's last committed index (padding: 0)
+        n = len(caches)
+        vname, size, _ = self.last_verify
+        name = f"extend@{size}"  # the verify's bucket: its buffers are the extend's inputs, in place
+        assert len(caches) <= size and vname == f"verify@{size}", (vname, size, len(caches))
+        if preds is not None:  # the verify's own predictions were returned as a copy: overwrite in place
+            self.bufs[vname]["pred"][:n].copy_(preds)
         out = self.run(name)
         return out["first"][:n].clone(), out["h_out"][:, :n].clone()
