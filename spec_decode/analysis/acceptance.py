@@ -25,10 +25,22 @@ its timed runs; ``requests_from`` says which.
 from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
 
+from spec_decode.record.measured import Request
 from spec_decode.record.sections import Acceptance
 
 SOURCES = ("profile", "meta_info")
+
+
+@dataclass
+class Counted:
+    """A timed run's counters as the per-request acceptance reads them (the request pass's entries,
+    ``record.measured.Request``, have the same three)."""
+
+    completion_tokens: int
+    verify_ct: int | None
+    histogram: list[int] | None  # index a: verifies that accepted a drafts
 
 
 def histogram_from_cycles(cycles: Iterable[dict], steps: int) -> list[int] | None:
@@ -72,14 +84,14 @@ def accept_len_from_rates(rates: Sequence[float]) -> float:
     return total
 
 
-def request_lengths(requests: Sequence[dict]) -> tuple[float | None, float | None]:
-    """(weighted, unweighted) accept length over requests ``{"completion_tokens", "verify_ct"}``:
+def request_lengths(requests: Sequence[Counted | Request]) -> tuple[float | None, float | None]:
+    """(weighted, unweighted) accept length over requests (``completion_tokens``, ``verify_ct``):
     sum completion / sum verify, and the mean of the per-request ratios."""
-    have = [r for r in requests if r.get("verify_ct")]
+    have = [r for r in requests if r.verify_ct]
     if not have:
         return None, None
-    weighted = sum(r["completion_tokens"] for r in have) / sum(r["verify_ct"] for r in have)
-    unweighted = sum(r["completion_tokens"] / r["verify_ct"] for r in have) / len(have)
+    weighted = sum(r.completion_tokens for r in have) / sum(r.verify_ct for r in have)
+    unweighted = sum(r.completion_tokens / r.verify_ct for r in have) / len(have)
     return weighted, unweighted
 
 
@@ -87,7 +99,7 @@ def summarize(
     steps: int,
     runs: Sequence,
     run_cycles: Sequence[Sequence[dict]] | None = None,
-    pass_requests: Sequence[dict] | None = None,
+    pass_requests: Sequence[Request] | None = None,
 ) -> Acceptance | None:
     """The job's ``acceptance`` per position and per request (see the module doc; the counters' group is
     the runs', ``analysis.sections.acceptance_counters``) or None without a single verify.
@@ -95,42 +107,37 @@ def summarize(
     ``runs``: the timed runs (``client.RunRecord``: ``completion_tokens``, ``spec_verify_ct``, and,
     where the client reads it, ``spec_correct_drafts_histogram``); ``run_cycles``: each run's profile
     cycles (rank 0, its window), or None without a profile; ``pass_requests``: the request pass's
-    entries (``completion_tokens``, ``verify_ct``, ``histogram``), if any."""
+    entries, if any."""
     timed = [
-        {
-            "completion_tokens": r.completion_tokens,
-            "verify_ct": r.spec_verify_ct,
-            "histogram": getattr(r, "spec_correct_drafts_histogram", None),
-        }
-        for r in runs
+        Counted(r.completion_tokens, r.spec_verify_ct, getattr(r, "spec_correct_drafts_histogram", None)) for r in runs
     ]
-    meta = add_histograms((t["histogram"] for t in timed), steps)
+    meta = add_histograms((t.histogram for t in timed), steps)
     prof = None
     if run_cycles and len(run_cycles) == len(timed) and any(run_cycles):
         per_run = [histogram_from_cycles(c, steps) for c in run_cycles]
         if all(h is not None for h in per_run):
             prof = add_histograms(per_run, steps)
             for t, h in zip(timed, per_run):
-                t["histogram"] = h
+                t.histogram = h
     if prof is not None:
         hist, source = prof, "profile"
     elif meta is not None:
         hist, source = meta, "meta_info"
     else:
-        pass_hist = add_histograms((r.get("histogram") for r in pass_requests or []), steps)
+        pass_hist = add_histograms((r.histogram for r in pass_requests or []), steps)
         hist, source = pass_hist, ("meta_info" if pass_hist is not None else None)
     requests_from = "request pass" if pass_requests else "timed runs"
-    reqs = list(pass_requests) if pass_requests else timed
+    reqs: list[Counted | Request] = list(pass_requests) if pass_requests else list(timed)
     weighted, unweighted = request_lengths(reqs)
     if weighted is None and hist is None:
         return None
     per_request = [
         {
             "index": i,
-            "completion_tokens": r.get("completion_tokens"),
-            "verify_ct": r.get("verify_ct"),
-            "accept_len": r["completion_tokens"] / r["verify_ct"] if r.get("verify_ct") else None,
-            "histogram": r.get("histogram"),
+            "completion_tokens": r.completion_tokens,
+            "verify_ct": r.verify_ct,
+            "accept_len": r.completion_tokens / r.verify_ct if r.verify_ct else None,
+            "histogram": r.histogram,
         }
         for i, r in enumerate(reqs)
     ]

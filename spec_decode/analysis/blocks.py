@@ -39,7 +39,7 @@ from typing import TYPE_CHECKING
 from spec_decode.analysis.stats import robust_cv, summarize, t_cdf, t_ppf
 from spec_decode.record.sections import Ratio, Speedup
 
-if TYPE_CHECKING:  # the record type, for annotations only: analysis sits below record
+if TYPE_CHECKING:  # the record type, for annotations only (record is the floor below analysis, which imports it)
     from spec_decode.record.results import JobRecord
 
 BLOCK_KEY = "block"  # benchmark.block

@@ -9,20 +9,21 @@ from __future__ import annotations
 import statistics
 
 from spec_decode.analysis.sections import Section
-from spec_decode.record.results import Category
+from spec_decode.record.measured import Request
+from spec_decode.record.sections import Category
 
 
-def categories(entries: list[dict]) -> dict[str, Category]:
+def categories(entries: list[Request]) -> dict[str, Category]:
     """``{name: Category(n, accept_len, throughput_tok_s)}`` in first-seen order; accept_len None without
     verify counts (a baseline)."""
-    groups: dict[str, list[dict]] = {}
+    groups: dict[str, list[Request]] = {}
     for e in entries:
-        groups.setdefault(e["category"], []).append(e)
+        groups.setdefault(e.category, []).append(e)
     out = {}
     for name, es in groups.items():
-        verify = [e["verify_ct"] for e in es]
-        accept = sum(e["completion_tokens"] for e in es) / sum(verify) if all(v for v in verify) else None
-        out[name] = Category(len(es), accept, statistics.median(e["throughput_tok_s"] for e in es))
+        verify = [e.verify_ct for e in es]
+        accept = sum(e.completion_tokens for e in es) / sum(verify) if all(v for v in verify) else None
+        out[name] = Category(len(es), accept, statistics.median(e.throughput_tok_s for e in es))
     return out
 
 
@@ -36,7 +37,7 @@ def metrics_of(cats: dict[str, Category]) -> dict[str, float]:
     return out
 
 
-def section(entries: list[dict]) -> Section:
+def section(entries: list[Request]) -> Section:
     """The record's ``categories`` section and its metrics."""
     cats = categories(entries)
     return Section({"categories": cats}, metrics_of(cats))

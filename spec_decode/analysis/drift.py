@@ -33,6 +33,7 @@ import statistics
 from dataclasses import dataclass, field
 
 from spec_decode.analysis.stats import t_ppf
+from spec_decode.record.provenance import Provenance
 from spec_decode.record.results import Drift
 
 ENV_PREFIXES = ("NCCL_", "SGLANG_", "CUDA_")
@@ -97,10 +98,10 @@ def identity(config: dict) -> dict[str, object]:
     return out
 
 
-def data_hashes_of(provenance: dict) -> dict[str, str]:
-    """{input name: hash} from a record's provenance (``provenance.data_hashes``)."""
+def data_hashes_of(provenance: Provenance) -> dict[str, str]:
+    """{input name: hash} from a record's provenance (its ``data``: ``runner.provenance.data_hashes``)."""
     out = {}
-    for name, h in (provenance.get("data") or {}).items():
+    for name, h in (provenance.data or {}).items():
         out[name] = str(h.get("dvc_md5") or h.get("sha256") or "missing")
     return out
 

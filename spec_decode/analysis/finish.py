@@ -24,6 +24,7 @@ from spec_decode.analysis.sections import Section
 from spec_decode.core.config import BenchmarkConfig, ExperimentConfig, NcclConfig
 from spec_decode.parsers import decode_log
 from spec_decode.record import outputs
+from spec_decode.record.measured import Launch
 from spec_decode.record.results import BaselineRef, JobRecord, performance_only
 
 
@@ -78,14 +79,14 @@ def finish(
     take(sections.latency_percentiles(rec.runs))
     take(categories.section(rec.requests))
     take(lossless_section(rec, cfg.benchmark, measured.out_dir, baseline, engine.exact_outputs))
-    take(Section(metrics=host.metrics_of([x["host"] for x in rec.launches if "host" in x])))
+    take(Section(metrics=host.metrics_of([x.host for x in rec.launches if x.host is not None])))
     rec.metrics = {k: float(v) for k, v in metrics.items() if v is not None}
     _checks(rec, cfg.spec.steps if cfg.speculative else 0, cfg.benchmark.stream)
 
 
 def _server_env_section(rec: JobRecord, nccl: NcclConfig, measured: Measured) -> Section:
     """The first launch's server environment read back, against the NCCL profile's (record.provenance)."""
-    pid = rec.launches[0]["pid"] if rec.launches else None
+    pid = rec.launches[0].pid if rec.launches else None
     return sections.server_env_section(measured.live_env, measured.live_env_tree, pid, nccl.name, nccl.env)
 
 
@@ -122,9 +123,7 @@ def _checks(rec: JobRecord, steps: int, stream: bool) -> None:
         rec.speculative,
         steps,
         [r.as_dict() for r in _profile_windows(rec)],
-        host_oversubscribed(
-            rec.metrics.get("host_load1"), ((rec.provenance or {}).get("host") or {}).get("usable_cores")
-        ),
+        host_oversubscribed(rec.metrics.get("host_load1"), (rec.provenance.host or {}).get("usable_cores")),
         stream,
     )
     if (check := lossless.check_of(rec.lossless)) is not None:
@@ -164,9 +163,9 @@ def _take(rec: JobRecord, metrics: dict[str, float], section: Section) -> Sectio
     return section
 
 
-def _pairings(launches: list[dict]) -> list[str]:
+def _pairings(launches: list[Launch]) -> list[str]:
     """Which pairing produced the paired CI, as the launches ran it (spec_decode/runner/pairing.py)."""
-    return sorted({x.get("pairing", "interleaved") for x in launches if "baseline_pid" in x})
+    return sorted({x.pairing or "interleaved" for x in launches if x.baseline_pid is not None})
 
 
 def lossless_section(
@@ -189,10 +188,7 @@ def lossless_section(
         )  # the paired server's
         comparisons += [
             lossless.Comparison(
-                str(e["prompt_index"]),
-                mine.get(e["prompt_index"]),
-                theirs.get(e["prompt_index"]),
-                b.request_max_new_tokens,
+                str(e.prompt_index), mine.get(e.prompt_index), theirs.get(e.prompt_index), b.request_max_new_tokens
             )
             for e in rec.requests
         ]

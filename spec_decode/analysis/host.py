@@ -5,20 +5,22 @@ over its timed windows (``metrics_of``), and one line naming a fingerprint (``de
 
 from __future__ import annotations
 
+from spec_decode.record.measured import HostWindow
 
-def metrics_of(windows: list[dict]) -> dict[str, float]:
+
+def metrics_of(windows: list[HostWindow]) -> dict[str, float]:
     """A job's host figures over its timed windows: mean and max 1-minute load (both ends of every
     window), steal and busy shares weighted by the windows' durations."""
-    loads = [w[k] for w in windows for k in ("load1_start", "load1_end") if w.get(k) is not None]
+    loads = [v for w in windows for v in (w.load1_start, w.load1_end) if v is not None]
     out: dict[str, float] = {}
     if loads:
         out["host_load1"] = sum(loads) / len(loads)
         out["host_load1_max"] = max(loads)
-    timed = [w for w in windows if "steal_pct" in w and w.get("s")]
+    timed = [w for w in windows if w.steal_pct is not None and w.s]
     if timed:
-        total = sum(w["s"] for w in timed)
-        out["host_steal_pct"] = sum(w["steal_pct"] * w["s"] for w in timed) / total
-        out["host_busy_pct"] = sum(w["busy_pct"] * w["s"] for w in timed) / total
+        total = sum(w.s for w in timed)
+        out["host_steal_pct"] = sum(w.steal_pct * w.s for w in timed) / total
+        out["host_busy_pct"] = sum(w.busy_pct * w.s for w in timed) / total
     return out
 
 

@@ -25,6 +25,7 @@ from spec_decode.core.config import BenchmarkConfig
 from spec_decode.parsers import decode_log
 from spec_decode.parsers.decode_log import LogLine
 from spec_decode.record.results import JobRecord, performance_only
+from spec_decode.record.typed import ABSENT
 
 SELF, PAIRED = "self", "paired_baseline"  # the record's own server, the paired baseline server beside it
 _MEMORY = "_load_requests"  # the requests' RunRecords (token gaps, ids) in memory until finish: never written
@@ -174,26 +175,26 @@ def finish(
     every request under load against the baseline's bs-1 outputs (``exact``: the engine's outputs must be
     equal, else a divergence warns); console lines. Forgets the in-memory requests."""
     memory = rec.__dict__.pop(_MEMORY, None) or {SELF: [], PAIRED: []}
-    runs = [x for launch in rec.launches for x in launch.get("load_runs", [])]
+    runs = [x for launch in rec.launches for x in launch.load_runs or []]
     section: dict = {}
     for arm, path in ((SELF, log_path), (PAIRED, paired_log_path)):
-        mine = [x for x in runs if x["arm"] == arm]
+        mine = [x for x in runs if x.arm == arm]
         if not mine or path is None:
             continue
         for x in mine:
-            x["running"] = _running(path, [x["log_window"]], b.concurrency)
+            x.running = _running(path, [x.log_window], b.concurrency)
         reqs = [r for batch in memory[arm] for r in batch]
         s = summarize(
-            [{k: v for k, v in x.items() if k != "request_entries"} for x in mine],
+            [x.figures() for x in mine],
             reqs,
             b.concurrency,
             b.request_rate,
-            _running(path, [x["log_window"] for x in mine], b.concurrency),
+            _running(path, [x.log_window for x in mine], b.concurrency),
         )
-        entries = [e for x in mine for e in x["request_entries"]]
+        entries = [e for x in mine for e in x.request_entries]
         s["batch_invariance"] = {
-            "requests": sum(e["equals_reference"] is not None for e in entries),
-            "equal": sum(e["equals_reference"] is True for e in entries),
+            "requests": sum(e.equals_reference is not None for e in entries),
+            "equal": sum(e.equals_reference is True for e in entries),
             "what": "each request's output vs its prompt decoded alone (bs 1) on the same server",
         }
         section[arm] = s
@@ -208,36 +209,36 @@ def finish(
     rec.extra["load"] = s
     rec.metrics.update(metrics_of(s))
     if rec.role == "spec":
-        _guard(rec, b, baseline, runs, exact)
+        _guard(rec, b, baseline, exact)
     inv = s["batch_invariance"]
     lines = describe(s) + [f"  outputs under load equal bs 1 on this server: {inv['equal']} of {inv['requests']}"]
     return lines
 
 
-def _guard(rec: JobRecord, b: BenchmarkConfig, baseline: JobRecord | None, runs: list[dict], exact: bool) -> None:
+def _guard(rec: JobRecord, b: BenchmarkConfig, baseline: JobRecord | None, exact: bool) -> None:
     """The lossless guard under load: every spec request's output vs the baseline's bs-1 output of its
     prompt (the paired baseline server's reference pass in the same launch, else the baseline job's)."""
     job_ref = {}
     if baseline is not None:
-        job_ref = next((x["load_reference"].get(SELF) for x in baseline.launches if x.get("load_reference")), {}) or {}
+        job_ref = next((x.load_reference.get(SELF) for x in baseline.launches if x.load_reference), {}) or {}
     comparisons = []
     for launch in rec.launches:
-        refs = launch.get("load_reference") or {}
+        refs = launch.load_reference or {}
         mine, base = refs.get(SELF) or {}, refs.get(PAIRED) or job_ref
-        for x in launch.get("load_runs", []):
-            if x["arm"] != SELF:
+        for x in launch.load_runs or []:
+            if x.arm != SELF:
                 continue
-            for e in x["request_entries"]:
-                p = str(e["prompt_index"])
-                ids = e.get("output_ids") if e["equals_reference"] is False else mine.get(p)
+            for e in x.request_entries:
+                p = str(e.prompt_index)
+                diverged = e.equals_reference is False  # its own ids written (see runner.load)
+                ids = (None if e.output_ids is ABSENT else e.output_ids) if diverged else mine.get(p)
                 comparisons.append(lossless.Comparison(f"load:{p}", ids, base.get(p), b.max_new_tokens))
     verdict = lossless.guard(
         comparisons,
         exact,
         b.temperature,
         performance_only(rec),
-        has_baseline=bool(job_ref)
-        or any("load_reference" in x and PAIRED in x["load_reference"] for x in rec.launches),
+        has_baseline=bool(job_ref) or any(PAIRED in (x.load_reference or {}) for x in rec.launches),
     )
     verdict.what = "every request under load vs the baseline's output of its prompt at bs 1"
     rec.lossless = verdict

@@ -20,7 +20,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Optional
 
-from spec_decode.record.results import Check, Lossless
+from spec_decode.record.results import Check
+from spec_decode.record.sections import Lossless
 
 PERFORMANCE_ONLY = "performance-only (forced acceptance)"
 

@@ -12,16 +12,18 @@ profiler's effect from ``analysis.profiler_effect``, the decode log from ``parse
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Sequence
 
 from spec_decode.analysis import acceptance, latency, profiler_effect, stats
 from spec_decode.parsers import decode_log, profile
-from spec_decode.record.provenance import filter_env
-from spec_decode.record.sections import Acceptance, Profile, Speedup, Summary, profile_from
+from spec_decode.record.provenance import Provenance, filter_env
+from spec_decode.record.sections import Acceptance, Profile, Speedup, Summary, decode_log_from, profile_from
 
 if TYPE_CHECKING:
+    from spec_decode.record.measured import Launch, ProfilePass, Request
     from spec_decode.record.runs import RunRecord
 
 # the phase profile's metrics: ms per cycle and share of the cycle, per phase
@@ -59,9 +61,9 @@ def throughput(runs: Sequence[RunRecord], launches: int) -> Section:
     return out
 
 
-def server_start(launches: Sequence[dict]) -> Section:
+def server_start(launches: Sequence[Launch]) -> Section:
     """The mean server start time over the launches that started."""
-    starts = [x["server_start_s"] for x in launches if x.get("server_start_s") is not None]
+    starts = [x.server_start_s for x in launches if x.server_start_s is not None]
     return Section(metrics={"server_start_s": sum(starts) / len(starts)} if starts else {})
 
 
@@ -91,16 +93,19 @@ def acceptance_counters(runs: Sequence[RunRecord], num_draft_tokens: int) -> Sec
     )
 
 
-def profiler_cost(profile_pass: dict | None, profiled_runs: Sequence[RunRecord], runs: Sequence[RunRecord]) -> Section:
+def profiler_cost(
+    profile_pass: ProfilePass | None, profiled_runs: Sequence[RunRecord], runs: Sequence[RunRecord]
+) -> Section:
     """The profiled pass's account with the profiler's measured effect on tok/s (its on/dormant pairs)."""
     if profile_pass is None:
         return Section()
     effect = profiler_effect.effect(
         [r.throughput_tok_s for r in profiled_runs],
-        profile_pass.get("dormant_tok_s") or [],
+        profile_pass.dormant_tok_s or [],
         [r.throughput_tok_s for r in runs],
     )
-    return Section({"profile_pass": {**profile_pass, "effect": effect}}, profiler_effect.metrics_of(effect))
+    with_effect = dataclasses.replace(profile_pass, effect=effect)
+    return Section({"profile_pass": with_effect}, profiler_effect.metrics_of(effect))
 
 
 def phase_profile(
@@ -177,7 +182,7 @@ def request_acceptance(
     steps: int,
     runs: Sequence[RunRecord],
     run_cycles: list[list[dict]] | None,
-    requests: list[dict] | None,
+    requests: list[Request] | None,
     counters: Acceptance | None,
 ) -> Section:
     """Acceptance per draft position and per request: from the profile's cycles where it has them, else
@@ -203,7 +208,7 @@ def decode_log_summary(lines: list[str]) -> Section:
         if dl.gen_throughput_tok_s_median is None
         else {"decode_log_gen_throughput_tok_s": dl.gen_throughput_tok_s_median}
     )
-    return Section({"decode_log": dl.__dict__}, metrics)
+    return Section({"decode_log": decode_log_from(dataclasses.asdict(dl))}, metrics)
 
 
 def speedup(
@@ -320,12 +325,12 @@ def rank_environment(tree: dict, launcher_pid: int | None) -> dict:
     }
 
 
-def nccl_section(probe_result: dict | None, prov: dict) -> Section:
+def nccl_section(probe_result: dict | None, prov: Provenance) -> Section:
     """The NCCL probe's metrics, and its backend and library facts copied into the provenance."""
     if not probe_result:
         return Section()
     facts = {k: probe_result.get(k) for k in ("backend", "nccl_version", "algorithms", "protocols")}
-    return Section({"provenance": {**prov, "nccl": facts}}, nccl_metrics(probe_result))
+    return Section({"provenance": dataclasses.replace(prov, nccl=facts)}, nccl_metrics(probe_result))
 
 
 def nccl_metrics(result: dict) -> dict[str, float]:

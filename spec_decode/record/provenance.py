@@ -1,7 +1,7 @@
-"""The rules the record is written under: which environment variables it keeps (``filter_env``), which are
-secrets (redacted by name, ``redact_env``; scrubbed by value from the whole record at its one write,
-``dumps_clean``). The facts of the record's ``provenance`` section are collected by the runner
-(``runner.provenance``); the ranks' environment is derived in ``analysis.sections``.
+"""The record's ``provenance`` section as a type (``Provenance``), and the rules the record is written under:
+which environment variables it keeps (``filter_env``), which are secrets (redacted by name, ``redact_env``;
+scrubbed by value from the whole record at its one write, ``dumps_clean``). The facts of the provenance are
+collected by the runner (``runner.provenance``); the ranks' environment is derived in ``analysis.sections``.
 """
 
 from __future__ import annotations
@@ -9,6 +9,10 @@ from __future__ import annotations
 import json
 import os
 import re
+from dataclasses import dataclass, field
+from typing import Any
+
+from spec_decode.record.typed import ABSENT, Maybe, names, read, written
 
 ENV_PREFIXES = (
     "NCCL_",
@@ -58,3 +62,31 @@ def scrub(text: str, secrets: list[str]) -> str:
 
 def dumps_clean(obj: object, secrets: list[str]) -> str:
     return scrub(json.dumps(obj, indent=2, sort_keys=False, default=str), secrets)
+
+
+@dataclass
+class Provenance:
+    """The record's ``provenance``: what explains a number, as the runner collected it when the job started
+    (``runner.provenance.collect``: ``root`` .. ``data``), the drafter's lineage tags (a spec job) and the
+    NCCL probe's facts (``analysis.sections.nccl_section``). Each part is its collector's dict. A key the
+    record does not have stays absent (``ABSENT``: a record rebuilt from metrics.json has none, an older
+    one fewer); one collected as None (``gpu`` on a machine without one) is written null."""
+
+    root: str | Maybe = ABSENT  # the project root the job ran in (its dvc.lock)
+    git: dict | Maybe = ABSENT  # commit, dirty, dirty_paths, code_dirty
+    packages: dict[str, str | None] | Maybe = ABSENT  # name -> version
+    machine: dict | Maybe = ABSENT  # python, platform, cpu, cpu_count, hostname
+    gpu: dict | None | Maybe = ABSENT  # GPU names, driver, topology; None: no nvidia-smi
+    host: dict | Maybe = ABSENT  # the host fingerprint (runner.machine.fingerprint)
+    data: dict[str, dict] | Maybe = ABSENT  # input name -> {path, dvc_md5 | sha256 | missing}
+    drafter_lineage: dict[str, str] | Maybe = ABSENT  # a spec job: the drafter's training tags
+    nccl: dict | Maybe = ABSENT  # the NCCL probe's backend, version, algorithms, protocols
+    extra: dict[str, Any] = field(default_factory=dict)
+
+    def as_dict(self) -> dict:
+        return written(self, names(Provenance))
+
+
+def provenance_from(data: dict | None) -> Provenance:
+    """A ``provenance`` section as JSON holds it -> typed (absent or null: an empty one, written ``{}``)."""
+    return read(Provenance, data) if data is not None else Provenance()

@@ -23,21 +23,30 @@ from pathlib import Path
 from typing import Any
 
 from spec_decode.record import provenance
+from spec_decode.record.measured import Launch, ProfilePass, Request, launches_from, profile_pass_from, requests_from
+from spec_decode.record.provenance import Provenance, provenance_from
 from spec_decode.record.runs import RunRecord
 from spec_decode.record.sections import (
     Acceptance,
+    Category,
+    DecodeLog,
     Latency,
+    Lossless,
     Profile,
     Speedup,
     Summary,
     VarianceComponents,
     acceptance_from,
+    categories_from,
+    decode_log_from,
     latency_from,
+    lossless_from,
     profile_from,
     speedup_from,
     summary_from,
     variance_components_from,
 )
+from spec_decode.record.typed import refuse
 
 # 2: typed record, drift and checks computed by the job, preflight failures recorded
 # 3: streamed runs (latency), request pass (requests, categories), lossless guard, pairing, acceptance by
@@ -94,50 +103,6 @@ class BaselineRef:
         return {"out_dir": self.out_dir, "mlflow_run_id": self.mlflow_run_id, "throughput_tok_s": t and t.as_dict()}
 
 
-@dataclass
-class Category:
-    """The request pass's figures for one prompt category (the record's ``categories``: name -> Category)."""
-
-    n: int  # requests
-    accept_len: float | None  # sum of completion tokens / sum of verify counts; None without counters (a baseline)
-    throughput_tok_s: float  # the median request's tok/s
-
-    def as_dict(self) -> dict:
-        return asdict(self)
-
-
-@dataclass
-class Lossless:
-    """The lossless guard's verdict (``analysis.lossless``): the speculative outputs against the baseline's."""
-
-    checked: bool  # False: nothing compared (``reason`` says why)
-    requests: int  # outputs compared
-    matched: int
-    match_rate: float | None
-    first_divergence: dict[str, int]  # per prompt that differed: the first token index where it did
-    verdict: str  # "pass", "fail", "warn" (an engine whose outputs may differ) or "skipped"
-    reason: str
-    what: str | None = None  # what was compared, where not the timed runs and the request pass (under load)
-
-    def as_dict(self) -> dict:
-        d = asdict(self)
-        if self.what is None:
-            del d["what"]
-        return d
-
-
-def lossless_from(data: dict | None) -> Lossless | None:
-    """The ``lossless`` section as JSON holds it (results.json, metrics.json) -> typed; None when absent."""
-    if not data:
-        return None
-    return Lossless(**{f.name: data[f.name] for f in dataclasses.fields(Lossless) if f.name in data})
-
-
-def categories_from(data: dict | None) -> dict[str, Category]:
-    """The ``categories`` section as JSON holds it (results.json, metrics.json) -> typed, in its order."""
-    return {name: Category(c["n"], c["accept_len"], c["throughput_tok_s"]) for name, c in (data or {}).items()}
-
-
 RUN_LISTS = ("runs", "baseline_runs", "profiled_runs", "profiled_requests")  # lists of RunRecord in a record
 # The sections held as one typed object (or None): written by its ``as_dict``; a value of another type (a
 # dict where the type belongs) is refused at the write. Absent: null, but {} for ``lossless`` and
@@ -153,7 +118,11 @@ TYPED = {
     "latency": Latency,
     "profile": Profile,
     "lossless": Lossless,
+    "profile_pass": ProfilePass,
+    "decode_log": DecodeLog,
+    "provenance": Provenance,
 }
+LISTS = {"launches": Launch, "requests": Request}  # lists of typed entries, each refused if of another type
 ABSENT_AS_EMPTY = ("lossless", "latency")
 
 
@@ -180,7 +149,7 @@ class JobRecord:
     server_env_set_by_engine: dict[str, str] = field(default_factory=dict)  # written by its launcher for the ranks
     argv: list[str] | None = None
     slots: list[str] | None = None
-    launches: list[dict] = field(default_factory=list)
+    launches: list[Launch] = field(default_factory=list)  # one per server launch (record.measured)
     runs: list[RunRecord] = field(default_factory=list)
     # Paired baseline (benchmark.paired): the baseline server's timed runs, interleaved with ``runs``
     # (pair i = runs[i], baseline_runs[i]).
@@ -193,12 +162,12 @@ class JobRecord:
     # above); its requests, each with its rid and counters, are the profile's windows (batched cycles are
     # attributed to every request they served).
     profiled_requests: list[RunRecord] = field(default_factory=list)
-    profile_pass: dict | None = None
+    profile_pass: ProfilePass | None = None  # None: no profiled pass (record.measured)
     warnings: list[str] = field(default_factory=list)
     started_at: float = field(default_factory=time.time)
     ended_at: float | None = None
     out_dir: str = ""
-    provenance: dict[str, Any] = field(default_factory=dict)
+    provenance: Provenance = field(default_factory=Provenance)  # what explains a number (record.provenance)
     server_info: dict | None = None
     nccl_probe: dict | None = None
     doctor: list[dict] | None = None  # the first-contact self-check's live items (spec_decode.runner.doctor)
@@ -206,7 +175,7 @@ class JobRecord:
     variance_components: VarianceComponents | None = None  # launches > 1: between vs within (record.sections)
     acceptance: Acceptance | None = None  # counters, per draft position, per request (record.sections)
     profile: Profile | None = None  # the phase profile, or why there is none (record.sections)
-    decode_log: dict | None = None
+    decode_log: DecodeLog | None = None  # the engine's decode-log lines in the timed windows (record.sections)
     baseline: BaselineRef | None = None
     speedup_vs_baseline: Speedup | None = None  # its Ratio and how it was measured (record.sections)
     metrics: dict[str, float] = field(default_factory=dict)  # flat, units in the names (MLflow's)
@@ -214,7 +183,7 @@ class JobRecord:
     drift: Drift | None = None
     # Streamed timed runs: TTFT/ITL/TPOT/E2E percentiles (spec_decode.analysis.latency); None: none streamed
     latency: Latency | None = None
-    requests: list[dict] = field(default_factory=list)  # the request pass, one entry per prompt
+    requests: list[Request] = field(default_factory=list)  # the request pass, one per prompt (record.measured)
     categories: dict[str, Category] = field(default_factory=dict)  # the request pass per prompt category
     lossless: Lossless | None = None  # the lossless guard's verdict (spec_decode.analysis.lossless)
     mlflow_run_id: str | None = None
@@ -253,6 +222,8 @@ class JobRecord:
                 v = [r.as_dict() for r in v]
             elif f.name in TYPED:
                 v = _typed_json(f.name, v)
+            elif f.name in LISTS:
+                v = [_typed_json(f.name, x, LISTS[f.name]) for x in v]
             elif f.name == "checks":
                 v = [c.as_dict() for c in v]
             elif f.name == "categories":
@@ -271,14 +242,8 @@ class JobRecord:
         for key in RUN_LISTS:
             known[key] = [RunRecord(**{k: v for k, v in r.items() if k in run_fields}) for r in known.get(key) or []]
         known["engine"] = EngineInfo(**(known.get("engine") or {"name": "unknown"}))
-        known["categories"] = categories_from(known.get("categories"))
-        known["lossless"] = lossless_from(known.get("lossless"))
-        known["throughput_tok_s"] = summary_from(known.get("throughput_tok_s"))
-        known["variance_components"] = variance_components_from(known.get("variance_components"))
-        known["speedup_vs_baseline"] = speedup_from(known.get("speedup_vs_baseline"))
-        known["acceptance"] = acceptance_from(known.get("acceptance"))
-        known["latency"] = latency_from(known.get("latency"))
-        known["profile"] = profile_from(known.get("profile"))
+        for key, reader in READERS.items():
+            known[key] = reader(known.get(key))
         known["checks"] = [
             Check(**{k: c.get(k) for k in ("name", "ok", "value", "expected", "message")})
             for c in known.get("checks") or []
@@ -300,12 +265,30 @@ class JobRecord:
         return cls(**known, extra=d)
 
 
-def _typed_json(name: str, v: Any) -> Any:
-    """A typed section's JSON (``TYPED``); a value of another type is refused."""
-    if v is None:
+# the typed sections' readers (results.json, schema 1 to 3): the JSON value (None where absent) -> typed
+READERS = {
+    "categories": categories_from,
+    "lossless": lossless_from,
+    "throughput_tok_s": summary_from,
+    "variance_components": variance_components_from,
+    "speedup_vs_baseline": speedup_from,
+    "acceptance": acceptance_from,
+    "latency": latency_from,
+    "profile": profile_from,
+    "launches": launches_from,
+    "requests": requests_from,
+    "profile_pass": profile_pass_from,
+    "decode_log": decode_log_from,
+    "provenance": provenance_from,
+}
+
+
+def _typed_json(name: str, v: Any, cls: type | None = None) -> Any:
+    """A typed section's JSON (``TYPED``; an entry of a ``LISTS`` section, ``cls``); a value of another type
+    is refused."""
+    if v is None and cls is None:
         return {} if name in ABSENT_AS_EMPTY else None
-    if not isinstance(v, TYPED[name]):
-        raise TypeError(f"record section {name}: a {TYPED[name].__name__} expected, got {type(v).__name__}")
+    refuse(name, v, cls or TYPED[name])
     return v.as_dict() if hasattr(v, "as_dict") else dataclasses.asdict(v)
 
 

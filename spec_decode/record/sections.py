@@ -1,7 +1,8 @@
 """The record's derived sections as types (issue 45): what ``analysis`` computes and ``results.JobRecord``
 holds -- tok/s over the runs (``Summary``), the speedup (``Ratio``, ``Speedup``), the acceptance
 (``Acceptance``), the token latency (``Latency`` of ``Distribution``s), the phase profile (``Profile``) and
-the launches' share of the tok/s variance (``VarianceComponents``). Each writes the JSON it always
+the launches' share of the tok/s variance (``VarianceComponents``), the engine's decode log (``DecodeLog``),
+the request pass per prompt category (``Category``) and the lossless guard's verdict (``Lossless``). Each writes the JSON it always
 had (``as_dict``: its keys, in their order; a key the section never had stays absent) and reads it back
 (``*_from``: results.json and metrics.json alike; keys it does not know are kept in ``extra`` and written
 back after its own). ``analysis.stats`` builds ``Summary``, ``Ratio`` and ``VarianceComponents``: they sit here, below it, so the
@@ -15,28 +16,9 @@ from __future__ import annotations
 
 import dataclasses
 from dataclasses import dataclass, field
-from typing import Any, TypeVar
+from typing import Any
 
-T = TypeVar("T")
-
-
-def _written(obj: Any, keep: tuple[str, ...] = ()) -> dict:
-    """The fields that are set (None: absent from the JSON, but for those in ``keep``: written null), in
-    field order, then ``extra``."""
-    out = {
-        f.name: getattr(obj, f.name)
-        for f in dataclasses.fields(obj)
-        if f.name != "extra" and (getattr(obj, f.name) is not None or f.name in keep)
-    }
-    return {**out, **getattr(obj, "extra", {})}
-
-
-def _read(cls: type[T], data: dict) -> T:
-    """``cls`` from its JSON: its own fields by name, the other keys into ``extra``."""
-    if not isinstance(data, dict):
-        raise TypeError(f"{cls.__name__}: a JSON object expected, got {type(data).__name__}")
-    names = {f.name for f in dataclasses.fields(cls)} - {"extra"}
-    return cls(**{k: v for k, v in data.items() if k in names}, extra={k: v for k, v in data.items() if k not in names})
+from spec_decode.record.typed import ABSENT, Maybe, names, read, written
 
 
 @dataclass
@@ -58,12 +40,12 @@ class Summary:
     extra: dict[str, Any] = field(default_factory=dict)
 
     def as_dict(self) -> dict:
-        return _written(self)
+        return written(self)
 
 
 def summary_from(data: dict | None) -> Summary | None:
     """A ``throughput_tok_s`` section (or a baseline's) as JSON holds it -> typed; None when absent."""
-    return _read(Summary, data) if data else None
+    return read(Summary, data) if data else None
 
 
 @dataclass
@@ -112,12 +94,12 @@ class Speedup:
         return self.method or "welch"
 
     def as_dict(self) -> dict:
-        return _written(self)
+        return written(self)
 
 
 def speedup_from(data: dict | None) -> Speedup | None:
     """A ``speedup_vs_baseline`` section as JSON holds it -> typed; None when absent."""
-    return _read(Speedup, data) if data else None
+    return read(Speedup, data) if data else None
 
 
 # the two groups of ``Acceptance``, each written whole when any of its fields is set
@@ -170,7 +152,7 @@ class Acceptance:
 
 def acceptance_from(data: dict | None) -> Acceptance | None:
     """An ``acceptance`` section as JSON holds it -> typed; None when absent."""
-    return _read(Acceptance, data) if data else None
+    return read(Acceptance, data) if data else None
 
 
 @dataclass
@@ -277,9 +259,77 @@ class Profile:
     extra: dict[str, Any] = field(default_factory=dict)
 
     def as_dict(self) -> dict:
-        return _written(self, () if self.missing is not None else ("non_cycle_ms_per_request",))
+        return written(self, () if self.missing is not None else ("non_cycle_ms_per_request",))
 
 
 def profile_from(data: dict | None) -> Profile | None:
     """A ``profile`` section as JSON (or the parser) holds it -> typed; None when absent."""
-    return _read(Profile, data) if data else None
+    return read(Profile, data) if data else None
+
+
+@dataclass
+class DecodeLog:
+    """The record's ``decode_log``: the engine's own ``Decode batch`` lines inside the timed windows
+    (``analysis.sections.decode_log_summary``, from ``parsers.decode_log.DecodeSummary``): every key
+    written, null where nothing was read; a key an older record lacks stays absent (``ABSENT``)."""
+
+    lines: int | Maybe = ABSENT  # decode lines in the windows
+    used_lines: int | Maybe = ABSENT  # without the first line after an idle gap (its throughput understated)
+    gen_throughput_tok_s_median: float | None | Maybe = ABSENT
+    accept_len_median: float | None | Maybe = ABSENT
+    accept_rate_median: float | None | Maybe = ABSENT
+    graph: bool | None | Maybe = ABSENT  # every used line ran a CUDA graph; None: no line said
+    notes: list[str] | Maybe = ABSENT
+    extra: dict[str, Any] = field(default_factory=dict)
+
+    def as_dict(self) -> dict:
+        return written(self, names(DecodeLog))
+
+
+def decode_log_from(data: dict | None) -> DecodeLog | None:
+    """A ``decode_log`` section as JSON holds it -> typed; None when absent."""
+    return read(DecodeLog, data) if data is not None else None
+
+
+@dataclass
+class Category:
+    """The request pass's figures for one prompt category (the record's ``categories``: name -> Category)."""
+
+    n: int  # requests
+    accept_len: float | None  # sum of completion tokens / sum of verify counts; None without counters (a baseline)
+    throughput_tok_s: float  # the median request's tok/s
+
+    def as_dict(self) -> dict:
+        return dataclasses.asdict(self)
+
+
+@dataclass
+class Lossless:
+    """The lossless guard's verdict (``analysis.lossless``): the speculative outputs against the baseline's."""
+
+    checked: bool  # False: nothing compared (``reason`` says why)
+    requests: int  # outputs compared
+    matched: int
+    match_rate: float | None
+    first_divergence: dict[str, int]  # per prompt that differed: the first token index where it did
+    verdict: str  # "pass", "fail", "warn" (an engine whose outputs may differ) or "skipped"
+    reason: str
+    what: str | None = None  # what was compared, where not the timed runs and the request pass (under load)
+
+    def as_dict(self) -> dict:
+        d = dataclasses.asdict(self)
+        if self.what is None:
+            del d["what"]
+        return d
+
+
+def lossless_from(data: dict | None) -> Lossless | None:
+    """The ``lossless`` section as JSON holds it (results.json, metrics.json) -> typed; None when absent."""
+    if not data:
+        return None
+    return Lossless(**{f.name: data[f.name] for f in dataclasses.fields(Lossless) if f.name in data})
+
+
+def categories_from(data: dict | None) -> dict[str, Category]:
+    """The ``categories`` section as JSON holds it (results.json, metrics.json) -> typed, in its order."""
+    return {name: Category(c["n"], c["accept_len"], c["throughput_tok_s"]) for name, c in (data or {}).items()}

@@ -32,6 +32,7 @@ from spec_decode.engines.server_process import ServerError
 from spec_decode.parsers.profile import rank_files
 from spec_decode.probe.nccl import DEFAULT_SIZES, decode_bytes, probe
 from spec_decode.record import outputs, results
+from spec_decode.record.measured import Launch
 from spec_decode.record.results import JobRecord
 from spec_decode.runner import (
     dryrun,
@@ -158,7 +159,7 @@ def measure(
     rec = new_record(cfg, ctx, role, extra_env, warnings)
     rec.nccl_probe = probe
     if cfg.speculative:  # one click from a throughput number to the data its drafter learned from
-        rec.provenance["drafter_lineage"] = _drafter_lineage(cfg.drafter.path, ctx)
+        rec.provenance.drafter_lineage = _drafter_lineage(cfg.drafter.path, ctx)
     tracked = ctx.tracker.start(rec, ctx) if ctx.tracker is not None else None
     measured = Measured(out, log_path)  # log windows, the first launch's live server env
     status, error = "FINISHED", None
@@ -276,20 +277,20 @@ def _one_launch(
     with contextlib.ExitStack() as stack:
         stack.enter_context(srv)
         client = Client(srv.base_url, cfg.engine.request_timeout_s)
-        rec.launches.append({"launch": launch, "port": port, "pid": srv.pid, "server_start_s": srv.start_s})
+        this = Launch(launch, port, srv.pid, srv.start_s)
+        rec.launches.append(this)
         if nice is not None:  # benchmark.server_nice, read back from the server
             pairing.set_group_nice(srv.pid, nice)
-            rec.launches[-1]["server_nice"] = pairing.group_nice(srv.pid)
+            this.server_nice = pairing.group_nice(srv.pid)
         bclient = None
         if pair is not None:
             bsrv = stack.enter_context(start_server(pair.cfg, pair.env, pair.log_path, any_port=True))
             bclient = Client(bsrv.base_url, cfg.engine.request_timeout_s)
-            rec.launches[-1].update(
-                baseline_port=bsrv.port, baseline_pid=bsrv.pid, baseline_server_start_s=bsrv.start_s, pairing=b.pairing
-            )
+            this.baseline_port, this.baseline_pid = bsrv.port, bsrv.pid
+            this.baseline_server_start_s, this.pairing = bsrv.start_s, b.pairing
             if nice is not None:
                 pairing.set_group_nice(bsrv.pid, nice)
-                rec.launches[-1]["baseline_server_nice"] = pairing.group_nice(bsrv.pid)
+                this.baseline_server_nice = pairing.group_nice(bsrv.pid)
             pairer = pairing.Pairer(b.pairing, srv.pid, bsrv.pid)  # concurrent: pins both trees now
         if launch == 0:
             measured.live_env.update(srv.environ())  # filtered + redacted in analysis.finish
@@ -305,7 +306,7 @@ def _one_launch(
             progress.phase(bar, label, "warmup")
             for _ in range(b.warmup):  # streamed like the timed runs: the same code path warmed
                 w = client.generate(body, launch, -1, stream=b.stream)
-                rec.launches[-1]["warmup_s"] = rec.launches[-1].get("warmup_s", 0.0) + w.wall_s
+                this.warmup_s = (this.warmup_s or 0.0) + w.wall_s
                 bar.update()
                 if bclient is not None:
                     bw = bclient.generate(body, launch, -1, stream=b.stream)
@@ -336,12 +337,13 @@ def _one_launch(
                 )
                 rec.runs.append(spec_run)
                 rec.baseline_runs.append(base_run)
-                rec.launches[-1].setdefault("pairs", []).append(info)
+                this.pairs = this.pairs or []
+                this.pairs.append(info)
                 srv.check_alive()
                 bsrv.check_alive()
                 bar.update(2)
             time.sleep(0.05)  # let the last decode-log line reach the file
-            rec.launches[-1]["host"] = machine.window(host_t0, machine.sample())
+            this.host = machine.window(host_t0, machine.sample())
             measured.log_windows.append((start, log_path.stat().st_size))
             profile_pass.run(b, gen, rec, launch, extra_env, srv.check_alive)
             rec.server_info = client.server_info()

@@ -35,7 +35,9 @@ from spec_decode.analysis import load as figures
 from spec_decode.analysis.load import _MEMORY, PAIRED, SELF
 from spec_decode.core.config import BenchmarkConfig
 from spec_decode.core.prompts import Prompt, load_prompt_set
+from spec_decode.record.measured import LoadRequest, LoadRun
 from spec_decode.record.results import JobRecord
+from spec_decode.record.typed import ABSENT
 from spec_decode.runner.client import Client, RunRecord, output_sha256
 
 
@@ -77,7 +79,8 @@ class LoadRunner:
         for p, body in zip(self.prompts, self.bodies):
             r = self.client.generate(body, launch, -1, stream=self.b.stream)
             refs[str(p.index)] = r.output_ids
-        self.rec.launches[-1].setdefault("load_reference", {})[self.arm] = refs
+        this = self.rec.launches[-1]
+        this.load_reference = {**(this.load_reference or {}), self.arm: refs}
 
     def __call__(self, launch: int, run: int, stream: bool = False, timed: bool = True) -> RunRecord:
         """One timed run: ``load_requests`` requests, closed or open loop; their sum as one RunRecord.
@@ -112,39 +115,36 @@ class LoadRunner:
         self.last_requests = reqs
         if not timed:
             return _aggregate(reqs, launch, run, wall)
-        refs = (self.rec.launches[-1].get("load_reference") or {}).get(self.arm) or {}
+        refs = (self.rec.launches[-1].load_reference or {}).get(self.arm) or {}
         entries = []
         for i, r in enumerate(reqs):
             p = str(self.prompt_of(i))
             ref = refs.get(p)
             same = None if ref is None or r.output_ids is None else r.output_sha256 == output_sha256(ref)
-            e = {
-                "i": i,
-                "prompt_index": int(p),
-                "sent_s": round(sent[i], 5),
-                "scheduled_s": round(arrivals[i], 5) if arrivals else None,
-                "wall_s": round(r.wall_s, 5),
-                "completion_tokens": r.completion_tokens,
-                "prompt_tokens": r.prompt_tokens,
-                "spec_verify_ct": r.spec_verify_ct,
-                "tok_s": round(r.throughput_tok_s, 3),
-                "accept_len": figures.request_accept_len(r),
-                "ttft_s": r.ttft_s,
-                "output_sha256": r.output_sha256,
-                "equals_reference": same,
-            }
-            if same is False:
-                e["output_ids"] = r.output_ids  # only a diverging request's ids (the guard names the position)
-            entries.append(e)
+            entries.append(
+                LoadRequest(
+                    i=i,
+                    prompt_index=int(p),
+                    sent_s=round(sent[i], 5),
+                    scheduled_s=round(arrivals[i], 5) if arrivals else None,
+                    wall_s=round(r.wall_s, 5),
+                    completion_tokens=r.completion_tokens,
+                    prompt_tokens=r.prompt_tokens,
+                    spec_verify_ct=r.spec_verify_ct,
+                    tok_s=round(r.throughput_tok_s, 3),
+                    accept_len=figures.request_accept_len(r),
+                    ttft_s=r.ttft_s,
+                    output_sha256=r.output_sha256,
+                    equals_reference=same,
+                    # only a diverging request's ids (the guard names the position)
+                    output_ids=r.output_ids if same is False else ABSENT,
+                )
+            )
         getattr(self.rec, _MEMORY)[self.arm].append(reqs)
-        self.rec.launches[-1].setdefault("load_runs", []).append(
-            {
-                "arm": self.arm,
-                "run": run,
-                "log_window": [lo, hi],
-                **figures.run_figures(reqs, wall),
-                "request_entries": entries,
-            }
+        this = self.rec.launches[-1]
+        this.load_runs = this.load_runs or []
+        this.load_runs.append(
+            LoadRun(self.arm, run, [lo, hi], **figures.run_figures(reqs, wall), request_entries=entries)
         )
         return _aggregate(reqs, launch, run, wall)
 

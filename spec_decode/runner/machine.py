@@ -21,6 +21,8 @@ import time
 from functools import lru_cache
 from pathlib import Path
 
+from spec_decode.record.measured import HostWindow
+
 # The flags that decide which kernels a CPU engine (torch / oneDNN) can use; the rest is noise in a diff.
 ISA_FLAGS = (
     "sse4_2",
@@ -138,20 +140,18 @@ def sample() -> dict:
     return {"t": time.monotonic(), "cpu": times, "loadavg": load}
 
 
-def window(a: dict, b: dict) -> dict:
+def window(a: dict, b: dict) -> HostWindow:
     """How busy the host was between two samples (shares of all cores' time, in %)."""
-    out: dict = {
-        "s": round(b["t"] - a["t"], 3),
-        "load1_start": a["loadavg"][0] if a["loadavg"] else None,
-        "load1_end": b["loadavg"][0] if b["loadavg"] else None,
-    }
+    out = HostWindow(
+        s=round(b["t"] - a["t"], 3),
+        load1_start=a["loadavg"][0] if a["loadavg"] else None,
+        load1_end=b["loadavg"][0] if b["loadavg"] else None,
+    )
     if len(a["cpu"]) == len(b["cpu"]) == len(_FIELDS):
         d = dict(zip(_FIELDS, (y - x for x, y in zip(a["cpu"], b["cpu"]))))
         total = sum(d.values())
         if total > 0:
-            out.update(
-                busy_pct=round(100 * (total - d["idle"] - d["iowait"]) / total, 2),
-                steal_pct=round(100 * d["steal"] / total, 2),
-                iowait_pct=round(100 * d["iowait"] / total, 2),
-            )
+            out.busy_pct = round(100 * (total - d["idle"] - d["iowait"]) / total, 2)
+            out.steal_pct = round(100 * d["steal"] / total, 2)
+            out.iowait_pct = round(100 * d["iowait"] / total, 2)
     return out

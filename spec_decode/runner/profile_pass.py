@@ -21,6 +21,7 @@ from pathlib import Path
 
 from spec_decode.core.config import BenchmarkConfig
 from spec_decode.profiler.switch import ENV, set_switch
+from spec_decode.record.measured import ProfilePass
 from spec_decode.record.results import JobRecord
 from spec_decode.record.runs import RunRecord
 from spec_decode.runner import doctor
@@ -88,9 +89,9 @@ def run(
     finally:
         set_switch(path, False)
     rec.profiled_runs = on_runs
-    rec.profile_pass = {
-        "pairs": len(on_runs),
-        "order": "ABBA: (on, dormant), (dormant, on), ...",
-        "launch": launch,
-        "dormant_tok_s": [r.throughput_tok_s for r in off_runs],
-    }
+    rec.profile_pass = ProfilePass(
+        pairs=len(on_runs),
+        order="ABBA: (on, dormant), (dormant, on), ...",
+        launch=launch,
+        dormant_tok_s=[r.throughput_tok_s for r in off_runs],
+    )

@@ -16,6 +16,7 @@ from pathlib import Path
 
 import yaml
 
+from spec_decode.record.provenance import Provenance
 from spec_decode.runner.machine import fingerprint
 
 # libyaml's parser where PyYAML has it: dvc.lock is read for every job, and the pure-Python parser
@@ -147,13 +148,13 @@ def data_hashes(root: Path, paths: dict[str, str | None]) -> dict[str, dict]:
     return out
 
 
-def collect(root: Path, inputs: dict[str, str | None]) -> dict:
-    return {
-        "root": str(root.resolve()),
-        "git": git_state(root),
-        "packages": packages(),
-        "machine": machine(),
-        "gpu": gpu_facts(),
-        "host": fingerprint(),  # CPU model + ISA, cores, GPUs + clocks, NCCL (runner/machine.py)
-        "data": data_hashes(root, inputs),
-    }
+def collect(root: Path, inputs: dict[str, str | None]) -> Provenance:
+    return Provenance(
+        root=str(root.resolve()),
+        git=git_state(root),
+        packages=packages(),
+        machine=machine(),
+        gpu=gpu_facts(),
+        host=fingerprint(),  # CPU model + ISA, cores, GPUs + clocks, NCCL (runner/machine.py)
+        data=data_hashes(root, inputs),
+    )

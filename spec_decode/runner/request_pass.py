@@ -16,30 +16,31 @@ from pathlib import Path
 from spec_decode.core.config import BenchmarkConfig
 from spec_decode.core.prompts import Prompt, load_prompt_set
 from spec_decode.record import outputs
+from spec_decode.record.measured import Request
 from spec_decode.record.runs import RunRecord
 from spec_decode.runner.client import Client
 
 
-def entry(prompt: Prompt, r: RunRecord) -> dict:
+def entry(prompt: Prompt, r: RunRecord) -> Request:
     """One request's entry (contract ``requests``)."""
-    return {
-        "prompt_index": prompt.index,
-        "category": prompt.category,
-        "completion_tokens": r.completion_tokens,
-        "wall_s": r.wall_s,
-        "throughput_tok_s": r.throughput_tok_s,
-        "accept_len": r.completion_tokens / r.spec_verify_ct if r.spec_verify_ct else None,
-        "verify_ct": r.spec_verify_ct,
-        "correct_drafts": r.spec_num_correct_drafts,
-        "histogram": r.spec_correct_drafts_histogram,
-        "ttft_ms": 1e3 * r.ttft_s if r.ttft_s is not None else None,
-        "output_sha256": r.output_sha256,
-    }
+    return Request(
+        prompt_index=prompt.index,
+        category=prompt.category,
+        completion_tokens=r.completion_tokens,
+        wall_s=r.wall_s,
+        throughput_tok_s=r.throughput_tok_s,
+        accept_len=r.completion_tokens / r.spec_verify_ct if r.spec_verify_ct else None,
+        verify_ct=r.spec_verify_ct,
+        correct_drafts=r.spec_num_correct_drafts,
+        histogram=r.spec_correct_drafts_histogram,
+        ttft_ms=1e3 * r.ttft_s if r.ttft_s is not None else None,
+        output_sha256=r.output_sha256,
+    )
 
 
 def run(
     b: BenchmarkConfig, prompts_path: Path, client: Client, launch: int, out: Path, name: str, quiet: bool
-) -> list[dict]:
+) -> list[Request]:
     """After the timed runs (outside their windows, so their numbers cannot change): one greedy request
     per prompt of benchmark.request_prompts (``prompts_path``, resolved) -> its entries (returned), the
     output ids -> ``out/name``."""

@@ -12,8 +12,15 @@ from pathlib import Path
 from spec_decode.analysis import blocks
 from spec_decode.analysis.acceptance import rates_from_metrics
 from spec_decode.analysis.sections import PHASE_METRICS
-from spec_decode.record.results import Check, EngineInfo, JobRecord, categories_from, lossless_from, section
-from spec_decode.record.sections import Speedup, acceptance_from, latency_from, summary_from
+from spec_decode.record.results import Check, EngineInfo, JobRecord, section
+from spec_decode.record.sections import (
+    Speedup,
+    acceptance_from,
+    categories_from,
+    latency_from,
+    lossless_from,
+    summary_from,
+)
 
 SUMMARY = ("mean", "std", "n", "ci95_lo", "ci95_hi", "cv", "robust_cv")
 
@@ -67,8 +74,8 @@ def to_metrics(recs: list[JobRecord]) -> dict:
         if key in jobs:
             raise ValueError(f"two jobs share the metrics key {key!r} ({jobs[key]['out_dir']} and {r.out_dir})")
         jobs[key] = _entry(i, r)
-    git = recs[0].provenance.get("git", {}) if recs else {}
-    hosts = [r.provenance.get("host") for r in recs if r.provenance.get("host")]
+    git = (recs[0].provenance.git or {}) if recs else {}
+    hosts = [r.provenance.host for r in recs if r.provenance.host]
     out = {
         "jobs": jobs,
         "git_commit": git.get("commit"),

@@ -91,7 +91,7 @@ def param_value(v) -> str:
 
 def tags_of(rec: JobRecord) -> dict[str, str]:
     prov = rec.provenance
-    git = prov.get("git", {})
+    git = prov.git or {}
     tags = {
         "git.commit": str(git.get("commit")),
         "git.dirty": str(git.get("dirty")),
@@ -102,13 +102,13 @@ def tags_of(rec: JobRecord) -> dict[str, str]:
         "status_detail": rec.status + (f": {rec.error[:4000]}" if rec.error else ""),
         LOGGED_TAG: "true",
     }
-    for name, h in (prov.get("data") or {}).items():
+    for name, h in (prov.data or {}).items():
         tags[f"data.{name}.path"] = str(h.get("path"))
         tags[f"data.{name}.hash"] = str(h.get("dvc_md5") or h.get("sha256") or "missing")
         if h.get("dvc_md5"):
             tags[f"dvc.{name}.md5"] = h["dvc_md5"]
-    tags.update(prov.get("drafter_lineage") or {})  # drafter.training_run_id, drafter.data_md5, ...
-    fp = prov.get("host") or {}  # the host fingerprint (runner/machine.py); its load figures are metrics
+    tags.update(prov.drafter_lineage or {})  # drafter.training_run_id, drafter.data_md5, ...
+    fp = prov.host or {}  # the host fingerprint (runner/machine.py); its load figures are metrics
     tags.update(
         {
             "host.cpu": str(fp.get("cpu_model")),
@@ -152,7 +152,7 @@ def log_record(client, run_id: str, rec: JobRecord, out_dir: Path, plots: bool =
     hydra_cfg = out_dir / ".hydra" / "config.yaml"
     if hydra_cfg.exists():
         client.log_artifact(run_id, str(hydra_cfg), artifact_path="hydra")
-    lock = Path(rec.provenance.get("root", ".")) / "dvc.lock"
+    lock = Path(rec.provenance.root or ".") / "dvc.lock"
     if lock.exists():
         client.log_artifact(run_id, str(lock), artifact_path="dvc")
     if plots:

@@ -217,9 +217,7 @@ def sweep_summary(recs: list[JobRecord]) -> tuple[str, dict[str, list]]:
     rec = recommend.recommend(cells)
     if rec is not None:
         lines += ["", recommend.describe(rec)]
-    fps = {
-        json.dumps((r.provenance or {}).get("host"), sort_keys=True) for r in recs if (r.provenance or {}).get("host")
-    }
+    fps = {json.dumps(r.provenance.host, sort_keys=True) for r in recs if r.provenance.host}
     lines += [describe_host(json.loads(fp)) for fp in sorted(fps)]
     loads = [r.metrics["host_load1"] for r in recs if "host_load1" in r.metrics]
     if loads:

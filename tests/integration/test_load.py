@@ -15,6 +15,7 @@ import pytest
 
 from spec_decode.analysis.load import running_batch
 from spec_decode.parsers.decode_log import parse_lines
+from spec_decode.record.measured import Launch
 from spec_decode.record.results import EngineInfo, JobRecord
 from spec_decode.runner import load
 from spec_decode.runner.client import Client
@@ -47,7 +48,7 @@ def runner(server, *overrides: str) -> tuple[load.LoadRunner, JobRecord]:
         config_hash="",
         engine=EngineInfo("embedded"),
         speculative=True,
-        launches=[{"launch": 0}],
+        launches=[Launch(launch=0, port=0, pid=0, server_start_s=None)],  # the load runs go to it
     )
     return load.LoadRunner(cfg.benchmark, ROOT, Client(server.base_url, 60), rec, load.SELF, server.log_path), rec
 
@@ -57,8 +58,8 @@ def test_closed_loop_keeps_exactly_n_requests_in_flight_by_the_engines_count(ser
     run, rec = runner(server, f"benchmark.concurrency={n}", f"benchmark.load_requests={3 * n}")
     run.reference(0)
     agg = run(0, 0)
-    entry = rec.launches[0]["load_runs"][0]
-    lo, hi = entry["log_window"]
+    entry = rec.launches[0].load_runs[0]
+    lo, hi = entry.log_window
     with open(server.log_path, "rb") as f:
         f.seek(lo)
         lines = parse_lines(f.read(hi - lo).decode().splitlines())
@@ -70,13 +71,11 @@ def test_closed_loop_keeps_exactly_n_requests_in_flight_by_the_engines_count(ser
     assert seen["in_flight_max"] == n, seen
     assert seen["in_flight_median"] == n, seen
     assert seen["at_concurrency_share"] >= 0.5, seen
-    assert entry["requests"] == 3 * n and agg.completion_tokens == sum(
-        e["completion_tokens"] for e in entry["request_entries"]
-    )
-    assert agg.throughput_tok_s == pytest.approx(agg.completion_tokens / entry["wall_s"])
+    assert entry.requests == 3 * n and agg.completion_tokens == sum(e.completion_tokens for e in entry.request_entries)
+    assert agg.throughput_tok_s == pytest.approx(agg.completion_tokens / entry.wall_s)
     # every request returned its prompt's batch-1 tokens, and each prompt of the varied-length set was used
-    assert all(e["equals_reference"] is True for e in entry["request_entries"]), entry["request_entries"]
-    assert sorted({e["prompt_index"] for e in entry["request_entries"]}) == list(range(min(3 * n, 16)))
+    assert all(e.equals_reference is True for e in entry.request_entries), entry.request_entries
+    assert sorted({e.prompt_index for e in entry.request_entries}) == list(range(min(3 * n, 16)))
 
 
 def test_poisson_arrivals_have_the_asked_rate():
@@ -109,8 +108,8 @@ def test_open_loop_sends_at_the_arrival_times(server):
         "benchmark.max_new_tokens=8",
     )
     run(0, 3)
-    entries = rec.launches[0]["load_runs"][0]["request_entries"]
+    entries = rec.launches[0].load_runs[0].request_entries
     want = load.poisson_arrivals(8.0, 20, load.run_seed(0, 0, 3))
-    assert [e["scheduled_s"] for e in entries] == [round(w, 5) for w in want]
-    late = [e["sent_s"] - e["scheduled_s"] for e in entries]
+    assert [e.scheduled_s for e in entries] == [round(w, 5) for w in want]
+    late = [e.sent_s - e.scheduled_s for e in entries]
     assert min(late) >= 0 and sorted(late)[len(late) // 2] < 0.05, late  # sent when due, not in a burst

@@ -29,11 +29,11 @@ def test_a_job_under_load_has_its_speedup_at_its_own_concurrency(tmp_path):
     assert rec.status == "FINISHED" and not (tmp_path / "baseline").exists()
     assert rec.config["benchmark"]["concurrency"] == 2
     assert rec.speedup_vs_baseline.method == "paired" and rec.metrics["speedup_vs_baseline"] > 0
-    arms = [x["arm"] for x in rec.launches[0]["load_runs"]]
+    arms = [x.arm for x in rec.launches[0].load_runs]
     assert arms.count(load.SELF) == arms.count(load.PAIRED) == 2  # both arms of each pair under the same load
     assert rec.metrics["concurrency"] == 2 and rec.metrics["running_req_max"] == 2
     # the aggregate tok/s of each run is what the protocol's throughput and speedup read
-    mine = [x["aggregate_tok_s"] for x in rec.launches[0]["load_runs"] if x["arm"] == load.SELF]
+    mine = [x.aggregate_tok_s for x in rec.launches[0].load_runs if x.arm == load.SELF]
     assert [r.throughput_tok_s for r in rec.runs] == pytest.approx(mine)
     assert rec.lossless.verdict == "pass" and rec.lossless.requests == 2 * 4
     assert "lossless_vs_baseline" in [c.name for c in rec.checks if c.ok]
@@ -63,12 +63,12 @@ def test_the_profiled_pass_under_load_profiles_the_batches_the_timed_runs_ran(tm
     assert all(r.rid for r in rec.profiled_requests)
     assert len({r.rid for r in rec.profiled_requests}) == 16
     # the timed runs' load figures hold the timed runs only
-    assert len([x for x in rec.launches[0]["load_runs"] if x["arm"] == load.SELF]) == 2
+    assert len([x for x in rec.launches[0].load_runs if x.arm == load.SELF]) == 2
     prof = rec.profile
     assert prof.batch_size_mean > 1.5, prof.batch_size_mean  # batches, as in the timed runs
     assert prof.complete and prof.cycles == sum(r.spec_verify_ct for r in rec.profiled_requests)
     assert prof.extra_cycles >= 1  # the overlap loop's in-flight cycles, reported apart
-    assert rec.profile_pass["pairs"] == 2 and len(rec.profile_pass["dormant_tok_s"]) == 2
+    assert rec.profile_pass.pairs == 2 and len(rec.profile_pass.dormant_tok_s) == 2
     failed = [c for c in rec.checks if c.ok is False]
     assert not failed, failed
     assert results.read(tmp_path).profiled_requests[0].rid == rec.profiled_requests[0].rid  # survives a re-read

@@ -202,7 +202,7 @@ def test_block_design_spreads_each_cell_over_the_sweep_and_folds_its_blocks(tmp_
     # each block's baseline is the paired server beside its spec server (the default): no baseline jobs
     assert [r for r in recs if not r.speculative] == [] and all(r.baseline_runs for r in spec)
     metrics = to_metrics(recs)
-    assert metrics["host"] == recs[0].provenance["host"] and metrics["host"]["cpu_model"]  # metrics.json names the host
+    assert metrics["host"] == recs[0].provenance.host and metrics["host"]["cpu_model"]  # metrics.json names the host
     assert all("host_load1" in e for e in metrics["jobs"].values())
     assert metrics["interval"].startswith("2 blocks spread over the sweep") and set(metrics["cells"]) == {CELL}
     cell = metrics["cells"][CELL]

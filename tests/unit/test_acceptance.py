@@ -5,6 +5,7 @@ import pytest
 
 from spec_decode.analysis import acceptance
 from spec_decode.analysis.costmodel import Point, chain_accept_len, fit, fitted_rate, rates_vs_fit
+from spec_decode.record.measured import Request
 from spec_decode.runner.client import RunRecord
 
 pytestmark = pytest.mark.unit
@@ -40,7 +41,7 @@ def test_rate_at_each_position_is_conditional_on_reaching_it():
 
 
 def test_request_lengths_weighted_by_verifies_and_unweighted():
-    reqs = [{"completion_tokens": 100, "verify_ct": 50}, {"completion_tokens": 10, "verify_ct": 2}]
+    reqs = [acceptance.Counted(100, 50, None), acceptance.Counted(10, 2, None)]
     weighted, unweighted = acceptance.request_lengths(reqs)
     assert weighted == pytest.approx(110 / 52)  # each verify counts once: the long request dominates
     assert unweighted == pytest.approx((2.0 + 5.0) / 2)  # each request counts once
@@ -78,12 +79,14 @@ def test_meta_info_histograms_when_the_profile_cannot_say():
     assert bare.histogram is None and bare.per_position is None and bare.accept_len_weighted == 7 / 3
 
 
+def request(index: int, tokens: int, verify: int, hist: list[int]) -> Request:
+    """A request pass's entry (``runner.request_pass.entry``) with these counters."""
+    return Request(index, "qa", tokens, 1.0, float(tokens), tokens / verify, verify, None, hist, None, None)
+
+
 def test_request_pass_entries_are_the_requests_when_present():
     runs = [run(0, 100, 50), run(1, 100, 50)]
-    passed = [
-        {"prompt_index": 0, "completion_tokens": 90, "verify_ct": 30, "histogram": [0, 0, 30]},
-        {"prompt_index": 1, "completion_tokens": 60, "verify_ct": 60, "histogram": [60, 0, 0]},
-    ]
+    passed = [request(0, 90, 30, [0, 0, 30]), request(1, 60, 60, [60, 0, 0])]
     acc = acceptance.summarize(2, runs, None, passed)
     assert acc.requests_from == "request pass" and len(acc.per_request) == 2
     assert acc.accept_len_unweighted == pytest.approx((3.0 + 1.0) / 2)

@@ -6,6 +6,7 @@ import dataclasses
 import pytest
 
 from spec_decode.analysis import drift
+from spec_decode.record.provenance import Provenance
 
 pytestmark = pytest.mark.unit
 
@@ -123,7 +124,7 @@ def test_identity_leaves_engine_version_weights_and_nccl_to_the_findings():
     assert ident["benchmark.concurrency"] == 8
     assert "engine.startup_timeout_s" not in ident and "benchmark.runs" not in ident  # no effect on speed
     assert drift.data_hashes_of(
-        {"data": {"target": {"dvc_md5": "m1"}, "prompts": {"sha256": "s1"}, "x": {"missing": True}}}
+        Provenance(data={"target": {"dvc_md5": "m1"}, "prompts": {"sha256": "s1"}, "x": {"missing": True}})
     ) == {"target": "m1", "prompts": "s1", "x": "missing"}
 
 

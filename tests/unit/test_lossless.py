@@ -13,8 +13,8 @@ from spec_decode.core.prompts import Prompt, load_prompt_set
 from spec_decode.engines.engine import named
 from spec_decode.record import results
 from spec_decode.record.outputs import write as write_outputs
-from spec_decode.record.results import Category, JobRecord
-from spec_decode.record.sections import Summary
+from spec_decode.record.results import JobRecord
+from spec_decode.record.sections import Category, Summary
 from spec_decode.runner import request_pass
 from spec_decode.runner.client import RunRecord
 
@@ -120,7 +120,7 @@ def test_request_pass_outputs_compared_by_prompt_index(tmp_path):
     finish(tmp_path, rec, cfg, baseline(tmp_path, outputs={0: GOOD[:20], 1: GOOD[20:40], 3: GOOD[:20]}))
     assert rec.lossless.first_divergence == {"3": 5}
     assert (rec.lossless.requests, rec.lossless.matched) == (4, 3)  # 1 timed run + 3 requests
-    assert rec.requests[2]["output_sha256"] != rec.requests[0]["output_sha256"]
+    assert rec.requests[2].output_sha256 != rec.requests[0].output_sha256
 
 
 @pytest.mark.parametrize("why", ["forced", "no_baseline", "no_ids", "baseline_role"])

@@ -2,6 +2,7 @@
 over blocks (the interval from block-level values), the compare verdict, the host fingerprint and load
 window. Records carry real runs and the aggregates analysis.finish computes from them."""
 
+import dataclasses
 import math
 import statistics
 
@@ -333,7 +334,7 @@ def test_cpu_facts_and_the_load_window():
     a = {"t": 10.0, "cpu": [0] * 8, "loadavg": [4.0, 3.0, 2.0]}
     b = {"t": 12.5, "cpu": [500, 0, 0, 200, 100, 0, 0, 200], "loadavg": [6.0, 3.5, 2.1]}
     w = machine.window(a, b)
-    assert w == {
+    assert w.as_dict() == {
         "s": 2.5,
         "load1_start": 4.0,
         "load1_end": 6.0,
@@ -341,7 +342,7 @@ def test_cpu_facts_and_the_load_window():
         "steal_pct": 20.0,
         "iowait_pct": 10.0,
     }
-    m = host.metrics_of([w, {**w, "s": 7.5, "steal_pct": 0.0, "load1_start": 8.0, "load1_end": 8.0}])
+    m = host.metrics_of([w, dataclasses.replace(w, s=7.5, steal_pct=0.0, load1_start=8.0, load1_end=8.0)])
     assert m == {"host_load1": 6.5, "host_load1_max": 8.0, "host_steal_pct": 5.0, "host_busy_pct": 70.0}
     live = machine.fingerprint()
     assert live["logical_cores"] >= 1 and live["cpu_model"] and "host:" in host.describe(live)

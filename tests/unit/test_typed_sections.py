@@ -9,19 +9,32 @@ import pytest
 
 from spec_decode import bench
 from spec_decode.analysis import blocks, sections
+from spec_decode.analysis import load as analysis_load
+from spec_decode.core.config import BenchmarkConfig
+from spec_decode.core.prompts import Prompt
 from spec_decode.parsers import profile
 from spec_decode.record import results
-from spec_decode.record.results import BaselineRef, Category, EngineInfo, JobRecord, Lossless
+from spec_decode.record.measured import HostWindow, Launch, LoadRequest, LoadRun, ProfilePass, Request
+from spec_decode.record.provenance import Provenance
+from spec_decode.record.results import BaselineRef, EngineInfo, JobRecord
 from spec_decode.record.runs import RunRecord
 from spec_decode.record.sections import (
     Acceptance,
+    Category,
+    DecodeLog,
     Distribution,
     Latency,
+    Lossless,
     Profile,
     Speedup,
     Summary,
     VarianceComponents,
+    categories_from,
+    lossless_from,
 )
+from spec_decode.record.typed import ABSENT
+from spec_decode.runner import load, machine, request_pass
+from spec_decode.runner import provenance as runner_provenance
 from spec_decode.views.metrics_json import records_from_metrics, to_metrics
 
 pytestmark = pytest.mark.unit
@@ -35,7 +48,7 @@ CATEGORIES = {
 
 def test_categories_are_typed_and_results_json_is_rewritten_byte_for_byte(tmp_path):
     rec = JobRecord("spec", "spec.steps=2", "x", {"spec": {"steps": 2}}, "h", EngineInfo("embedded"), True)
-    rec.categories = results.categories_from(CATEGORIES)
+    rec.categories = categories_from(CATEGORIES)
     assert rec.categories["code"] == Category(4, 3.1, 410.0) and rec.categories["chat"].accept_len is None
     path = results.write(tmp_path, rec)
     first = path.read_text()
@@ -75,7 +88,7 @@ LOSSLESS = {  # the load guard's verdict: the one with ``what``
 def test_lossless_is_typed_and_results_json_is_rewritten_byte_for_byte(tmp_path, what):
     data = dict(LOSSLESS) if what else {k: v for k, v in LOSSLESS.items() if k != "what"}
     rec = JobRecord("spec", "spec.steps=2", "x", {"spec": {"steps": 2}}, "h", EngineInfo("embedded"), True)
-    rec.lossless = results.lossless_from(data)
+    rec.lossless = lossless_from(data)
     assert isinstance(rec.lossless, Lossless) and rec.lossless.first_divergence == {"load:3": 17}
     path = results.write(tmp_path, rec)
     first = path.read_text()
@@ -310,3 +323,151 @@ def test_the_drafter_bench_reads_a_job_s_tok_s_from_the_typed_record(tmp_path):
         **{f"throughput_tok_s_{k}": round(getattr(t, k), 3) for k in ("ci95_lo", "ci95_hi", "std", "n")},
         "accept_len": 2.5,
     }
+
+
+# ---- the measured sections (record.measured, record.provenance, record.sections.DecodeLog) -------------
+LAUNCH_KEYS = ["launch", "port", "pid", "server_start_s", "server_nice", "baseline_port", "baseline_pid"]
+LAUNCH_KEYS += ["baseline_server_start_s", "pairing", "baseline_server_nice", "warmup_s", "load_reference"]
+LAUNCH_KEYS += ["load_runs", "pairs", "host"]
+LOAD_RUN_KEYS = ["arm", "run", "log_window", "requests", "completion_tokens", "wall_s", "aggregate_tok_s"]
+LOAD_RUN_KEYS += ["request_tok_s", "accept_len_per_request", "latency", "request_entries", "running"]
+LOAD_REQUEST_KEYS = ["i", "prompt_index", "sent_s", "scheduled_s", "wall_s", "completion_tokens", "prompt_tokens"]
+LOAD_REQUEST_KEYS += ["spec_verify_ct", "tok_s", "accept_len", "ttft_s", "output_sha256", "equals_reference"]
+REQUEST_KEYS = ["prompt_index", "category", "completion_tokens", "wall_s", "throughput_tok_s", "accept_len"]
+REQUEST_KEYS += ["verify_ct", "correct_drafts", "histogram", "ttft_ms", "output_sha256"]
+PROVENANCE_KEYS = ["root", "git", "packages", "machine", "gpu", "host", "data", "drafter_lineage", "nccl"]
+DECODE_LOG_KEYS = ["lines", "used_lines", "gen_throughput_tok_s_median", "accept_len_median"]
+DECODE_LOG_KEYS += ["accept_rate_median", "graph", "notes"]
+DECODE_LINE = "[2025-01-01 00:00:0{}] Decode batch. #running-req: 2, #queue-req: 0, accept len: 2.5, cuda graph: True"
+
+
+def load_run(arm: str, run_: int, diverged: bool = False) -> LoadRun:
+    """A timed run under load as ``runner.load.LoadRunner`` records it (its figures: ``analysis.load``)."""
+    reqs = [run(i, 300.0 + i) for i in range(2)]
+    entries = [
+        LoadRequest(i, i, 0.01 * i, None, r.wall_s, r.completion_tokens, 8, r.spec_verify_ct, 300.0, 2.5, None,
+                    r.output_sha256, not diverged or i == 0, [1, 2] if diverged and i else ABSENT)
+        for i, r in enumerate(reqs)
+    ]  # fmt: skip
+    return LoadRun(arm, run_, [0, 10**6], **analysis_load.run_figures(reqs, 1.0), request_entries=entries)
+
+
+def measured(tmp_path: Path) -> JobRecord:
+    """A spec job's record with every measured section filled by the functions the job calls."""
+    rec = derived(tmp_path)
+    a, b = {"t": 1.0, "cpu": [0] * 8, "loadavg": []}, {"t": 2.0, "cpu": [5, 0, 0, 3, 1, 0, 0, 1], "loadavg": [1.0]}
+    paired = Launch(0, 30001, 41, 12.5, -5, 30002, 42, 12.75, "interleaved", -5, 0.5)
+    paired.load_reference = {load.SELF: {"0": [5, 6], "1": [5, 6]}, load.PAIRED: {"0": [5, 6], "1": [5, 6]}}
+    paired.load_runs = [load_run(load.SELF, 0, diverged=True), load_run(load.PAIRED, 0)]
+    paired.pairs, paired.host = [{"pair": 0, "order": "AB"}], machine.window(a, b)
+    alone = Launch(1, 30003, 43, None, host=machine.window(a, a))  # no pairing, no warmup, no load
+    rec.launches = [paired, alone]
+    prompts = [Prompt(i, f"p{i}", c) for i, c in enumerate(("code", "qa"))]
+    rec.requests = [request_pass.entry(p, run(i, 200.0, stream=i == 0)) for i, p in enumerate(prompts)]
+    rec.profile_pass = ProfilePass(2, "ABBA: (on, dormant), (dormant, on), ...", 1, [401.0, 399.0])
+    rec.profiled_runs = [run(i, 390.0 + i) for i in range(2)]
+    rec.provenance = runner_provenance.collect(ROOT, {"prompts": "data/prompts.txt", "drafter": None})
+    rec.provenance.drafter_lineage = {"drafter.training_run_id": "r1"}
+    for sec in (
+        sections.profiler_cost(rec.profile_pass, rec.profiled_runs, rec.runs),
+        sections.nccl_section({"backend": "gloo", "sizes": {}}, rec.provenance),
+        sections.decode_log_summary([DECODE_LINE.format(k) for k in range(3)]),
+    ):
+        vars(rec).update(sec.fields)
+    log = tmp_path / "server.log"
+    log.write_text("\n".join(DECODE_LINE.format(k) for k in range(3)) + "\n")
+    vars(rec)[analysis_load._MEMORY] = {load.SELF: [[run(i, 300.0) for i in range(2)]], load.PAIRED: []}
+    analysis_load.finish(rec, BenchmarkConfig(concurrency=2), None, log, log, exact=True)  # each run's running
+    return rec
+
+
+def test_the_measured_sections_are_typed_and_keep_their_keys_and_bytes(tmp_path):
+    rec = measured(tmp_path)
+    assert isinstance(rec.launches[0].host, HostWindow) and isinstance(rec.requests[0], Request)
+    assert isinstance(rec.provenance, Provenance) and isinstance(rec.decode_log, DecodeLog)
+    first, back, second = rewritten(tmp_path, rec)
+    assert second == first
+    for name in ("launches", "requests", "profile_pass", "provenance", "decode_log"):
+        assert getattr(back, name) == getattr(rec, name), name
+    d = json.loads(first)
+    assert list(d["launches"][0]) == LAUNCH_KEYS and list(d["launches"][1]) == ["launch", "port", "pid"] + [
+        "server_start_s", "host"
+    ]  # fmt: skip
+    assert d["launches"][1]["server_start_s"] is None and d["launches"][1]["host"] == {
+        "s": 0.0, "load1_start": None, "load1_end": None
+    }  # fmt: skip
+    assert list(d["launches"][0]["host"]) == ["s", "load1_start", "load1_end", "busy_pct", "steal_pct", "iowait_pct"]
+    runs_ = d["launches"][0]["load_runs"]
+    assert list(runs_[0]) == LOAD_RUN_KEYS and runs_[0]["running"]["lines"] == 3
+    assert list(runs_[0]["request_entries"][1]) == [*LOAD_REQUEST_KEYS, "output_ids"]  # the one that diverged
+    assert list(runs_[0]["request_entries"][0]) == LOAD_REQUEST_KEYS
+    assert [list(e) for e in d["requests"]] == [REQUEST_KEYS] * 2 and d["requests"][1]["ttft_ms"] is None
+    assert list(d["profile_pass"]) == ["pairs", "order", "launch", "dormant_tok_s", "effect"]
+    assert d["profile_pass"]["effect"]["pairs"] == 2
+    assert list(d["provenance"]) == PROVENANCE_KEYS and d["provenance"]["nccl"]["backend"] == "gloo"
+    assert list(d["decode_log"]) == DECODE_LOG_KEYS and d["decode_log"]["accept_rate_median"] is None
+
+
+def test_the_measured_sections_keep_absent_apart_from_null(tmp_path):
+    """The profiled pass before its effect is added (no key), and with none measured (null); provenance
+    keys a record lacks (a schema-1 record: its git only) or collected as None; decode_log's too."""
+    rec = measured(tmp_path)
+    rec.profile_pass = ProfilePass(0, "ABBA", 0, [])
+    assert "effect" not in rec.profile_pass.as_dict()
+    vars(rec).update(sections.profiler_cost(rec.profile_pass, [], rec.runs).fields)
+    assert rec.profile_pass.effect is None and rec.profile_pass.as_dict()["effect"] is None
+    rec.provenance = Provenance(git={"commit": "c"}, gpu=None)
+    rec.decode_log = DecodeLog(lines=3)
+    first, back, second = rewritten(tmp_path, rec)
+    d = json.loads(first)
+    assert second == first and back.profile_pass.effect is None and "effect" in d["profile_pass"]
+    assert d["provenance"] == {"git": {"commit": "c"}, "gpu": None} and back.provenance.root is ABSENT
+    assert d["decode_log"] == {"lines": 3} and back.decode_log == rec.decode_log
+    without = JobRecord.from_dict({**d, "profile_pass": {k: v for k, v in d["profile_pass"].items() if k != "effect"}})
+    assert without.profile_pass.effect is ABSENT and "effect" not in without.to_dict()["profile_pass"]
+    empty = JobRecord("spec", "x", "x", {}, "h", EngineInfo("embedded"), True)  # a refused job's record
+    assert [empty.to_dict()[k] for k in ("launches", "requests", "profile_pass", "provenance", "decode_log")] == [
+        [], [], None, {}, None
+    ]  # fmt: skip
+
+
+PLANTS = {
+    "launches": lambda r: setattr(r, "launches", [r.launches[0].as_dict()]),
+    "launches[].host": lambda r: setattr(r.launches[0], "host", r.launches[0].host.as_dict()),
+    "launches[].load_runs[]": lambda r: r.launches[0].load_runs.append(r.launches[0].load_runs[0].as_dict()),
+    "request_entries[]": lambda r: r.launches[0].load_runs[0].request_entries.append({"i": 9}),
+    "requests": lambda r: setattr(r, "requests", [r.requests[0].as_dict()]),
+    "profile_pass": lambda r: setattr(r, "profile_pass", r.profile_pass.as_dict()),
+    "provenance": lambda r: setattr(r, "provenance", r.provenance.as_dict()),
+    "decode_log": lambda r: setattr(r, "decode_log", r.decode_log.as_dict()),
+}
+
+
+@pytest.mark.parametrize("where", PLANTS)
+def test_a_measured_section_of_another_type_is_refused_at_the_write(tmp_path, where):
+    rec = measured(tmp_path)
+    PLANTS[where](rec)
+    with pytest.raises(TypeError, match=re.escape(where.split("[]")[0])):
+        results.write(tmp_path / "planted", rec)
+
+
+@pytest.mark.parametrize(
+    "name, bad",
+    [
+        ("launches", lambda d: {"0": d}),  # not a list
+        ("launches", lambda d: [{k: v for k, v in d[0].items() if k != "pid"}]),  # without its pid
+        ("launches", lambda d: [{**d[0], "host": [1.0, 2.0]}]),
+        ("launches", lambda d: [{**d[0], "load_runs": [{"arm": "self"}]}]),  # a run without its figures
+        ("requests", lambda d: [{k: v for k, v in d[0].items() if k != "verify_ct"}]),
+        ("requests", lambda d: "12 requests"),
+        ("profile_pass", lambda d: [d]),
+        ("profile_pass", lambda d: {"pairs": 2}),  # without its order, launch and dormant runs
+        ("provenance", lambda d: ["git"]),
+        ("decode_log", lambda d: "3 lines"),
+    ],
+)
+def test_a_results_json_with_a_misshapen_measured_section_does_not_read(tmp_path, name, bad):
+    d = json.loads(json.dumps(measured(tmp_path).to_dict()))
+    with pytest.raises(TypeError):
+        JobRecord.from_dict({**d, name: bad(d[name])})
+    assert JobRecord.from_dict(d).to_dict() == d
