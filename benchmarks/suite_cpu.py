@@ -32,27 +32,33 @@ PR_SET_CHILD_SUBREAPER = 36
 # a child whose own cmdline says nothing more (GENERIC) takes its parent's kind when it is one of these
 # (mlflow's workers, Chromium's renderers); a spawn child of an embedded front is its rank
 GENERIC = {"other python", "other", "mp spawn"}
-INHERITED = {"mlflow", "dvc", "chromium", "sglang (contract)", "pip"}
+INHERITED = {"mlflow", "dvc", "chromium", "sglang (contract)", "pip", "model build"}
+FRONTS = {"embedded front", "test launcher (front)"}
 
 
 def kind_of(argv: list[str], parent_kind: str | None, is_top: bool) -> str:
-    """The process kind of one cmdline (see the module docstring of the table)."""
+    """The process kind of one cmdline (the rows of the table)."""
     if is_top:
         return "pytest (main)" if any("pytest" in a for a in argv) else "top"
     line = " ".join(argv)
     exe = Path(argv[0]).name if argv else ""
-    words = {Path(a).name for a in argv[:3]}
-    if "spec_decode.engines.embedded" in line:
+    words = [Path(a).name for a in argv[:3]]
+    module = argv[argv.index("-m") + 1] if "-m" in argv[:-1] else ""
+    if module == "spec_decode.engines.embedded":
         own = "embedded front"
-    elif "exec(eval(sys.stdin.readline()))" in line or "execnet" in line:
+    elif module.startswith("spec_decode.engines.embedded."):
+        own = "model build"
+    elif {"fault_server.py", "rank_launcher.py"} & set(words):
+        own = "test launcher (front)"
+    elif "exec(eval(sys.stdin.readline()))" in line:
         own = "pytest (xdist worker)"
     elif "run.py" in words:
         own = "run.py"
     elif "multiprocessing.resource_tracker" in line:
         own = "mp resource tracker"
-    elif "multiprocessing.spawn" in line or "multiprocessing-fork" in line:
+    elif "multiprocessing.spawn" in line:
         own = "mp spawn"
-    elif "mlflow" in words or "mlflow" in line.split(" -m ")[-1][:12] or "gunicorn" in line or "uvicorn" in line:
+    elif "mlflow" in words or module.startswith("mlflow") or "gunicorn" in line or "uvicorn" in line:
         own = "mlflow"
     elif "dvc" in words:
         own = "dvc"
@@ -60,17 +66,19 @@ def kind_of(argv: list[str], parent_kind: str | None, is_top: bool) -> str:
         own = "git"
     elif "sglang" in line:
         own = "sglang (contract)"
-    elif "pip" in words or " -m pip" in line:
+    elif "pip" in words or module == "pip":
         own = "pip"
     elif "chrom" in exe or "headless_shell" in exe or "playwright" in line:
         own = "chromium"
-    elif "pytest" in line:
+    elif "pytest" in words or module == "pytest":
         own = "pytest (nested)"
+    elif module.startswith("spec_decode."):
+        own = "spec_decode -m (other)"
     elif exe.startswith("python"):
         own = "other python"
     else:
         own = "other"
-    if own == "mp spawn" and parent_kind == "embedded front":
+    if own == "mp spawn" and parent_kind in FRONTS:
         return "embedded rank"
     if own in GENERIC and parent_kind in INHERITED:
         return parent_kind
@@ -143,11 +151,14 @@ class Sampler:
             rec["ppid"] = ppid
         return [self.current[pid] for pid in seen]
 
-    def classify(self) -> None:
-        for key in sorted(self.procs, key=lambda k: (self.procs[k]["start"], k[0])):
-            rec = self.procs[key]
-            parent = self.procs.get(rec["parent"]) if rec["parent"] else None
-            rec["kind"] = kind_of(rec["argv"], parent and parent.get("kind"), key == self.top)
+    @staticmethod
+    def classify_all(records: list[dict], top: tuple[int, int] | None) -> None:
+        """Each record's kind, parents first (a child may take its parent's)."""
+        procs = {(r["pid"], r["start"]): r for r in records}
+        for key in sorted(procs, key=lambda k: (procs[k]["start"], k[0])):
+            rec = procs[key]
+            parent = procs.get(tuple(rec["parent"])) if rec["parent"] else None
+            rec["kind"] = kind_of(rec["argv"], parent and parent.get("kind"), key == top)
 
 
 def reap(top_pid: int) -> int | None:
@@ -175,12 +186,19 @@ def busy_ticks() -> tuple[int, int]:
     return sum(f) - f[3] - f[4], sum(f)
 
 
-def run(cmd: list[str], interval: float, grace: float = 5.0) -> dict:
+def run(cmd: list[str], interval: float, grace: float = 5.0, testlog: Path | None = None) -> dict:
     libc = ctypes.CDLL(None, use_errno=True)
     libc.prctl(PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0)
     s = Sampler()
     t0, busy0, load0 = time.monotonic(), busy_ticks(), loadavg()
-    proc = subprocess.Popen(cmd)
+    env = None
+    if testlog:  # each test's start and end, from the plugin in every pytest process (workers included)
+        testlog.unlink(missing_ok=True)
+        here = str(Path(__file__).resolve().parent)
+        env = {**os.environ, "SUITE_CPU_TESTLOG": str(testlog)}
+        env["PYTHONPATH"] = os.pathsep.join(filter(None, [os.environ.get("PYTHONPATH"), here]))
+        cmd = [*cmd, "-p", "suite_cpu_tests"]
+    proc = subprocess.Popen(cmd, env=env)
     status = t_end = None
     loads = []
     while True:
@@ -198,7 +216,7 @@ def run(cmd: list[str], interval: float, grace: float = 5.0) -> dict:
         time.sleep(interval)
     wall = t_end - t0
     busy1 = busy_ticks()
-    s.classify()
+    Sampler.classify_all(list(s.procs.values()), s.top)
     kernel = resource.getrusage(resource.RUSAGE_CHILDREN)
     left = [s.procs[k]["argv"] for k in s.poll()]
     return {
@@ -206,6 +224,7 @@ def run(cmd: list[str], interval: float, grace: float = 5.0) -> dict:
         "exit": status,
         "wall_s": wall,
         "interval_s": interval,
+        "top": s.top,
         "polls": s.polls,
         "kernel_children_cpu_s": kernel.ru_utime + kernel.ru_stime,
         "sampler_cpu_s": sum(os.times()[:2]),
@@ -215,6 +234,7 @@ def run(cmd: list[str], interval: float, grace: float = 5.0) -> dict:
         "loads_every_30s": loads,
         "still_running_at_end": left,
         "processes": list(s.procs.values()),
+        "tests": [json.loads(line) for line in testlog.read_text().splitlines()] if testlog else [],
     }
 
 
@@ -246,8 +266,40 @@ def tables(res: dict, top_n: int = 15) -> str:
     ]
     for line, (cpu, n, kind) in sorted(by_line.items(), key=lambda kv: -kv[1][0])[:top_n]:
         out.append(f"{cpu:>8.1f} {n:>6}  {kind:<22} {line}")
+    if res.get("tests"):
+        out += ["", per_test(res, top_n)]
     if res["still_running_at_end"]:
         out.append(f"still running at the end: {len(res['still_running_at_end'])} processes")
+    return "\n".join(out)
+
+
+def per_test(res: dict, top_n: int) -> str:
+    """CPU of the processes each test started (with their descendants), by the test running on their
+    pytest process when they started; the pytest processes' own CPU is not split."""
+    spans = defaultdict(list)  # pytest pid -> [(t0, t1, nodeid)]
+    open_ = {}
+    for e in res["tests"]:
+        if "start" in e:
+            open_[(e["pid"], e["start"])] = e["t"]
+        elif (e["pid"], e["end"]) in open_:
+            spans[e["pid"]].append((open_.pop((e["pid"], e["end"])), e["t"], e["end"]))
+    procs = {(p["pid"], p["start"]): p for p in res["processes"]}
+    cpu = defaultdict(float)
+    n = defaultdict(int)
+    for p in procs.values():
+        q = p
+        while q and q["pid"] not in spans:  # up to the pytest process that started it
+            q = procs.get(tuple(q["parent"])) if q["parent"] else None
+        if q is None or q is p:
+            continue
+        t = p["start"] / TICK
+        test = next((nid for t0, t1, nid in spans[q["pid"]] if t0 <= t <= t1), "(between tests)")
+        cpu[test] += p["cpu_s"]
+        n[test] += 1
+    out = [f"top {top_n} tests by the CPU of the processes they started", f"{'CPU s':>8} {'procs':>6}  test"]
+    for test, c in sorted(cpu.items(), key=lambda kv: -kv[1])[:top_n]:
+        out.append(f"{c:>8.1f} {n[test]:>6}  {test}")
+    out.append(f"{sum(cpu.values()):>8.1f} {sum(n.values()):>6}  (all tests)")
     return "\n".join(out)
 
 
@@ -256,12 +308,27 @@ def main() -> int:
     ap.add_argument("--json", type=Path, help="write every process's record and the totals here")
     ap.add_argument("--interval", type=float, default=0.2, help="seconds between polls of /proc")
     ap.add_argument("--top", type=int, default=15, help="how many command lines to list")
+    ap.add_argument(
+        "--tests",
+        type=Path,
+        metavar="LOG",
+        help="a pytest command: log each test's span here "
+        "(plugin suite_cpu_tests) and give each test the CPU of the processes it started",
+    )
+    ap.add_argument("--report", type=Path, metavar="JSON", help="print the tables of an earlier --json; run nothing")
     ap.add_argument("cmd", nargs=argparse.REMAINDER, help="-- COMMAND ...")
     a = ap.parse_args()
+    if a.report:
+        res = json.loads(a.report.read_text())
+        for p in res["processes"]:
+            p["parent"] = tuple(p["parent"]) if p["parent"] else None
+        Sampler.classify_all(res["processes"], tuple(res["top"]) if res.get("top") else None)
+        print(tables(res, a.top))
+        return 0
     cmd = a.cmd[1:] if a.cmd[:1] == ["--"] else a.cmd
     if not cmd:
         ap.error("no command (python benchmarks/suite_cpu.py -- COMMAND ...)")
-    res = run(cmd, a.interval)
+    res = run(cmd, a.interval, testlog=a.tests)
     print(tables(res, a.top), file=sys.stderr)
     if a.json:
         a.json.write_text(json.dumps(res, indent=1))
