@@ -33,6 +33,7 @@ PR_SET_CHILD_SUBREAPER = 36
 # (mlflow's workers, Chromium's renderers); a spawn child of an embedded front is its rank
 GENERIC = {"other python", "other", "mp spawn"}
 INHERITED = {"mlflow", "dvc", "chromium", "sglang (contract)", "pip", "model build"}
+PYTEST = re.compile(r"exec\(eval\(sys\.stdin|-m pytest")  # a pytest process: its own CPU is split by test
 FRONTS = {"embedded front", "test launcher (front)"}
 
 
@@ -113,7 +114,8 @@ def read_cmdline(pid: int) -> list[str] | None:
 
 
 class Sampler:
-    def __init__(self) -> None:
+    def __init__(self, timelines: bool = False) -> None:
+        self.timelines = timelines  # keep each pytest process's CPU over time (--tests)
         self.me = os.getpid()
         self.procs: dict[tuple[int, int], dict] = {}  # (pid, starttime) -> record
         self.current: dict[int, tuple[int, int]] = {}  # pid -> its latest key (pids are reused)
@@ -123,6 +125,7 @@ class Sampler:
     def poll(self) -> list[tuple[int, int]]:
         """One pass over /proc; the keys of the descendants alive (or not yet reaped) now."""
         self.polls += 1
+        now = time.clock_gettime(time.CLOCK_BOOTTIME)
         stats = {}
         for pid in os.listdir("/proc"):
             if pid.isdigit() and (s := read_stat(pid)) is not None:
@@ -146,6 +149,8 @@ class Sampler:
             argv = read_cmdline(pid)
             if argv:  # a zombie's is empty: keep the last one; a forked child's changes at exec
                 rec["argv"] = argv
+            if self.timelines and PYTEST.search(" ".join(rec["argv"])) and cpu > rec["cpu_s"]:
+                rec.setdefault("timeline", []).append((round(now, 2), cpu))  # to split its CPU by test
             rec["cpu_s"] = max(rec["cpu_s"], cpu)
             rec["children_cpu_s"] = ccpu
             rec["ppid"] = ppid
@@ -189,7 +194,7 @@ def busy_ticks() -> tuple[int, int]:
 def run(cmd: list[str], interval: float, grace: float = 5.0, testlog: Path | None = None) -> dict:
     libc = ctypes.CDLL(None, use_errno=True)
     libc.prctl(PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0)
-    s = Sampler()
+    s = Sampler(timelines=testlog is not None)
     t0, busy0, load0 = time.monotonic(), busy_ticks(), loadavg()
     env = None
     if testlog:  # each test's start and end, from the plugin in every pytest process (workers included)
@@ -273,6 +278,13 @@ def tables(res: dict, top_n: int = 15) -> str:
     return "\n".join(out)
 
 
+def running(spans: list[tuple[float, float, str]], t: float) -> str:
+    """The test that a pytest process ran at ``t``: the last to start by then (a process's start time has
+    0.01 s ticks; a test's teardown may outlive its span by a poll)."""
+    started = [s for s in spans if s[0] <= t + 0.05]
+    return max(started)[2] if started else "(before the first test)"
+
+
 def per_test(res: dict, top_n: int) -> str:
     """CPU of the processes each test started (with their descendants), by the test running on their
     pytest process when they started; the pytest processes' own CPU is not split."""
@@ -293,13 +305,25 @@ def per_test(res: dict, top_n: int) -> str:
         if q is None or q is p:
             continue
         t = p["start"] / TICK
-        test = next((nid for t0, t1, nid in spans[q["pid"]] if t0 <= t <= t1), "(between tests)")
+        test = running(spans[q["pid"]], t)
         cpu[test] += p["cpu_s"]
         n[test] += 1
-    out = [f"top {top_n} tests by the CPU of the processes they started", f"{'CPU s':>8} {'procs':>6}  test"]
+    own = defaultdict(float)  # the pytest processes' own CPU, each poll's increase to the test then running
+    for p in procs.values():
+        last = 0.0
+        for t, c in p.get("timeline", []):
+            test = running(spans.get(p["pid"], []), t)
+            own[test] += c - last
+            last = c
+    for test, c in own.items():
+        cpu[test] += c
+    out = [
+        f"top {top_n} tests by CPU: their pytest process's own (split by poll) and the processes they started",
+        f"{'CPU s':>8} {'own s':>7} {'procs':>6}  test",
+    ]
     for test, c in sorted(cpu.items(), key=lambda kv: -kv[1])[:top_n]:
-        out.append(f"{c:>8.1f} {n[test]:>6}  {test}")
-    out.append(f"{sum(cpu.values()):>8.1f} {sum(n.values()):>6}  (all tests)")
+        out.append(f"{c:>8.1f} {own[test]:>7.1f} {n[test]:>6}  {test}")
+    out.append(f"{sum(cpu.values()):>8.1f} {sum(own.values()):>7.1f} {sum(n.values()):>6}  (all tests)")
     return "\n".join(out)
 
 
