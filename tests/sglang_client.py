@@ -2,6 +2,7 @@
 CPU machine, where the contract tier installs the sglang package without its GPU stack:
 
     python tests/sglang_client.py sglang.bench_serving --backend sglang --base-url http://... ...
+    python tests/sglang_client.py --serve   # the tests: one tool per stdin line, SGLang imported once
 
 The tools' HTTP code runs unchanged; only imports they make but never call against a running server
 (``--base-url``) are stood in, each named here:
@@ -20,8 +21,13 @@ The tools' HTTP code runs unchanged; only imports they make but never call again
 
 from __future__ import annotations
 
+import importlib
+import json
+import os
 import runpy
+import signal
 import sys
+import traceback
 import types
 from pathlib import Path
 
@@ -39,7 +45,11 @@ def _no_server(*args, **kwargs):
     raise RuntimeError("tests/sglang_client.py: this client may not launch a server here; give it --base-url")
 
 
-def main() -> None:
+# what --serve imports before its first request, so that each tool's process starts with them loaded
+TOOLS = ("sglang.bench_serving", "sglang.bench_one_batch_server", "sglang.test.send_one")
+
+
+def _prepare() -> None:
     from torch.utils._triton import has_triton_package  # functools.cache: probed once, before the stub
 
     assert not has_triton_package(), "a real triton is installed: run the tool directly"
@@ -49,8 +59,55 @@ def main() -> None:
     from sglang.srt.server_args import ServerArgs
 
     ServerArgs.resolve_once = lambda self, *a, **k: None
-    module, sys.argv = sys.argv[1], [sys.argv[1], *sys.argv[2:]]
+
+
+def _run_tool(module: str, args: list[str]) -> None:
+    sys.argv = [module, *args]
     runpy.run_module(module, run_name="__main__", alter_sys=True)
+
+
+def serve() -> None:
+    """The tests' mode: SGLang and its tools are imported once (~4.5 s of CPU each time otherwise), then per
+    stdin line ``{"module", "args", "cwd", "stdout", "stderr", "timeout_s"}`` a forked child runs the tool as
+    ``python tests/sglang_client.py MODULE ARGS`` would (its own process, cwd and fresh ``__main__``; its
+    stdout and stderr into those files); the answer is one ``TOOL_EXIT <code>`` line."""
+    _prepare()
+    for m in TOOLS:
+        importlib.import_module(m)
+    for line in sys.stdin:
+        if not line.strip():
+            continue
+        req = json.loads(line)
+        sys.stdout.flush()
+        sys.stderr.flush()
+        pid = os.fork()
+        if pid == 0:
+            code = 1
+            try:
+                for target, name in ((1, "stdout"), (2, "stderr")):
+                    os.dup2(os.open(req[name], os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644), target)
+                os.chdir(req["cwd"])
+                signal.alarm(int(req.get("timeout_s", 300)))  # a hung tool dies (SIGALRM): its exit says so
+                _run_tool(req["module"], req["args"])
+                code = 0
+            except SystemExit as e:
+                code = e.code if isinstance(e.code, int) else (0 if e.code is None else 1)
+            except BaseException:  # noqa: BLE001 -- the tool's traceback goes to its output, as run alone
+                traceback.print_exc()
+            finally:
+                sys.stdout.flush()
+                sys.stderr.flush()
+                os._exit(code)
+        _, status = os.waitpid(pid, 0)
+        print(f"TOOL_EXIT {os.waitstatus_to_exitcode(status)}", flush=True)
+
+
+def main() -> None:
+    if sys.argv[1:] == ["--serve"]:
+        serve()
+        return
+    _prepare()
+    _run_tool(sys.argv[1], sys.argv[2:])
 
 
 if __name__ == "__main__":

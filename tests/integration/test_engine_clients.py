@@ -330,19 +330,44 @@ def test_the_openai_client_streams_a_completion_and_a_chat(server):
 
 
 # ---- SGLang's own tools --------------------------------------------------------------------------------
-def sglang_tool(tmp_path: Path, module: str, *args: str) -> str:
-    """Run one of SGLang's client tools against the server (tests/sglang_client.py), offline; its output."""
+@pytest.fixture(scope="module")
+def sglang_tools(tmp_path_factory):
+    """``python tests/sglang_client.py --serve``: SGLang imported once for the module's four tool runs (each
+    import ~4.5 s of CPU); each run is still its own process (a fork of that one, tests/sglang_client.py)."""
     need("sglang")
-    p = subprocess.run(
-        [sys.executable, str(ROOT / "tests" / "sglang_client.py"), module, *args],
-        cwd=tmp_path,  # the tools write result files into the cwd
-        env={**os.environ, "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1"},
-        capture_output=True,
-        text=True,
-        timeout=300,
-    )
-    assert p.returncode == 0, p.stdout[-3000:] + p.stderr[-3000:]
-    return p.stdout
+    log = tmp_path_factory.mktemp("sglang_tools") / "serve.log"
+    with open(log, "w") as err:
+        proc = subprocess.Popen(
+            [sys.executable, str(ROOT / "tests" / "sglang_client.py"), "--serve"],
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            stderr=err,
+            text=True,
+            env={**os.environ, "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1"},
+        )
+    proc.log = log
+    yield proc
+    proc.stdin.close()
+    try:
+        proc.wait(30)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+
+
+def sglang_tool(tools, tmp_path: Path, module: str, *args: str) -> str:
+    """Run one of SGLang's client tools against the server (tests/sglang_client.py), offline; its stdout."""
+    out, err = tmp_path / "tool.stdout", tmp_path / "tool.stderr"
+    req = {"module": module, "args": list(args), "cwd": str(tmp_path), "stdout": str(out), "stderr": str(err)}
+    tools.stdin.write(json.dumps({**req, "timeout_s": 300}) + "\n")  # the tools write result files into the cwd
+    tools.stdin.flush()
+    while (line := tools.stdout.readline()) and not line.startswith("TOOL_EXIT "):
+        pass
+    assert line, f"tests/sglang_client.py --serve exited {tools.poll()}:\n{tools.log.read_text()[-3000:]}"
+    stdout, stderr = out.read_text(), err.read_text()
+    assert int(line.split()[1]) == 0, stdout[-3000:] + stderr[-3000:]
+    return stdout
 
 
 @pytest.fixture(scope="module")
@@ -362,12 +387,15 @@ def sharegpt(tmp_path_factory) -> Path:
     [("sglang", ["--dataset-name", "random"]), ("sglang-oai", ["--dataset-name", "random-ids"])],
     ids=["sglang-local-dataset", "sglang-oai-random-ids"],
 )
-def test_sglang_bench_serving_completes_with_no_failed_request(server, tmp_path, sharegpt, backend, dataset):
+def test_sglang_bench_serving_completes_with_no_failed_request(
+    server, sglang_tools, tmp_path, sharegpt, backend, dataset
+):
     """`python -m sglang.bench_serving`: the native backend on a local dataset (tokenizer from our
     /model_info), the OpenAI one on random token ids (tokenizer named): every request succeeds."""
     n = 8
     tokenizer = [] if backend == "sglang" else ["--tokenizer", str(TARGET)]
     out = sglang_tool(
+        sglang_tools,
         tmp_path,
         "sglang.bench_serving",
         *("--backend", backend, "--base-url", server.base_url, *dataset, "--dataset-path", str(sharegpt)),
@@ -381,10 +409,11 @@ def test_sglang_bench_serving_completes_with_no_failed_request(server, tmp_path,
     assert result["accept_length"] > 1  # read from our /server_info, after the run
 
 
-def test_sglang_bench_one_batch_server_completes(server, tmp_path, sharegpt):
+def test_sglang_bench_one_batch_server_completes(server, sglang_tools, tmp_path, sharegpt):
     """Batches of 1 and 2 (a list of input_ids, streamed with ``index``), sizes checked against our
     /server_info's effective_max_running_requests_per_dp, tokenizer from its tokenizer_path."""
     out = sglang_tool(
+        sglang_tools,
         tmp_path,
         "sglang.bench_one_batch_server",
         *("--model-path", str(TARGET), "--base-url", server.base_url, "--skip-warmup"),
@@ -398,9 +427,17 @@ def test_sglang_bench_one_batch_server_completes(server, tmp_path, sharegpt):
     assert [r["batch_size"] for r in rows] == [1, 2]
 
 
-def test_sglang_send_one_batch_of_two_completes(server, tmp_path):
+def test_sglang_send_one_batch_of_two_completes(server, sglang_tools, tmp_path):
     out = sglang_tool(
-        tmp_path, "sglang.test.send_one", "--base-url", server.base_url, "--batch-size", "2", "--max-new-tokens", "48"
+        sglang_tools,
+        tmp_path,
+        "sglang.test.send_one",
+        "--base-url",
+        server.base_url,
+        "--batch-size",
+        "2",
+        "--max-new-tokens",
+        "48",
     )
     row = re.search(r"\|\s*([\d.]+)\s*\|\s*(\d+)\s*\|\s*([\d.]+)\s*\|", out)
     assert row and int(row.group(2)) == 48 and float(row.group(3)) > 1, out[-1500:]  # tokens, accept length
