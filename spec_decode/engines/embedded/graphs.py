@@ -116,7 +116,7 @@ class StaticRunner(ShapeFunctions):
         self.tlen = torch.zeros(self.n_slots + 1, dtype=torch.long, device=dev)
         self.fns: dict[str, callable] = {}
         self.bufs: dict[str, dict[str, torch.Tensor]] = {}
-        self.forced_counts: dict[str, bool] = {}  # per verify shape: its use_forced flag as last set
+        self.use_forced: dict[str, bool] = {}  # per verify shape: its device flag as last set
         for b in self.sizes:
             self._add_bucket(b)
         self.graphs: dict[str, torch.cuda.CUDAGraph] = {}
@@ -260,9 +260,9 @@ class StaticRunner(ShapeFunctions):
         forced = accept is not None
         if forced:  # drawn on the host as SGLang's simulated acceptance draws them; the verify still runs
             self._put(b["forced"], list(accept) + [0] * (size - n))
-        if forced != self.forced_counts.get(name):  # a device flag, set when it changes (not per cycle)
+        if forced != self.use_forced.get(name):  # a device flag, set when it changes (not per cycle)
             b["use_forced"].fill_(forced)
-            self.forced_counts[name] = forced
+            self.use_forced[name] = forced
         # No host read: the shape commits the counts (verified or forced) to each slot's length on the
         # device, and the host queues the re-extend and the next cycle while the verify runs.
         out = self.run(name)
