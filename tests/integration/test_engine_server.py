@@ -3,6 +3,7 @@
 import json
 import os
 import subprocess
+import sys
 import time
 from pathlib import Path
 
@@ -217,6 +218,29 @@ def test_the_front_never_loads_torch_without_the_profiler(baseline_server):
     (rank,) = requests.get(srv.base_url + "/server_info", timeout=5).json()["rank_pids"]
     assert libtorch_mapped(rank)
     assert not libtorch_mapped(srv.pid), "the front imported torch (python -X importtime shows through what)"
+
+
+RANK_WORK = """
+import sys
+from spec_decode.engines.embedded.decoding import Decoder
+from spec_decode.engines.embedded.model import load_drafter, load_target
+target = load_target(sys.argv[1])
+drafter = load_drafter(sys.argv[2], target)
+Decoder(target, drafter, 3, None, None).generate([32] * 8, 8)
+print(" ".join(sorted(m for m in sys.modules if m.startswith("torch._dynamo"))) or "none")
+"""
+
+
+def test_a_rank_on_cpu_never_imports_torch_dynamo():
+    """What a rank does before it is ready (scheduler.run_rank: the loaders build on the meta device and
+    assign the checkpoint, then the warm-up generate) never imports torch._dynamo. torch's own init of a
+    meta tensor (nn.Embedding's normal_, RoPE's arange) runs reference decompositions that import it:
+    1.3-1.7 s of CPU in every rank that never compiles, ~13% of the suite (docs/testing.md)."""
+    out = subprocess.run(
+        [sys.executable, "-c", RANK_WORK, str(TARGET), str(DRAFTER)], capture_output=True, text=True, timeout=120
+    )
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.split() == ["none"], f"a rank imported {out.stdout.strip()} (python -X importtime: through what)"
 
 
 def start(args: list[str], timeout: float = 60) -> subprocess.CompletedProcess:

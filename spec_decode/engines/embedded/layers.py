@@ -14,6 +14,18 @@ from spec_decode.engines.embedded.parallel import TensorParallel
 from spec_decode.engines.embedded.shapes import LlamaShape
 
 
+def embedding(num: int, dim: int) -> nn.Embedding:
+    """``nn.Embedding(num, dim)``, initialised as torch initialises it (``normal_``, the same draws in the
+    same order), except on the meta device (the loaders build there, then assign the checkpoint): torch's
+    own init of a meta tensor runs a reference decomposition that imports ``torch._dynamo``, 1.3-1.7 s of
+    CPU in every rank that never compiles (docs/testing.md)."""
+    emb = nn.Embedding(num, dim, _weight=torch.empty(num, dim))
+    if not emb.weight.is_meta:
+        with torch.no_grad():
+            emb.weight.normal_()
+    return emb
+
+
 class RMSNorm(nn.Module):
     def __init__(self, dim: int, eps: float):
         super().__init__()
@@ -40,7 +52,14 @@ def rope_tables(head_dim: int, max_pos: int, theta: float) -> tuple[torch.Tensor
 
 def register_rope(module: nn.Module, shape: LlamaShape, device=None, dtype: torch.dtype = torch.float32) -> None:
     """The module's (non-persistent) ``cos``/``sin`` buffers, computed in fp32 and stored in the
-    weights' dtype (a bf16 model's RoPE runs in bf16). Called again after a meta-device load."""
+    weights' dtype (a bf16 model's RoPE runs in bf16). Called again after a meta-device load; built on
+    the meta device (the loaders), they are meta placeholders until then: computing them there would run
+    torch's reference decompositions, which import ``torch._dynamo`` (1.3-1.7 s of CPU in every rank)."""
+    if torch.device(device or torch.get_default_device()).type == "meta":
+        size = (shape.max_position_embeddings, shape.head_dim)
+        module.register_buffer("cos", torch.empty(size, device="meta", dtype=dtype), persistent=False)
+        module.register_buffer("sin", torch.empty(size, device="meta", dtype=dtype), persistent=False)
+        return
     cos, sin = rope_tables(shape.head_dim, shape.max_position_embeddings, shape.rope_theta)
     module.register_buffer("cos", cos.to(device=device, dtype=dtype), persistent=False)
     module.register_buffer("sin", sin.to(device=device, dtype=dtype), persistent=False)

@@ -37,6 +37,7 @@ from spec_decode.engines.embedded.layers import (
     Attention,
     RMSNorm,
     apply_rope,
+    embedding,
     register_rope,
     rope_graph,
     rope_tables,
@@ -101,7 +102,7 @@ class DecoderLayer(nn.Module):
 class LlamaBody(nn.Module):
     def __init__(self, shape: LlamaShape):
         super().__init__()
-        self.embed_tokens = nn.Embedding(shape.vocab_size, shape.hidden_size)
+        self.embed_tokens = embedding(shape.vocab_size, shape.hidden_size)
         self.layers = nn.ModuleList(DecoderLayer(shape) for _ in range(shape.num_hidden_layers))
         self.norm = RMSNorm(shape.hidden_size, shape.rms_norm_eps)
 

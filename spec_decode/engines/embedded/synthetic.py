@@ -29,6 +29,7 @@ from safetensors.torch import save_file
 from spec_decode.core.drafter import default_layer_ids
 from spec_decode.core.synthetic import RECORD, SyntheticConfig, from_mapping, generated_matches
 from spec_decode.engines.embedded.eagle3 import Eagle3Drafter
+from spec_decode.engines.embedded.layers import embedding
 from spec_decode.engines.embedded.model import LlamaTarget
 from spec_decode.engines.embedded.shapes import (
     DrafterShape,
@@ -111,7 +112,7 @@ def generate_drafter(
 ) -> dict:
     shape = drafter_shape(syn, target, layer_ids)
     with torch.device("meta"):
-        embed = torch.nn.Embedding(target.vocab_size, target.hidden_size)
+        embed = embedding(target.vocab_size, target.hidden_size)
         model = Eagle3Drafter(shape, embed)
     t0 = time.monotonic()
     state = random_state(model, syn.seed, getattr(torch, syn.dtype), torch.device(device))
