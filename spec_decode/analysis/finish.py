@@ -62,7 +62,7 @@ def finish(
     metrics: dict[str, float] = {}
     take = functools.partial(_take, rec, metrics)
     take(_server_env_section(rec, cfg.nccl, measured))
-    rec.engine.version = (rec.server_info or {}).get("version")
+    rec.engine.version = (rec.server_info.version or None) if rec.server_info else None
     take(sections.throughput(rec.runs, cfg.benchmark.launches))
     take(sections.server_start(rec.launches))
     if cfg.speculative and rec.runs:

@@ -19,8 +19,10 @@ from typing import TYPE_CHECKING, Any, Sequence
 
 from spec_decode.analysis import acceptance, latency, profiler_effect, stats
 from spec_decode.parsers import decode_log, profile
+from spec_decode.record.payloads import NcclProbe
 from spec_decode.record.provenance import Provenance, filter_env
 from spec_decode.record.sections import Acceptance, Profile, Speedup, Summary, decode_log_from, profile_from
+from spec_decode.record.typed import ABSENT
 
 if TYPE_CHECKING:
     from spec_decode.record.measured import Launch, ProfilePass, Request
@@ -325,23 +327,22 @@ def rank_environment(tree: dict, launcher_pid: int | None) -> dict:
     }
 
 
-def nccl_section(probe_result: dict | None, prov: Provenance) -> Section:
+def nccl_section(probe: NcclProbe | None, prov: Provenance) -> Section:
     """The NCCL probe's metrics, and its backend and library facts copied into the provenance."""
-    if not probe_result:
+    if probe is None:
         return Section()
-    facts = {k: probe_result.get(k) for k in ("backend", "nccl_version", "algorithms", "protocols")}
-    return Section({"provenance": dataclasses.replace(prov, nccl=facts)}, nccl_metrics(probe_result))
+    return Section({"provenance": dataclasses.replace(prov, nccl=probe.facts())}, nccl_metrics(probe))
 
 
-def nccl_metrics(result: dict) -> dict[str, float]:
+def nccl_metrics(probe: NcclProbe) -> dict[str, float]:
     """MLflow metrics: eager per-call median (``nccl_allreduce_us_<bytes>``, the name since the first
     probe) and, with NCCL, the device median (``nccl_allreduce_device_us_<bytes>``)."""
-    m = {f"nccl_allreduce_us_{s}": v["median_us"] for s, v in result["sizes"].items()}
+    m = {f"nccl_allreduce_us_{s}": v.median_us for s, v in probe.sizes.items()}
     m.update(
         {
-            f"nccl_allreduce_device_us_{s}": v["device_median_us"]
-            for s, v in result["sizes"].items()
-            if v.get("device_median_us") is not None
+            f"nccl_allreduce_device_us_{s}": d
+            for s, v in probe.sizes.items()
+            if (d := v.device_median_us) not in (None, ABSENT)
         }
     )
     return m

@@ -24,6 +24,14 @@ from typing import Any
 
 from spec_decode.record import provenance
 from spec_decode.record.measured import Launch, ProfilePass, Request, launches_from, profile_pass_from, requests_from
+from spec_decode.record.payloads import (
+    DoctorItem,
+    NcclProbe,
+    ServerInfo,
+    doctor_from,
+    nccl_probe_from,
+    server_info_from,
+)
 from spec_decode.record.provenance import Provenance, provenance_from
 from spec_decode.record.runs import RunRecord
 from spec_decode.record.sections import (
@@ -121,8 +129,11 @@ TYPED = {
     "profile_pass": ProfilePass,
     "decode_log": DecodeLog,
     "provenance": Provenance,
+    "server_info": ServerInfo,
+    "nccl_probe": NcclProbe,
 }
-LISTS = {"launches": Launch, "requests": Request}  # lists of typed entries, each refused if of another type
+# lists of typed entries, each refused if of another type; ``doctor`` may be None (no live items: null)
+LISTS = {"launches": Launch, "requests": Request, "doctor": DoctorItem}
 ABSENT_AS_EMPTY = ("lossless", "latency")
 
 
@@ -168,9 +179,9 @@ class JobRecord:
     ended_at: float | None = None
     out_dir: str = ""
     provenance: Provenance = field(default_factory=Provenance)  # what explains a number (record.provenance)
-    server_info: dict | None = None
-    nccl_probe: dict | None = None
-    doctor: list[dict] | None = None  # the first-contact self-check's live items (spec_decode.runner.doctor)
+    server_info: ServerInfo | None = None  # the engine's /server_info (record.payloads)
+    nccl_probe: NcclProbe | None = None  # the NCCL probe's result (preflight.nccl_probe; record.payloads)
+    doctor: list[DoctorItem] | None = None  # the first-contact self-check's live items (spec_decode.runner.doctor)
     throughput_tok_s: Summary | None = None  # tok/s over the timed runs (record.sections)
     variance_components: VarianceComponents | None = None  # launches > 1: between vs within (record.sections)
     acceptance: Acceptance | None = None  # counters, per draft position, per request (record.sections)
@@ -222,7 +233,7 @@ class JobRecord:
                 v = [r.as_dict() for r in v]
             elif f.name in TYPED:
                 v = _typed_json(f.name, v)
-            elif f.name in LISTS:
+            elif f.name in LISTS and v is not None:
                 v = [_typed_json(f.name, x, LISTS[f.name]) for x in v]
             elif f.name == "checks":
                 v = [c.as_dict() for c in v]
@@ -280,6 +291,9 @@ READERS = {
     "profile_pass": profile_pass_from,
     "decode_log": decode_log_from,
     "provenance": provenance_from,
+    "server_info": server_info_from,
+    "nccl_probe": nccl_probe_from,
+    "doctor": doctor_from,
 }
 
 

@@ -33,8 +33,9 @@ Maybe = Literal[Absent.ABSENT]  # a field's annotation: ``dict | None | Maybe``
 
 
 def names(cls: Any) -> tuple[str, ...]:
-    """A section's field names, in order, but ``extra``."""
-    return tuple(f.name for f in dataclasses.fields(cls) if f.name != "extra")
+    """A section's field names, in order, but ``extra`` and a field that is no key of its JSON (its metadata
+    ``{"json": False}``: a payload's key order, ``record.payloads``)."""
+    return tuple(f.name for f in dataclasses.fields(cls) if f.name != "extra" and f.metadata.get("json", True))
 
 
 def written(obj: Any, keep: tuple[str, ...] = ()) -> dict:

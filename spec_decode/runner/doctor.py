@@ -25,7 +25,6 @@ import pkgutil
 import sys
 import tempfile
 import time
-from dataclasses import asdict, dataclass
 from importlib.metadata import entry_points
 from pathlib import Path
 
@@ -39,6 +38,7 @@ from spec_decode.engines.engine import named
 from spec_decode.engines.server_process import ServerError
 from spec_decode.parsers import decode_log, profile
 from spec_decode.profiler.plugin import TARGETS
+from spec_decode.record.payloads import DoctorItem
 from spec_decode.runner.client import Client
 
 ENTRY_POINT = "spec_decode_profiler"
@@ -67,12 +67,7 @@ LOG_LAG_S = 0.05  # a log line written before the answer reaches server.log with
 NO_SGLANG = "sglang is not installed (pip install -e '.[sglang]')"
 
 
-@dataclass
-class Item:
-    name: str
-    ok: bool
-    detail: str
-    fix: str = ""
+Item = DoctorItem  # an item of the self-check: the record's type (the live ones are the record's doctor)
 
 
 def check_version(engine: str, v: str | None = None) -> Item:
@@ -272,10 +267,6 @@ def render(items: list[Item]) -> str:
     bad = sum(not it.ok for it in items)
     lines.append(f"{len(items) - bad} passed, {bad} failed")
     return "\n".join(lines)
-
-
-def as_records(items: list[Item]) -> list[dict]:
-    return [asdict(it) for it in items]
 
 
 def request_checks(run, profile_path: Path, log_path: Path, log_start: int, speculative: bool) -> list[Item]:

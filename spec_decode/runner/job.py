@@ -33,6 +33,7 @@ from spec_decode.parsers.profile import rank_files
 from spec_decode.probe.nccl import DEFAULT_SIZES, decode_bytes, probe
 from spec_decode.record import outputs, results
 from spec_decode.record.measured import Launch
+from spec_decode.record.payloads import NcclProbe, nccl_probe_from, server_info_from
 from spec_decode.record.results import JobRecord
 from spec_decode.runner import (
     dryrun,
@@ -118,7 +119,7 @@ def record_refusal(cfg: ExperimentConfig, ctx: JobContext, error: str) -> JobRec
     return rec
 
 
-def run_nccl_probe(cfg: ExperimentConfig, ctx: JobContext) -> dict:
+def run_nccl_probe(cfg: ExperimentConfig, ctx: JobContext) -> NcclProbe:
     """All-reduce latency under the job's NCCL profile, at the standard sizes and the model's decode
     size (hidden x batch 1 x dtype bytes); gloo with 2 processes on CPU profiles."""
     cuda = cfg.hardware.device == "cuda"
@@ -127,9 +128,10 @@ def run_nccl_probe(cfg: ExperimentConfig, ctx: JobContext) -> dict:
         sizes.append(n)  # hidden x the checkpoint's dtype (the tiny target is fp32)
     world = cfg.hardware.tp_size if cuda else max(2, cfg.hardware.tp_size)  # the server's ranks
     _say(ctx, f"[nccl probe] {'nccl' if cuda else 'gloo'} x{world}, nccl={cfg.nccl.name}, sizes {sorted(set(sizes))}")
-    return probe(
+    result = probe(
         world, "nccl" if cuda else "gloo", sizes, iters=cfg.preflight.nccl_probe_iters, env=rank_nccl_env(cfg)
     )  # the ranks' NCCL variables: the profile + the engine launcher's
+    return nccl_probe_from(result)
 
 
 def measure(
@@ -138,7 +140,7 @@ def measure(
     role: str,
     baseline: JobRecord | None = None,
     warnings: list[str] | None = None,
-    probe: dict | None = None,
+    probe: NcclProbe | None = None,
 ) -> JobRecord:
     """Launch, run the protocol, collect; results.json whatever happens."""
     warnings = list(warnings or [])
@@ -346,7 +348,7 @@ def _one_launch(
             this.host = machine.window(host_t0, machine.sample())
             measured.log_windows.append((start, log_path.stat().st_size))
             profile_pass.run(b, gen, rec, launch, extra_env, srv.check_alive)
-            rec.server_info = client.server_info()
+            rec.server_info = server_info_from(client.server_info())
             if b.request_pass and launch == b.launches - 1:
                 prompts_path = abs_path(ctx.root, b.request_prompts)
                 rec.requests += request_pass.run(

@@ -49,7 +49,7 @@ def after_warmup(
     measures), then the switch off: the timed runs run with dormant hooks."""
     if launch == 0 and b.warmup and b.profile and warmup is not None:
         items = doctor.warmup_checks(warmup, log_path.parent / "profile.jsonl", log_path, log_start, speculative)
-        rec.doctor = doctor.as_records(items)
+        rec.doctor = items  # record.payloads.DoctorItem each
         for it in items:
             if not it.ok:
                 rec.warnings.append(

@@ -11,6 +11,7 @@ import pytest
 from spec_decode.analysis.sections import nccl_metrics as metrics_of
 from spec_decode.probe.nccl import DEFAULT_SIZES, combine, probe, profile_env
 from spec_decode.probe.nccl_debug import ALGO_NAMES, PROTO_NAMES, parse_nccl_debug
+from spec_decode.record.payloads import nccl_probe_from
 
 from ..conftest import ROOT, run_py, small
 
@@ -24,7 +25,7 @@ def test_gloo_two_processes_give_plausible_latencies_and_the_right_sum():
     for v in res["sizes"].values():
         assert v["correct"] and 0 < v["median_us"] < 1e6 and v["p90_us"] >= v["median_us"]
         assert v["rounds"] == 4 and "device_median_us" not in v  # gloo: the host is the device
-    assert set(metrics_of(res)) == {"nccl_allreduce_us_4096", "nccl_allreduce_us_65536"}
+    assert set(metrics_of(nccl_probe_from(res))) == {"nccl_allreduce_us_4096", "nccl_allreduce_us_65536"}
     assert res["env"] == {"NCCL_PROTO": "LL"}  # set in the probe's processes only
     assert res["machine"]["nccl_env"]["NCCL_PROTO"] == "LL"  # ... and read back from a rank
 
@@ -65,13 +66,16 @@ def test_ranks_combine_per_round_slowest_and_drop_rounds_where_the_host_was_late
 
 
 def test_device_figures_become_metrics_next_to_the_eager_ones():
+    size = {"iters": 200, "rounds": 3, "correct": True, "p90_us": 70.0}
     res = {
+        "backend": "nccl",
+        "world_size": 2,
         "sizes": {
-            "4096": {"median_us": 40.0, "device_median_us": 7.6},
-            "1048576": {"median_us": 60.0, "device_median_us": None},
-        }
+            "4096": {**size, "median_us": 40.0, "device_median_us": 7.6},
+            "1048576": {**size, "median_us": 60.0, "device_median_us": None},
+        },
     }
-    assert metrics_of(res) == {
+    assert metrics_of(nccl_probe_from(res)) == {
         "nccl_allreduce_us_4096": 40.0,
         "nccl_allreduce_us_1048576": 60.0,
         "nccl_allreduce_device_us_4096": 7.6,

@@ -15,6 +15,7 @@ from spec_decode.core.prompts import Prompt
 from spec_decode.parsers import profile
 from spec_decode.record import results
 from spec_decode.record.measured import HostWindow, Launch, LoadRequest, LoadRun, ProfilePass, Request
+from spec_decode.record.payloads import nccl_probe_from
 from spec_decode.record.provenance import Provenance
 from spec_decode.record.results import BaselineRef, EngineInfo, JobRecord
 from spec_decode.record.runs import RunRecord
@@ -370,7 +371,7 @@ def measured(tmp_path: Path) -> JobRecord:
     rec.provenance.drafter_lineage = {"drafter.training_run_id": "r1"}
     for sec in (
         sections.profiler_cost(rec.profile_pass, rec.profiled_runs, rec.runs),
-        sections.nccl_section({"backend": "gloo", "sizes": {}}, rec.provenance),
+        sections.nccl_section(nccl_probe_from({"backend": "gloo", "world_size": 2, "sizes": {}}), rec.provenance),
         sections.decode_log_summary([DECODE_LINE.format(k) for k in range(3)]),
     ):
         vars(rec).update(sec.fields)
