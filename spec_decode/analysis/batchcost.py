@@ -40,8 +40,8 @@ def batch_points(recs: list[JobRecord]) -> dict[str, list[tuple[float, float]]]:
             continue
         arm = f"steps={r.steps}" if r.speculative else "baseline"
         out.setdefault(arm, []).append((float(batch), 1e3 * batch * accept / m["throughput_tok_s"]))
-        paired = r.extra.get("load", {}).get("paired_baseline") or {}
-        base_batch = (paired.get("running") or {}).get("running_median") or (
+        paired = r.load.paired_baseline if r.load else None
+        base_batch = (paired and paired.running and paired.running.running_median) or (
             1.0 if conc == 1 and r.speculative else None
         )
         is_paired = r.speedup_vs_baseline is not None and r.speedup_vs_baseline.method == "paired"

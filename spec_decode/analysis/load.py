@@ -24,6 +24,7 @@ from spec_decode.analysis import latency, lossless
 from spec_decode.core.config import BenchmarkConfig
 from spec_decode.parsers import decode_log
 from spec_decode.parsers.decode_log import LogLine
+from spec_decode.record.load import BatchInvariance, LoadSection, Running, Spread
 from spec_decode.record.results import JobRecord, performance_only
 from spec_decode.record.typed import ABSENT
 
@@ -46,7 +47,12 @@ def request_accept_len(r) -> float | None:
     return r.completion_tokens / r.spec_verify_ct if getattr(r, "spec_verify_ct", None) else None
 
 
-def running_batch(lines: Iterable[LogLine], concurrency: int) -> dict | None:
+def _spread(values: Sequence[float]) -> Spread | None:
+    d = _dist(values)
+    return Spread(**d) if d else None
+
+
+def running_batch(lines: Iterable[LogLine], concurrency: int) -> Running | None:
     """The engine's own count of requests in flight, from its decode-log lines: ``running`` (the batch
     decoded), ``in_flight`` = running + queued (what the clients hold), their median/max, the share of
     lines whose in-flight count is exactly ``concurrency`` and the histogram. None without lines."""
@@ -60,16 +66,16 @@ def running_batch(lines: Iterable[LogLine], concurrency: int) -> dict | None:
         in_flight.append(run + (int(q) if isinstance(q, float) else 0))
     if not running:
         return None
-    return {
-        "lines": len(running),
-        "running_median": statistics.median(running),
-        "running_max": max(running),
-        "running_mean": statistics.fmean(running),
-        "in_flight_median": statistics.median(in_flight),
-        "in_flight_max": max(in_flight),
-        "at_concurrency_share": sum(v == concurrency for v in in_flight) / len(in_flight),
-        "running_histogram": {str(k): v for k, v in sorted(Counter(running).items())},
-    }
+    return Running(
+        lines=len(running),
+        running_median=statistics.median(running),
+        running_max=max(running),
+        running_mean=statistics.fmean(running),
+        in_flight_median=statistics.median(in_flight),
+        in_flight_max=max(in_flight),
+        at_concurrency_share=sum(v == concurrency for v in in_flight) / len(in_flight),
+        running_histogram={str(k): v for k, v in sorted(Counter(running).items())},
+    )
 
 
 def run_figures(requests: Sequence, wall_s: float) -> dict:
@@ -88,71 +94,66 @@ def run_figures(requests: Sequence, wall_s: float) -> dict:
 
 
 def summarize(
-    runs: Sequence[dict], requests: Sequence, concurrency: int, request_rate: float | None, running: dict | None
-) -> dict:
+    runs: Sequence[dict], requests: Sequence, concurrency: int, request_rate: float | None, running: Running | None
+) -> LoadSection:
     """The job's ``load`` section: the protocol, per-run figures (``runs``: each ``run_figures`` plus its
     ``run`` index and ``running``), the pooled per-request figures and the engine's running batch."""
     accept = [a for r in requests if (a := request_accept_len(r)) is not None]
-    return {
-        "concurrency": concurrency,
-        "request_rate": request_rate,
-        "mode": "open loop (Poisson arrivals)" if request_rate is not None else "closed loop",
-        "requests": len(requests),
-        "runs": list(runs),
-        "request_tok_s": _dist([r.throughput_tok_s for r in requests]),
-        "accept_len_per_request": _dist(accept),
-        "latency": latency.summarize(requests).as_dict(),
-        "running": running,
-    }
+    return LoadSection(
+        concurrency=concurrency,
+        request_rate=request_rate,
+        mode="open loop (Poisson arrivals)" if request_rate is not None else "closed loop",
+        requests=len(requests),
+        runs=list(runs),
+        request_tok_s=_spread([r.throughput_tok_s for r in requests]),
+        accept_len_per_request=_spread(accept),
+        latency=latency.summarize(requests),
+        running=running,
+    )
 
 
-def metrics_of(load: dict) -> dict[str, float]:
+def metrics_of(load: LoadSection) -> dict[str, float]:
     """Flat metrics (units in the names): ``concurrency``, ``request_rate_rps``, ``request_tok_s_p50``...,
     ``request_accept_len_p10/p50/p90``, ``load_<ttft|itl|tpot|e2e>_ms_p50/p90/p99``, ``running_req_*``."""
-    m: dict[str, float] = {"concurrency": float(load["concurrency"]), "load_requests": float(load["requests"])}
-    if load.get("request_rate") is not None:
-        m["request_rate_rps"] = load["request_rate"]
-    for key, name in (("request_tok_s", "request_tok_s"), ("accept_len_per_request", "request_accept_len")):
-        d = load.get(key)
-        for q in (10, 50, 90) if d else ():
-            m[f"{name}_p{q}"] = d[f"p{q}"]
-    for kind, d in (load.get("latency") or {}).items():
-        for q in latency.PERCENTILES:
-            m[f"load_{kind}_p{q}"] = d[f"p{q}"]
-    run = load.get("running")
-    if run:
+    m: dict[str, float] = {"concurrency": float(load.concurrency), "load_requests": float(load.requests)}
+    if load.request_rate is not None:
+        m["request_rate_rps"] = load.request_rate
+    for name, d in (("request_tok_s", load.request_tok_s), ("request_accept_len", load.accept_len_per_request)):
+        if d:
+            m.update({f"{name}_p10": d.p10, f"{name}_p50": d.p50, f"{name}_p90": d.p90})
+    for kind, dist in load.latency.kinds().items():
+        m.update({f"load_{kind}_p50": dist.p50, f"load_{kind}_p90": dist.p90, f"load_{kind}_p99": dist.p99})
+    if run := load.running:
         m.update(
-            running_req_median=run["running_median"],
-            running_req_max=run["running_max"],
-            in_flight_req_median=run["in_flight_median"],
-            at_concurrency_share=run["at_concurrency_share"],
+            running_req_median=run.running_median,
+            running_req_max=run.running_max,
+            in_flight_req_median=run.in_flight_median,
+            at_concurrency_share=run.at_concurrency_share,
         )
     return m
 
 
-def describe(load: dict) -> list[str]:
+def describe(load: LoadSection) -> list[str]:
     """Console lines for a job under load."""
-    rate = f", {load['request_rate']:g} req/s" if load.get("request_rate") is not None else ""
-    lines = [f"  load: {load['mode']}, concurrency {load['concurrency']}{rate}, {load['requests']} requests"]
-    d, a, run = load.get("request_tok_s"), load.get("accept_len_per_request"), load.get("running")
+    rate = f", {load.request_rate:g} req/s" if load.request_rate is not None else ""
+    lines = [f"  load: {load.mode}, concurrency {load.concurrency}{rate}, {load.requests} requests"]
+    d, a, run = load.request_tok_s, load.accept_len_per_request, load.running
     if d:
         lines.append(
-            f"  per request: tok/s P50 {d['p50']:.1f} P90 {d['p90']:.1f}"
-            + (f"; accept len P10 {a['p10']:.2f} P50 {a['p50']:.2f} P90 {a['p90']:.2f}" if a else "")
+            f"  per request: tok/s P50 {d.p50:.1f} P90 {d.p90:.1f}"
+            + (f"; accept len P10 {a.p10:.2f} P50 {a.p50:.2f} P90 {a.p90:.2f}" if a else "")
         )
     if run:
         lines.append(
-            f"  engine's running batch (decode log, {run['lines']} lines): median {run['running_median']:g}, "
-            f"max {run['running_max']}; in flight = concurrency in {100 * run['at_concurrency_share']:.0f}%"
+            f"  engine's running batch (decode log, {run.lines} lines): median {run.running_median:g}, "
+            f"max {run.running_max}; in flight = concurrency in {100 * run.at_concurrency_share:.0f}%"
         )
-    lat = load.get("latency") or {}
-    if lat.get("ttft_ms"):
-        t = lat["ttft_ms"]
-        lines.append(f"  TTFT P50 {t['p50']:.1f} P99 {t['p99']:.1f} ms over {int(t['n'])} requests")
+    if t := load.latency.ttft_ms:
+        lines.append(f"  TTFT P50 {t.p50:.1f} P99 {t.p99:.1f} ms over {int(t.n)} requests")
     return lines
 
 
-def _running(log_path: Path, windows: list[list[int]], concurrency: int) -> dict | None:
+def _running(log_path: Path, windows: list[list[int]], concurrency: int) -> Running | None:
     if not log_path.exists():
         return None
     lines: list[str] = []
@@ -176,7 +177,7 @@ def finish(
     equal, else a divergence warns); console lines. Forgets the in-memory requests."""
     memory = rec.__dict__.pop(_MEMORY, None) or {SELF: [], PAIRED: []}
     runs = [x for launch in rec.launches for x in launch.load_runs or []]
-    section: dict = {}
+    section: dict[str, LoadSection] = {}
     for arm, path in ((SELF, log_path), (PAIRED, paired_log_path)):
         mine = [x for x in runs if x.arm == arm]
         if not mine or path is None:
@@ -192,26 +193,26 @@ def finish(
             _running(path, [x.log_window for x in mine], b.concurrency),
         )
         entries = [e for x in mine for e in x.request_entries]
-        s["batch_invariance"] = {
-            "requests": sum(e.equals_reference is not None for e in entries),
-            "equal": sum(e.equals_reference is True for e in entries),
-            "what": "each request's output vs its prompt decoded alone (bs 1) on the same server",
-        }
+        s.batch_invariance = BatchInvariance(
+            requests=sum(e.equals_reference is not None for e in entries),
+            equal=sum(e.equals_reference is True for e in entries),
+            what="each request's output vs its prompt decoded alone (bs 1) on the same server",
+        )
         section[arm] = s
     if SELF not in section:
         return []
     s = section[SELF]
-    s["profile_note"] = (
+    s.profile_note = (
         "the phase profile comes from the profiled pass (the protocol request at bs 1), not from the runs under load"
     )
     if PAIRED in section:
-        s["paired_baseline"] = section[PAIRED]
-    rec.extra["load"] = s
+        s.paired_baseline = section[PAIRED]
+    rec.load = s
     rec.metrics.update(metrics_of(s))
     if rec.role == "spec":
         _guard(rec, b, baseline, exact)
-    inv = s["batch_invariance"]
-    lines = describe(s) + [f"  outputs under load equal bs 1 on this server: {inv['equal']} of {inv['requests']}"]
+    inv = s.batch_invariance
+    lines = describe(s) + [f"  outputs under load equal bs 1 on this server: {inv.equal} of {inv.requests}"]
     return lines
 
 

@@ -14,6 +14,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
+from spec_decode.record.load import Running, running_from
 from spec_decode.record.typed import ABSENT, Maybe, names, read, refuse, written
 
 
@@ -62,7 +63,8 @@ class LoadRequest:
 class LoadRun:
     """One timed run under load: its arm, its window in the server log, its figures
     (``analysis.load.run_figures``: ``requests`` .. ``latency``, the analysis's dicts) and its requests;
-    ``running`` (the engine's running batch in its window) is added by ``analysis.load.finish``."""
+    ``running`` (the engine's running batch in its window, ``record.load.Running``) is added by
+    ``analysis.load.finish``."""
 
     arm: str  # analysis.load.SELF | PAIRED
     run: int
@@ -75,7 +77,7 @@ class LoadRun:
     accept_len_per_request: dict | None
     latency: dict
     request_entries: list[LoadRequest]
-    running: dict | None | Maybe = ABSENT
+    running: Running | None | Maybe = ABSENT
     extra: dict[str, Any] = field(default_factory=dict)
 
     def figures(self) -> dict:
@@ -84,6 +86,8 @@ class LoadRun:
 
     def as_dict(self) -> dict:
         d = written(self, names(LoadRun))
+        if self.running:
+            d["running"] = _json("load_runs[].running", self.running, Running)
         d["request_entries"] = [_json("load_runs[].request_entries[]", e, LoadRequest) for e in self.request_entries]
         return d
 
@@ -130,6 +134,8 @@ def _json(name: str, value: Any, cls: type) -> dict:
 def _load_run(data: Any) -> LoadRun:
     x = read(LoadRun, data)
     x.request_entries = [read(LoadRequest, e) for e in _array(x.request_entries, "request_entries")]
+    if x.running is not ABSENT:
+        x.running = running_from(x.running)
     return x
 
 

@@ -23,6 +23,7 @@ from pathlib import Path
 from typing import Any
 
 from spec_decode.record import provenance
+from spec_decode.record.load import LoadSection, load_from
 from spec_decode.record.measured import Launch, ProfilePass, Request, launches_from, profile_pass_from, requests_from
 from spec_decode.record.payloads import (
     DoctorItem,
@@ -131,10 +132,12 @@ TYPED = {
     "provenance": Provenance,
     "server_info": ServerInfo,
     "nccl_probe": NcclProbe,
+    "load": LoadSection,
 }
 # lists of typed entries, each refused if of another type; ``doctor`` may be None (no live items: null)
 LISTS = {"launches": Launch, "requests": Request, "doctor": DoctorItem}
 ABSENT_AS_EMPTY = ("lossless", "latency")
+NOT_WRITTEN_WHEN_NONE = ("load",)  # no key at all (a job without load), as before it was typed
 
 
 @dataclass
@@ -198,6 +201,7 @@ class JobRecord:
     categories: dict[str, Category] = field(default_factory=dict)  # the request pass per prompt category
     lossless: Lossless | None = None  # the lossless guard's verdict (spec_decode.analysis.lossless)
     mlflow_run_id: str | None = None
+    load: LoadSection | None = None  # under load: the load section (record.load; analysis.load.finish)
     extra: dict[str, Any] = field(default_factory=dict)  # keys of other schema versions, kept as read
 
     # ---- reading --------------------------------------------------------------------------------
@@ -226,9 +230,9 @@ class JobRecord:
     def to_dict(self) -> dict[str, Any]:
         out: dict[str, Any] = {}
         for f in dataclasses.fields(self):
-            if f.name == "extra":
-                continue
             v = getattr(self, f.name)
+            if f.name == "extra" or (v is None and f.name in NOT_WRITTEN_WHEN_NONE):
+                continue
             if f.name in RUN_LISTS:
                 v = [r.as_dict() for r in v]
             elif f.name in TYPED:
@@ -294,6 +298,7 @@ READERS = {
     "server_info": server_info_from,
     "nccl_probe": nccl_probe_from,
     "doctor": doctor_from,
+    "load": load_from,
 }
 
 

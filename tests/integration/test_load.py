@@ -64,13 +64,13 @@ def test_closed_loop_keeps_exactly_n_requests_in_flight_by_the_engines_count(ser
         f.seek(lo)
         lines = parse_lines(f.read(hi - lo).decode().splitlines())
     seen = running_batch(lines, n)
-    assert seen is not None and seen["lines"] >= 10
+    assert seen is not None and seen.lines >= 10
     # never more than N (a client too many shows N+1), and N most of the time: a finished request's
     # client sends the next at once, so only the run's last wave (and a few cycles between one request's
     # answer and its client's next send) decode fewer
-    assert seen["in_flight_max"] == n, seen
-    assert seen["in_flight_median"] == n, seen
-    assert seen["at_concurrency_share"] >= 0.5, seen
+    assert seen.in_flight_max == n, seen
+    assert seen.in_flight_median == n, seen
+    assert seen.at_concurrency_share >= 0.5, seen
     assert entry.requests == 3 * n and agg.completion_tokens == sum(e.completion_tokens for e in entry.request_entries)
     assert agg.throughput_tok_s == pytest.approx(agg.completion_tokens / entry.wall_s)
     # every request returned its prompt's batch-1 tokens, and each prompt of the varied-length set was used

@@ -37,7 +37,7 @@ def test_a_job_under_load_has_its_speedup_at_its_own_concurrency(tmp_path):
     assert [r.throughput_tok_s for r in rec.runs] == pytest.approx(mine)
     assert rec.lossless.verdict == "pass" and rec.lossless.requests == 2 * 4
     assert "lossless_vs_baseline" in [c.name for c in rec.checks if c.ok]
-    assert rec.extra["load"]["batch_invariance"]["equal"] == 8
+    assert rec.load.batch_invariance.equal == 8
 
 
 def test_the_profiled_pass_under_load_profiles_the_batches_the_timed_runs_ran(tmp_path):

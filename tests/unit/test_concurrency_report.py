@@ -5,8 +5,9 @@ import pytest
 
 from spec_decode.analysis import concurrency
 from spec_decode.analysis.batchcost import batch_model, describe_batch
+from spec_decode.record.load import LoadSection, Running
 from spec_decode.record.results import EngineInfo, JobRecord
-from spec_decode.record.sections import Speedup, Summary
+from spec_decode.record.sections import Latency, Speedup, Summary
 from spec_decode.views.plots import write_plots
 from spec_decode.views.report import sweep_summary
 
@@ -143,6 +144,14 @@ def test_report_has_the_concurrency_table_and_plot(tmp_path):
     assert "speedup_vs_concurrency.png" not in [p.name for p in write_plots(recs[:1], tmp_path / "one")]
 
 
+def load_section(**kw) -> LoadSection:
+    """A load section with only what a test sets (record.load)."""
+    none = dict(request_rate=None, request_tok_s=None, accept_len_per_request=None, running=None)
+    return LoadSection(
+        **{"concurrency": 1, "mode": "closed loop", "requests": 0, "runs": [], **none, **kw}, latency=Latency()
+    )
+
+
 def test_cost_model_learns_the_batch_from_paired_baselines_when_there_is_no_baseline_job():
     """The default strategy (paired) runs no baseline job: the baseline server beside each spec job, at the
     same concurrency, gives the baseline's points (its own running batch from the load section)."""
@@ -151,7 +160,7 @@ def test_cost_model_learns_the_batch_from_paired_baselines_when_there_is_no_base
         b = r.metrics["running_req_median"]
         r.metrics["baseline_throughput_tok_s"] = 1e3 * b / (1 + 0.5 * b)
         r.speedup_vs_baseline = Speedup(method="paired")
-        r.extra["load"] = {"paired_baseline": {"running": {"running_median": b}}}
+        r.load = load_section(paired_baseline=load_section(running=Running(1, b, 1, b, b, 1, 1.0, {})))
         spec.append(r)
     model = batch_model(spec)
     assert model["learned"]

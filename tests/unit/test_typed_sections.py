@@ -14,6 +14,7 @@ from spec_decode.core.config import BenchmarkConfig
 from spec_decode.core.prompts import Prompt
 from spec_decode.parsers import profile
 from spec_decode.record import results
+from spec_decode.record.load import BatchInvariance, LoadSection, Running, Spread
 from spec_decode.record.measured import HostWindow, Launch, LoadRequest, LoadRun, ProfilePass, Request
 from spec_decode.record.payloads import nccl_probe_from
 from spec_decode.record.provenance import Provenance
@@ -441,6 +442,11 @@ PLANTS = {
     "profile_pass": lambda r: setattr(r, "profile_pass", r.profile_pass.as_dict()),
     "provenance": lambda r: setattr(r, "provenance", r.provenance.as_dict()),
     "decode_log": lambda r: setattr(r, "decode_log", r.decode_log.as_dict()),
+    "load": lambda r: setattr(r, "load", r.load.as_dict()),
+    "load.running": lambda r: setattr(r.load, "running", r.load.running.as_dict()),
+    "load.batch_invariance": lambda r: setattr(r.load, "batch_invariance", r.load.batch_invariance.as_dict()),
+    "load.paired_baseline": lambda r: setattr(r.load, "paired_baseline", r.load.paired_baseline.as_dict()),
+    "launches[].load_runs[].running": lambda r: setattr(r.launches[0].load_runs[0], "running", {"lines": 3}),
 }
 
 
@@ -465,6 +471,11 @@ def test_a_measured_section_of_another_type_is_refused_at_the_write(tmp_path, wh
         ("profile_pass", lambda d: {"pairs": 2}),  # without its order, launch and dormant runs
         ("provenance", lambda d: ["git"]),
         ("decode_log", lambda d: "3 lines"),
+        ("load", lambda d: [d]),
+        ("load", lambda d: {k: v for k, v in d.items() if k != "mode"}),
+        ("load", lambda d: {**d, "running": {"lines": 3}}),  # a running batch without its figures
+        ("load", lambda d: {**d, "paired_baseline": {"concurrency": 2}}),
+        ("load", lambda d: {**d, "latency": {"ttfb_ms": {}}}),
     ],
 )
 def test_a_results_json_with_a_misshapen_measured_section_does_not_read(tmp_path, name, bad):
@@ -472,3 +483,27 @@ def test_a_results_json_with_a_misshapen_measured_section_does_not_read(tmp_path
     with pytest.raises(TypeError):
         JobRecord.from_dict({**d, name: bad(d[name])})
     assert JobRecord.from_dict(d).to_dict() == d
+
+
+LOAD_KEYS = ["concurrency", "request_rate", "mode", "requests", "runs", "request_tok_s", "accept_len_per_request"]
+LOAD_KEYS += ["latency", "running", "batch_invariance"]
+
+
+def test_the_load_section_is_typed_and_keeps_its_keys_and_bytes(tmp_path):
+    """``load`` (analysis.load.finish): the record's own server's, with the paired baseline server's inside;
+    written last, as when it was kept in ``extra``; a record without load has no ``load`` key."""
+    rec = measured(tmp_path)
+    s = rec.load
+    assert isinstance(s, LoadSection) and isinstance(s.running, Running) and isinstance(s.request_tok_s, Spread)
+    assert isinstance(s.batch_invariance, BatchInvariance) and isinstance(s.paired_baseline, LoadSection)
+    assert isinstance(rec.launches[0].load_runs[0].running, Running)
+    first, back, second = rewritten(tmp_path, rec)
+    assert second == first and back.load == rec.load and back.launches == rec.launches
+    d = json.loads(first)
+    assert list(d)[-1] == "load" and "load" not in back.extra
+    assert list(d["load"]) == [*LOAD_KEYS, "profile_note", "paired_baseline"]
+    assert list(d["load"]["paired_baseline"]) == LOAD_KEYS and d["load"]["paired_baseline"]["request_tok_s"] is None
+    assert d["load"]["latency"] == {} and d["load"]["runs"][0]["running"] == d["launches"][0]["load_runs"][0]["running"]
+    assert list(d["load"]["running"])[:3] == ["lines", "running_median", "running_max"]
+    assert analysis_load.metrics_of(s)["running_req_median"] == s.running.running_median == 2
+    assert "load" not in JobRecord("spec", "x", "x", {}, "h", EngineInfo("embedded"), True).to_dict()
