@@ -309,7 +309,7 @@ def run_one(cmd: Command, rule: Rule | None, tiers: set, clone: Clone) -> Row:
     problem = expect(rule, row, clone)
     changed = clone.git_status() ^ before
     if changed and rule.keeps_git and not problem:
-        problem = f"changed what git tracks: {', '.join(sorted(line[3:] for line in changed))[:300]}"
+        problem = f"changed what git tracks: {', '.join(sorted(line[3:] for line in changed))[:500]}"
     if changed and rule.restores:
         clone.restore(clone.git_status() - before)
     row.status, row.check = ("FAIL", problem) if problem else ("pass", rule.why)

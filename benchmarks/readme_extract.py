@@ -223,7 +223,12 @@ RULES = [
         "the benchmark runs (--help in the test tier)",
         test_form=" --help",
     ),
-    Rule("dvc-read", r"^dvc (dag|status|metrics (diff|show)|exp show)$", "test", "reads the pipeline; clean"),
+    Rule(
+        "dvc-read",
+        r"^dvc (dag|status|metrics (diff|show( experiments/\w+/summary\.json)?)|exp show)$",
+        "test",
+        "reads the pipeline; clean",
+    ),
     Rule("git-read", r"^git (diff|status|log)\b", "test", "reads git; a fresh clone: nothing to show"),
     Rule(
         "dvc-write",

@@ -1,7 +1,7 @@
 """Reported experiments (experiments/<name>/): the DVC `report` stage, `compare` and the headline. The
 sweep itself (the `bench` stage, `rebuild`) is run by ``spec_decode.bench``: a view only reads records.
 
-    python -m spec_decode.views.experiment report embedded_steps_nccl   # metrics.json -> table, facts, plots
+    python -m spec_decode.views.experiment report embedded_steps_nccl   # metrics.json -> table, facts, plots, summary.json
     python -m spec_decode.views.experiment compare embedded_steps_nccl  # rebuilt (workspace) vs committed (HEAD)
     python -m spec_decode.views.experiment compare SWEEP_A SWEEP_B      # dirs, metrics.json or MLflow parent ids
     python -m spec_decode.views.experiment headline embedded_steps_nccl # metrics.json -> README's headline table
@@ -33,6 +33,7 @@ from spec_decode.analysis.costmodel import nonneg_line
 from spec_decode.views.metrics_json import records_from_metrics, to_metrics
 from spec_decode.views.plots import write_plots
 from spec_decode.views.report import records_of, sweep_summary
+from spec_decode.views.summary import summary
 
 ROOT = Path(__file__).resolve().parents[2]
 BEGIN, END = "<!-- table:begin (python -m spec_decode.views.experiment report) -->", "<!-- table:end -->"
@@ -154,7 +155,8 @@ def facts(metrics: dict) -> list[str]:
 
 
 def report(name: str, root: Path) -> None:
-    """Table, facts and plots from the committed metrics.json (the bench stage's output)."""
+    """Table, facts, plots and summary.json (DVC's metric: the table's headline numbers) from the committed
+    metrics.json (the bench stage's output)."""
     d = exp_dir(name, root)
     path = d / "metrics.json"
     if not path.exists():
@@ -164,6 +166,7 @@ def report(name: str, root: Path) -> None:
     text, _ = sweep_summary(recs)
     write_plots(recs, d)
     (d / "table.txt").write_text(text + "\n")
+    (d / "summary.json").write_text(json.dumps(summary(recs), indent=2, sort_keys=True) + "\n")
     readme = d / "README.md"
     if readme.exists():
         body = _replace_block(readme.read_text(), BEGIN, END, f"```\n{text}\n```")

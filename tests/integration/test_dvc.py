@@ -9,6 +9,7 @@ import sys
 from pathlib import Path
 
 import pytest
+import yaml
 
 from ..conftest import ROOT
 
@@ -122,8 +123,28 @@ def test_repro_rebuilds_the_experiment_and_compare_judges_it(clone):
         assert ("agree" in rows[key]) == overlap and ("DIFFERS" in rows[key]) != overlap, rows[key]
         differ |= not overlap
     assert p.returncode == (1 if differ else 0), out
-    shown = sh([DVC, "metrics", "show", "experiments/ci_smoke/metrics.json"], cwd=d, env=env).stdout
-    assert "throughput_tok_s" in shown
+    shown = sh([DVC, "metrics", "show", "experiments/ci_smoke/summary.json"], cwd=d, env=env).stdout
+    assert "speedup_vs_baseline_ci95_lo" in shown  # the re-report rewrote DVC's metric with the rest
+
+
+def _leaves(tree: dict) -> int:
+    return sum(_leaves(v) if isinstance(v, dict) else 1 for v in tree.values())
+
+
+def test_dvc_metrics_are_the_summaries_not_the_full_records(clone):
+    """DVC's metric of a reported experiment is its summary.json (the table's headline numbers, tens of keys).
+    metrics.json -- every job's full record, up to 4746 keys -- as the metric made `dvc metrics show` a table
+    of 11,760 columns and cost DVC 9-12 s of CPU per command."""
+    d, env = clone
+    reported = yaml.safe_load((d / "dvc.yaml").read_text())["stages"]["report"]["foreach"]
+    shown = json.loads(sh([DVC, "metrics", "show", "--json"], cwd=d, env=env).stdout)
+    files = {path: v.get("data", {}) for rev in shown.values() for path, v in rev["data"].items()}
+    for name in reported:
+        assert f"experiments/{name}/summary.json" in files, sorted(files)
+        assert f"experiments/{name}/metrics.json" not in files, f"{name}: the full record is a DVC metric again"
+    sizes = {path: _leaves(data) for path, data in files.items() if not path.startswith("experiments/drafter_")}
+    assert sizes and all(n < 200 for n in sizes.values()), sizes  # the drafter experiments' records: 66-231 keys
+    assert all(files[f"experiments/{name}/summary.json"]["cells"] for name in reported)
 
 
 def test_changing_a_prompt_marks_the_bench_stage_stale(clone):
