@@ -190,6 +190,15 @@ class Profiler:
         if self.timer is None or not self.timer.defer(fn):
             fn()
 
+    def in_write(self) -> bool:
+        """Whether the calling thread is inside the timer's own drain or close."""
+        return self.timer is not None and self.timer.writing_here()
+
+    def after_write(self, fn) -> bool:
+        """Queue ``fn`` for when the calling thread leaves the timer's drain or close; False when it is in
+        neither."""
+        return self.timer is not None and self.timer.after_write(fn)
+
 
 def _chain_sigterm(prof: Profiler, wait_cycle_s: float = 2.0) -> None:
     """On SIGTERM: write what is pending, then do what the process would have done (its previous
@@ -199,11 +208,15 @@ def _chain_sigterm(prof: Profiler, wait_cycle_s: float = 2.0) -> None:
     A SIGTERM that lands inside a cycle (a rank still in its last cycle's re-extend, which has no
     collective, while rank 0 has already answered and the runner stops the server) waits for that
     cycle to be recorded, at most ``wait_cycle_s``: draining at once lost it (the CI flake
-    "rank 1: 48 cycles, 49 verifies")."""
+    "rank 1: 48 cycles, 49 verifies"). One that lands inside the profiler's own drain or close (the
+    exit's flush: a rank whose front went away runs it at ``sys.exit`` and then gets the
+    parent-death SIGTERM) waits for it to end: a nested close deadlocked there and the run's last
+    cycles were lost (CI 2026-12-04, ``test_profile_histogram_equals_the_servers_counters_per_request``).
+    The handler takes no lock that the code it interrupted may hold (a Lock's non-blocking acquire)."""
     if threading.current_thread() is not threading.main_thread():
         return  # signal handlers can only be set from the main thread
     previous = signal.getsignal(signal.SIGTERM)
-    flushing = threading.Event()
+    flushing = threading.Lock()
     done = threading.Lock()
 
     def finish(signum):
@@ -229,18 +242,26 @@ def _chain_sigterm(prof: Profiler, wait_cycle_s: float = 2.0) -> None:
         # A second SIGTERM (e.g. the embedded engine's PDEATHSIG when its front goes; SGLang's
         # schedulers get SIGKILL as their parent-death signal instead, utils/common.py 3432-3437)
         # may arrive while this one drains: it must not start a nested drain and exit from inside it.
-        if flushing.is_set():
+        if not flushing.acquire(blocking=False):
             return
-        flushing.set()
-        if prof.in_cycle():
+        if prof.in_write() or prof.in_cycle():
             timer = threading.Timer(wait_cycle_s, finish, (signum,))
             timer.daemon = True
             timer.start()
+        when_quiet(signum)
+
+    def when_quiet(signum):
+        """``finish`` once this thread is out of the timer's drain/close and no cycle is in flight."""
+        if not prof.after_write(lambda: when_quiet(signum)):
             prof.after_cycle(lambda: finish(signum))
-            return
-        finish(signum)
 
     signal.signal(signal.SIGTERM, on_sigterm)
+
+
+def install_exit_flush(prof: Profiler, wait_cycle_s: float = 2.0) -> None:
+    """The tail is written however the process ends: at exit (atexit) and on SIGTERM."""
+    atexit.register(prof.flush)
+    _chain_sigterm(prof, wait_cycle_s)
 
 
 def register() -> None:
@@ -256,5 +277,4 @@ def register() -> None:
     for target, phase in TARGETS[current_engine()]:
         hook = prof.around_cycle if phase is None else prof.phase(phase)
         hook_registry.register(target, hook, hook_type.AROUND)
-    atexit.register(prof.flush)
-    _chain_sigterm(prof, float(os.environ.get("SPEC_DECODE_PROFILE_TERM_WAIT_S", "2")))
+    install_exit_flush(prof, float(os.environ.get("SPEC_DECODE_PROFILE_TERM_WAIT_S", "2")))

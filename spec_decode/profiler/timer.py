@@ -10,6 +10,7 @@ human summary block goes to the server log.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import threading
@@ -278,7 +279,7 @@ class PhaseTimer:
     def drain(self, wait: bool = False) -> int:
         """Write every pending cycle whose events completed; with ``wait`` (shutdown only) wait for
         the rest."""
-        with self._lock:
+        with self._writing(), self._lock:
             lines = []
             for c in self._pending:
                 if not self.clock.ready(c.end):
@@ -301,8 +302,43 @@ class PhaseTimer:
         return len(lines)
 
     def close(self) -> None:
-        self._stop.set()
-        self.drain(wait=True)
+        with self._writing():
+            self._stop.set()
+            self.drain(wait=True)
+
+    # ---- this thread's own write, and a signal handler that lands in it ---------------------------
+    # SIGTERM's handler (plugin._chain_sigterm) runs on the main thread between two of its bytecodes,
+    # which may be inside this timer's close() or drain(): a close at exit (atexit) that SIGTERM
+    # interrupted inside ``Event.set`` deadlocked the nested close on the Event's lock, and the rank's
+    # watchdog ended it with the run's last cycles unwritten (CI 2026-12-04). A nested drain between
+    # a write and its popleft would write those lines twice. So the handler asks ``after_write``.
+    @contextlib.contextmanager
+    def _writing(self):
+        local = self._local
+        if not getattr(local, "writing", 0):
+            local.writing, local.after = 0, []
+        local.writing += 1
+        try:
+            yield
+        finally:
+            local.writing -= 1
+            run = local.after if local.writing == 0 else []
+            if run:
+                local.after = []
+            for fn in run:
+                fn()
+
+    def writing_here(self) -> bool:
+        """Whether the calling thread is inside this timer's ``drain`` or ``close``."""
+        return getattr(self._local, "writing", 0) > 0
+
+    def after_write(self, fn) -> bool:
+        """Run ``fn`` once the calling thread has left its ``drain``/``close``; False (not queued) when it
+        is in neither."""
+        if not self.writing_here():
+            return False
+        self._local.after.append(fn)
+        return True
 
     def _resolve(self, c: _Cycle) -> dict:
         rec = {

@@ -362,6 +362,77 @@ def test_the_previous_handler_runs_once_when_the_cycle_ends_before_the_wait(tmp_
     assert len(path.read_text().splitlines()) == 1  # the cycle in flight, recorded
 
 
+SIGTERM_IN_THE_EXIT_FLUSH = r"""
+import atexit, json, os, signal, sys, time
+from spec_decode.profiler import plugin
+from spec_decode.profiler.timer import PhaseTimer
+
+class R:
+    accept_lens = [2]
+def cycle(prof):
+    prof.timer.phase("verify")(lambda: None)
+    return R()
+
+def rank_at_exit(path, k):
+    # A rank whose front went away: its cycles pending, sys.exit runs the exit's flush, and the
+    # parent-death SIGTERM lands at the flush's k-th call.
+    prof = plugin.Profiler(path)
+    prof.timer = PhaseTimer(path, flush_s=None)
+    for _ in range(6):
+        prof.around_cycle(cycle, prof)
+    atexit.register(sys.setprofile, None)  # atexit is LIFO: this runs after the flush
+    plugin.install_exit_flush(prof)
+    calls = [0]
+    def land(frame, event, arg):
+        if event in ("call", "c_call"):
+            calls[0] += 1
+            if calls[0] == k:
+                sys.setprofile(None)
+                os.kill(os.getpid(), signal.SIGTERM)
+    atexit.register(sys.setprofile, land)  # runs first: the count starts where the flush does
+    sys.exit(3)
+
+base, out = sys.argv[1], []
+for k in range(1, 5000):
+    path = f"{base}.{k}"
+    pid = os.fork()
+    if pid == 0:
+        rank_at_exit(path, k)
+    deadline, status = time.monotonic() + 10, None
+    while status is None and time.monotonic() < deadline:
+        done, st = os.waitpid(pid, os.WNOHANG)
+        status = os.waitstatus_to_exitcode(st) if done else time.sleep(0.005)
+    if status is None:
+        os.kill(pid, signal.SIGKILL)
+        os.waitpid(pid, 0)
+        status = "hung"
+    lines = open(path).read().splitlines() if os.path.exists(path) else []
+    out.append({"k": k, "status": status, "lines": len(lines), "unique": len(set(lines))})
+    if status == 3:  # the flush ended before its k-th call: every point inside it was hit
+        break
+print(json.dumps(out))
+"""
+
+
+def test_a_sigterm_anywhere_in_the_exit_flush_loses_and_doubles_no_cycle(tmp_path):
+    """The CI flake of 2026-12-04 (a histogram 5 cycles short): an embedded rank whose front went away
+    runs the profile's flush at exit, and the parent-death SIGTERM landed inside it (in ``Event.set``);
+    the handler's nested flush deadlocked and the watchdog ended the rank with the tail unwritten.
+    Here the SIGTERM lands at every call of the exit flush in turn (a forked process each): each time
+    the 6 cycles are written once, and the process then dies of the SIGTERM."""
+    p = subprocess.run(
+        [sys.executable, "-c", SIGTERM_IN_THE_EXIT_FLUSH, str(tmp_path / "p.jsonl")],
+        capture_output=True,
+        text=True,
+        timeout=240,
+    )
+    assert p.returncode == 0, p.stderr
+    points = json.loads(p.stdout)
+    assert len(points) > 20 and points[-1]["status"] == 3  # the whole flush was walked
+    bad = [x for x in points[:-1] if (x["status"], x["lines"], x["unique"]) != (-signal.SIGTERM, 6, 6)]
+    assert not bad, bad
+
+
 class _Mode:
     def __init__(self, idle):
         self.idle = idle
