@@ -117,7 +117,7 @@ def compose_experiment(*overrides: str):
 
 
 # Tests that compare speeds inside one run (the A/A control's twins) assume the machine's load does not
-# change between their arms; with several xdist workers the others' tests would change it. A test
+# change between their arms; with two xdist workers the other worker's tests would change it. A test
 # marked `quiet` runs with no other test beside it: it takes the run's quiet lock and then every worker's
 # busy lock (each worker holds its own across a test's setup, call and teardown); other tests wait at the
 # quiet lock before they start.
