@@ -100,7 +100,7 @@ RULES = [
         "suite",
         r"python -m pytest",
         "job",
-        "the whole suite is ~12 min on 2 cores (docs/testing.md): run as written + --collect-only -n 0 (one "
+        "the whole suite is ~11 min on 2 cores (docs/testing.md): run as written + --collect-only -n 0 (one "
         "process collects, not two workers); every test collects",
         must=(r"\d+ tests? collected",),
         test_form=" --collect-only -n 0",
