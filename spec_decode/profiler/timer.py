@@ -322,11 +322,10 @@ class PhaseTimer:
             yield
         finally:
             local.writing -= 1
-            run = local.after if local.writing == 0 else []
-            if run:
-                local.after = []
-            for fn in run:
-                fn()
+            if local.writing == 0 and local.after:
+                run, local.after = local.after, []
+                for fn in run:
+                    fn()
 
     def writing_here(self) -> bool:
         """Whether the calling thread is inside this timer's ``drain`` or ``close``."""
