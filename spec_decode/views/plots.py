@@ -25,12 +25,38 @@ def cost_models(recs: list[JobRecord]) -> dict:
 
 
 def write_plots(recs: list[JobRecord], out_dir: Path) -> list[Path]:
-    """throughput_vs_steps.png, speedup_vs_steps.png, phases.png, accept_len_vs_steps.png,
-    acceptance_histogram.png, accept_rate_by_position.png (those that have data). A block-design sweep
-    is plotted by cell (its blocks folded, spec_decode.analysis.blocks), one point per cell."""
+    """throughput_vs_steps.png, speedup_vs_steps.png, phases.png, accept_len_vs_steps.png (each always:
+    a "no data" figure where this sweep has none), acceptance_histogram.png, accept_rate_by_position.png
+    and the concurrency plots (those that have data). A block-design sweep is plotted by cell (its
+    blocks folded, spec_decode.analysis.blocks), one point per cell."""
     out_dir.mkdir(parents=True, exist_ok=True)
     cells = blocks.cells(recs)
-    return [save(fig, out_dir / name) for name, fig in {**figures(cells), **concurrency_figures(cells)}.items()]
+    figs = {**figures(cells), **concurrency_figures(cells)}
+    # The four that the report stage declares as DVC outs always exist: one this sweep has no data for
+    # (phases.png without a profiled pass) is a figure that says so, never an earlier sweep's plot left
+    # behind beside new numbers, nor a missing out that stops `dvc repro`.
+    for name in ALWAYS:
+        figs.setdefault(name, _no_data(name))
+    return [save(fig, out_dir / name) for name, fig in figs.items()]
+
+
+ALWAYS = ("throughput_vs_steps.png", "speedup_vs_steps.png", "phases.png", "accept_len_vs_steps.png")
+_WHY = {"phases.png": "no profiled pass in this sweep (benchmark.profile=false): no phase times"}
+
+
+def _no_data(name: str):
+    """A figure that says this sweep has no data for `name`."""
+    import matplotlib  # lazy: as in figures()
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(6.5, 1.6))
+    ax.axis("off")
+    ax.text(0.5, 0.5, f"{name}: {_WHY.get(name, 'no finished speculative job with this data in this sweep')}",
+            ha="center", va="center", fontsize=9, wrap=True)
+    fig.suptitle("no data", fontsize=10)
+    return fig
 
 
 def figures(recs: list[JobRecord]) -> dict:

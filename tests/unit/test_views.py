@@ -139,6 +139,21 @@ def test_report_from_metrics_json_equals_the_report_from_the_records():
     ]
 
 
+def test_a_plot_without_data_says_so_instead_of_leaving_an_earlier_sweeps_plot(tmp_path):
+    """A sweep without a profiled pass has no phases: the experiment's phases.png (a DVC out of the report
+    stage) must not stay the earlier sweep's plot beside the new numbers, nor go missing."""
+    recs = sweep()
+    for r in recs:
+        for k in ("cycle_ms", "draft_ms", "verify_ms", "extend_ms", "other_ms"):
+            r.metrics.pop(k, None)
+    assert "phases.png" not in plots.figures(recs)
+    stale = tmp_path / "phases.png"
+    stale.write_bytes(b"an earlier sweep's phase plot")
+    written = {p.name for p in plots.write_plots(recs, tmp_path)}
+    assert set(plots.ALWAYS) <= written
+    assert stale.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
 def test_schema1_metrics_json_still_renders():
     old = {
         "jobs": {
