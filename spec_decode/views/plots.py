@@ -41,7 +41,7 @@ def write_plots(recs: list[JobRecord], out_dir: Path) -> list[Path]:
 
 
 ALWAYS = ("throughput_vs_steps.png", "speedup_vs_steps.png", "phases.png", "accept_len_vs_steps.png")
-_WHY = {"phases.png": "no profiled pass in this sweep (benchmark.profile=false): no phase times"}
+_WHY = {"phases.png": "no phase times in this sweep (no profiled pass: benchmark.profile=false?)"}
 
 
 def _no_data(name: str):
@@ -53,8 +53,15 @@ def _no_data(name: str):
 
     fig, ax = plt.subplots(figsize=(6.5, 1.6))
     ax.axis("off")
-    ax.text(0.5, 0.5, f"{name}: {_WHY.get(name, 'no finished speculative job with this data in this sweep')}",
-            ha="center", va="center", fontsize=9, wrap=True)
+    ax.text(
+        0.5,
+        0.5,
+        f"{name}: {_WHY.get(name, 'no finished speculative job with this data in this sweep')}",
+        ha="center",
+        va="center",
+        fontsize=9,
+        wrap=True,
+    )
     fig.suptitle("no data", fontsize=10)
     return fig
 
