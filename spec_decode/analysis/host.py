@@ -10,7 +10,7 @@ from spec_decode.record.measured import HostWindow
 
 def metrics_of(windows: list[HostWindow]) -> dict[str, float]:
     """A job's host figures over its timed windows: mean and max 1-minute load (both ends of every
-    window), steal and busy shares weighted by the windows' durations."""
+    window), steal and busy shares weighted by the windows' durations, mean and max host probe (µs)."""
     loads = [v for w in windows for v in (w.load1_start, w.load1_end) if v is not None]
     out: dict[str, float] = {}
     if loads:
@@ -21,6 +21,10 @@ def metrics_of(windows: list[HostWindow]) -> dict[str, float]:
         total = sum(w.s for w in timed)
         out["host_steal_pct"] = sum(w.steal_pct * w.s for w in timed) / total
         out["host_busy_pct"] = sum(w.busy_pct * w.s for w in timed) / total
+    probes = [v for w in windows for v in (w.probe_us_start, w.probe_us_end) if v is not None]
+    if probes:  # the host's speed at both ends of the timed runs (larger: slower)
+        out["host_probe_us"] = sum(probes) / len(probes)
+        out["host_probe_us_max"] = max(probes)
     return out
 
 

@@ -29,6 +29,8 @@ class HostWindow:
     busy_pct: float | None = None
     steal_pct: float | None = None
     iowait_pct: float | None = None
+    probe_us_start: float | None = None  # runner.machine.probe_us at each end; None: before the probe
+    probe_us_end: float | None = None
     extra: dict[str, Any] = field(default_factory=dict)
 
     def as_dict(self) -> dict:

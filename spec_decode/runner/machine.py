@@ -8,7 +8,8 @@
 - ``sample()`` / ``window(a, b)``: /proc/stat's CPU times and /proc/loadavg at the start and the end of a
   launch's timed runs -> the 1-minute load at both ends, and the shares of CPU time that were busy, stolen
   by the hypervisor (steal: another VM had our core) and waiting for I/O over the window (the record's
-  ``launches[].host``; ``analysis.host.metrics_of`` sums them into the job's metrics).
+  ``launches[].host``; ``analysis.host.metrics_of`` sums them into the job's metrics), and at both ends
+  the host probe: the time a fixed pure-Python task takes (``probe_us``), the host's own speed.
 """
 
 from __future__ import annotations
@@ -127,8 +128,26 @@ def fingerprint() -> dict:
     }
 
 
+def probe_us(reps: int = 5) -> float:
+    """How fast this process's code runs now: a fixed pure-Python task, the median of ``reps`` timings (µs,
+    ~1 ms each: shorter than a scheduler slice, so it is the speed while running, not the share of the CPU,
+    which load and steal are). A host that runs code slower for a while (a VM whose physical core is busy
+    with another tenant's thread, a lower clock) shows as a larger number. The runner takes one at each end
+    of a launch's timed runs, outside them."""
+    times = []
+    for _ in range(reps):
+        t = time.perf_counter()
+        x = 0
+        for i in range(20_000):
+            x += i * i % 7
+        times.append((time.perf_counter() - t) * 1e6)
+    return round(sorted(times)[reps // 2], 1)
+
+
 def sample() -> dict:
-    """A point in time: monotonic time, the aggregate CPU times (ticks) and the load averages."""
+    """A point in time: the host probe (``probe_us``, taken first), monotonic time, the aggregate CPU times
+    (ticks) and the load averages."""
+    probe = probe_us()
     times: list[int] = []
     load: list[float] = []
     try:
@@ -137,7 +156,7 @@ def sample() -> dict:
         load = [float(x) for x in Path("/proc/loadavg").read_text().split()[:3]]
     except (OSError, ValueError):
         pass
-    return {"t": time.monotonic(), "cpu": times, "loadavg": load}
+    return {"t": time.monotonic(), "cpu": times, "loadavg": load, "probe_us": probe}
 
 
 def window(a: dict, b: dict) -> HostWindow:
@@ -146,6 +165,8 @@ def window(a: dict, b: dict) -> HostWindow:
         s=round(b["t"] - a["t"], 3),
         load1_start=a["loadavg"][0] if a["loadavg"] else None,
         load1_end=b["loadavg"][0] if b["loadavg"] else None,
+        probe_us_start=a.get("probe_us"),
+        probe_us_end=b.get("probe_us"),
     )
     if len(a["cpu"]) == len(b["cpu"]) == len(_FIELDS):
         d = dict(zip(_FIELDS, (y - x for x, y in zip(a["cpu"], b["cpu"]))))

@@ -101,6 +101,9 @@ def test_aa_control_agrees_on_a_plain_sweep(healthy):
     assert (
         rec["provenance"]["host"]["logical_cores"] == os.cpu_count() and rec["launches"][0]["host"]["load1_start"] >= 0
     )
+    # the host probe at both ends of every launch's timed runs, and the job's mean of them
+    assert all(la["host"]["probe_us_start"] > 0 and la["host"]["probe_us_end"] > 0 for la in rec["launches"])
+    assert rec["metrics"]["host_probe_us"] > 0
     kid = c.search_runs([c.get_run(a_run).info.experiment_id], f"tags.mlflow.parentRunId = '{a_run}'")[0]
     assert kid.data.tags["host.cpu"] == rec["provenance"]["host"]["cpu_model"] and "host_load1" in kid.data.metrics
 

@@ -344,6 +344,11 @@ def test_cpu_facts_and_the_load_window():
     }
     m = host.metrics_of([w, dataclasses.replace(w, s=7.5, steal_pct=0.0, load1_start=8.0, load1_end=8.0)])
     assert m == {"host_load1": 6.5, "host_load1_max": 8.0, "host_steal_pct": 5.0, "host_busy_pct": 70.0}
+    # the host probe at both ends (a record from before the probe has none: no key)
+    w = machine.window({**a, "probe_us": 900.0}, {**b, "probe_us": 1500.0})
+    assert (w.probe_us_start, w.probe_us_end) == (900.0, 1500.0) and w.as_dict()["probe_us_end"] == 1500.0
+    m = host.metrics_of([w, dataclasses.replace(w, probe_us_start=1000.0, probe_us_end=None)])
+    assert m["host_probe_us"] == pytest.approx((900 + 1500 + 1000) / 3) and m["host_probe_us_max"] == 1500.0
     live = machine.fingerprint()
     assert live["logical_cores"] >= 1 and live["cpu_model"] and "host:" in host.describe(live)
 
