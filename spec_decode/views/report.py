@@ -226,6 +226,14 @@ def sweep_summary(recs: list[JobRecord]) -> tuple[str, dict[str, list]]:
             f"{max(r.metrics.get('host_load1_max', 0) for r in recs):.1f}; CPU steal "
             f"{max(r.metrics.get('host_steal_pct', 0) for r in recs):.1f}% at most"
         )
+    probed = [r for r in recs if "host_probe_us" in r.metrics]
+    if probed:  # the host's own speed at each end of the timed runs (runner.machine.probe_us)
+        mid = statistics.median(r.metrics["host_probe_us"] for r in probed)
+        slow = max(probed, key=lambda r: r.metrics["host_probe_us_max"])
+        lines.append(
+            f"host probe (a fixed pure-Python task, larger = slower): median {mid:.0f} us over {len(probed)} "
+            f"job(s); slowest {slow.metrics['host_probe_us_max'] / mid:.2f}x the median ({slow.name})"
+        )
     return "\n".join(lines), table
 
 
