@@ -96,7 +96,7 @@ def test_aa_control_agrees_on_a_plain_sweep(healthy):
     assert (
         "intervals: runs within one launch (cheap mode" in summary and "load (1 min) during the timed runs" in summary
     )
-    assert "host probe (a fixed pure-Python task, larger = slower): median " in summary
+    assert "host probe (the runner's time for a fixed pure-Python task, larger = slower): median " in summary
     # the host fingerprint: results.json, MLflow (tags + load metrics)
     rec = json.loads(next(a_dir.glob("*/results.json")).read_text())
     assert (
