@@ -84,8 +84,8 @@ def body(ids: list[int], n: int) -> dict:
     return {"input_ids": ids, "sampling_params": {"max_new_tokens": n, "temperature": 0, "ignore_eos": True}}
 
 
-@pytest.mark.parametrize("tp", [1, 2])
-def test_16_concurrent_requests_give_the_batch_size_1_outputs(tmp_path, bs1, tp):
+def batch_server(log_path, tp: int) -> ServerProcess:
+    """The 16-request batching server: decode log every cycle, room for all 16, seeded."""
     port = free_port()
     argv = ENGINE + [
         "--model-path",
@@ -102,10 +102,41 @@ def test_16_concurrent_requests_give_the_batch_size_1_outputs(tmp_path, bs1, tp)
         "--random-seed",
         "0",
     ]
-    with ServerProcess(
-        argv, env={}, log_path=tmp_path / "server.log", host="127.0.0.1", port=port, startup_timeout_s=120
-    ) as srv:
+    return ServerProcess(argv, env={}, log_path=log_path, host="127.0.0.1", port=port, startup_timeout_s=120)
+
+
+@pytest.fixture(scope="module")
+def tp1_server(tmp_path_factory):
+    """One tp-1 batching server for the two tests that only send it greedy requests and read the decode
+    log lines of their own requests (from the log's size before them, ``own_log``): the tp-1 case of the
+    16 concurrent requests and the 4 concurrent streams. One launch, not two; the servers whose flags or
+    environment a test is about (--max-running-requests 3, the profiler, forced acceptance) stay their own."""
+    d = tmp_path_factory.mktemp("batch_tp1")
+    with batch_server(d / "server.log", 1) as srv:
+        yield srv
+
+
+def own_log(srv: ServerProcess, since: int) -> list:
+    """The decode log lines written after byte ``since`` (the test's own requests), once the log has
+    stopped growing (a rank's last lines of a request may follow its answer by a moment)."""
+    size, deadline = -1, time.monotonic() + 5
+    while time.monotonic() < deadline and (now := srv.log_path.stat().st_size) != size:
+        size = now
+        time.sleep(0.2)
+    return [x for x in read_log(srv.log_path, since) if x.kind == "Decode"]
+
+
+@pytest.mark.parametrize("tp", [1, 2])
+def test_16_concurrent_requests_give_the_batch_size_1_outputs(request, tmp_path, bs1, tp):
+    if tp == 1:
+        srv = request.getfixturevalue("tp1_server")
+        since = srv.log_path.stat().st_size
         outs = post_all(srv.base_url, [body(ids, n) for ids, n in workload()], stagger_s=0.01)
+        lines = own_log(srv, since)
+    else:
+        with batch_server(tmp_path / "server.log", tp) as srv:
+            outs = post_all(srv.base_url, [body(ids, n) for ids, n in workload()], stagger_s=0.01)
+        lines = [x for x in read_log(tmp_path / "server.log") if x.kind == "Decode"]
     for i, (out, ref) in enumerate(zip(outs, bs1)):
         meta = out["meta_info"]
         assert out["output_ids"] == ref.output_ids, f"request {i} differs from its batch-size-1 output"
@@ -113,7 +144,7 @@ def test_16_concurrent_requests_give_the_batch_size_1_outputs(tmp_path, bs1, tp)
         assert meta["spec_verify_ct"] == ref.verify_ct, i
         assert meta["spec_correct_drafts_histogram"] == ref.histogram, i
         assert meta["spec_num_correct_drafts"] == ref.correct_drafts, i
-    running = [int(x.fields["#running-req"]) for x in read_log(tmp_path / "server.log") if x.kind == "Decode"]
+    running = [int(x.fields["#running-req"]) for x in lines]
     # They really ran together, not one after the other, and the batch changed while running (joins and
     # leaves mid-batch). How many of the 16 overlap is the OS's call on a loaded 2-core CI box (7 of 16
     # there once with a 0.03 s stagger): 4 is plenty to make the equality above a batched one.
@@ -243,51 +274,32 @@ def test_the_hooked_cycle_gets_sglangs_batch_and_the_in_flight_cycle(models, mon
             assert sum(r.inflight_cycles for r in reqs) >= 1
 
 
-def test_streams_and_forced_acceptance_work_per_request_in_a_batch(tmp_path, bs1):
-    """4 streamed requests at once: each stream is cumulative and ends with that request's batch-size-1
-    output and counters. Forced acceptance (SGLANG_SIMULATE_ACC_LEN=2) with 4 requests at once: every
-    verify of every request commits exactly 2 tokens (one draw per request per verify)."""
+def test_streams_work_per_request_in_a_batch(tmp_path, bs1, tp1_server):
+    """4 streamed requests at once (the module's tp-1 server): each stream is cumulative and ends with
+    that request's batch-size-1 output and counters. (Forced acceptance in a batch:
+    test_forced_acceptance.py, on that file's forced server.)"""
     from .test_engine_streaming import read_events
 
     work = workload()[4:8]
-    port = free_port()
-    argv = ENGINE + ["--model-path", str(TARGET), *SPEC, "--port", str(port), "--decode-log-interval", "1"]
     events: list = [None] * len(work)
-    with ServerProcess(
-        argv, env={}, log_path=tmp_path / "s.log", host="127.0.0.1", port=port, startup_timeout_s=120
-    ) as srv:
+    srv = tp1_server
+    since = srv.log_path.stat().st_size
 
-        def one(i: int) -> None:
-            r = requests.post(srv.base_url + "/generate", json={**body(*work[i]), "stream": True}, timeout=120)
-            events[i] = read_events(r)
+    def one(i: int) -> None:
+        r = requests.post(srv.base_url + "/generate", json={**body(*work[i]), "stream": True}, timeout=120)
+        events[i] = read_events(r)
 
-        threads = [threading.Thread(target=one, args=(i,)) for i in range(len(work))]
-        for t in threads:
-            t.start()
-        for t in threads:
-            t.join()
-    assert max(int(x.fields["#running-req"]) for x in read_log(tmp_path / "s.log") if x.kind == "Decode") >= 2
+    threads = [threading.Thread(target=one, args=(i,)) for i in range(len(work))]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert max(int(x.fields["#running-req"]) for x in own_log(srv, since)) >= 2
     for evs, ref in zip(events, bs1[4:8]):
         ids = [e["output_ids"] for e in evs]
         assert all(ref.output_ids[: len(x)] == x for x in ids) and ids[-1] == ref.output_ids
         assert [len(x) for x in ids] == sorted(len(x) for x in ids)
         assert evs[-1]["meta_info"]["spec_verify_ct"] == ref.verify_ct
-    port = free_port()
-    argv = ENGINE + ["--model-path", str(TARGET), *SPEC, "--port", str(port), "--random-seed", "0"]
-    with ServerProcess(
-        argv,
-        env={"SGLANG_SIMULATE_ACC_LEN": "2"},
-        log_path=tmp_path / "f.log",
-        host="127.0.0.1",
-        port=port,
-        startup_timeout_s=120,
-    ) as srv:
-        outs = post_all(srv.base_url, [body(ids, n) for ids, n in work], stagger_s=0.0)
-    for out, (_, n) in zip(outs, work):
-        meta = out["meta_info"]
-        assert meta["spec_correct_drafts_histogram"] == [0, meta["spec_verify_ct"], 0, 0], meta
-        # the prefill token is the target's; every verify commits SGLang's "fixed" token id 100
-        assert meta["completion_tokens"] == n and set(out["output_ids"][1:]) == {100}
 
 
 def test_the_doctor_checks_the_batch_signature_of_every_hooked_method(monkeypatch):

@@ -184,9 +184,10 @@ class TestSpecServer:
 
 @pytest.fixture(scope="module")
 def baseline_server(tmp_path_factory):
-    """One baseline server (no speculation) for the two tests below, started without SPEC_DECODE_PROFILE
+    """One baseline server (no speculation) for the three tests below, started without SPEC_DECODE_PROFILE
     (the server inherits our environment): the torch test needs the front as it runs without the
-    profiler, the spec-fields test any baseline server. One launch, not two."""
+    profiler, the spec-fields and the streaming tests any baseline server. One launch, not three (the
+    streaming test was test_engine_streaming.py's, with a baseline server of its own)."""
     d = tmp_path_factory.mktemp("baseline_server")
     with pytest.MonkeyPatch.context() as mp:
         mp.delenv("SPEC_DECODE_PROFILE", raising=False)
@@ -201,6 +202,19 @@ def test_baseline_server_has_no_spec_fields(baseline_server):
     out = requests.post(baseline_server.base_url + "/generate", json=BODY, timeout=30).json()
     assert out["meta_info"]["completion_tokens"] == 64
     assert not [k for k in out["meta_info"] if k.startswith("spec_")]
+
+
+def test_baseline_server_streams_one_decode_step_per_event(baseline_server):
+    from .test_engine_streaming import BODY as STREAM_BODY
+    from .test_engine_streaming import N, read_events
+
+    srv = baseline_server
+    events = read_events(requests.post(srv.base_url + "/generate", json={**STREAM_BODY, "stream": True}, timeout=60))
+    counts = [e["meta_info"]["completion_tokens"] for e in events]
+    assert counts == sorted(set(counts)) and counts[0] >= 1 and counts[-1] == N
+    assert len(events) >= N // 4, counts  # one token per step; a writer behind coalesces a few steps
+    assert events[-1]["output_ids"][: len(events[-2]["output_ids"])] == events[-2]["output_ids"]
+    assert not [k for k in events[-1]["meta_info"] if k.startswith("spec_")]
 
 
 def libtorch_mapped(pid: int) -> bool:

@@ -53,12 +53,21 @@ def accept_len(meta: dict) -> float:
     return meta["completion_tokens"] / meta["spec_verify_ct"]
 
 
-def test_forced_accept_len_2_overrides_a_drafter_that_accepts_3_8(tmp_path, natural):
+@pytest.fixture(scope="module")
+def forced_2(tmp_path_factory):
+    """One tp-1 server forcing accept length 2.0 (token mode fixed) for the two tests that only send it
+    requests and read no counter from zero: the single request and its stream, and the 4 requests at once.
+    One launch, not two (the batch was test_engine_batching.py's, with a server of its own)."""
+    with serve(tmp_path_factory.mktemp("forced_2"), "2.0") as srv:
+        yield srv
+
+
+def test_forced_accept_len_2_overrides_a_drafter_that_accepts_3_8(natural, forced_2):
     greedy, natural_len = natural
     assert natural_len > 3.5  # the drafter alone would accept ~3.8 tokens per verify here
-    with serve(tmp_path, "2.0") as srv:
-        out = requests.post(srv.base_url + "/generate", json=BODY, timeout=120).json()
-        events = requests.post(srv.base_url + "/generate", json={**BODY, "stream": True}, timeout=120).text
+    srv = forced_2
+    out = requests.post(srv.base_url + "/generate", json=BODY, timeout=120).json()
+    events = requests.post(srv.base_url + "/generate", json={**BODY, "stream": True}, timeout=120).text
     meta = out["meta_info"]
     assert abs(accept_len(meta) - 2.0) <= EXACT_TOL, meta
     assert meta["spec_correct_drafts_histogram"] == [0, meta["spec_verify_ct"], 0, 0]
@@ -72,7 +81,21 @@ def test_forced_accept_len_2_overrides_a_drafter_that_accepts_3_8(tmp_path, natu
         json.loads(b[6:])["meta_info"]["completion_tokens"] for b in events.split("\n\n") if b.startswith("data: {")
     ]
     assert counts[0] % 2 == 1 and counts[-1] == N and all((b - a) % 2 == 0 for a, b in zip(counts, counts[1:-1]))
-    assert "forced acceptance: SGLANG_SIMULATE_ACC_LEN=2.0" in (tmp_path / "server1.log").read_text()
+    assert "forced acceptance: SGLANG_SIMULATE_ACC_LEN=2.0" in srv.log_path.read_text()
+
+
+def test_forced_acceptance_works_per_request_in_a_batch(forced_2):
+    """Forced acceptance with 4 requests at once (the engine's batching): every verify of every request
+    commits exactly 2 tokens (one draw per request per verify)."""
+    from .test_engine_batching import body, post_all, workload
+
+    work = workload()[4:8]
+    outs = post_all(forced_2.base_url, [body(ids, n) for ids, n in work], stagger_s=0.0)
+    for out, (_, n) in zip(outs, work):
+        meta = out["meta_info"]
+        assert meta["spec_correct_drafts_histogram"] == [0, meta["spec_verify_ct"], 0, 0], meta
+        # the prefill token is the target's; every verify commits SGLang's "fixed" token id 100
+        assert meta["completion_tokens"] == n and set(out["output_ids"][1:]) == {100}
 
 
 def test_fractional_forcing_draws_floor_or_ceil_seeded_alike_on_every_rank(tmp_path):

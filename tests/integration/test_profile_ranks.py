@@ -118,8 +118,28 @@ def test_timed_runs_run_with_dormant_hooks_and_the_profiled_pass_reports_its_eff
     assert checks["profile_vs_counters"] is True and checks["phases_within_cycle"] is True
 
 
-def test_profile_false_means_no_profile_at_all(tmp_path):
-    rec = job(tmp_path, "spec.steps=2", "benchmark.runs=1", "benchmark.profile=false")
+@dataclass(frozen=True)
+class Job:
+    dir: Path
+    rec: dict
+
+
+@pytest.fixture(scope="module")
+def unprofiled_default(tmp_path_factory) -> Job:
+    """One tp=2 job with benchmark.profile=false and nccl=default, a stray NCCL_PROTO in run.py's
+    environment, read by the two tests that each ran a job of their own: no profile at all, and the
+    default NCCL profile (none) in every process. One run.py and one server launch (front and two ranks),
+    not two; the server's environment is read at its start, with or without the profiler."""
+    d = tmp_path_factory.mktemp("unprofiled_default") / "job"
+    rec = job(
+        d, "nccl=default", "spec.steps=2", "benchmark.runs=1", "benchmark.profile=false", env={"NCCL_PROTO": "Simple"}
+    )
+    return Job(dir=d, rec=rec)
+
+
+def test_profile_false_means_no_profile_at_all(unprofiled_default):
+    tmp_path, rec = unprofiled_default.dir, unprofiled_default.rec
+    assert rec["config"]["benchmark"]["profile"] is False
     assert not list(tmp_path.glob("profile*")) and rec["profiled_runs"] == [] and rec["profile_pass"] is None
     assert "SPEC_DECODE_PROFILE" not in json.dumps(rec["server_env"])
 
@@ -163,13 +183,10 @@ def test_two_dp_replicas_at_tp_rank_0_write_two_files_never_one(tmp_path):
 
 
 @pytest.mark.parametrize("nccl", ["tuned", "default"])
-def test_every_process_carries_exactly_the_nccl_profile(request, tmp_path, nccl):
+def test_every_process_carries_exactly_the_nccl_profile(request, nccl):
     # a stray shell variable (NCCL_PROTO=Simple in run.py's environment) must not reach any rank; tuned is
-    # the shared job's profile
-    if nccl == "tuned":
-        rec = request.getfixturevalue("shared").rec
-    else:
-        rec = job(tmp_path, f"nccl={nccl}", "spec.steps=1", "benchmark.runs=1", env={"NCCL_PROTO": "Simple"})
+    # the shared job's profile, default the unprofiled job's
+    rec = request.getfixturevalue("shared" if nccl == "tuned" else "unprofiled_default").rec
     assert rec["config"]["nccl"]["name"] == nccl
     procs = rec["server_env_processes"]
     assert len(procs) >= 3  # the front and two ranks
