@@ -36,7 +36,8 @@ def write_plots(recs: list[JobRecord], out_dir: Path) -> list[Path]:
     # (phases.png without a profiled pass) is a figure that says so, never an earlier sweep's plot left
     # behind beside new numbers, nor a missing out that stops `dvc repro`.
     for name in ALWAYS:
-        figs.setdefault(name, _no_data(name))
+        if name not in figs:  # not setdefault: that would draw (and leave open) a figure for every name
+            figs[name] = _no_data(name)
     return [save(fig, out_dir / name) for name, fig in figs.items()]
 
 
