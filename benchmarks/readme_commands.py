@@ -354,7 +354,7 @@ def run_dry_repros(flags: str, batch: list[tuple[Row, Rule, str]], clone: Clone)
     it would run are none (plain `dvc repro X@Y`, run as written or --dry: a fresh clone is up to date, and
     what one line would run is a subset of what all of them together would) or exactly the named ones
     (-s -f: each forced stage alone, so each line would run its own named stages). Otherwise each line
-    runs alone, as run_one runs it, for its exact verdict (a dry run changed nothing before)."""
+    runs alone, --dry, for its exact verdict: the stages it would run, named (nothing ran before)."""
     if len(batch) > 1:
         named = list(dict.fromkeys(a for _, _, text in batch for a in shlex.split(text)[2:] if "@" in a))
         together = f"dvc repro {flags}{' '.join(named)} --dry"
@@ -367,7 +367,9 @@ def run_dry_repros(flags: str, batch: list[tuple[Row, Rule, str]], clone: Clone)
                 row.ran_as, row.rc, row.output, row.seconds = together, rc, out, seconds / len(batch)
                 row.status, row.check = "pass", f"{rule.why}; checked with the stages of {len(batch) - 1} more lines"
             return [row for row, _, _ in batch]
-    return [execute(row, rule, text, clone) for row, rule, text in batch]
+    # alone: a plain line --dry too (a stale stage is named, not run for real: minutes of a sweep)
+    dry = (lambda t: t if t.endswith(" --dry") else f"{t} --dry") if not flags else (lambda t: t)
+    return [execute(row, rule, dry(text), clone) for row, rule, text in batch]
 
 
 def run_commands(cmds: list[Command], tiers: set, clone: Clone, only: str = "", log=None) -> list[Row]:
