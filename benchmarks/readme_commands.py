@@ -15,6 +15,8 @@ failure ("unknown kind"), so a new README command cannot go unchecked. Kinds tha
 sglang's CUDA 13 wheels, an S3 bucket) are "never" by a stated rule, and the rule is checked. After each
 command what git tracks must be as before it (`git status`), unless the rule says the command writes
 committed files (a re-report, DVC bookkeeping); a re-report's files are put back for the next command.
+The dry `dvc repro [-s -f] X@Y` lines between two commands that may change what DVC sees are checked in
+one DVC run of all their stages (run_dry_repros); when it does not pass, each line runs alone.
 
 Where: `git clone` of the repository's HEAD into a temp dir: what is committed, not the working tree.
 Environment: by default the clone's `.venv` is a link to the running interpreter's venv, and the install
