@@ -33,10 +33,11 @@ def test_the_cheap_readme_commands_run_as_written_in_a_fresh_clone(clone):
     assert {"dvc status", "dvc repro --dry", "dvc metrics diff", "dvc dag"} <= set(ran), sorted(ran)
     assert "Data and pipelines are up to date" in ran["dvc status"].output
     assert "Running stage" not in ran["dvc repro --dry"].output
-    # the experiment READMEs' `dvc repro X@Y` lines: checked in one dry DVC run (run_dry_repros)
+    # the experiment READMEs' `dvc repro X@Y` lines: checked together in dry DVC runs (run_dry_repros), each
+    # line's stages in the run that stands for it
     stages = [r for r in rows if r.kind == "repro-stages"]
-    assert len(stages) >= 3 and len({r.ran_as for r in stages}) == 1, [r.ran_as for r in stages]
-    assert all(f"{r.cmd.text[len('dvc repro ') :]} " in stages[0].ran_as for r in stages), stages[0].ran_as
+    assert len(stages) >= 3 and len({r.ran_as for r in stages}) < len(stages), [r.ran_as for r in stages]
+    assert all(f" {r.cmd.text[len('dvc repro ') :]} " in r.ran_as for r in stages), [r.ran_as for r in stages]
     refusals = set() if clone.gpu_box else {"gpu-sweep", "doctor-gpu"}  # what a box without GPU/sglang says
     assert {r.kind for r in rows if r.status == "pass"} >= {
         "dry-run",
