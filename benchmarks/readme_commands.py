@@ -15,6 +15,8 @@ failure ("unknown kind"), so a new README command cannot go unchecked. Kinds tha
 sglang's CUDA 13 wheels, an S3 bucket) are "never" by a stated rule, and the rule is checked. After each
 command what git tracks must be as before it (`git status`), unless the rule says the command writes
 committed files (a re-report, DVC bookkeeping); a re-report's files are put back for the next command.
+The dry `dvc repro [-s -f] X@Y` lines between two commands that may change what DVC sees are checked in
+one DVC run of all their stages (run_dry_repros); when it does not pass, each line runs alone.
 
 Where: `git clone` of the repository's HEAD into a temp dir: what is committed, not the working tree.
 Environment: by default the clone's `.venv` is a link to the running interpreter's venv, and the install
@@ -265,24 +267,22 @@ def never_check(rule: Rule, clone: Clone, text: str = "") -> str:
     return ""
 
 
-def run_one(cmd: Command, rule: Rule | None, tiers: set, clone: Clone) -> Row:
+def prepare(cmd: Command, rule: Rule | None, tiers: set, clone: Clone) -> tuple[Row, str | None]:
+    """The row of a command and what to run for it (None: the row is final, nothing to run)."""
     if rule is None:
-        return Row(cmd, "unknown", "-", status="FAIL", check="no rule in RULES matches: classify it")
-    if rule.with_sglang and clone.has_sglang and not clone.gpu_box:
-        rc, must, why = rule.with_sglang
-        rule = dataclasses.replace(rule, rc=rc, must=must, why=why)
+        return Row(cmd, "unknown", "-", status="FAIL", check="no rule in RULES matches: classify it"), None
     row = Row(cmd, rule.kind, rule.tier, check=rule.why)
     if rule.tier == "never" and not rule.test_form:
         problem = never_check(rule, clone, cmd.text)
         row.status, row.check = ("FAIL", problem) if problem else ("never", rule.why)
-        return row
+        return row, None
     if clone.gpu_box and rule.kind in ("gpu-sweep", "doctor-gpu"):
         row.check = "a GPU box: the refusal expected here does not apply; run it as written"
-        return row
+        return row, None
     text, used = substitute(cmd.text)
     row.tier = max([rule.tier, *(s.tier for s in used)], key=lambda t: (TIERS + ("never",)).index(t))
     if row.tier not in tiers and not (rule.test_form and "test" in tiers):
-        return row
+        return row, None
     if row.tier not in tiers or rule.kind == "suite":  # the cheap form (the suite: always)
         text += rule.test_form
     try:
@@ -291,10 +291,15 @@ def run_one(cmd: Command, rule: Rule | None, tiers: set, clone: Clone) -> Row:
                 make_stand_in(clone, s.maker)
     except RuntimeError as e:
         row.status, row.check = "FAIL", str(e)
-        return row
+        return row, None
     text = text.format(tmp=clone.tmp, **clone.vars)
     if rule.kind == "install" and not clone.install:  # the venv is linked: the install steps are left out
         text = " && ".join(p for p in text.split(" && ") if not p.startswith(("python3 -m venv", "pip install")))
+    return row, text
+
+
+def execute(row: Row, rule: Rule, text: str, clone: Clone) -> Row:
+    """Run the prepared command through bash in the clone and judge it by its rule."""
     if rule.kind == "dvc-write" and text.startswith("dvc pull"):  # as on the GPU box: neither copy nor cache
         shutil.rmtree(clone.dir / shlex.split(text)[2], ignore_errors=True)
         shutil.rmtree(clone.dir / ".dvc" / "cache", ignore_errors=True)
@@ -316,23 +321,106 @@ def run_one(cmd: Command, rule: Rule | None, tiers: set, clone: Clone) -> Row:
     return row
 
 
+def for_this_box(rule: Rule | None, clone: Clone) -> Rule | None:
+    """The rule as it applies here: where sglang is installed but no GPU is, its with_sglang outcome."""
+    if rule is not None and rule.with_sglang and clone.has_sglang and not clone.gpu_box:
+        rc, must, why = rule.with_sglang
+        rule = dataclasses.replace(rule, rc=rc, must=must, why=why)
+    return rule
+
+
+def run_one(cmd: Command, rule: Rule | None, tiers: set, clone: Clone) -> Row:
+    rule = for_this_box(rule, clone)
+    row, text = prepare(cmd, rule, tiers, clone)
+    return row if text is None else execute(row, rule, text, clone)
+
+
+# `dvc repro [-s -f] STAGE...` of several README lines: one dry DVC process asked for all their stages gives
+# each line's answer when it passes (run_dry_repros); any other outcome runs each line alone for its verdict.
+BATCHED = ("repro-stages", "repro-experiment")
+REPRO = re.compile(r"^dvc repro (-s -f )?([\w-]+@[\w-]+(?: [\w-]+@[\w-]+)*)( --dry)?$")
+
+
+def dry_repro_group(rule: Rule | None, text: str | None) -> str | None:
+    """The group a prepared command is checked in together ('' plain, '-s -f '), None: on its own."""
+    if rule is None or text is None or rule.kind not in BATCHED or not (m := REPRO.match(text)):
+        return None
+    if m.group(1) and not m.group(3):
+        return None  # a re-report that runs for real (the job tier)
+    return m.group(1) or ""
+
+
+def run_dry_repros(flags: str, batch: list[tuple[Row, Rule, str]], clone: Clone) -> list[Row]:
+    """One `dvc repro FLAGS A B ... --dry` for the stages of every line in the batch. Its answer is each
+    line's when it passes what each line's rule asks: exit 0, no traceback, git as it was, and the stages
+    it would run are none (plain `dvc repro X@Y`, run as written or --dry: a fresh clone is up to date, and
+    what one line would run is a subset of what all of them together would) or exactly the named ones
+    (-s -f: each forced stage alone, so each line would run its own named stages). Otherwise each line
+    runs alone, --dry, for its exact verdict: the stages it would run, named (nothing ran before)."""
+    if len(batch) > 1:
+        named = list(dict.fromkeys(a for _, _, text in batch for a in shlex.split(text)[2:] if "@" in a))
+        together = f"dvc repro {flags}{' '.join(named)} --dry"
+        before = clone.git_status()
+        rc, out, seconds = clone.bash(together, TIMEOUT_S["test"])
+        running = set(re.findall(r"Running stage '([^']+)'", out))
+        ok = rc == 0 and not re.search(TRACEBACK, out) and clone.git_status() == before
+        if ok and (running == set(named) if flags else not running):
+            for row, rule, _ in batch:
+                row.ran_as, row.rc, row.output, row.seconds = together, rc, out, seconds / len(batch)
+                row.status, row.check = "pass", f"{rule.why}; checked with the stages of {len(batch) - 1} more lines"
+            return [row for row, _, _ in batch]
+    # alone: a plain line --dry too (a stale stage is named, not run for real: minutes of a sweep)
+    dry = (lambda t: t if t.endswith(" --dry") else f"{t} --dry") if not flags else (lambda t: t)
+    return [execute(row, rule, dry(text), clone) for row, rule, text in batch]
+
+
+def run_commands(cmds: list[Command], tiers: set, clone: Clone, only: str = "", log=None) -> list[Row]:
+    """Each command in order (those of the asked tiers run); the dry `dvc repro` lines between two commands
+    that may change what DVC sees (a rule that lets git change) are checked together (run_dry_repros)."""
+    rows: list[Row] = []
+    pending: dict[str, list[tuple[Row, Rule, str]]] = {}
+
+    def done(*finished: Row) -> None:
+        for row in finished:
+            if log:
+                log(
+                    f"[{row.status}] {row.kind}: {row.ran_as if row.ran_as != 'not run' else row.cmd.text} "
+                    f"({row.seconds:.1f} s) {row.check}",
+                    flush=True,
+                )
+
+    def flush() -> None:
+        for flags, batch in pending.items():
+            done(*run_dry_repros(flags, batch, clone))
+        pending.clear()
+
+    for cmd in cmds:
+        rule = for_this_box(classify(cmd), clone)
+        if any(s.maker for s in substitute(cmd.text)[1]):
+            flush()  # its stand-ins are made before it: the dry repros before it see the clone without them
+        row, text = prepare(cmd, rule, tiers if re.search(only, cmd.text) else set(), clone)
+        rows.append(row)
+        group = dry_repro_group(rule, text)
+        if group is not None:
+            pending.setdefault(group, []).append((row, rule, text))
+            continue
+        if text is not None and not rule.keeps_git and not text.endswith(" --help"):
+            flush()  # a command that may change what DVC sees: the dry repros before it are checked first
+        done(execute(row, rule, text, clone) if text is not None else row)
+    flush()
+    return rows
+
+
 def run_all(clone: Clone, tiers: set, log=print, only: str = "") -> list[Row]:
     """Every command of the clone's README, in order; those of the asked tiers run, the rest are rows too
     (`only`: a regex; commands it does not match are not run)."""
-    rows, seen = [], set()
+    cmds, seen = [], set()
     for cmd in extract((clone.dir / "README.md").read_text()) + extract_experiments(clone.dir):
         if substitute(cmd.text)[0] in seen:  # the same command in another README: run once
             continue
         seen.add(substitute(cmd.text)[0])
-        row = run_one(cmd, classify(cmd), tiers if re.search(only, cmd.text) else set(), clone)
-        rows.append(row)
-        if log:
-            log(
-                f"[{row.status}] {row.kind}: {row.ran_as if row.ran_as != 'not run' else cmd.text} "
-                f"({row.seconds:.1f} s) {row.check}",
-                flush=True,
-            )
-    return rows
+        cmds.append(cmd)
+    return run_commands(cmds, tiers, clone, only=only, log=log)
 
 
 def table(rows: list[Row]) -> str:

@@ -33,6 +33,11 @@ def test_the_cheap_readme_commands_run_as_written_in_a_fresh_clone(clone):
     assert {"dvc status", "dvc repro --dry", "dvc metrics diff", "dvc dag"} <= set(ran), sorted(ran)
     assert "Data and pipelines are up to date" in ran["dvc status"].output
     assert "Running stage" not in ran["dvc repro --dry"].output
+    # the experiment READMEs' `dvc repro X@Y` lines: checked together in dry DVC runs (run_dry_repros), each
+    # line's stages in the run that stands for it
+    stages = [r for r in rows if r.kind == "repro-stages"]
+    assert len(stages) >= 3 and len({r.ran_as for r in stages}) < len(stages), [r.ran_as for r in stages]
+    assert all(f" {r.cmd.text[len('dvc repro ') :]} " in r.ran_as for r in stages), [r.ran_as for r in stages]
     refusals = set() if clone.gpu_box else {"gpu-sweep", "doctor-gpu"}  # what a box without GPU/sglang says
     assert {r.kind for r in rows if r.status == "pass"} >= {
         "dry-run",
@@ -69,6 +74,20 @@ def test_a_typo_in_a_readme_command_fails(clone, typo):
     cmd = Command("DVC: models, data and reported results", 0, typo)
     row = rc.run_one(cmd, rc.classify(cmd), {"test"}, clone)
     assert row.status == "FAIL" and row.rc not in (None, 0), (row.check, row.output[-800:])
+
+
+def test_a_typo_among_repro_lines_checked_together_fails_alone(clone):
+    """The dry `dvc repro` lines between two commands that may change what DVC sees run as one DVC process
+    (run_dry_repros; the main test's pass as one); when it does not pass, each line runs alone for its own
+    verdict: the typo fails, the good line passes."""
+    good, typo = "dvc repro bench@ci_smoke report@ci_smoke", "dvc repro report@ci_smok"
+    rows = rc.run_commands(
+        [Command("DVC: models, data and reported results", n, t) for n, t in enumerate((good, typo))], {"test"}, clone
+    )
+    assert [r.status for r in rows] == ["pass", "FAIL"], [(r.ran_as, r.check, r.output[-400:]) for r in rows]
+    assert [r.ran_as for r in rows] == [f"{good} --dry", f"{typo} --dry"] and rows[1].rc not in (None, 0), rows[
+        1
+    ].output[-800:]
 
 
 def test_a_readme_command_that_changes_what_git_tracks_fails(clone):
