@@ -66,6 +66,15 @@ def is_cpu(rec: JobRecord) -> bool:
     return hw.get("device") == "cpu" or (hw.get("device") is None and hw.get("name") == "cpu")
 
 
+# An interval of fewer runs says nothing about the spread (recommend.MIN_RUNS is this): such a pair is
+# not judged, or a 2-run interval that happens to be narrow raises an alarm from one data point.
+MIN_RUNS = 3
+
+
+def _n_runs(rec: JobRecord) -> int:
+    return int((rec.throughput_tok_s and rec.throughput_tok_s.n) or len(rec.runs))
+
+
 def _interval(rec: JobRecord, metric: str) -> tuple[float, float] | None:
     lo, hi = rec.metrics.get(f"{metric}_ci95_lo"), rec.metrics.get(f"{metric}_ci95_hi")
     if lo is None or hi is None or lo != lo or hi != hi:  # NaN: no interval
@@ -101,8 +110,11 @@ def check(recs: list[JobRecord]) -> Control:
     found = pairs(recs)
     spec = [p for p in found if p[0].speculative]
     found = spec or found
-    verdicts = []
+    verdicts, few = [], []
     for a, b, why in found:
+        if min(_n_runs(a), _n_runs(b)) < MIN_RUNS:
+            few.append(min(_n_runs(a), _n_runs(b)))
+            continue
         metric = (
             "speedup_vs_baseline"
             if _interval(a, "speedup_vs_baseline") and _interval(b, "speedup_vs_baseline")
@@ -112,6 +124,12 @@ def check(recs: list[JobRecord]) -> Control:
         if ia is None or ib is None:
             continue
         verdicts.append(PairVerdict(a.label, b.label, why, metric, ia, ib, max(ia[0], ib[0]) <= min(ia[1], ib[1])))
+    if not verdicts and few:
+        return Control(
+            "none",
+            f"no A/A verdict: {len(few)} known-identical pair(s), but with {min(few)} run(s) a job (< {MIN_RUNS}) "
+            "their intervals say nothing about the spread (set benchmark.runs >= 3)",
+        )
     if not verdicts:
         return Control(
             "none",

@@ -36,7 +36,7 @@ from spec_decode.analysis import control
 from spec_decode.record.results import JobRecord, performance_only
 
 STABLE_MAX = 0.05  # robust CV (or CV) of a cell's runs' tok/s; why 5%: see the module doc
-MIN_RUNS = 3  # a MAD or a CV of 2 runs says nothing about the spread
+MIN_RUNS = control.MIN_RUNS  # a MAD or a CV of 2 runs says nothing about the spread
 
 
 @dataclass

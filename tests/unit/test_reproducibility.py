@@ -110,6 +110,19 @@ def test_planted_bias_in_one_arm_disagrees_and_the_recommendation_refuses():
     )
 
 
+def test_two_run_intervals_are_no_aa_control_even_when_disjoint():
+    # a fresh-clone CI run (2026-12-05): 2 runs a job gave [1.314, 1.318] vs [1.687, 1.793] for the nccl
+    # twins; an interval of 2 runs says nothing about the spread, so it raises no alarm (nor picks a cell)
+    recs = [
+        cell(3, [400.0, 400.2], (1.316, 1.314, 1.318), "tuned"),
+        cell(3, [400.0, 430.0], (1.74, 1.687, 1.793)),
+    ]
+    c = control.check(recs)
+    assert c.status == "none" and "2 run(s) a job" in c.message and not c.pairs
+    rec = recommend.recommend(recs)
+    assert rec.decision == "cannot decide" and rec.control == "none" and "noisy" in rec.reason
+
+
 def test_nccl_profiles_are_no_control_on_a_gpu_but_replicates_are():
     gpu = [
         cell(3, steady(400), (1.0, 0.98, 1.02), "tuned", "cuda"),
