@@ -22,18 +22,22 @@ interrupt.install()  # first: a Ctrl-C during the imports below exits quietly
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("MLFLOW_DISABLE_TELEMETRY", "true")
 
-import hydra  # noqa: E402
-from omegaconf import DictConfig  # noqa: E402
+from spec_decode.core.gc_imports import frozen_imports  # noqa: E402
 
-from spec_decode.core.config import ConfigError, register_configs  # noqa: E402
-from spec_decode.core.overrides import check_argv  # noqa: E402
+with frozen_imports():  # without the cyclic GC's rescans (spec_decode/core/gc_imports.py)
+    import hydra
+    from omegaconf import DictConfig
+
+    from spec_decode.core.config import ConfigError, register_configs
+    from spec_decode.core.overrides import check_argv
 
 register_configs()
 
 
 @hydra.main(version_base="1.3", config_path="conf", config_name="config")
 def main(cfg: DictConfig) -> float | None:
-    from spec_decode.hydra_entry import run_from_hydra
+    with frozen_imports():  # lazy: the job's modules load after Hydra's --help and --cfg answered
+        from spec_decode.hydra_entry import run_from_hydra
 
     return run_from_hydra(cfg)
 

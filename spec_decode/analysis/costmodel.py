@@ -33,11 +33,14 @@ from dataclasses import asdict, dataclass, field
 from typing import TYPE_CHECKING
 
 import numpy as np
-from scipy import optimize
 
 from spec_decode.analysis.acceptance import rates_from_metrics
 from spec_decode.analysis.stats import t_ppf
+from spec_decode.core.gc_imports import frozen_imports
 from spec_decode.record.results import performance_only
+
+with frozen_imports():  # scipy.optimize: ~300 modules (spec_decode/core/gc_imports.py)
+    from scipy import optimize
 
 if TYPE_CHECKING:
     from spec_decode.record.results import JobRecord

@@ -22,6 +22,7 @@ from __future__ import annotations
 import math
 import statistics
 
+from spec_decode.core.gc_imports import frozen_imports
 from spec_decode.record.sections import Ratio, Summary, VarianceComponents
 
 CV_WARN = 0.03
@@ -34,14 +35,16 @@ CV_WARN = 0.03
 # and never calls t (scipy.special: ~0.2 s of CPU).
 def t_ppf(p: float, df: float) -> float:
     """scipy.stats.t.ppf(p, df)."""
-    from scipy import special  # lazy: ~0.2 s of CPU, paid on the first t only (above)
+    with frozen_imports():  # lazy: ~0.2 s of CPU, paid on the first t only (above)
+        from scipy import special
 
     return special.stdtrit(df, p)
 
 
 def t_cdf(x: float, df: float) -> float:
     """scipy.stats.t.cdf(x, df)."""
-    from scipy import special  # lazy: ~0.2 s of CPU, paid on the first t only (above)
+    with frozen_imports():  # lazy: ~0.2 s of CPU, paid on the first t only (above)
+        from scipy import special
 
     return special.stdtr(df, x)
 

@@ -20,6 +20,7 @@ import time
 from pathlib import Path
 
 from spec_decode.core import store
+from spec_decode.core.gc_imports import frozen_imports
 
 EXPERIMENT = "drafter-training"
 DEFAULT_URI = store.DEFAULT_URI
@@ -68,8 +69,9 @@ def _log(uri: str, model_dir: Path, rec: dict, history: list[dict], heldout: dic
     logging.getLogger("mlflow").setLevel(logging.WARNING)
     logging.getLogger("alembic").setLevel(logging.WARNING)
     # lazy: mlflow costs seconds of start-up; the embedded engine's build imports this module
-    from mlflow.entities import Metric, Param, RunTag
-    from mlflow.tracking import MlflowClient
+    with frozen_imports():
+        from mlflow.entities import Metric, Param, RunTag
+        from mlflow.tracking import MlflowClient
 
     client = MlflowClient(tracking_uri=uri)
     exp = client.get_experiment_by_name(EXPERIMENT)
@@ -118,7 +120,8 @@ def training_run_id(weights_sha256: str, uri: str | None) -> str | None:
     if uri is None or ((f := store.sqlite_file(uri)) is not None and not f.is_file()):
         return None  # no store: reading must not create one
     try:
-        from mlflow.tracking import MlflowClient  # lazy: as in log_training
+        with frozen_imports():  # lazy: as in log_training
+            from mlflow.tracking import MlflowClient
 
         client = MlflowClient(tracking_uri=uri)
         exp = client.get_experiment_by_name(EXPERIMENT)

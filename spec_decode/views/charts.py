@@ -9,6 +9,7 @@ from pathlib import Path
 
 from spec_decode.analysis import concurrency
 from spec_decode.analysis.costmodel import fitted_rate
+from spec_decode.core.gc_imports import frozen_imports
 from spec_decode.record.results import JobRecord, performance_only
 
 
@@ -17,11 +18,12 @@ def acceptance_figures(recs: list[JobRecord], fits: dict | None = None) -> dict:
     accept_rate_by_position.png (measured rate per draft position per job; dotted: the cost model's
     fitted alpha x decay^(i-1) per NCCL profile) for the records that carry a histogram. Given one
     record: that job's two charts (its MLflow child run's artifacts)."""
-    import matplotlib  # lazy: plotting costs ~1 s of start-up; a sweep without plots never pays it
+    with frozen_imports():  # lazy: plotting costs ~1 s of start-up; a sweep without plots never pays it
+        import matplotlib
 
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-    from matplotlib.ticker import MaxNLocator
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+        from matplotlib.ticker import MaxNLocator
 
     have = sorted(
         (r for r in recs if r.speculative and r.acceptance and r.acceptance.histogram and sum(r.acceptance.histogram)),
@@ -83,10 +85,11 @@ def concurrency_figures(recs: list[JobRecord]) -> dict:
     (shaded band, point marked); {} unless the records span two or more concurrencies."""
     if not concurrency.swept(recs) or not (cur := concurrency.curves(recs)):
         return {}
-    import matplotlib  # lazy: plotting costs ~1 s of start-up; a sweep at one concurrency never pays it
+    with frozen_imports():  # lazy: plotting costs ~1 s of start-up; a sweep at one concurrency never pays it
+        import matplotlib
 
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
 
     fig, ax = plt.subplots(figsize=(8.5, 4.5))
     profiles = {k[0] for k in cur}

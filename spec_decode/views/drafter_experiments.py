@@ -26,6 +26,7 @@ import os
 import re
 from pathlib import Path
 
+from spec_decode.core.gc_imports import frozen_imports
 from spec_decode.views.experiment import BEGIN, END, exp_dir
 
 
@@ -84,10 +85,11 @@ def table(name: str, metrics: dict) -> str:
 
 
 def plot(name: str, metrics: dict, path: Path) -> None:
-    import matplotlib  # lazy: the plot only (~1 s of start-up)
+    with frozen_imports():  # lazy: the plot only (~1 s of start-up)
+        import matplotlib
 
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
 
     fig, axes = plt.subplots(1, 2, figsize=(11, 4))
     items = _ordered(metrics)

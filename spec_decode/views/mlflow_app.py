@@ -17,6 +17,8 @@ from __future__ import annotations
 
 import json
 
+from spec_decode.core.gc_imports import frozen_imports
+
 # The 3.17.2 UI's localStorage keys (its useLocalStorage: `${key}_v${version}`, JSON values), each set only
 # where the browser has none: "Model training", and the assistant panel not opened on its own on the
 # first visit (it takes a third of the window from the runs table; its button still opens it).
@@ -40,8 +42,9 @@ def with_default_workflow(html: str) -> str:
 def create_app():
     """The ASGI app ``mlflow ui``/``mlflow server`` runs (a factory: uvicorn calls it in the worker)."""
     # lazy: the MLflow server (seconds of imports) loads only in the server's own process
-    from mlflow.server import app as flask_app
-    from mlflow.server.fastapi_app import app
+    with frozen_imports():
+        from mlflow.server import app as flask_app
+        from mlflow.server.fastapi_app import app
 
     @flask_app.after_request
     def _default_workflow(response):

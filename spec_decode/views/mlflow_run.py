@@ -11,6 +11,7 @@ import time
 from pathlib import Path
 
 from spec_decode.core.config import flatten
+from spec_decode.core.gc_imports import frozen_imports
 from spec_decode.record import results
 from spec_decode.record.results import JobRecord
 
@@ -130,7 +131,8 @@ def tags_of(rec: JobRecord) -> dict[str, str]:
 
 
 def log_record(client, run_id: str, rec: JobRecord, out_dir: Path, plots: bool = True) -> None:
-    from mlflow.entities import Metric, Param, RunTag  # lazy: mlflow costs seconds of start-up (tracking=off)
+    with frozen_imports():  # lazy: mlflow costs seconds of start-up (tracking=off)
+        from mlflow.entities import Metric, Param, RunTag
 
     now = int(time.time() * 1000)
     metrics = [Metric(k, rounded(k, v), now, 0) for k, v in rec.metrics.items() if math.isfinite(v)]

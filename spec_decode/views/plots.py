@@ -7,6 +7,7 @@ from pathlib import Path
 
 from spec_decode.analysis import blocks, concurrency
 from spec_decode.analysis.costmodel import fit, points_from_records
+from spec_decode.core.gc_imports import frozen_imports
 from spec_decode.record.results import JobRecord
 from spec_decode.views.charts import acceptance_figures, concurrency_figures, legend_outside, save
 
@@ -47,10 +48,11 @@ _WHY = {"phases.png": "no phase times in this sweep (no profiled pass: benchmark
 
 def _no_data(name: str):
     """A figure that says this sweep has no data for `name`."""
-    import matplotlib  # lazy: as in figures()
+    with frozen_imports():  # lazy: as in figures()
+        import matplotlib
 
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
 
     fig, ax = plt.subplots(figsize=(6.5, 1.6))
     ax.axis("off")
@@ -69,11 +71,12 @@ def _no_data(name: str):
 
 def figures(recs: list[JobRecord]) -> dict:
     """The report's matplotlib figures by file name (those that have data)."""
-    import matplotlib  # lazy: plotting costs ~1 s of start-up; most report calls print tables only
+    with frozen_imports():  # lazy: plotting costs ~1 s of start-up; most report calls print tables only
+        import matplotlib
 
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-    from matplotlib.ticker import MaxNLocator
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+        from matplotlib.ticker import MaxNLocator
 
     done = [r for r in recs if r.status == "FINISHED" and r.metrics]
     spec = [r for r in done if r.speculative and "throughput_tok_s" in r.metrics]

@@ -33,6 +33,7 @@ from spec_decode.analysis import batchcost, blocks, concurrency, control, effect
 from spec_decode.analysis.costmodel import describe
 from spec_decode.analysis.host import describe as describe_host
 from spec_decode.core import store
+from spec_decode.core.gc_imports import frozen_imports
 from spec_decode.record.results import JobRecord, collect, performance_only, section
 from spec_decode.views.plots import cost_models, write_plots
 
@@ -242,7 +243,8 @@ def sweep_summary(recs: list[JobRecord]) -> tuple[str, dict[str, list]]:
 def from_mlflow(run_id: str, uri: str, dest: Path) -> Path:
     """Download the results.json of a sweep's child runs (parent run ``run_id``) under ``dest``."""
     # lazy: mlflow costs seconds of start-up; only --mlflow reads a store
-    from mlflow.tracking import MlflowClient
+    with frozen_imports():
+        from mlflow.tracking import MlflowClient
 
     client = MlflowClient(tracking_uri=store.readable(uri))
     parent = client.get_run(run_id)

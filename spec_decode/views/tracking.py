@@ -29,6 +29,7 @@ from filelock import FileLock
 
 from spec_decode.analysis import drift
 from spec_decode.core import store
+from spec_decode.core.gc_imports import frozen_imports
 from spec_decode.record import results
 from spec_decode.record.results import JobRecord
 from spec_decode.runner import interrupt
@@ -128,7 +129,8 @@ class Tracker:
     @property
     def client(self):
         if self._client is None:
-            from mlflow.tracking import MlflowClient  # lazy: seconds of start-up, paid on first use only
+            with frozen_imports():  # lazy: seconds of start-up, paid on first use only
+                from mlflow.tracking import MlflowClient
 
             self.reachable()
             # schema creation/migration happens once, under the lock, and whole (a Ctrl-C waits for it)

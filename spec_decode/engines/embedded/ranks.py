@@ -15,7 +15,6 @@ lines are in the server log before the error is.
 from __future__ import annotations
 
 import collections
-import gc
 import logging
 import multiprocessing
 import multiprocessing.connection
@@ -26,6 +25,7 @@ import threading
 import time
 from dataclasses import replace
 
+from spec_decode.core.gc_imports import frozen_imports
 from spec_decode.engines.embedded.server_args import RankSpec
 from spec_decode.engines.server_process import free_port
 
@@ -51,12 +51,9 @@ def _rank_main(rank: int, spec: RankSpec, cmd_conn, log_conn) -> None:
     rank's ~1.2 s of CPU to ready), and the exit's full collections scanned them again (~0.3 s more
     where the interpreter finalizes: ``close()``'s stop, a front gone). Only when the collector runs
     changes, never what a rank computes; the import's few cycles stay allocated (~1 MB)."""
-    gc.disable()
-    # lazy: torch loads in the rank processes only (the front never imports the scheduler)
-    from spec_decode.engines.embedded.scheduler import run_rank
+    with frozen_imports():  # lazy: torch loads in the rank processes only (the front never imports the scheduler)
+        from spec_decode.engines.embedded.scheduler import run_rank
 
-    gc.freeze()
-    gc.enable()
     run_rank(rank, spec, cmd_conn, log_conn)
 
 
