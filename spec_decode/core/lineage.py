@@ -68,8 +68,7 @@ def log_training(model_dir: Path, history: list[dict], heldout: dict, uri: str |
 def _log(uri: str, model_dir: Path, rec: dict, history: list[dict], heldout: dict, wall_s: float) -> str:
     logging.getLogger("mlflow").setLevel(logging.WARNING)
     logging.getLogger("alembic").setLevel(logging.WARNING)
-    # lazy: mlflow costs seconds of start-up; the embedded engine's build imports this module
-    with frozen_imports():
+    with frozen_imports():  # lazy: mlflow costs seconds of start-up; the embedded engine's build imports this module
         from mlflow.entities import Metric, Param, RunTag
         from mlflow.tracking import MlflowClient
 

@@ -41,8 +41,7 @@ def with_default_workflow(html: str) -> str:
 
 def create_app():
     """The ASGI app ``mlflow ui``/``mlflow server`` runs (a factory: uvicorn calls it in the worker)."""
-    # lazy: the MLflow server (seconds of imports) loads only in the server's own process
-    with frozen_imports():
+    with frozen_imports():  # lazy: the MLflow server (seconds of imports) loads only in the server's own process
         from mlflow.server import app as flask_app
         from mlflow.server.fastapi_app import app
 

@@ -242,8 +242,7 @@ def sweep_summary(recs: list[JobRecord]) -> tuple[str, dict[str, list]]:
 
 def from_mlflow(run_id: str, uri: str, dest: Path) -> Path:
     """Download the results.json of a sweep's child runs (parent run ``run_id``) under ``dest``."""
-    # lazy: mlflow costs seconds of start-up; only --mlflow reads a store
-    with frozen_imports():
+    with frozen_imports():  # lazy: mlflow costs seconds of start-up; only --mlflow reads a store
         from mlflow.tracking import MlflowClient
 
     client = MlflowClient(tracking_uri=store.readable(uri))
