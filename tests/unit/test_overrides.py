@@ -65,7 +65,7 @@ def test_an_added_key_in_a_composed_config_is_refused():
         ),
         (
             "hardware=h100x8",
-            "error: hardware=h100x8: no such option of hardware; options: cpu, h200x1, h200x2, h200x8, rtx_pro_6000x8",
+            "error: hardware=h100x8: no such option of hardware; options: cpu, h100x1, h200x1, h200x2, h200x8, rtx_pro_6000x8",
         ),
     ],
 )
