@@ -23,8 +23,9 @@ from spec_decode.runner.preflight_items import (
     check_load,
     check_request_prompts,
     check_synthetic,
-    hardware_mismatches,
+    gpu_type_mismatch,
     has_weights,
+    interconnect_mismatch,
     missing_weights,
     read_json,
     visible_gpus,
@@ -192,9 +193,12 @@ def check(cfg: ExperimentConfig, root: Path) -> Preflight:
             dry_run=dry,
         )
         if n:  # the profile's labels against what the box reports (GPU names, nvidia-smi topo -m)
-            pf.warnings.extend(
-                hardware_mismatches(cfg.hardware.gpu_type, cfg.hardware.interconnect, cfg.hardware.tp_size, gpu_facts())
-            )
+            facts = gpu_facts()
+            wrong_gpu = gpu_type_mismatch(cfg.hardware.gpu_type, facts)
+            pf.need(wrong_gpu is None, wrong_gpu or "", local=True, dry_run=dry)
+            link = interconnect_mismatch(cfg.hardware.interconnect, cfg.hardware.tp_size, facts)
+            if link:
+                pf.warnings.append(link)
     # Forced acceptance: real speed, outputs not lossless -- the record says so (results.PERFORMANCE_ONLY).
     if cfg.speculative and cfg.spec.simulate_accept_len is not None:
         pf.warnings.append(

@@ -298,22 +298,31 @@ def topology_links(topo: str | None, n: int) -> set[str]:
     return kinds
 
 
-def hardware_mismatches(gpu_type: str | None, interconnect: str, tp_size: int, facts: dict | None) -> list[str]:
-    """What the hardware profile claims (gpu_type, interconnect) against what this box reports
-    (nvidia-smi's GPU names, ``nvidia-smi topo -m``); empty without GPUs or when they agree."""
-    if not facts or not facts.get("gpus"):
-        return []
-    out = []
+def gpu_type_mismatch(gpu_type: str | None, facts: dict | None) -> str | None:
+    """The hardware profile's gpu_type against nvidia-smi's GPU names: the refusal, or None without GPUs,
+    without a gpu_type, or when they agree. An error, not a warning: the profile's name is the record's
+    hardware label, and a run on another GPU would be reported as this one (2026-12-05: a sweep labelled
+    h200x1 ran on an H100 after one warning line)."""
+    if not gpu_type or not facts or not facts.get("gpus"):
+        return None
     names = sorted({g.split(",")[0].strip() for g in facts["gpus"]})
-    if gpu_type and not any(gpu_type.lower() in n.lower() or n.lower() in gpu_type.lower() for n in names):
-        out.append(
-            f"hardware.gpu_type={gpu_type!r} but nvidia-smi reports {names}: fix the hardware profile "
-            "(its label goes into every record)"
-        )
+    if any(gpu_type.lower() in n.lower() or n.lower() in gpu_type.lower() for n in names):
+        return None
+    return (
+        f"hardware.gpu_type={gpu_type!r} but nvidia-smi reports {names}: choose this box's hardware profile "
+        "(hardware=..., conf/hardware/) or add one; its name is the label of every record"
+    )
+
+
+def interconnect_mismatch(interconnect: str, tp_size: int, facts: dict | None) -> str | None:
+    """The hardware profile's interconnect against ``nvidia-smi topo -m`` between the first tp_size GPUs
+    (a warning: the label is descriptive, and a topology read can be partial)."""
+    if not facts or not facts.get("gpus"):
+        return None
     links = topology_links(facts.get("topology"), tp_size)
     if links and interconnect in ("pcie", "nvlink") and links != {interconnect}:
-        out.append(
+        return (
             f"hardware.interconnect={interconnect} but `nvidia-smi topo -m` shows {sorted(links)} links "
             f"between the first {tp_size} GPUs: fix the hardware profile"
         )
-    return out
+    return None

@@ -339,6 +339,16 @@ def test_hardware_labels_are_checked_against_what_the_box_reports(tmp_path):
         env=env,
     )
     assert "hardware.gpu_type" not in p.stdout and "hardware.interconnect" not in p.stdout, p.stdout
+    # A real job is refused: the profile's name is every record's hardware label (a sweep labelled h200x1
+    # once ran on an H100 after one warning line). The interconnect stays a warning.
+    p = run_py(
+        ["hardware=h200x2", "drafter=none", "tracking=off", f"hydra.run.dir={tmp_path / 'r'}"], env=env, check=False
+    )
+    said = p.stdout + p.stderr
+    assert p.returncode == 2, said
+    assert "hardware.gpu_type='NVIDIA H200' but nvidia-smi reports ['NVIDIA RTX PRO 6000" in said, said
+    assert "choose this box's hardware profile" in said
+    assert "server started" not in said and not list((tmp_path / "r").glob("**/server.log")), said
 
 
 def test_layer_id_minus_one_is_named_as_the_embedding_output_with_the_trained_ids(tmp_path):
