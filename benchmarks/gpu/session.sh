@@ -112,7 +112,7 @@ eps = sorted(e.value for e in entry_points(group="sglang.srt.plugins"))
 assert "spec_decode.profiler.plugin:register" in eps, f"plugin entry point not visible: {eps}"
 print(f"[session] python ok: torch {torch.__version__} (cuda {torch.version.cuda}, nccl "
       f"{'.'.join(map(str, torch.cuda.nccl.version())) if torch.cuda.is_available() else '-'}), "
-      f"{torch.cuda.device_count()} GPU(s), hydra {hydra.__version__}, omegaconf {omegaconf.__version__}, plugins {eps}")
+      f"{torch.cuda.device_count()} GPU(s) {sorted({torch.cuda.get_device_name(i) for i in range(torch.cuda.device_count())})}, hydra {hydra.__version__}, omegaconf {omegaconf.__version__}, plugins {eps}")
 EOF
 }
 
