@@ -6,9 +6,10 @@ pair of cells; if their 95% speedup intervals are disjoint, the machine's noise 
 intervals state, and no choice between cells can rest on them (``recommend`` refuses to choose).
 
 Which cells are known-identical:
-- on a CPU (``hardware.device=cpu``), cells that differ only in the NCCL profile: no NCCL runs there,
-  so ``nccl=tuned`` and ``nccl=default`` are the same experiment (embedded_steps_nccl has 4 such pairs,
-  at no extra cost);
+- cells that differ only in the NCCL profile where no NCCL runs: on a CPU (``hardware.device=cpu``), or
+  wherever the job's engine said so (``record.engine.nccl_inert``: the embedded engine at tp 1 makes no
+  process group). There ``nccl=tuned`` and ``nccl=default`` are the same experiment (embedded_steps_nccl
+  has 4 such pairs, the one-GPU block designs 2, at no extra cost);
 - anywhere, cells that differ only in ``benchmark.replicate`` (a label with no effect: sweep
   ``benchmark.replicate=0,1`` on one cell, e.g. the default spec cell, to buy a control where no axis
   is inert; its cost is one more cell).
@@ -29,6 +30,7 @@ if TYPE_CHECKING:  # the record type, for annotations only: analysis sits below 
 
 
 REPLICATE_KEY = "replicate"  # benchmark.replicate
+CPU_NO_NCCL = "on a CPU (no NCCL runs)"
 
 
 @dataclass
@@ -66,6 +68,12 @@ def is_cpu(rec: JobRecord) -> bool:
     return hw.get("device") == "cpu" or (hw.get("device") is None and hw.get("name") == "cpu")
 
 
+def nccl_inert(rec: JobRecord) -> str | None:
+    """Why no NCCL ran in this job: the engine's recorded answer, or a CPU (records from before the
+    engine answered); None when it may have run."""
+    return rec.engine.nccl_inert or (CPU_NO_NCCL if is_cpu(rec) else None)
+
+
 # An interval of fewer runs says nothing about the spread (recommend.MIN_RUNS is this): such a pair is
 # not judged, or a 2-run interval that happens to be narrow raises an alarm from one data point.
 MIN_RUNS = 3
@@ -95,13 +103,13 @@ def pairs(recs: list[JobRecord]) -> list[tuple[JobRecord, JobRecord, str]]:
             if rep_a != rep_b and _identity(a, ()) == _identity(b, ()):
                 out.append((a, b, f"replicates (benchmark.replicate={rep_a} vs {rep_b})"))
             elif (
-                is_cpu(a)
-                and is_cpu(b)
+                nccl_inert(a)
+                and nccl_inert(b)
                 and a.choice("nccl") != b.choice("nccl")
                 and rep_a == rep_b
                 and _identity(a, ("nccl",)) == _identity(b, ("nccl",))
             ):
-                out.append((a, b, f"nccl={a.choice('nccl')} vs nccl={b.choice('nccl')} on a CPU (no NCCL runs)"))
+                out.append((a, b, f"nccl={a.choice('nccl')} vs nccl={b.choice('nccl')} {nccl_inert(a)}"))
     return out
 
 

@@ -20,7 +20,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
-from spec_decode.analysis.control import is_cpu
+from spec_decode.analysis.control import CPU_NO_NCCL, nccl_inert
 from spec_decode.core.identity import override_items
 
 if TYPE_CHECKING:  # the record's type only (the record sits a floor above)
@@ -84,8 +84,11 @@ def effects(recs: list[JobRecord]) -> list[AxisEffect]:
     out = []
     for axis, values in all_axes.items():
         eff = AxisEffect(axis, values, name)
-        if axis == "nccl" and cells and all(is_cpu(r) for r in cells):
+        whys = {nccl_inert(r) for r in cells} if axis == "nccl" else {None}
+        if whys == {CPU_NO_NCCL}:
             eff.note = "on a CPU nothing uses NCCL"
+        elif whys and None not in whys:
+            eff.note = "; ".join(sorted(whys))  # e.g. "at tp 1 (the embedded engine makes no process group: ...)"
         points: dict[str, list[tuple[str, JobRecord]]] = {}
         for r in cells:
             items = _items(r)

@@ -22,6 +22,7 @@ from spec_decode.analysis.checks import cost_model_metrics, host_oversubscribed,
 from spec_decode.analysis.drift import Reference
 from spec_decode.analysis.sections import Section
 from spec_decode.core.config import BenchmarkConfig, ExperimentConfig, NcclConfig
+from spec_decode.core.groups import HardwareConfig
 from spec_decode.parsers import decode_log
 from spec_decode.record import outputs
 from spec_decode.record.measured import Launch
@@ -34,6 +35,8 @@ class EngineFacts(Protocol):
     exact_outputs: bool
 
     def host_stamps_na(self, cfg: ExperimentConfig) -> str | None: ...
+
+    def nccl_inert(self, hardware: HardwareConfig) -> str | None: ...
 
 
 @dataclass
@@ -63,6 +66,7 @@ def finish(
     take = functools.partial(_take, rec, metrics)
     take(_server_env_section(rec, cfg.nccl, measured))
     rec.engine.version = (rec.server_info.version or None) if rec.server_info else None
+    rec.engine.nccl_inert = engine.nccl_inert(cfg.hardware)  # the A/A pairs of analysis.control
     take(sections.throughput(rec.runs, cfg.benchmark.launches))
     take(sections.server_start(rec.launches))
     if cfg.speculative and rec.runs:

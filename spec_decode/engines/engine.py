@@ -13,9 +13,11 @@ from typing import TYPE_CHECKING, ClassVar
 import spec_decode.engines.embedded.launch as embedded_launch
 import spec_decode.engines.sglang as sglang
 from spec_decode import __version__
+from spec_decode.analysis.control import CPU_NO_NCCL
 
 if TYPE_CHECKING:  # the embedded engine imports this package on GPU boxes without Hydra
     from spec_decode.core.config import ExperimentConfig
+    from spec_decode.core.groups import HardwareConfig
 
 
 class Engine:
@@ -73,6 +75,11 @@ class Engine:
         """Why the profile's host stamps do not time the GPU's work in this job (None: they do)."""
         return None
 
+    def nccl_inert(self, hardware: HardwareConfig) -> str | None:
+        """Why no NCCL runs in a job on this hardware, so that cells differing only in the NCCL profile are
+        an A/A pair (analysis.control); None when it may run."""
+        return CPU_NO_NCCL if hardware.device == "cpu" else None
+
     def server_env(self, cfg: ExperimentConfig) -> dict[str, str]:
         """What this engine's server env always gets from the config (never inherited)."""
         return {}
@@ -105,6 +112,13 @@ class EmbeddedEngine(Engine):
 
     def host_stamps_na(self, cfg: ExperimentConfig) -> str | None:
         return self.HOST_STAMPS_NA if cfg.hardware.device == "cuda" else None
+
+    def nccl_inert(self, hardware: HardwareConfig) -> str | None:
+        # One rank makes no process group (engines.embedded.scheduler._init_distributed), so no NCCL
+        # communicator exists. SGLang keeps the base answer: it sets up torch.distributed even at tp 1.
+        if hardware.device != "cpu" and hardware.tp_size == 1:
+            return "at tp 1 (the embedded engine makes no process group: no NCCL runs)"
+        return super().nccl_inert(hardware)
 
 
 class SglangEngine(Engine):

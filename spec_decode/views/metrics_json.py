@@ -98,6 +98,7 @@ def _entry(i: int, r: JobRecord) -> dict:
         "status": r.status,
         "role": r.role,
         "engine": r.engine.name,
+        **({"nccl_inert": r.engine.nccl_inert} if r.engine.nccl_inert else {}),
         "out_dir": Path(r.out_dir).name,
         "axes": {
             **{g: r.choice(g) for g in AXES},
@@ -187,7 +188,7 @@ def records_from_metrics(metrics: dict) -> list[JobRecord]:
                 experiment="",
                 config=config,
                 config_hash="",
-                engine=EngineInfo(e.get("engine", "?")),
+                engine=EngineInfo(e.get("engine", "?"), nccl_inert=e.get("nccl_inert")),
                 speculative=role == "spec",
                 status=e.get("status", "?"),
                 error=e.get("error"),

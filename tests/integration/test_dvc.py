@@ -105,6 +105,7 @@ def test_repro_rebuilds_the_experiment_and_compare_judges_it(clone):
     # one baseline strategy per job: paired (the default), so the spec jobs only
     assert set(metrics["jobs"]) == {"nccl=default,spec.steps=1", "nccl=default,spec.steps=3"}
     assert all(j["status"] == "FINISHED" and j["engine"] == "embedded" for j in metrics["jobs"].values())
+    assert all(j["nccl_inert"] == "on a CPU (no NCCL runs)" for j in metrics["jobs"].values())
     assert (d / "experiments/ci_smoke/throughput_vs_steps.png").exists()
     assert "speedup 95% CI" in (d / "experiments/ci_smoke/README.md").read_text()
     p = sh([sys.executable, "-m", "spec_decode.views.experiment", "compare", "ci_smoke"], cwd=d, env=env, check=False)

@@ -137,6 +137,7 @@ def test_single_run_logs_a_standalone_run_with_real_metrics(single_job):
     # the shared single job (tests/integration/conftest.py): `python run.py` (small), its own store
     rec = json.loads((single_job.dir / "results.json").read_text())
     assert rec["status"] == "FINISHED" and rec["engine"]["name"] == "embedded"
+    assert rec["engine"]["nccl_inert"] == "on a CPU (no NCCL runs)"  # the engine's answer: nccl is an A/A axis
     assert len(rec["runs"]) == 2 and all(r["completion_tokens"] == 48 for r in rec["runs"])
     assert rec["acceptance"]["accept_len"] > 1.5 and rec["profile"]["cycles"] > 0
     _, runs = runs_of(single_job.uri)

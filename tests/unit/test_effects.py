@@ -52,6 +52,20 @@ def test_nccl_on_a_cpu_is_no_effect_detected_and_steps_is_an_effect():
     assert "  nccl: no effect detected here (A/A)" in text  # the sweep summary says it
 
 
+def test_on_one_gpu_the_engines_recorded_answer_labels_the_nccl_axis():
+    """Issue 41: at tp 1 the embedded engine makes no process group; without the engine's answer a GPU
+    sweep's nccl axis carries no note (NCCL may have run)."""
+    why = "at tp 1 (the embedded engine makes no process group: no NCCL runs)"
+    recs = sweep()
+    for r in recs:
+        r.config["hardware"] = {"name": "h100x1", "device": "cuda"}
+    assert {e.axis: e for e in effects.effects(recs)}["nccl"].note == ""
+    for r in recs:
+        r.engine.nccl_inert = why
+    assert {e.axis: e for e in effects.effects(recs)}["nccl"].note == why
+    assert any(line.endswith(f"(4 of 4); {why}") for line in effects.describe(effects.effects(recs)))
+
+
 def test_a_real_nccl_difference_is_an_effect_at_its_points():
     nccl = {e.axis: e for e in effects.effects(sweep(tuned_shift=0.2))}["nccl"]
     assert nccl.verdict == "effect" and nccl.differ_points == 4

@@ -44,6 +44,23 @@ def test_host_stamps_na_says_when_the_profiles_host_stamps_do_not_time_the_gpu(o
     assert engine_of(cfg).host_stamps_na(cfg) == expected
 
 
+@pytest.mark.parametrize(
+    ("overrides", "inert"),
+    [
+        ((), "on a CPU"),  # no NCCL on a CPU, whatever the tp size
+        (("hardware=cpu", "hardware.tp_size=2"), "on a CPU"),
+        (("hardware=h200x1",), "at tp 1"),  # one rank: no process group at all
+        (("hardware=h100x1",), "at tp 1"),
+        (("hardware=h200x2",), None),  # the ranks' all-reduces run on NCCL
+        (("engine=sglang", "hardware=h200x1"), None),  # SGLang sets up torch.distributed even at tp 1
+    ],
+)
+def test_nccl_inert_says_where_no_nccl_runs(overrides, inert):
+    cfg = compose_experiment(*overrides)
+    why = engine_of(cfg).nccl_inert(cfg.hardware)
+    assert (why is None) if inert is None else why.startswith(inert), why
+
+
 def test_what_preflight_and_the_doctor_ask():
     emb, sgl = named("embedded"), named("sglang")
     assert (emb.external, emb.byte_tokens, emb.resolves_hub_ids, emb.refuses_eager_overflow) == (

@@ -16,7 +16,7 @@ from spec_decode.analysis.costmodel import chain_accept_len
 from spec_decode.record.results import EngineInfo, JobRecord
 from spec_decode.runner import machine
 from spec_decode.runner.client import RunRecord
-from spec_decode.views import plots, report
+from spec_decode.views import metrics_json, plots, report
 
 matplotlib.use("Agg")
 
@@ -135,6 +135,28 @@ def test_nccl_profiles_are_no_control_on_a_gpu_but_replicates_are():
     ]
     c = control.check(reps)
     assert c.status == "disagree" and "replicates" in c.pairs[0].why_identical
+
+
+def test_nccl_profiles_are_the_control_where_the_engine_recorded_that_no_nccl_runs():
+    """Issue 41: at tp 1 the embedded engine makes no process group, so the one-GPU block designs' nccl pair
+    is their A/A control; a record says so in ``engine.nccl_inert`` (finish asks the engine)."""
+    why = "at tp 1 (the embedded engine makes no process group: no NCCL runs)"
+    gpu = [
+        cell(3, steady(400), (1.0, 0.98, 1.02), "tuned", "cuda"),
+        cell(3, steady(400), (1.3, 1.28, 1.32), "default", "cuda"),
+    ]
+    for r in gpu:
+        r.engine = EngineInfo("embedded", nccl_inert=why)
+    c = control.check(gpu)
+    assert c.status == "disagree" and c.pairs[0].why_identical == f"nccl=tuned vs nccl=default {why}"
+    gpu[0].metrics.update(speedup_vs_baseline=1.29, speedup_vs_baseline_ci95_lo=1.27, speedup_vs_baseline_ci95_hi=1.31)
+    assert control.check(gpu).status == "ok"
+    # the committed form: metrics.json keeps the answer, and the report's control reads it back
+    back = metrics_json.records_from_metrics(metrics_json.to_metrics(gpu))
+    assert [r.engine.nccl_inert for r in back] == [why, why] and control.check(back).status == "ok"
+    gpu[1].engine = EngineInfo("embedded")  # one arm may have run NCCL: no pair
+    assert control.check(gpu).status == "none"
+    assert control.check(metrics_json.records_from_metrics(metrics_json.to_metrics(gpu))).status == "none"
 
 
 # ---- cells over blocks ----------------------------------------------------------------------------
