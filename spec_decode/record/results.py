@@ -97,7 +97,7 @@ class Drift:
 class EngineInfo:
     name: str
     version: str | None = None
-    nccl_inert: str | None = None  # why no NCCL runs in this job (the engine's answer), or None: it may
+    nccl_inert: str | None = None  # why no NCCL runs in this job (the engine's answer); None: it may run
 
 
 @dataclass

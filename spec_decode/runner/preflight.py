@@ -195,7 +195,8 @@ def check(cfg: ExperimentConfig, root: Path) -> Preflight:
         if n:  # the profile's labels against what the box reports (GPU names, nvidia-smi topo -m)
             facts = gpu_facts()
             wrong_gpu = gpu_type_mismatch(cfg.hardware.gpu_type, facts)
-            pf.need(wrong_gpu is None, wrong_gpu or "", local=True, dry_run=dry)
+            if wrong_gpu:
+                pf.need(False, wrong_gpu, local=True, dry_run=dry)
             link = interconnect_mismatch(cfg.hardware.interconnect, cfg.hardware.tp_size, facts)
             if link:
                 pf.warnings.append(link)
