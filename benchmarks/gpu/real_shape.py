@@ -272,20 +272,22 @@ def graph_kernels(runner, top: int = 14) -> dict:
 
 def cycle_kernels(runner, drafter, steps: int, accept_len: float, token_mode: str) -> dict:
     """A speculative cycle's parts (batch 1): GPU us per replay of the verify, draft and re-extend graphs
-    (a cycle replays verify once, draft steps - 1 times, extend once), the verify graph's kernels by
-    time, and the loop's GPU idle per cycle (loop_gaps) at this forced accept length, overlap on."""
+    (a cycle replays each once: the draft graph holds the whole chain of steps - 1 drafter forwards, and
+    steps 1 has none), the verify graph's kernels by time, and the loop's GPU idle per cycle (loop_gaps)
+    at this forced accept length, overlap on."""
     sys.path.insert(0, str(Path(__file__).resolve().parent))
     from engine_profile import gpu_us, kernels, split_gemm  # benchmarks/gpu is scripts: by path
 
-    out = {f"{n}_gpu_us": round(gpu_us(runner.graphs[f"{n}@1"].replay)[0], 1) for n in ("verify", "draft", "extend")}
+    out = {
+        f"{n}_gpu_us": round(gpu_us(runner.graphs[f"{n}@1"].replay)[0], 1) if f"{n}@1" in runner.graphs else 0.0
+        for n in ("verify", "draft", "extend")
+    }
     count, by_time = kernels(runner.graphs["verify@1"].replay)
     out["verify_kernels"] = count
     out["verify_top"] = [[name, c, round(t, 1)] for name, c, t in by_time[:12]]
     out["verify_all"] = [[name, c, round(t, 2)] for name, c, t in by_time]
     out["verify_split"] = split_gemm(by_time)
-    out["graphs_us_per_cycle"] = round(
-        out["verify_gpu_us"] + (steps - 1) * out["draft_gpu_us"] + out["extend_gpu_us"], 1
-    )
+    out["graphs_us_per_cycle"] = round(out["verify_gpu_us"] + out["draft_gpu_us"] + out["extend_gpu_us"], 1)
     forced = ForcedAcceptance(accept_len, steps, token_mode=token_mode, seed=0)
     out["loop"] = loop_gaps(runner.target, runner, drafter=drafter, steps=steps, forced=forced)
     return out
