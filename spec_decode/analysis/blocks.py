@@ -176,3 +176,35 @@ def interval_label(recs: list[JobRecord]) -> str:
         return WITHIN_LAUNCH
     n = len({block_of(r) for r in recs})
     return f"{n} blocks spread over the sweep (launch-level values, t with {n - 1} df)"
+
+
+PLAN_SIZES = (3, 4, 6, 8)  # the block counts the projection prints
+
+
+def halfwidth_pct(sd: float, n: int, confidence: float = 0.95) -> float:
+    """The speedup half-width (%) a cell of ``n`` blocks gets when its per-block log speedups spread with
+    standard deviation ``sd``: ``sinh(t_(n-1) * sd / sqrt n)`` (the geometric CI's half-width over its
+    centre, as ``speedup_ci95_halfwidth_pct``)."""
+    return 100 * math.sinh(t_ppf(0.5 + confidence / 2, n - 1) * sd / math.sqrt(n))
+
+
+def projection(cells: list[JobRecord], sizes: tuple[int, ...] = PLAN_SIZES) -> str | None:
+    """What more (or fewer) blocks would buy: the median half-width at each of ``sizes`` blocks, from the
+    median launch-to-launch spread of this sweep's spec cells (the sd of each cell's per-block log
+    speedups). A plan, not a promise: an sd from 3-4 launches is itself rough, and a machine start with a
+    slow period widens every interval (docs/reproducibility.md). None below 3 blocks a cell."""
+    per = [c.speedup_vs_baseline.per_block for c in cells if c.speedup_vs_baseline is not None]
+    per = [p for p in per if p and len(p) >= 3]
+    if not per:
+        return None
+    sd = statistics.median(statistics.stdev(math.log(v) for v in p) for p in per)
+    now = round(statistics.median(len(p) for p in per))
+    at = ", ".join(
+        f"~{halfwidth_pct(sd, n):.1f}% at {n}" + (" (this sweep)" if n == now else "")
+        for n in sorted({*sizes, now})
+    )
+    return (
+        f"interval plan: at this sweep's launch-to-launch spread (median sd of a spec cell's log per-block "
+        f"speedups {sd:.4f}, from {now} launches a cell: itself a rough estimate) the median speedup "
+        f"half-width would be {at} blocks (benchmark.blocks)"
+    )

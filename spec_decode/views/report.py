@@ -208,6 +208,8 @@ def sweep_summary(recs: list[JobRecord]) -> tuple[str, dict[str, list]]:
             ),
         ]
     lines += ["", f"intervals: {blocks.interval_label(recs)}"]
+    if plan := blocks.projection(cells):
+        lines.append(plan)
     for prof, f in cost_models(cells).items():
         lines += ["", f"[nccl={prof}] " + describe(f)]
     if concurrency.swept(cells):  # issue 28: speedup against load, crossover, steps per concurrency
