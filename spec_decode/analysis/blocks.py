@@ -200,8 +200,7 @@ def projection(cells: list[JobRecord], sizes: tuple[int, ...] = PLAN_SIZES) -> s
     sd = statistics.median(statistics.stdev(math.log(v) for v in p) for p in per)
     now = round(statistics.median(len(p) for p in per))
     at = ", ".join(
-        f"~{halfwidth_pct(sd, n):.1f}% at {n}" + (" (this sweep)" if n == now else "")
-        for n in sorted({*sizes, now})
+        f"~{halfwidth_pct(sd, n):.1f}% at {n}" + (" (this sweep)" if n == now else "") for n in sorted({*sizes, now})
     )
     return (
         f"interval plan: at this sweep's launch-to-launch spread (median sd of a spec cell's log per-block "
