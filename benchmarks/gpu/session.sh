@@ -31,6 +31,7 @@
 #       draftchain  benchmarks/gpu/draft_chain.py on one GPU: a cycle's host operations now vs stepwise draft vs
 #               the old host glue, interleaved in one process (DRAFT_CHAIN_ARGS, e.g. "--steps 3,5 --rounds 7"); draft_chain.json
 #       sweep   python run.py -m experiment=$SESSION_EXPERIMENT tracking=off [overrides]
+#               (SESSION_EXPERIMENT may map GPU names to experiments: "H200=a,H100=b", see pick_experiment)
 #               (default embedded_h200x2_steps_nccl; on one GPU add hardware=h200x1; SWEEP_TIMEOUT_S bounds it)
 #   e.g.  bash benchmarks/gpu/session.sh tests,probe,engine     # call 1
 #         PROBE_BACKEND=gloo bash benchmarks/gpu/session.sh probe   # a CPU check of the kit
@@ -246,9 +247,24 @@ step_draftchain() {
   CUDA_VISIBLE_DEVICES=0 PYTHONPATH="$PWD:$PYTHONPATH" bounded "${DRAFT_CHAIN_TIMEOUT_S:-200}" "$PY" benchmarks/gpu/draft_chain.py --json "$OUT/draft_chain.json" ${DRAFT_CHAIN_ARGS:-}
 }
 
+# pick_experiment: SESSION_EXPERIMENT is one experiment, or GPU-name=experiment pairs, e.g.
+# "H200=embedded_h200x1_steps_nccl,H100=embedded_h100x1_steps_nccl": the first pair whose name occurs in
+# what nvidia-smi reports for GPU 0 (a call that names no kind may get either card; the preflight refuses a
+# sweep whose hardware label is not the card's, so the choice has to be made here).
+pick_experiment() {
+  local spec=${SESSION_EXPERIMENT:-embedded_h200x2_steps_nccl} gpu pair
+  case $spec in *=*) ;; *) echo "$spec"; return 0;; esac
+  gpu=$(nvidia-smi --query-gpu=name --format=csv,noheader 2>/dev/null | head -n 1)
+  for pair in ${spec//,/ }; do
+    case $gpu in *"${pair%%=*}"*) echo "${pair#*=}"; return 0;; esac
+  done
+  echo "[session] SESSION_EXPERIMENT=$spec: no experiment for this GPU ('${gpu:-no nvidia-smi}')" >&2
+  return 1
+}
+
 step_sweep() {
-  local dir rc
-  local exp=${SESSION_EXPERIMENT:-embedded_h200x2_steps_nccl}
+  local dir rc exp
+  exp=$(pick_experiment) || return 2
   dir="multirun/$(date -u +%Y-%m-%d)/$(date -u +%H-%M-%S)_$exp"
   echo "[session] sweep into $dir; overrides: $*"
   bounded "${SWEEP_TIMEOUT_S:-9999}" "$PY" run.py -m "experiment=$exp" tracking=off "hydra.sweep.dir=$dir" "$@"

@@ -55,3 +55,28 @@ def test_still_too_many_folds_everything_but_the_archives(tmp_path):
         (tmp_path / n).write_text(n)
     fold(tmp_path, max_files=7)
     assert names(tmp_path) == {*archives, "rest.tgz"}
+
+
+def pick(tmp_path, spec: str | None, gpu: str | None) -> subprocess.CompletedProcess:
+    """session.sh's own ``pick_experiment`` with a fake nvidia-smi on PATH (the process boundary: the card
+    the device tool lent), or none at all."""
+    body = re.search(r"^pick_experiment\(\) \{.*?^\}", SCRIPT.read_text(), re.S | re.M).group(0)
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir(exist_ok=True)
+    if gpu is not None:
+        fake = bin_dir / "nvidia-smi"
+        fake.write_text(f"#!/bin/sh\necho '{gpu}'\n")
+        fake.chmod(0o755)
+    env = {"PATH": f"{bin_dir}:/usr/bin:/bin", **({"SESSION_EXPERIMENT": spec} if spec is not None else {})}
+    return subprocess.run(["bash", "-c", f"{body}\npick_experiment"], env=env, capture_output=True, text=True)
+
+
+def test_the_sweep_picks_its_experiment_by_the_card_the_call_got(tmp_path):
+    both = "H200=embedded_h200x1_steps_nccl,H100=embedded_h100x1_steps_nccl"
+    assert pick(tmp_path, both, "NVIDIA H100 80GB HBM3").stdout.strip() == "embedded_h100x1_steps_nccl"
+    assert pick(tmp_path, both, "NVIDIA H200").stdout.strip() == "embedded_h200x1_steps_nccl"
+    assert pick(tmp_path, "embedded_h100x1_steps_nccl", None).stdout.strip() == "embedded_h100x1_steps_nccl"
+    assert pick(tmp_path, None, None).stdout.strip() == "embedded_h200x2_steps_nccl"
+    none = pick(tmp_path, both, "NVIDIA A100-SXM4-80GB")
+    assert none.returncode == 1 and none.stdout == ""
+    assert f"SESSION_EXPERIMENT={both}: no experiment for this GPU ('NVIDIA A100-SXM4-80GB')" in none.stderr
