@@ -30,6 +30,7 @@ import gc
 import json
 import math
 import os
+import statistics
 import sys
 import time
 from pathlib import Path
@@ -130,41 +131,28 @@ def roofline(target, drafter, steps: int, bandwidth_tbs: float, positions: float
 def read_rate_tbs(target, device: str, repeats: int = 15, per_replay: int = 10) -> dict:
     """The read rate a weight-bound GEMV reaches on this card: the target's own lm_head (the largest
     matrix of a decode step, ~1 GB on the 8B shape) times one row, ``per_replay`` GEMVs back to back in
-    one CUDA graph (as in the decode graph: no launch gap between them), median over ``repeats``
-    CUDA-event-timed replays after 3 warm ones. ``--bandwidth-tbs measured`` puts it in the roofline instead
-    of a constant. (A first version timed single eager launches: 418 us on the H100, where the decode
-    graph's own lm_head kernel took 352 us, a rate 16% too low and a roofline too lenient.)"""
+    one CUDA graph (as in the decode graph: no launch gap between them), timed by engine_profile's
+    ``capture`` and ``gpu_us``. ``--bandwidth-tbs measured`` puts it in the roofline instead of a constant.
+    (A first version timed single eager launches: 418 us on the H100, where the decode graph's own lm_head
+    kernel took 352 us, a rate 16% too low and a roofline too lenient.) On a CPU: median of ``repeats``
+    host-timed rounds of ``per_replay`` GEMVs."""
     w = target.lm_head.weight
     x = torch.randn(1, w.shape[1], device=w.device, dtype=w.dtype)
-    times = []
+    gemv = lambda: torch.nn.functional.linear(x, w)  # noqa: E731
     if device.startswith("cuda"):
-        side = torch.cuda.Stream()
-        side.wait_stream(torch.cuda.current_stream())
-        with torch.cuda.stream(side):
-            for _ in range(3):
-                torch.nn.functional.linear(x, w)
-        torch.cuda.current_stream().wait_stream(side)
-        graph = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(graph):
-            for _ in range(per_replay):
-                torch.nn.functional.linear(x, w)
-        for i in range(3 + repeats):
-            a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-            a.record()
-            graph.replay()
-            b.record()
-            b.synchronize()
-            if i >= 3:
-                times.append(a.elapsed_time(b) / per_replay)
-        del graph
-    else:  # a CPU: the same GEMVs back to back, timed on the host
+        sys.path.insert(0, str(Path(__file__).resolve().parent))
+        from engine_profile import capture, gpu_us  # benchmarks/gpu is scripts: by path
+
+        ms = gpu_us(capture(gemv, calls=per_replay).replay)[0] / per_replay / 1e3
+    else:
+        times = []
         for i in range(3 + repeats):
             t0 = time.perf_counter()
             for _ in range(per_replay):
-                torch.nn.functional.linear(x, w)
+                gemv()
             if i >= 3:
                 times.append((time.perf_counter() - t0) * 1e3 / per_replay)
-    ms = sorted(times)[len(times) // 2]
+        ms = statistics.median(times)
     tbs = nbytes(w) / (ms * 1e-3) / 1e12
     if not (math.isfinite(tbs) and tbs > 0):
         raise RuntimeError(f"read_rate_tbs: the lm_head GEMV timed at {ms} ms: no read rate for the roofline")

@@ -67,13 +67,18 @@ def drop_block(label: str) -> str:
     )
 
 
+def log_half(sd: float, n: int, confidence: float = 0.95) -> float:
+    """The Student-t CI's half-width on the logs of n values whose logs spread with sd (df = n - 1)."""
+    return t_ppf(0.5 + confidence / 2, n - 1) * sd / math.sqrt(n)
+
+
 def log_t_interval(values: list[float], confidence: float = 0.95) -> tuple[float, float, float]:
     """Geometric mean of positive values and its Student-t CI on the logs (df = n - 1)."""
     logs = [math.log(v) for v in values]
     m = statistics.fmean(logs)
     if len(logs) < 2:
         return math.exp(m), float("nan"), float("nan")
-    half = t_ppf(0.5 + confidence / 2, len(logs) - 1) * statistics.stdev(logs) / math.sqrt(len(logs))
+    half = log_half(statistics.stdev(logs), len(logs), confidence)
     return math.exp(m), math.exp(m - half), math.exp(m + half)
 
 
@@ -183,9 +188,9 @@ PLAN_SIZES = (3, 4, 6, 8)  # the block counts the projection prints
 
 def halfwidth_pct(sd: float, n: int, confidence: float = 0.95) -> float:
     """The speedup half-width (%) a cell of ``n`` blocks gets when its per-block log speedups spread with
-    standard deviation ``sd``: ``sinh(t_(n-1) * sd / sqrt n)`` (the geometric CI's half-width over its
-    centre, as ``speedup_ci95_halfwidth_pct``)."""
-    return 100 * math.sinh(t_ppf(0.5 + confidence / 2, n - 1) * sd / math.sqrt(n))
+    standard deviation ``sd``: ``sinh(log_half)`` (the geometric CI's half-width over its centre, as
+    ``speedup_ci95_halfwidth_pct``)."""
+    return 100 * math.sinh(log_half(sd, n, confidence))
 
 
 def projection(cells: list[JobRecord], sizes: tuple[int, ...] = PLAN_SIZES) -> str | None:
