@@ -19,9 +19,26 @@ from spec_decode.record.typed import ABSENT, Maybe, names, read, refuse, written
 
 
 @dataclass
+class ProcCpu:
+    """One process of a server's tree over a launch's timed runs (``runner.machine.tree_window``): its CPU
+    time there, read from /proc at both ends (outside the timed runs)."""
+
+    name: str  # its role: "launcher" for the tree's root, else its process name (SGLang's titles, our ranks')
+    pid: int
+    cpu_s: float  # user + system seconds of its own threads (not its children's) over the window
+    core_pct: float  # cpu_s / the window's seconds x 100: % of one core (over 100: several busy threads)
+    threads: int | None = None
+    extra: dict[str, Any] = field(default_factory=dict)
+
+    def as_dict(self) -> dict:
+        return written(self, names(ProcCpu))
+
+
+@dataclass
 class HostWindow:
     """How busy the host was over a launch's timed runs (``runner.machine.window``; shares of all cores'
-    time in %, where /proc/stat was read at both ends)."""
+    time in %, where /proc/stat was read at both ends), and each server process's CPU time over them
+    (``server_procs``; the paired baseline server's: ``baseline_procs``)."""
 
     s: float
     load1_start: float | None  # 1-minute load average; None: /proc/loadavg not read
@@ -31,10 +48,16 @@ class HostWindow:
     iowait_pct: float | None = None
     probe_us_start: float | None = None  # runner.machine.probe_us at each end; None: before the probe
     probe_us_end: float | None = None
+    server_procs: list[ProcCpu] | Maybe = ABSENT  # absent: recorded before the per-process account
+    baseline_procs: list[ProcCpu] | Maybe = ABSENT
     extra: dict[str, Any] = field(default_factory=dict)
 
     def as_dict(self) -> dict:
-        return written(self, ("load1_start", "load1_end"))
+        d = written(self, ("load1_start", "load1_end"))
+        for key in ("server_procs", "baseline_procs"):
+            if (procs := getattr(self, key)) is not ABSENT:
+                d[key] = [_json(f"host.{key}[]", p, ProcCpu) for p in procs]
+        return d
 
 
 @dataclass
@@ -146,7 +169,15 @@ def _launch(data: Any) -> Launch:
     if x.load_runs is not None:
         x.load_runs = [_load_run(r) for r in _array(x.load_runs, "load_runs")]
     if x.host is not None:
-        x.host = read(HostWindow, x.host)
+        x.host = _host(x.host)
+    return x
+
+
+def _host(data: Any) -> HostWindow:
+    x = read(HostWindow, data)
+    for key in ("server_procs", "baseline_procs"):
+        if (procs := getattr(x, key)) is not ABSENT:
+            setattr(x, key, [read(ProcCpu, p) for p in _array(procs, key)])
     return x
 
 

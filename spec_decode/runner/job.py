@@ -325,6 +325,7 @@ def _one_launch(
             if bclient is not None:
                 bclient.flush_cache()
             start, host_t0 = log_path.stat().st_size, machine.sample()  # + load/steal over the timed runs
+            procs_t0 = [machine.tree_sample(srv.pid), machine.tree_sample(this.baseline_pid)]
             for run in range(b.runs):
                 progress.phase(bar, label, f"run {run + 1}/{b.runs}", [r.throughput_tok_s for r in rec.runs])
                 if bclient is None:
@@ -345,7 +346,11 @@ def _one_launch(
                 bsrv.check_alive()
                 bar.update(2)
             time.sleep(0.05)  # let the last decode-log line reach the file
+            procs_t1 = [machine.tree_sample(srv.pid), machine.tree_sample(this.baseline_pid)]
             this.host = machine.window(host_t0, machine.sample())
+            this.host.server_procs = machine.tree_window(procs_t0[0], procs_t1[0])
+            if bclient is not None:
+                this.host.baseline_procs = machine.tree_window(procs_t0[1], procs_t1[1])
             measured.log_windows.append((start, log_path.stat().st_size))
             profile_pass.run(b, gen, rec, launch, extra_env, srv.check_alive)
             rec.server_info = server_info_from(client.server_info())

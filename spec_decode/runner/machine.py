@@ -10,6 +10,11 @@
   by the hypervisor (steal: another VM had our core) and waiting for I/O over the window (the record's
   ``launches[].host``; ``analysis.host.metrics_of`` sums them into the job's metrics), and at both ends
   the host probe: the time a fixed pure-Python task takes (``probe_us``), the host's own speed.
+- ``tree_sample(pid)`` / ``tree_window(a, b)``: each process of a server's tree (the launcher and every
+  descendant: SGLang's schedulers and detokenizer, our ranks) and its CPU time at both ends of the timed
+  runs -> its CPU seconds and share of one core over them (``launches[].host.server_procs``): which process
+  of the server works while it serves, the figure that says a server is bound by one of its host threads.
+  Read from /proc between the runs, never inside one.
 """
 
 from __future__ import annotations
@@ -22,7 +27,9 @@ import time
 from functools import lru_cache
 from pathlib import Path
 
-from spec_decode.record.measured import HostWindow
+import psutil
+
+from spec_decode.record.measured import HostWindow, ProcCpu
 
 # The flags that decide which kernels a CPU engine (torch / oneDNN) can use; the rest is noise in a diff.
 ISA_FLAGS = (
@@ -175,4 +182,35 @@ def window(a: dict, b: dict) -> HostWindow:
             out.busy_pct = round(100 * (total - d["idle"] - d["iowait"]) / total, 2)
             out.steal_pct = round(100 * d["steal"] / total, 2)
             out.iowait_pct = round(100 * d["iowait"] / total, 2)
+    return out
+
+
+def tree_sample(pid: int | None) -> dict:
+    """The server tree rooted at ``pid`` now: {"t": monotonic time, "procs": {pid: (name, CPU seconds of its own
+    threads (user + system), threads)}}; the root is named "launcher" (SGLang's: HTTP + tokenizer manager;
+    ours: the HTTP front), the others by their process name. A process that ends during the read is left out."""
+    procs: dict[int, tuple[str, float, int]] = {}
+    try:
+        root = psutil.Process(pid) if pid is not None else None
+        tree = [root, *root.children(recursive=True)] if root is not None else []
+    except psutil.Error:
+        tree = []
+    for p in tree:
+        try:
+            with p.oneshot():
+                t = p.cpu_times()
+                procs[p.pid] = ("launcher" if p.pid == pid else p.name(), t.user + t.system, p.num_threads())
+        except psutil.Error:
+            continue
+    return {"t": time.monotonic(), "procs": procs}
+
+
+def tree_window(a: dict, b: dict) -> list[ProcCpu]:
+    """Each process alive at ``b`` and its CPU time since ``a`` (all of it for one started in between), in
+    seconds and in % of one core over the window. A process that ended in between is not counted."""
+    s = b["t"] - a["t"]
+    out = []
+    for pid, (name, cpu, threads) in sorted(b["procs"].items()):
+        used = max(0.0, cpu - a["procs"][pid][1]) if pid in a["procs"] else cpu
+        out.append(ProcCpu(name, pid, round(used, 3), round(100 * used / s, 1) if s > 0 else 0.0, threads))
     return out

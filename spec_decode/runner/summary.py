@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from spec_decode.analysis import latency
+from spec_decode.analysis import host, latency
 from spec_decode.record.results import FILENAME, PERFORMANCE_ONLY, JobRecord, performance_only
 from spec_decode.record.sections import Speedup
 
@@ -61,6 +61,7 @@ def job_summary(rec: JobRecord) -> str:
             f"(+-{m['speedup_ci95_halfwidth_pct']:.1f}%; {how})"
         )
     lines += latency.describe(rec.latency)  # streamed runs only
+    lines += [f"  {said}" for b in (False, True) if (said := host.describe_server_cpu(m, baseline=b))]
     for c in rec.checks:
         if c.ok is False:
             lines.append(f"  CHECK FAILED {c.name}: {c.message}")

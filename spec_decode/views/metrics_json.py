@@ -49,11 +49,12 @@ AXES = ("hardware", "model", "engine", "nccl", "drafter")
 
 # Issue 21's flat metrics, kept by name pattern (their count depends on the steps and the categories):
 # acceptance per draft position and per request, token latency percentiles, the lossless match rate,
-# per-category acceptance and tok/s.
+# per-category acceptance and tok/s; and each server process's CPU (analysis.host.server_cpu).
 ISSUE21_METRICS = re.compile(
     r"^(accept_rate_pos\d+|accept_len_request_(weighted|mean)|(ttft|itl|tpot|e2e)_ms_p\d+"
     r"|lossless_match_rate|category_.+_(accept_len|throughput_tok_s)"
-    r"|concurrency|request_(tok_s|accept_len)_p\d+|running_req_(median|max)|load_\w+_ms_p\d+)$"
+    r"|concurrency|request_(tok_s|accept_len)_p\d+|running_req_(median|max)|load_\w+_ms_p\d+"
+    r"|(baseline_)?server_cpu_(pct|ms_per_1k_tok)(\.[\w.\-]+)?)$"
 )
 
 

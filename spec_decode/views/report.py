@@ -29,7 +29,7 @@ from pathlib import Path
 
 from tabulate import tabulate
 
-from spec_decode.analysis import batchcost, blocks, concurrency, control, effects, recommend
+from spec_decode.analysis import batchcost, blocks, concurrency, control, effects, host, recommend
 from spec_decode.analysis.costmodel import describe
 from spec_decode.analysis.host import describe as describe_host
 from spec_decode.core import store
@@ -239,7 +239,24 @@ def sweep_summary(recs: list[JobRecord]) -> tuple[str, dict[str, list]]:
             f"host probe (the runner's time for a fixed pure-Python task, larger = slower): median {mid:.0f} us, "
             f"{lo:.0f}-{hi:.0f} us over {len(probed)} job(s)"
         )
+    lines += server_cpu_lines(recs)
     return "\n".join(lines), table
+
+
+def server_cpu_lines(recs: list[JobRecord]) -> list[str]:
+    """Per job, each server process's CPU over the timed runs (analysis.host.server_cpu), where recorded: which
+    process works while the server serves (a figure: a rank polling its GPU reads 100% busy too)."""
+    said = [
+        (r.label, items, host.server_cpu_items(r.metrics, baseline=True))
+        for r in recs
+        if (items := host.server_cpu_items(r.metrics))
+    ]
+    if not said:
+        return []
+    out = ["server processes' CPU over the timed runs, % of one core (CPU ms per 1k tokens of that server's runs):"]
+    for label, items, base in said:
+        out.append(f"  {label}: {items}" + (f" | paired baseline: {base}" if base else ""))
+    return out
 
 
 def from_mlflow(run_id: str, uri: str, dest: Path) -> Path:

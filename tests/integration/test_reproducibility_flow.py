@@ -107,6 +107,16 @@ def test_aa_control_agrees_on_a_plain_sweep(healthy):
     assert rec["metrics"]["host_probe_us"] > 0
     kid = c.search_runs([c.get_run(a_run).info.experiment_id], f"tags.mlflow.parentRunId = '{a_run}'")[0]
     assert kid.data.tags["host.cpu"] == rec["provenance"]["host"]["cpu_model"] and "host_load1" in kid.data.metrics
+    # each server process's CPU over the timed runs: the front (launcher) and the rank that decodes, both servers
+    for la in rec["launches"]:
+        for key, pid in (("server_procs", la["pid"]), ("baseline_procs", la["baseline_pid"])):
+            procs = {p["name"]: p for p in la["host"][key]}
+            assert procs["launcher"]["pid"] == pid and procs["rank0"]["cpu_s"] > 0, procs
+            assert procs["rank0"]["cpu_s"] > procs["launcher"]["cpu_s"]  # the model decodes on the rank's CPU
+    m = rec["metrics"]
+    assert m["server_cpu_pct"] >= m["server_cpu_pct.rank0"] > 0 and m["baseline_server_cpu_ms_per_1k_tok.rank0"] > 0
+    assert "server_cpu_pct.rank0" in kid.data.metrics
+    assert "server processes' CPU over the timed runs" in summary
 
 
 def test_compare_agrees_with_itself_on_one_sweep_read_through_two_sources(healthy):

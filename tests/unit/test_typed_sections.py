@@ -2,6 +2,7 @@
 back byte for byte (results.json and metrics.json on disk do not change)."""
 
 import json
+import os
 import re
 from pathlib import Path
 
@@ -15,7 +16,7 @@ from spec_decode.core.prompts import Prompt
 from spec_decode.parsers import profile
 from spec_decode.record import results
 from spec_decode.record.load import BatchInvariance, LoadSection, Running, Spread
-from spec_decode.record.measured import HostWindow, Launch, LoadRequest, LoadRun, ProfilePass, Request
+from spec_decode.record.measured import HostWindow, Launch, LoadRequest, LoadRun, ProcCpu, ProfilePass, Request
 from spec_decode.record.payloads import nccl_probe_from
 from spec_decode.record.provenance import Provenance
 from spec_decode.record.results import BaselineRef, EngineInfo, JobRecord
@@ -362,6 +363,9 @@ def measured(tmp_path: Path) -> JobRecord:
     paired.load_reference = {load.SELF: {"0": [5, 6], "1": [5, 6]}, load.PAIRED: {"0": [5, 6], "1": [5, 6]}}
     paired.load_runs = [load_run(load.SELF, 0, diverged=True), load_run(load.PAIRED, 0)]
     paired.pairs, paired.host = [{"pair": 0, "order": "AB"}], machine.window(a, b)
+    me = machine.tree_sample(os.getpid())  # this process as a server's launcher, read twice
+    paired.host.server_procs = machine.tree_window(me, machine.tree_sample(os.getpid()))
+    paired.host.baseline_procs = [ProcCpu("launcher", 42, 0.25, 25.0, 3), ProcCpu("rank0", 44, 0.9, 90.0)]
     alone = Launch(1, 30003, 43, None, host=machine.window(a, a))  # no pairing, no warmup, no load
     rec.launches = [paired, alone]
     prompts = [Prompt(i, f"p{i}", c) for i, c in enumerate(("code", "qa"))]
@@ -398,7 +402,19 @@ def test_the_measured_sections_are_typed_and_keep_their_keys_and_bytes(tmp_path)
     assert d["launches"][1]["server_start_s"] is None and d["launches"][1]["host"] == {
         "s": 0.0, "load1_start": None, "load1_end": None
     }  # fmt: skip
-    assert list(d["launches"][0]["host"]) == ["s", "load1_start", "load1_end", "busy_pct", "steal_pct", "iowait_pct"]
+    assert list(d["launches"][0]["host"]) == [
+        "s", "load1_start", "load1_end", "busy_pct", "steal_pct", "iowait_pct", "server_procs", "baseline_procs"
+    ]  # fmt: skip
+    procs = back.launches[0].host.server_procs
+    assert [type(x) for x in procs] == [ProcCpu] and procs[0].name == "launcher" and procs[0].pid == os.getpid()
+    assert d["launches"][0]["host"]["baseline_procs"][1] == {
+        "name": "rank0",
+        "pid": 44,
+        "cpu_s": 0.9,
+        "core_pct": 90.0,
+        "threads": None,
+    }
+    assert back.launches[1].host.server_procs is ABSENT  # a launch recorded before the account
     runs_ = d["launches"][0]["load_runs"]
     assert list(runs_[0]) == LOAD_RUN_KEYS and runs_[0]["running"]["lines"] == 3
     assert list(runs_[0]["request_entries"][1]) == [*LOAD_REQUEST_KEYS, "output_ids"]  # the one that diverged
@@ -436,6 +452,7 @@ def test_the_measured_sections_keep_absent_apart_from_null(tmp_path):
 PLANTS = {
     "launches": lambda r: setattr(r, "launches", [r.launches[0].as_dict()]),
     "launches[].host": lambda r: setattr(r.launches[0], "host", r.launches[0].host.as_dict()),
+    "launches[].host.server_procs[]": lambda r: r.launches[0].host.server_procs.append({"name": "rank0"}),
     "launches[].load_runs[]": lambda r: r.launches[0].load_runs.append(r.launches[0].load_runs[0].as_dict()),
     "request_entries[]": lambda r: r.launches[0].load_runs[0].request_entries.append({"i": 9}),
     "requests": lambda r: setattr(r, "requests", [r.requests[0].as_dict()]),

@@ -1,0 +1,130 @@
+"""Each server process's CPU over the timed runs (runner.machine.tree_sample / tree_window, analysis.host.server_cpu):
+read from real processes, summed per process name, said busiest first."""
+
+from __future__ import annotations
+
+import signal
+import subprocess
+import sys
+import time
+
+import psutil
+import pytest
+
+from spec_decode.analysis import host
+from spec_decode.record.measured import HostWindow, Launch, ProcCpu
+from spec_decode.record.runs import RunRecord
+from spec_decode.runner import machine
+
+# A server tree in miniature: the root starts a middle process, which starts a "burner" (a busy loop: a
+# grandchild, as SGLang's schedulers are the launcher's) and an "idler"; on SIGUSR1 the root starts a "late"
+# process that burns ~0.3 s of CPU, then sleeps. Each names itself as our ranks do (ranks.name_process).
+TREE = r"""
+import os, signal, subprocess, sys, time
+from spec_decode.engines.embedded.ranks import name_process
+role = sys.argv[1]
+if role == "root":
+    mid = subprocess.Popen([sys.executable, "-c", sys.argv[2], "middle", sys.argv[2]], stdout=subprocess.PIPE, text=True)
+    first = mid.stdout.readline()
+    def late(*_):
+        subprocess.Popen([sys.executable, "-c", sys.argv[2], "late", sys.argv[2]])
+    signal.signal(signal.SIGUSR1, late)
+    print(first.strip(), flush=True)
+    while True:
+        time.sleep(0.05)
+name_process(role)
+if role == "middle":
+    kids = [subprocess.Popen([sys.executable, "-c", sys.argv[2], r, sys.argv[2]]) for r in ("burner", "idler")]
+    time.sleep(0.5)
+    print("READY", flush=True)
+    while True:
+        time.sleep(0.05)
+if role == "burner":
+    while True:
+        pass
+if role == "late":
+    t = time.process_time()
+    while time.process_time() - t < 0.3:
+        pass
+while True:
+    time.sleep(0.05)
+"""
+
+
+@pytest.fixture
+def tree():
+    root = subprocess.Popen([sys.executable, "-c", TREE, "root", TREE], stdout=subprocess.PIPE, text=True)
+    try:
+        assert root.stdout.readline().strip() == "READY"
+        yield root
+    finally:
+        procs = psutil.Process(root.pid).children(recursive=True)
+        for p in [*procs, psutil.Process(root.pid)]:
+            p.kill()
+        psutil.wait_procs([*procs], timeout=5)
+        root.wait(5)
+
+
+def test_each_process_of_a_server_tree_and_its_cpu_over_the_window(tree):
+    a = machine.tree_sample(tree.pid)
+    tree.send_signal(signal.SIGUSR1)  # a process born inside the window: all of its time counts
+    time.sleep(1.2)
+    b = machine.tree_sample(tree.pid)
+    procs = {p.name: p for p in machine.tree_window(a, b)}
+    assert set(procs) == {"launcher", "middle", "burner", "idler", "late"}, procs
+    assert procs["launcher"].pid == tree.pid and all(isinstance(p, ProcCpu) for p in procs.values())
+    s = b["t"] - a["t"]
+    burner = procs["burner"]
+    assert burner.core_pct >= 25 and burner.cpu_s == pytest.approx(burner.core_pct * s / 100, abs=0.01)
+    assert burner.core_pct > 5 * max(procs["idler"].core_pct, procs["middle"].core_pct, 1.0)
+    assert 0.2 <= procs["late"].cpu_s <= 0.3 + 0.15 * s  # its burn, and the interpreter's start
+    assert all(p.threads and p.threads >= 1 for p in procs.values())
+
+
+def test_a_process_gone_by_the_end_is_not_counted_and_no_tree_is_empty():
+    a = {"t": 0.0, "procs": {10: ("launcher", 1.0, 4), 11: ("rank0", 5.0, 2)}}
+    b = {"t": 2.0, "procs": {10: ("launcher", 1.5, 4)}}
+    assert machine.tree_window(a, b) == [ProcCpu("launcher", 10, 0.5, 25.0, 4)]
+    assert machine.tree_sample(None)["procs"] == {} and machine.tree_sample(2**22 + 12345)["procs"] == {}
+
+
+def run(launch: int, tokens: int) -> RunRecord:
+    return RunRecord(launch, 0, 0.0, 1.0, 1.0, 10, tokens)
+
+
+def window(s: float, server=None, baseline=None) -> HostWindow:
+    w = HostWindow(s, 1.0, 1.0)
+    if server is not None:
+        w.server_procs = server
+    if baseline is not None:
+        w.baseline_procs = baseline
+    return w
+
+
+def test_server_cpu_sums_per_process_name_over_the_launches():
+    launches = [
+        Launch(0, 1, 100, 1.0, host=window(2.0, [ProcCpu("launcher", 100, 0.5, 25.0), ProcCpu("rank0", 101, 1.8, 90.0)],
+                                           [ProcCpu("sglang::scheduler_TP0", 200, 1.0, 50.0)])),
+        Launch(1, 1, 102, 1.0, host=window(2.0, [ProcCpu("launcher", 102, 0.3, 15.0), ProcCpu("rank0", 103, 2.0, 100.0)])),
+        Launch(2, 1, 104, 1.0, host=window(2.0)),  # recorded before the account: adds nothing
+    ]  # fmt: skip
+    runs = [run(0, 600), run(0, 400), run(1, 1000), run(2, 5000)]
+    m = host.server_cpu(launches, runs, [run(0, 500), run(1, 700)])
+    assert m["server_cpu_pct.launcher"] == pytest.approx(100 * 0.8 / 4) and m["server_cpu_pct.rank0"] == pytest.approx(
+        95
+    )
+    assert m["server_cpu_pct"] == pytest.approx(115) and m["server_cpu_ms_per_1k_tok"] == pytest.approx(
+        1e6 * 4.6 / 2000
+    )
+    assert m["server_cpu_ms_per_1k_tok.launcher"] == pytest.approx(400)
+    # the baseline's: only launch 0 has its account (2 s, 500 tokens); the name made a metric key
+    assert m["baseline_server_cpu_pct.sglang__scheduler_TP0"] == pytest.approx(50)
+    assert m["baseline_server_cpu_ms_per_1k_tok"] == pytest.approx(2000)
+    assert host.server_cpu(launches[2:], runs, []) == {}
+    said = host.describe_server_cpu(m)
+    assert said == (
+        "server CPU over the timed runs, % of one core (CPU ms per 1k tokens): rank0 95% (1900 ms), "
+        "launcher 20% (400 ms); all 115% (2300 ms)"
+    )
+    assert host.describe_server_cpu(m, baseline=True).startswith("paired baseline server CPU")
+    assert host.describe_server_cpu({}) is None
