@@ -170,7 +170,8 @@ class RankGroup:
     def call(self, cmd: str, *args, on_chunk=None, rid: str | None = None):
         """Send ``cmd`` to rank 0 (which broadcasts it to the others between two cycles) and wait for
         its answer; any number of calls may wait at once (the ranks batch the requests). Rank 0's
-        ``("chunk", rid, ids)`` messages before the answer (a streamed generate) go to ``on_chunk``."""
+        ``("chunk", rid, ids)`` messages before the answer (a streamed generate) go to ``on_chunk``; a
+        step's answers come as one ``("batch", None, [...])`` message, taken in its order."""
         return self.submit(cmd, *args, on_chunk=on_chunk, rid=rid).wait()
 
     def submit(self, cmd: str, *args, on_chunk=None, rid: str | None = None) -> _Waiter:
@@ -205,14 +206,8 @@ class RankGroup:
                 except (EOFError, OSError):
                     tag = None  # it died mid-message: its sentinel says so next
                 if tag is not None:
-                    waiter = self.waiters.get(rid)
-                    if waiter is not None:
-                        if tag == "chunk":
-                            waiter.chunk(payload)
-                        else:
-                            with self.lock:
-                                self.waiters.pop(rid, None)
-                            waiter.set(payload)
+                    for tag_, rid_, payload_ in payload if tag == "batch" else [(tag, rid, payload)]:
+                        self._answer(tag_, rid_, payload_)
                     continue
             dead = [sentinels[s] for s in ready if s in sentinels]
             if dead:
@@ -223,6 +218,18 @@ class RankGroup:
                 for waiter in waiters:
                     waiter.fail(self.dead)
                 return
+
+    def _answer(self, tag: str, rid: str, payload) -> None:
+        """One of rank 0's answers to its caller: a streamed request's chunk, or the final answer."""
+        waiter = self.waiters.get(rid)
+        if waiter is None:
+            return
+        if tag == "chunk":
+            waiter.chunk(payload)
+        else:
+            with self.lock:
+                self.waiters.pop(rid, None)
+            waiter.set(payload)
 
     def _receive(self, rank: int):
         """The next message from ``rank`` (start-up only), or RankDied as soon as any rank has exited."""

@@ -76,9 +76,12 @@ class Scheduler:
     waits up to ``IDLE_POLL_S`` for a command, then broadcasts an empty list (a heartbeat: the other
     ranks never wait in a collective long enough to time out).
 
-    Rank 0 sends ``("chunk", rid, ids)`` for a streamed request after each result that does not finish
-    it, and ``("ok", rid, answer)`` when it finishes (SGLang's last event carries the finishing tokens).
-    ``/flush_cache`` waits until no request is running or waiting, as SGLang's does."""
+    Rank 0 answers with ``("chunk", rid, ids)`` for a streamed request after each result that does not
+    finish it, and ``("ok", rid, answer)`` when it finishes (SGLang's last event carries the finishing
+    tokens); a step's answers go to the front as one message, ``("batch", None, [answers in order])``
+    (one alone as itself), as SGLang's scheduler sends a step's outputs in one ``BatchTokenIDOut``: at
+    concurrency 32 one pickle and one pipe write a step instead of 32, on the rank's host thread and in the
+    front's dispatcher. ``/flush_cache`` waits until no request is running or waiting, as SGLang's does."""
 
     def __init__(
         self,
@@ -96,6 +99,7 @@ class Scheduler:
         self.interval = max(1, decode_log_interval)
         self.counters = Counters()
         self.conn = conn  # rank 0's pipe to the front
+        self.outbox: list[tuple] = []  # this step's answers, sent together by _flush_outbox
         self.tp_size, self.group = tp_size, group
         lead = rank == 0 and conn is not None
         self.loop = BatchLoop(
@@ -145,6 +149,7 @@ class Scheduler:
                 self.flushes.clear()
             if self.loop.busy:
                 self.loop.step()
+            self._flush_outbox()
 
     def generate(self, ids: list[int], n: int) -> dict:
         """One request through this rank's loop and counters, in process (benchmarks/gpu): its answer."""
@@ -155,7 +160,13 @@ class Scheduler:
 
     def _send(self, tag: str, rid: str, payload) -> None:
         if self.rank == 0 and self.conn is not None:
-            self.conn.send((tag, rid, payload))
+            self.outbox.append((tag, rid, payload))
+
+    def _flush_outbox(self) -> None:
+        """The step's answers to the front in one message (one alone as itself), in the order they came."""
+        if self.outbox:
+            out, self.outbox = self.outbox, []
+            self.conn.send(out[0] if len(out) == 1 else ("batch", None, out))
 
     def _chunk(self, req, ids: list[int]) -> None:
         if req.stream:

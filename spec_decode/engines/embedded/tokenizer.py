@@ -15,7 +15,14 @@ def encode(text: str) -> list[int]:
 
 
 def decode(ids: list[int]) -> str:
-    return bytes(i for i in ids if 0 <= i < 256).decode("utf-8", errors="replace")
+    """The text of ``ids`` (ids outside the byte range are dropped: a synthetic model's larger vocabulary).
+    ``bytes(ids)`` converts a list of byte values in C; the filter runs only when one is out of range: a
+    streamed request decodes its whole output at every event (SGLang's cumulative text): through the filter
+    that was a third of the front's CPU under streamed load (docs/benchmarks.md, benchmarks/server_cpu.py)."""
+    try:
+        return bytes(ids).decode("utf-8", errors="replace")
+    except (ValueError, TypeError):
+        return bytes(i for i in ids if 0 <= i < 256).decode("utf-8", errors="replace")
 
 
 def _bytes_to_unicode() -> dict[int, str]:
