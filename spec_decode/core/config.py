@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import hashlib
 import math
+import re
 from dataclasses import dataclass, field
 from typing import Optional
 
@@ -87,6 +88,12 @@ class BenchmarkConfig:
     # scheduler autogroup (Linux; -20..19, negative needs root). null = leave it (0). Other sessions'
     # load both widens the speedup CI and biases it toward short requests (docs/paired-baseline.md).
     server_nice: Optional[int] = None
+    # The CPU cores every server of the job is pinned to, taskset's list ("2-5", "2,3,8-9"): each thread of
+    # its process tree (the front or launcher, the ranks) set to them once it is up, the same cores in every
+    # launch, so the server's host threads run where they ran last launch (the lent GPU VM's vCPUs differ in
+    # speed: runner.machine.probe_us). null = where the OS puts them. Read back per launch
+    # (launches[].server_cpus); not with benchmark.pairing=concurrent, which pins each arm to its own half.
+    server_cpus: Optional[str] = None
     # true: the warmup and timed runs stream (SSE): TTFT, per-token ITL, TPOT per run (the job's
     # `latency`); tok/s keeps its definition (completion_tokens / client wall time). Off by default:
     # on this 2-core host streaming cost the embedded engine's timed tok/s 6-15% (the front encodes and
@@ -144,6 +151,8 @@ class BenchmarkConfig:
             raise ConfigError(f"benchmark.pairing={self.pairing}: must be one of {', '.join(PAIRINGS)}")
         if self.server_nice is not None and not -20 <= self.server_nice <= 19:
             raise ConfigError(f"benchmark.server_nice={self.server_nice}: must be in -20..19 (or null)")
+        if self.server_cpus is not None:
+            self.cpu_set()  # a list that does not parse: refused here, naming the key
         for key in ("runs", "launches", "max_new_tokens", "request_max_new_tokens", "profile_pairs"):
             if getattr(self, key) < 1:
                 raise ConfigError(f"benchmark.{key}={getattr(self, key)}: must be >= 1")
@@ -156,6 +165,21 @@ class BenchmarkConfig:
             )
         if self.prompt_index < 0:
             raise ConfigError(f"benchmark.prompt_index={self.prompt_index}: must be >= 0")
+
+    def cpu_set(self) -> set[int] | None:
+        """``server_cpus`` as a set of core ids (None: not pinned); ConfigError for a list that does not parse."""
+        if self.server_cpus is None:
+            return None
+        cores: set[int] = set()
+        for part in str(self.server_cpus).replace(" ", "").split(","):
+            m = re.fullmatch(r"(\d+)(?:-(\d+))?", part)
+            if m is None or (m.group(2) is not None and int(m.group(2)) < int(m.group(1))):
+                raise ConfigError(
+                    f"benchmark.server_cpus={self.server_cpus}: a list of CPU cores as taskset -c takes it "
+                    "(e.g. 2-5 or 2,3,8-9), or null"
+                )
+            cores.update(range(int(m.group(1)), int(m.group(2) or m.group(1)) + 1))
+        return cores
 
     @property
     def under_load(self) -> bool:

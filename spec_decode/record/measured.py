@@ -139,6 +139,8 @@ class Launch:
     load_runs: list[LoadRun] | None = None
     pairs: list[dict] | None = None  # per pair: the pairer's account (order, or cores, delays, overlap)
     host: HostWindow | None = None
+    server_cpus: list[int] | None = None  # benchmark.server_cpus: the tree's cores, read back
+    baseline_server_cpus: list[int] | None = None
     extra: dict[str, Any] = field(default_factory=dict)
 
     def as_dict(self) -> dict:

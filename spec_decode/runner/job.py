@@ -274,7 +274,7 @@ def _one_launch(
         bar.close()
         raise
     port = srv.port
-    nice = cfg.benchmark.server_nice
+    nice, cores = cfg.benchmark.server_nice, cfg.benchmark.cpu_set()
     rec.argv = rec.argv or srv.argv
     with contextlib.ExitStack() as stack:
         stack.enter_context(srv)
@@ -284,6 +284,9 @@ def _one_launch(
         if nice is not None:  # benchmark.server_nice, read back from the server
             pairing.set_group_nice(srv.pid, nice)
             this.server_nice = pairing.group_nice(srv.pid)
+        if cores is not None:  # benchmark.server_cpus, read back from the kernel
+            pairing.pin_tree(srv.pid, cores)
+            this.server_cpus = pairing.tree_affinity(srv.pid)
         bclient = None
         if pair is not None:
             bsrv = stack.enter_context(start_server(pair.cfg, pair.env, pair.log_path, any_port=True))
@@ -293,6 +296,9 @@ def _one_launch(
             if nice is not None:
                 pairing.set_group_nice(bsrv.pid, nice)
                 this.baseline_server_nice = pairing.group_nice(bsrv.pid)
+            if cores is not None:
+                pairing.pin_tree(bsrv.pid, cores)
+                this.baseline_server_cpus = pairing.tree_affinity(bsrv.pid)
             pairer = pairing.Pairer(b.pairing, srv.pid, bsrv.pid)  # concurrent: pins both trees now
         if launch == 0:
             measured.live_env.update(srv.environ())  # filtered + redacted in analysis.finish

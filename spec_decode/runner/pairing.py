@@ -46,6 +46,17 @@ def usable_cores() -> list[int]:
     return sorted(os.sched_getaffinity(0))
 
 
+def describe_cores(cores: list[int]) -> str:
+    """taskset's list of ``cores``: ``0-3,8``."""
+    runs: list[list[int]] = []
+    for c in sorted(cores):
+        if runs and c == runs[-1][1] + 1:
+            runs[-1][1] = c
+        else:
+            runs.append([c, c])
+    return ",".join(f"{a}-{b}" if b > a else f"{a}" for a, b in runs)
+
+
 def core_halves(cores: list[int]) -> tuple[set[int], set[int]]:
     """Two disjoint, equal halves of ``cores`` (one per server)."""
     if len(cores) < 2:

@@ -167,6 +167,22 @@ def check(cfg: ExperimentConfig, root: Path) -> Preflight:
             local=True,
             dry_run=dry,
         )
+    pinned = cfg.benchmark.cpu_set()
+    if pinned is not None:  # benchmark.server_cpus: cores this job may use, and not with concurrent pairing
+        usable = pairing.usable_cores()
+        pf.need(
+            pinned <= set(usable),
+            f"benchmark.server_cpus={cfg.benchmark.server_cpus}: cores {sorted(pinned - set(usable))} are not "
+            f"among the {len(usable)} this job may use ({pairing.describe_cores(usable)}); pick from those, or null",
+            local=True,
+            dry_run=dry,
+        )
+        pf.need(
+            not (cfg.paired and cfg.benchmark.pairing == pairing.CONCURRENT),
+            f"benchmark.server_cpus={cfg.benchmark.server_cpus} with benchmark.pairing=concurrent: concurrent "
+            "pairing pins each arm to its own half of the cores; use one or the other",
+            dry_run=dry,
+        )
     nice = cfg.benchmark.server_nice
     if nice is not None:
         pf.need(

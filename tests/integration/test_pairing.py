@@ -162,3 +162,27 @@ def test_interleaved_job_with_server_nice_records_order_and_the_nice_read_back(t
     assert [p["order"] for p in launch["pairs"]] == [["base", "spec"], ["spec", "base"]]
     s, b = rec["runs"], rec["baseline_runs"]
     assert b[0]["end_wall"] <= s[0]["start_wall"] and s[1]["end_wall"] <= b[1]["start_wall"]
+
+
+@needs_two_cores
+def test_server_cpus_pins_every_thread_of_both_servers_in_every_launch(tmp_path):
+    """benchmark.server_cpus: each server's whole tree (front, rank, their threads) on the given core, read
+    back from the kernel per launch (the union over the tree's threads: one thread left out reads wider)."""
+    core = max(os.sched_getaffinity(0))
+    out = tmp_path / "job"
+    run_py(
+        [
+            "benchmark.runs=2",
+            "benchmark.max_new_tokens=16",
+            "benchmark.warmup=1",
+            "benchmark.launches=2",
+            "benchmark.profile=false",
+            "tracking=off",
+            f"benchmark.server_cpus={core}",
+            f"hydra.run.dir={out}",
+        ]
+    )
+    rec = json.loads((out / "results.json").read_text())
+    assert rec["status"] == "FINISHED" and len(rec["launches"]) == 2
+    for launch in rec["launches"]:
+        assert launch["server_cpus"] == [core] and launch["baseline_server_cpus"] == [core]

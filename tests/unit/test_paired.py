@@ -95,6 +95,34 @@ def test_preflight_refuses_concurrent_pairing_without_a_core_per_server():
     assert not [e for e in interleaved.errors + unpaired.errors if "pairing" in e]
 
 
+def test_server_cpus_parses_as_taskset_and_preflight_refuses_cores_this_job_cannot_use():
+    """benchmark.server_cpus: taskset's list, refused naming the key when it does not parse; a core outside
+    this job's affinity, or with concurrent pairing (which pins each arm itself), refused before any launch."""
+    from spec_decode.runner import pairing, preflight
+
+    assert experiment().benchmark.cpu_set() is None
+    assert experiment("benchmark.server_cpus=2-5").benchmark.cpu_set() == {2, 3, 4, 5}
+    assert experiment("benchmark.server_cpus='0,2,8-9'").benchmark.cpu_set() == {0, 2, 8, 9}
+    assert experiment("benchmark.server_cpus=3").benchmark.cpu_set() == {3}
+    for bad in ("5-3", "x", "1-", "-2"):
+        with pytest.raises(ConfigError, match=rf"benchmark.server_cpus={bad}: a list of CPU cores as taskset -c"):
+            experiment(f"benchmark.server_cpus='{bad}'")
+    mine = sorted(os.sched_getaffinity(0))
+    ok = preflight.check(experiment(f"benchmark.server_cpus={mine[0]}"), ROOT)
+    outside = preflight.check(experiment(f"benchmark.server_cpus={mine[-1] + 1}-{mine[-1] + 2}"), ROOT)
+    both = preflight.check(experiment(f"benchmark.server_cpus={mine[0]}", "benchmark.pairing=concurrent"), ROOT)
+    assert not [e for e in ok.errors if "server_cpus" in e]
+    assert [e for e in outside.errors if "server_cpus" in e] == [
+        f"benchmark.server_cpus={mine[-1] + 1}-{mine[-1] + 2}: cores {[mine[-1] + 1, mine[-1] + 2]} are not among "
+        f"the {len(mine)} this job may use ({pairing.describe_cores(mine)}); pick from those, or null"
+    ]
+    assert [e for e in both.errors if "server_cpus" in e] == [
+        f"benchmark.server_cpus={mine[0]} with benchmark.pairing=concurrent: concurrent pairing pins each arm to "
+        "its own half of the cores; use one or the other"
+    ]
+    assert pairing.describe_cores([0, 1, 2, 3, 8, 10, 11]) == "0-3,8,10-11"
+
+
 def test_each_pair_returns_its_spec_run_first_and_expects_the_median_duration():
     """Known-wrong inputs through the real Pairer: the arms return distinguishable runs (a swapped pair
     would turn the speedup upside down), and one 10x slow request does not move the expected time."""
