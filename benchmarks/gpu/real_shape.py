@@ -42,6 +42,7 @@ from spec_decode.engines.embedded import synthetic
 from spec_decode.engines.embedded.decoding import Decoder, ForcedAcceptance
 from spec_decode.engines.embedded.graphs import StaticRunner
 from spec_decode.engines.embedded.kvcache import slot_rows
+from spec_decode.engines.embedded.layers import split_k
 from spec_decode.engines.embedded.model import load_drafter, load_target
 from spec_decode.engines.embedded.parallel import tree_sum
 
@@ -221,7 +222,14 @@ def set_pdl(on: bool) -> None:
 
 
 def runner_for(
-    target, drafter, steps: int, device: str, attention: str = "auto", compile: bool = False, pin_puts: bool = False
+    target,
+    drafter,
+    steps: int,
+    device: str,
+    attention: str = "auto",
+    compile: bool = False,
+    pin_puts: bool = False,
+    proj_split: int = 0,
 ):
     if not device.startswith("cuda"):
         return None  # the CPU rank decodes eagerly (scheduler.run_rank does the same)
@@ -229,10 +237,16 @@ def runner_for(
     torch.cuda.empty_cache()
     t0 = time.monotonic()
     runner = StaticRunner(
-        target, drafter, steps, use_graphs=True, attention=None if attention == "auto" else attention, compile=compile
+        target,
+        drafter,
+        steps,
+        use_graphs=True,
+        attention=None if attention == "auto" else attention,
+        compile=compile,
+        proj_split=proj_split,
     )
     print(
-        f"  runner (steps {steps}, compile {compile}, attention {runner.attention}): "
+        f"  runner (steps {steps}, compile {compile}, attention {runner.attention}, proj split {runner.proj_split}): "
         f"{time.monotonic() - t0:.1f} s to build and capture",
         flush=True,
     )
@@ -396,6 +410,8 @@ def gemm_micro(target, tokens: tuple[int, ...] = (1, 4)) -> list[dict]:
                     "unit": lambda xa=xa, ws=units: [tree_sum(torch.bmm(xa, u)) for u in ws],
                     "dense": lambda x2=x2, ws=dense: [x2 @ w for w in ws],
                     "linear": lambda x2=x2, ws=linear: [torch.nn.functional.linear(x2, w) for w in ws],
+                    # the --proj-split variant's GEMM: fp32 partials, their sum left to the next fused norm
+                    **{f"split{k}": lambda x2=x2, ws=dense, k=k: [split_k(x2, w, k) for w in ws] for k in (2, 4, 8)},
                 }
             else:
                 x = torch.randn(1, t, h, device=units[0].device, dtype=units[0].dtype)
@@ -518,6 +534,13 @@ def main(argv: list[str] | None = None) -> int:
         "on, or off,on to compare (each its own runners; with --compile on only)",
     )
     ap.add_argument(
+        "--proj-split",
+        default="0",
+        help="with --compile on: o_proj and down_proj as that many fp32 partials whose sum inductor fuses into "
+        "the next norm (StaticRunner proj_split), in place of cuBLAS's split-K reduce kernels; 0 = one GEMM "
+        "each (the engine's); comma-separated to compare, e.g. 0,4 (each its own runners)",
+    )
+    ap.add_argument(
         "--pin-puts",
         default="off",
         choices=("off", "on"),
@@ -535,6 +558,12 @@ def main(argv: list[str] | None = None) -> int:
     args = ap.parse_args(argv)
     if set(args.pdl.split(",")) - {"off", "on"}:
         ap.error(f"--pdl {args.pdl}: off, on or off,on")
+    try:
+        splits = [int(v) for v in args.proj_split.split(",")]
+    except ValueError:
+        splits = [-1]
+    if any(v < 0 or v == 1 for v in splits):
+        ap.error(f"--proj-split {args.proj_split}: 0 (one GEMM) or a split count >= 2, comma-separated")
     bandwidth_asked = args.bandwidth_tbs
     if args.bandwidth_tbs == "auto":  # an H200's constant on an H200 only: another card gets its own rate
         cuda = args.device.startswith("cuda") and torch.cuda.is_available()
@@ -580,8 +609,10 @@ def main(argv: list[str] | None = None) -> int:
             set_pdl(pdl == "on")
             for attention in args.attention.split(","):
                 for comp in args.compile.split(","):
-                    name = attention + ("" if comp == "off" else "+compile") + ("+pdl" if pdl == "on" else "")
-                    variants.update(measure_all(target, drafter, args, attention, comp == "on", name))
+                    for split in splits if comp == "on" else [0]:  # a split is a compiled path's variant
+                        name = attention + ("" if comp == "off" else "+compile") + ("+pdl" if pdl == "on" else "")
+                        name += f"+split{split}" if split else ""
+                        variants.update(measure_all(target, drafter, args, attention, comp == "on", name, split))
     for attention, v in variants.items():
         write_variant(out, args, attention, v, multiple=len(variants) > 1)
     record = {
@@ -600,18 +631,19 @@ def main(argv: list[str] | None = None) -> int:
     return 0
 
 
-def measure_all(target, drafter, args, attention: str, compile: bool, label: str) -> dict[str, dict]:
+def measure_all(target, drafter, args, attention: str, compile: bool, label: str, split: int = 0) -> dict[str, dict]:
     """The baseline and every (steps, accept length) cell with one attention (and compile) variant, per
     overlap mode: {variant name: {"baseline": ..., "rows": [...]}}."""
     modes = args.overlap.split(",")
     name = {m: label + (f"+overlap-{m}" if len(modes) > 1 else "") for m in modes}
     out = {name[m]: {"baseline": None, "rows": []} for m in modes}
     positions = context(args)
-    runner = runner_for(target, None, 1, args.device, attention, compile, args.pin_puts == "on")
+    runner = runner_for(target, None, 1, args.device, attention, compile, args.pin_puts == "on", split)
     for m, base in measure(target, None, 0, None, args, runner).items():
         base.update(roofline(target, None, 0, args.bandwidth_tbs, positions))
         base["ratio"] = round(base["cycle_ms"] / base["roofline_ms"], 3)
         base["attention"], base["compile"] = runner.attention if runner else attention, compile
+        base["proj_split"] = runner.proj_split if runner else 0
         out[name[m]]["baseline"] = base
         print(
             f"[{name[m]}] baseline: {base['cycle_ms']:.3f} ms/step (roofline {base['roofline_ms']:.3f}), "
@@ -634,7 +666,7 @@ def measure_all(target, drafter, args, attention: str, compile: bool, label: str
             print(f"  {us:8.1f} us  x{c:4.0f}  {kname}")
     del runner
     for steps in [] if args.steps == "none" else [int(s) for s in args.steps.split(",")]:
-        runner = runner_for(target, drafter, steps, args.device, attention, compile, args.pin_puts == "on")
+        runner = runner_for(target, drafter, steps, args.device, attention, compile, args.pin_puts == "on", split)
         for x in [float(v) for v in args.accept_lens.split(",")]:
             if x > steps + 1:
                 continue

@@ -71,3 +71,43 @@ def test_dense_row_parallel_products_equal_the_unit_sums():
         cos, sin = target.cos[:3], target.sin[:3]
         for want, got in zip(layer.self_attn.qkv_sharded(x, cos, sin), layer.self_attn.qkv_sharded(x, cos, sin, True)):
             assert torch.allclose(want, got, atol=1e-6)  # q/k/v on x spread per unit: the same products
+
+
+@pytest.mark.parametrize("s", [2, 4])
+def test_split_row_parallel_products_sum_to_the_dense_ones(s):
+    """``split`` (a variant of the compiled tp-1 path): o_proj and down_proj as ``s`` fp32 partials over
+    consecutive input chunks, whose sum is the dense product; and a compiled runner with it decodes like
+    the one without (its graphs traced whole, the sum inside them)."""
+    from spec_decode.engines.embedded.layers import split_k
+
+    target, drafter = tiny_models(threads=1)
+    layer = target.model.layers[1]
+    g = torch.Generator().manual_seed(1)
+    a = torch.randn(1, layer.self_attn.nh, 3, layer.self_attn.hd, generator=g)
+    x = torch.randn(1, 3, target.shape.hidden_size, generator=g)
+    with torch.no_grad():
+        parts = layer.self_attn.out_split(a, s)
+        assert parts.shape == (s, 3, target.shape.hidden_size) and parts.dtype == torch.float32
+        assert torch.allclose(parts.sum(0), layer.self_attn.out_dense(a), atol=1e-5)
+        assert torch.allclose(layer.mlp.split(x, s).sum(0), layer.mlp.dense(x), atol=1e-5)
+        w = torch.randn(8, 5, generator=g)  # row 0 of eye picks w's first row: only chunk 0 holds it
+        assert torch.equal(split_k(torch.eye(8)[:2], w, s)[0, 0], w[0])
+        assert torch.equal(split_k(torch.eye(8)[:2], w, s)[1:, 0], torch.zeros(s - 1, 5))
+    prompt = [ids for ids, _ in workload()[:1]][0]
+    want = Decoder(
+        target,
+        drafter,
+        STEPS,
+        StaticRunner(target, drafter, STEPS, use_graphs=False, compile=True, compile_backend="aot_eager"),
+    ).generate(prompt, TOKENS)
+    runner = StaticRunner(
+        target, drafter, STEPS, use_graphs=False, compile=True, compile_backend="aot_eager", proj_split=s
+    )
+    got = Decoder(target, drafter, STEPS, runner).generate(prompt, TOKENS)
+    assert runner.proj_split == s
+    same = sum(p == q for p, q in zip(want.output_ids, got.output_ids)) / len(want.output_ids)
+    assert got.output_ids[:20] == want.output_ids[:20] and same > 0.9, f"agreement {same:.2f}"
+    assert StaticRunner(target, None, 0, use_graphs=False, proj_split=s).proj_split == 0  # compiled only
+    bad = StaticRunner(target, None, 0, use_graphs=False, compile=True, compile_backend="aot_eager", proj_split=7)
+    with pytest.raises(Exception, match="invalid for input of size"):  # the split path runs: 7 divides no K here
+        Decoder(target, None, 0, bad).generate(prompt, 4)

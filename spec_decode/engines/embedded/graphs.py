@@ -63,6 +63,7 @@ class StaticRunner(ShapeFunctions):
         slots: int | None = None,
         compile: bool = False,
         compile_backend: str = "inductor",
+        proj_split: int = 0,
     ):
         """``max_bs``: the largest captured batch size (SGLang's --cuda-graph-max-bs-decode);
         ``slots``: requests the caches hold (default max_bs; the server's --max-running-requests),
@@ -80,6 +81,9 @@ class StaticRunner(ShapeFunctions):
         graph_ops' rotated rows), compiled in the warm-up before capture; off by default (~30 s of
         start-up per step count on the 8B shape; other rounding, as graph_ops)."""
         self.compile, self.compile_backend = compile, compile_backend  # backend: tests ("aot_eager")
+        # compiled only: o/down as that many fp32 partials summed inside the next fused norm (a variant,
+        # LlamaTarget.forward_static's ``split``; benchmarks/gpu/real_shape.py --proj-split)
+        self.proj_split = proj_split if compile else 0
         if compile:
             # start-up: dynamo loads only when compiling. Every shape of every runner in the process is
             # the same lambda's code, so each is one more recompile of it: allow this runner's too

@@ -93,6 +93,18 @@ def spread_rows(x: torch.Tensor, n: int) -> torch.Tensor:
     return x.expand(n, *x.shape[1:]).contiguous()
 
 
+def split_k(x: torch.Tensor, w: torch.Tensor, s: int) -> torch.Tensor:
+    """x (T, K) @ w (K, N) as ``s`` partial products over consecutive K chunks, (s, T, N) in fp32: one
+    batched GEMM (on CUDA its fp32 output directly, ``bmm(out_dtype=)``), whose sum over the first dim is
+    the product. K must divide by s."""
+    t, k = x.shape
+    xs = x.view(t, s, k // s).transpose(0, 1)  # (s, T, K/s)
+    ws = w.view(s, k // s, w.shape[1])
+    if x.is_cuda:
+        return torch.bmm(xs, ws, out_dtype=torch.float32)
+    return torch.bmm(xs, ws).float()
+
+
 class Attention(nn.Module):
     def __init__(self, in_dim: int, shape: LlamaShape):
         super().__init__()
@@ -205,6 +217,14 @@ class Attention(nn.Module):
         t = a.shape[2]
         return a[0].transpose(0, 1).reshape(t, n * qpu * self.hd) @ self.u_o.view(n * qpu * self.hd, -1)
 
+    def out_split(self, a: torch.Tensor, s: int) -> torch.Tensor:
+        """``out_dense`` as ``s`` fp32 partials (s, T, h) over consecutive chunks of its input (split_k, see
+        ``split_k``): the caller's sum of them is left to inductor, to fuse into the residual add and the next
+        norm instead of cuBLAS's own split-K reduce kernel. A variant of the compiled tp-1 path."""
+        n, qpu, _ = self.local
+        t = a.shape[2]
+        return split_k(a[0].transpose(0, 1).reshape(t, n * qpu * self.hd), self.u_o.view(n * qpu * self.hd, -1), s)
+
     def out_partials(self, a: torch.Tensor) -> torch.Tensor:
         """a (1, local heads, T, hd) -> per-unit o_proj partials (local units, T, h)."""
         n, qpu, _ = self.local
@@ -250,6 +270,13 @@ class MLP(nn.Module):
         n, t, fpu = gate.shape
         act = (F.silu(gate) * up).transpose(0, 1).reshape(t, n * fpu)
         return act @ self.u_down.view(n * fpu, -1)
+
+    def split(self, x: torch.Tensor, s: int) -> torch.Tensor:
+        """``dense`` with down_proj as ``s`` fp32 partials (s, T, h) (``split_k``; Attention.out_split)."""
+        gate, up = torch.bmm(spread_rows(x, self.u_gate_up.shape[0]), self.u_gate_up).chunk(2, dim=-1)
+        n, t, fpu = gate.shape
+        act = (F.silu(gate) * up).transpose(0, 1).reshape(t, n * fpu)
+        return split_k(act, self.u_down.view(n * fpu, -1), s)
 
     def partials(self, x: torch.Tensor) -> torch.Tensor:
         """x (1, T, h) -> per-unit down_proj partials (local units, T, h)."""

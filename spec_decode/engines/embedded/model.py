@@ -178,6 +178,7 @@ class LlamaTarget(nn.Module):
         capture: list[int] | None = None,
         rot_rows: bool = True,
         dense: bool = False,
+        split: int = 0,
     ):
         """``forward`` with no host value in it (CUDA-graph capturable): (1, T) tokens at the
         positions ``pos`` (T,), T = B rows x cache.t tokens packed row after row (``cache`` is a
@@ -189,7 +190,10 @@ class LlamaTarget(nn.Module):
         partials and the tree sum (12.9 against 16.8 us for o, 32.0 against 36.0 us for down on the 8B
         shape, H200; benchmarks/gpu/real_shape.py --gemm-micro): other rounding, so tp 1 only, where no
         tp size has to match it bit for bit; and the per-unit q/k/v and gate/up products on x copied per
-        unit by us (layers.spread_rows), not broadcast."""
+        unit by us (layers.spread_rows), not broadcast. ``split`` > 1 (with ``dense``; a variant for
+        benchmarks/gpu/real_shape.py --proj-split until measured): o_proj and down_proj as that many fp32
+        partials whose sum inductor fuses into the residual add and the next norm (layers.split_k), in place
+        of cuBLAS's split-K reduce kernel after each (64 a step on the 8B shape, ~110 us on an H200)."""
         t, g = ids.shape[1], self.graph_ops
         if g:
             cos, sin = self.cos_sin.index_select(0, pos).chunk(2, dim=-1)
@@ -208,9 +212,15 @@ class LlamaTarget(nn.Module):
             else:
                 q, k, v = attn.qkv_sharded(xn, cos, sin, spread=dense)
             a = cache.attend(i, q, k, v, pos, mask)
-            x = x + (attn.out_dense(a) if dense else reduce(attn.out_partials(a))).view(1, t, -1)
+            if dense and split > 1:
+                x = x + attn.out_split(a, split).sum(0).to(x.dtype).view(1, t, -1)
+            else:
+                x = x + (attn.out_dense(a) if dense else reduce(attn.out_partials(a))).view(1, t, -1)
             h = layer.post_attention_layernorm.static(x, g)
-            x = x + (layer.mlp.dense(h) if dense else reduce(layer.mlp.partials(h))).view(1, t, -1)
+            if dense and split > 1:
+                x = x + layer.mlp.split(h, split).sum(0).to(x.dtype).view(1, t, -1)
+            else:
+                x = x + (layer.mlp.dense(h) if dense else reduce(layer.mlp.partials(h))).view(1, t, -1)
             if capture and i in capture:
                 outs[i] = x
         logits = self.lm_head(self.model.norm.static(x, g))[0]

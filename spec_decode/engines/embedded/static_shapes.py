@@ -20,6 +20,8 @@ class ShapeFunctions:
     """Mixed into StaticRunner: ``_add_bucket`` makes bucket b's shapes; ``_decode`` ... ``_extend`` are
     what runs (eagerly, compiled, or captured) on a shape's buffers ``b``."""
 
+    proj_split = 0  # StaticRunner's: o/down as fp32 partials (compiled only)
+
     def _add_bucket(self, b: int) -> None:
         dev, h, k = self.device, self.target.shape.hidden_size, self.k
         long, f = dict(dtype=torch.long, device=dev), dict(device=dev)
@@ -78,7 +80,7 @@ class ShapeFunctions:
 
     def _decode(self, b) -> None:
         logits, _ = self.target.forward_static(
-            b["ids"], b["pos"], b["trows"], rot_rows=not self.compile, dense=self.compile
+            b["ids"], b["pos"], b["trows"], rot_rows=not self.compile, dense=self.compile, split=self.proj_split
         )
         b["tok"].copy_(logits.argmax(-1))
 
@@ -86,7 +88,13 @@ class ShapeFunctions:
         t = self.k + 1
         b["pos"].view(-1, t).copy_(self._starts(b)[:, None] + self.arange[:t])
         logits, aux = self.target.forward_static(
-            b["ids"], b["pos"], b["trows"], self.capture_ids, rot_rows=not self.compile, dense=self.compile
+            b["ids"],
+            b["pos"],
+            b["trows"],
+            self.capture_ids,
+            rot_rows=not self.compile,
+            dense=self.compile,
+            split=self.proj_split,
         )
         pred = logits.argmax(-1).view(b["pred"].shape)
         b["pred"].copy_(pred)
