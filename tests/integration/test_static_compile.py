@@ -111,3 +111,36 @@ def test_split_row_parallel_products_sum_to_the_dense_ones(s):
     bad = StaticRunner(target, None, 0, use_graphs=False, compile=True, compile_backend="aot_eager", proj_split=7)
     with pytest.raises(Exception, match="invalid for input of size"):  # the split path runs: 7 divides no K here
         Decoder(target, None, 0, bad).generate(prompt, 4)
+
+
+def test_inductor_folds_the_partials_sum_into_the_norm_kernel():
+    """The premise of ``split``: inductor generates no kernel of its own for the partials' sum; it is read
+    inside the residual add + RMSNorm kernel that the dense path has too (one fused kernel either way; the
+    GEMMs are extern calls). Real inductor, on CPU (its scheduler decides fusion for CUDA alike)."""
+    import re
+
+    from torch._inductor.utils import run_and_get_code
+
+    target, _ = tiny_models(threads=1)
+    layer = target.model.layers[0]
+    g = torch.Generator().manual_seed(2)
+    a = torch.randn(1, layer.self_attn.nh, 1, layer.self_attn.hd, generator=g)
+    x = torch.randn(1, 1, target.shape.hidden_size, generator=g)
+    norm = layer.post_attention_layernorm
+
+    def dense(x, a):
+        y = x + layer.self_attn.out_dense(a).view(1, 1, -1)
+        return y, norm.static(y, True)
+
+    def split(x, a):
+        y = x + layer.self_attn.out_split(a, 4).sum(0).to(x.dtype).view(1, 1, -1)
+        return y, norm.static(y, True)
+
+    kernels = {}
+    with torch.no_grad():
+        for name, fn in (("dense", dense), ("split", split)):
+            out, code = run_and_get_code(torch.compile(fn, fullgraph=True, dynamic=False), x, a)
+            kernels[name] = sorted(set(re.findall(r"cpp_fused_\w+", "\n".join(code))))
+            assert torch.allclose(out[1], dense(x, a)[1], atol=1e-4)
+    assert len(kernels["dense"]) == len(kernels["split"]) == 1, kernels
+    assert "sum" in kernels["split"][0] and "rsqrt" in kernels["split"][0]  # the sum inside the norm's kernel
