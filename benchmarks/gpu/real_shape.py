@@ -604,7 +604,7 @@ def main(argv: list[str] | None = None) -> int:
         if args.gemm_micro:
             (out / "gemm_micro.json").write_text(json.dumps(gemm_micro(target), indent=2) + "\n")
             return 0
-        variants = {}
+        variants, failed = {}, {}
         for pdl in args.pdl.split(","):
             set_pdl(pdl == "on")
             for attention in args.attention.split(","):
@@ -612,7 +612,13 @@ def main(argv: list[str] | None = None) -> int:
                     for split in splits if comp == "on" else [0]:  # a split is a compiled path's variant
                         name = attention + ("" if comp == "off" else "+compile") + ("+pdl" if pdl == "on" else "")
                         name += f"+split{split}" if split else ""
-                        variants.update(measure_all(target, drafter, args, attention, comp == "on", name, split))
+                        try:
+                            variants.update(measure_all(target, drafter, args, attention, comp == "on", name, split))
+                        except Exception as e:  # a split that cannot run on this torch: said, the rest still run
+                            if not split:
+                                raise
+                            failed[name] = f"{type(e).__name__}: {e}"[:2000]
+                            print(f"[{name}] FAILED, skipped: {failed[name]}", flush=True)
     for attention, v in variants.items():
         write_variant(out, args, attention, v, multiple=len(variants) > 1)
     record = {
@@ -621,6 +627,7 @@ def main(argv: list[str] | None = None) -> int:
         "args": vars(args),
         **next(iter(variants.values())),
         "variants": variants,
+        "failed_variants": failed,
         "read_rate": read_rate,
         "generate_s": round(generate_s, 1),
         "load_s": round(load_s, 1),
