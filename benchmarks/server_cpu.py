@@ -84,6 +84,8 @@ def load(url: str, conc: int, n: int, tokens: int, stream: bool) -> int:
                 for line in r.iter_lines():
                     if line.startswith(b"data: {"):
                         last = line
+                if last is None:
+                    raise RuntimeError(f"{url}: a streamed request ended without a data event")
                 done = requests.models.complexjson.loads(last[6:])
             else:
                 done = r.json()
@@ -103,6 +105,8 @@ def measure(proc: subprocess.Popen, url: str, args) -> dict:
     t0 = time.perf_counter()
     tokens = load(url, args.concurrency, args.requests, args.tokens, not args.no_stream)
     wall = time.perf_counter() - t0
+    if tokens == 0:
+        raise SystemExit(f"{url}: no completion tokens in a round")
     procs = machine.tree_window(a, machine.tree_sample(proc.pid))
     out = {"tok_s": tokens / wall}
     for p in procs:

@@ -53,15 +53,16 @@ def server_cpu(launches: list[Launch], runs: list[RunRecord], baseline_runs: lis
         secs, tokens = 0.0, 0
         for x in launches:
             procs = getattr(x.host, key) if x.host is not None else None
-            if not procs or not x.host.s:
+            window = (x.host.procs_s or x.host.s) if x.host is not None else 0.0  # the reads' own window
+            if not procs or not window:
                 continue
-            secs += x.host.s
+            secs += window
             tokens += sum(r.completion_tokens for r in arm if r.launch == x.launch)
-            for p in procs:
-                cpu[p.name] = cpu.get(p.name, 0.0) + p.cpu_s
+            for p in procs:  # per name as a metric key: two names that read alike there are summed
+                cpu[metric_name(p.name)] = cpu.get(metric_name(p.name), 0.0) + p.cpu_s
         if not secs:
             continue
-        for suffix, c in (("", sum(cpu.values())), *((f".{metric_name(n)}", c) for n, c in cpu.items())):
+        for suffix, c in (("", sum(cpu.values())), *((f".{n}", c) for n, c in cpu.items())):
             out[f"{prefix}_pct{suffix}"] = 100 * c / secs
             if tokens:
                 out[f"{prefix}_ms_per_1k_tok{suffix}"] = 1e6 * c / tokens

@@ -6,6 +6,7 @@ speculative flag at all; with a drafter the three spec numbers always travel tog
 
 from __future__ import annotations
 
+import os
 import sys
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -103,6 +104,7 @@ def start_server(
     from spec_decode.engines.server_process import PortTaken, ServerError, ServerProcess, choose_port
 
     wanted = 0 if any_port else cfg.engine.port
+    cores = cfg.benchmark.cpu_set()
     for attempt in range(attempts):
         port = choose_port(cfg.engine.host, wanted if attempt == 0 else 0)
         srv = ServerProcess(
@@ -114,6 +116,9 @@ def start_server(
             startup_timeout_s=cfg.engine.startup_timeout_s,
             shutdown_grace_s=cfg.engine.shutdown_grace_s,
             health_path=engine_of(cfg).health_path,
+            # benchmark.server_cpus: the launcher on its cores from its first instruction, so every thread
+            # and process it starts inherits them (the runner pins the whole tree again once it is up)
+            on_spawn=(lambda pid, cores=cores: os.sched_setaffinity(pid, cores)) if cores else None,
         )
         try:
             return srv.start()

@@ -17,8 +17,7 @@
   dead launcher left behind gets SIGTERM then, as SGLang's launcher would have sent it), then
   SIGKILL to the group and whatever of the tree is left, and a wait until none is left -- and, where
   ``nvidia-smi`` exists, until no GPU lists one of them -- before the next launch may start.
-  SIGTERM to every process at once (the old way) made SGLang's watchdog read each child's exit as a
-  crash and SIGKILL the rest (utils/watchdog.py 181, 203-222).
+  SIGTERM to all at once (the old way) made SGLang's watchdog SIGKILL the rest (utils/watchdog.py 181, 203-222).
 """
 
 from __future__ import annotations
@@ -34,10 +33,9 @@ from pathlib import Path
 
 import psutil
 
-# Inherited variables the job's config alone decides: NCCL_* (the NCCL profile), SGLang's forced
-# acceptance (spec.simulate_accept_len; an inherited one would silently make outputs not lossless) and
-# SGLang's PCIe-IPC all-reduce switch (engine.pcie_ipc_allreduce; inherited, it would replace NCCL for
-# decode and turn the nccl= axis into a no-op).
+# Inherited variables the job's config alone decides: NCCL_* (the NCCL profile), SGLang's forced acceptance
+# (spec.simulate_accept_len; inherited, outputs would silently not be lossless) and its PCIe-IPC all-reduce
+# switch (engine.pcie_ipc_allreduce; inherited, it would replace NCCL for decode: the nccl= axis a no-op).
 DROPPED_PREFIXES = ("NCCL_", "SGLANG_SIMULATE_ACC_", "SGLANG_ENABLE_PCIE_IPC_ALLREDUCE")
 # Inherited NCCL variables that survive the drop: machine safety (NVLink multicast can take shared GPUs
 # out of service), never tuning; and NVIDIA images' label of the NCCL they ship, which NCCL never reads.
@@ -122,8 +120,7 @@ def _group(pgid: int) -> list[psutil.Process]:
 
 
 def gpu_pids() -> set[int] | None:
-    """PIDs holding a GPU context (``nvidia-smi --query-compute-apps``); None without nvidia-smi (no
-    GPU check possible: said so where it matters)."""
+    """PIDs holding a GPU context (``nvidia-smi --query-compute-apps``); None without nvidia-smi."""
     smi = shutil.which("nvidia-smi")
     if smi is None:
         return None
@@ -249,6 +246,7 @@ class ServerProcess:
         startup_timeout_s: float = 600.0,
         health_path: str = "/health",
         shutdown_grace_s: float = SHUTDOWN_GRACE_S,
+        on_spawn=None,  # called with the launcher's pid right after it is spawned (runner: benchmark.server_cpus)
     ):
         self.argv = argv
         self.extra_env = env
@@ -256,7 +254,7 @@ class ServerProcess:
         self.host, self.port = host, port
         self.startup_timeout_s = startup_timeout_s
         self.health_path = health_path
-        self.shutdown_grace_s = shutdown_grace_s
+        self.shutdown_grace_s, self.on_spawn = shutdown_grace_s, on_spawn
         self.proc: subprocess.Popen | None = None
         self.start_s: float | None = None
         self.stopped: dict | None = None  # shutdown()'s account of the last stop
@@ -294,6 +292,8 @@ class ServerProcess:
             raise ServerError(f"cannot start {self.argv[0]!r}: {e}") from None
         log.close()
         try:
+            if self.on_spawn is not None:
+                self.on_spawn(self.proc.pid)
             self._wait_healthy(t0)
         except BaseException:
             self.stop()

@@ -49,6 +49,7 @@ class HostWindow:
     probe_us_start: float | None = None  # runner.machine.probe_us at each end; None: before the probe
     probe_us_end: float | None = None
     server_procs: list[ProcCpu] | Maybe = ABSENT  # absent: recorded before the per-process account
+    procs_s: float | None = None  # the seconds between the two reads of the trees (their core_pct's window)
     baseline_procs: list[ProcCpu] | Maybe = ABSENT
     extra: dict[str, Any] = field(default_factory=dict)
 

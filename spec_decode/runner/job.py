@@ -355,6 +355,7 @@ def _one_launch(
             procs_t1 = [machine.tree_sample(srv.pid), machine.tree_sample(this.baseline_pid)]
             this.host = machine.window(host_t0, machine.sample())
             this.host.server_procs = machine.tree_window(procs_t0[0], procs_t1[0])
+            this.host.procs_s = round(procs_t1[0]["t"] - procs_t0[0]["t"], 3)
             if bclient is not None:
                 this.host.baseline_procs = machine.tree_window(procs_t0[1], procs_t1[1])
             measured.log_windows.append((start, log_path.stat().st_size))

@@ -186,10 +186,11 @@ def window(a: dict, b: dict) -> HostWindow:
 
 
 def tree_sample(pid: int | None) -> dict:
-    """The server tree rooted at ``pid`` now: {"t": monotonic time, "procs": {pid: (name, CPU seconds of its own
-    threads (user + system), threads)}}; the root is named "launcher" (SGLang's: HTTP + tokenizer manager;
-    ours: the HTTP front), the others by their process name. A process that ends during the read is left out."""
-    procs: dict[int, tuple[str, float, int]] = {}
+    """The server tree rooted at ``pid`` now: {"t": monotonic time, "procs": {pid: (name, CPU
+    seconds of its own threads (user + system), threads, its start as an epoch time)}}; the root is named
+    "launcher" (SGLang's: HTTP + tokenizer manager; ours: the HTTP front), the others by their process name. A
+    process that ends during the read is left out."""
+    procs: dict[int, tuple[str, float, int, float]] = {}
     try:
         root = psutil.Process(pid) if pid is not None else None
         tree = [root, *root.children(recursive=True)] if root is not None else []
@@ -199,18 +200,22 @@ def tree_sample(pid: int | None) -> dict:
         try:
             with p.oneshot():
                 t = p.cpu_times()
-                procs[p.pid] = ("launcher" if p.pid == pid else p.name(), t.user + t.system, p.num_threads())
+                name = "launcher" if p.pid == pid else p.name()
+                procs[p.pid] = (name, t.user + t.system, p.num_threads(), p.create_time())
         except psutil.Error:
             continue
     return {"t": time.monotonic(), "procs": procs}
 
 
 def tree_window(a: dict, b: dict) -> list[ProcCpu]:
-    """Each process alive at ``b`` and its CPU time since ``a`` (all of it for one started in between), in
-    seconds and in % of one core over the window. A process that ended in between is not counted."""
+    """Each process alive at ``b`` and its CPU time since ``a``, in seconds and in % of one core over the
+    window: matched by pid and start time, so a pid the kernel reused in between is another process; one not
+    in ``a`` started after it (a server's tree only grows from its launcher) and counts with all of its
+    time. A process that ended in between is not counted."""
     s = b["t"] - a["t"]
     out = []
-    for pid, (name, cpu, threads) in sorted(b["procs"].items()):
-        used = max(0.0, cpu - a["procs"][pid][1]) if pid in a["procs"] else cpu
+    for pid, (name, cpu, threads, created) in sorted(b["procs"].items()):
+        before = a["procs"].get(pid)
+        used = max(0.0, cpu - before[1]) if before is not None and before[3] == created else cpu
         out.append(ProcCpu(name, pid, round(used, 3), round(100 * used / s, 1) if s > 0 else 0.0, threads))
     return out

@@ -178,6 +178,13 @@ def check(cfg: ExperimentConfig, root: Path) -> Preflight:
             dry_run=dry,
         )
         pf.need(
+            cfg.hardware.parallel_jobs == 1,
+            f"benchmark.server_cpus={cfg.benchmark.server_cpus} with hardware.parallel_jobs="
+            f"{cfg.hardware.parallel_jobs}: the jobs that run at once would pin their servers to the same cores; "
+            "run them one at a time (hardware.parallel_jobs=1) or leave benchmark.server_cpus=null",
+            dry_run=dry,
+        )
+        pf.need(
             not (cfg.paired and cfg.benchmark.pairing == pairing.CONCURRENT),
             f"benchmark.server_cpus={cfg.benchmark.server_cpus} with benchmark.pairing=concurrent: concurrent "
             "pairing pins each arm to its own half of the cores; use one or the other",

@@ -121,6 +121,12 @@ def test_server_cpus_parses_as_taskset_and_preflight_refuses_cores_this_job_cann
         "its own half of the cores; use one or the other"
     ]
     assert pairing.describe_cores([0, 1, 2, 3, 8, 10, 11]) == "0-3,8,10-11"
+    parallel = preflight.check(experiment(f"benchmark.server_cpus={mine[0]}", "hardware.parallel_jobs=2"), ROOT)
+    assert [e for e in parallel.errors if "server_cpus" in e] == [
+        f"benchmark.server_cpus={mine[0]} with hardware.parallel_jobs=2: the jobs that run at once would pin their "
+        "servers to the same cores; run them one at a time (hardware.parallel_jobs=1) or leave "
+        "benchmark.server_cpus=null"
+    ]
 
 
 def test_each_pair_returns_its_spec_run_first_and_expects_the_median_duration():

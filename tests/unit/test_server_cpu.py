@@ -46,13 +46,15 @@ if role == "late":
     t = time.process_time()
     while time.process_time() - t < 0.3:
         pass
+    open(os.environ["LATE_DONE"], "w").close()  # its burn is in: the test may read the tree
 while True:
     time.sleep(0.05)
 """
 
 
 @pytest.fixture
-def tree():
+def tree(tmp_path, monkeypatch):
+    monkeypatch.setenv("LATE_DONE", str(tmp_path / "late_done"))
     root = subprocess.Popen([sys.executable, "-c", TREE, "root", TREE], stdout=subprocess.PIPE, text=True)
     try:
         assert root.stdout.readline().strip() == "READY"
@@ -65,26 +67,40 @@ def tree():
         root.wait(5)
 
 
-def test_each_process_of_a_server_tree_and_its_cpu_over_the_window(tree):
+def test_each_process_of_a_server_tree_and_its_cpu_over_the_window(tree, tmp_path):
+    """Relative figures only (a loaded 2-core machine gives the burner what it gives it): the busy process
+    reads busier than the idle ones by far, its share is its CPU seconds over the window, and a process born
+    inside the window counts with all of its time."""
     a = machine.tree_sample(tree.pid)
-    tree.send_signal(signal.SIGUSR1)  # a process born inside the window: all of its time counts
-    time.sleep(1.2)
+    tree.send_signal(signal.SIGUSR1)
+    done, t0 = tmp_path / "late_done", time.monotonic()
+    while not done.exists() or time.monotonic() - t0 < 1.0:
+        assert time.monotonic() - t0 < 60, "the late process did not finish its 0.3 s of CPU in 60 s"
+        time.sleep(0.05)
     b = machine.tree_sample(tree.pid)
     procs = {p.name: p for p in machine.tree_window(a, b)}
     assert set(procs) == {"launcher", "middle", "burner", "idler", "late"}, procs
     assert procs["launcher"].pid == tree.pid and all(isinstance(p, ProcCpu) for p in procs.values())
     s = b["t"] - a["t"]
     burner = procs["burner"]
-    assert burner.core_pct >= 25 and burner.cpu_s == pytest.approx(burner.core_pct * s / 100, abs=0.01)
+    assert burner.cpu_s == pytest.approx(burner.core_pct * s / 100, abs=0.01)
     assert burner.core_pct > 5 * max(procs["idler"].core_pct, procs["middle"].core_pct, 1.0)
-    assert 0.2 <= procs["late"].cpu_s <= 0.3 + 0.15 * s  # its burn, and the interpreter's start
+    assert procs["late"].cpu_s >= 0.29  # its burn at least (and its interpreter's start)
     assert all(p.threads and p.threads >= 1 for p in procs.values())
 
 
-def test_a_process_gone_by_the_end_is_not_counted_and_no_tree_is_empty():
-    a = {"t": 0.0, "procs": {10: ("launcher", 1.0, 4), 11: ("rank0", 5.0, 2)}}
-    b = {"t": 2.0, "procs": {10: ("launcher", 1.5, 4)}}
-    assert machine.tree_window(a, b) == [ProcCpu("launcher", 10, 0.5, 25.0, 4)]
+def test_processes_are_matched_by_pid_and_start_time():
+    """Gone by the end: not counted. A pid reused inside the window (another start time): the new process,
+    all of its time, not its CPU less the old one's."""
+    a = {"t": 0.0, "procs": {10: ("launcher", 1.0, 4, 900.0), 11: ("rank0", 5.0, 2, 901.0), 12: ("x", 1.0, 1, 902.0)}}
+    b = {
+        "t": 2.0,
+        "procs": {
+            10: ("launcher", 1.5, 4, 900.0),
+            11: ("python", 5.2, 1, 1001.0),  # rank0's pid, reused by a process started in the window
+        },
+    }
+    assert machine.tree_window(a, b) == [ProcCpu("launcher", 10, 0.5, 25.0, 4), ProcCpu("python", 11, 5.2, 260.0, 1)]
     assert machine.tree_sample(None)["procs"] == {} and machine.tree_sample(2**22 + 12345)["procs"] == {}
 
 
@@ -93,7 +109,8 @@ def run(launch: int, tokens: int) -> RunRecord:
 
 
 def window(s: float, server=None, baseline=None) -> HostWindow:
-    w = HostWindow(s, 1.0, 1.0)
+    w = HostWindow(s + 0.1, 1.0, 1.0)  # the host window holds the probes too: the reads' own window is s
+    w.procs_s = s
     if server is not None:
         w.server_procs = server
     if baseline is not None:

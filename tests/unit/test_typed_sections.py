@@ -2,8 +2,8 @@
 back byte for byte (results.json and metrics.json on disk do not change)."""
 
 import json
-import os
 import re
+import subprocess
 from pathlib import Path
 
 import pytest
@@ -363,8 +363,13 @@ def measured(tmp_path: Path) -> JobRecord:
     paired.load_reference = {load.SELF: {"0": [5, 6], "1": [5, 6]}, load.PAIRED: {"0": [5, 6], "1": [5, 6]}}
     paired.load_runs = [load_run(load.SELF, 0, diverged=True), load_run(load.PAIRED, 0)]
     paired.pairs, paired.host = [{"pair": 0, "order": "AB"}], machine.window(a, b)
-    me = machine.tree_sample(os.getpid())  # this process as a server's launcher, read twice
-    paired.host.server_procs = machine.tree_window(me, machine.tree_sample(os.getpid()))
+    srv = subprocess.Popen(["sleep", "30"])  # a one-process "server", read twice (this worker may have children)
+    try:
+        paired.host.server_procs = machine.tree_window(machine.tree_sample(srv.pid), machine.tree_sample(srv.pid))
+    finally:
+        srv.kill()
+        srv.wait()
+    paired.host.server_procs[0].extra["server"] = srv.pid  # kept for the test below (an unknown key: extra)
     paired.host.baseline_procs = [ProcCpu("launcher", 42, 0.25, 25.0, 3), ProcCpu("rank0", 44, 0.9, 90.0)]
     alone = Launch(1, 30003, 43, None, host=machine.window(a, a))  # no pairing, no warmup, no load
     rec.launches = [paired, alone]
@@ -406,7 +411,11 @@ def test_the_measured_sections_are_typed_and_keep_their_keys_and_bytes(tmp_path)
         "s", "load1_start", "load1_end", "busy_pct", "steal_pct", "iowait_pct", "server_procs", "baseline_procs"
     ]  # fmt: skip
     procs = back.launches[0].host.server_procs
-    assert [type(x) for x in procs] == [ProcCpu] and procs[0].name == "launcher" and procs[0].pid == os.getpid()
+    assert [type(x) for x in procs] == [ProcCpu] and procs[0].name == "launcher"
+    assert (
+        procs[0].pid == procs[0].extra["server"]
+        and d["launches"][0]["host"]["server_procs"][0]["server"] == procs[0].pid
+    )
     assert d["launches"][0]["host"]["baseline_procs"][1] == {
         "name": "rank0",
         "pid": 44,
