@@ -85,6 +85,8 @@ def finish(
     take(lossless_section(rec, cfg.benchmark, measured.out_dir, baseline, engine.exact_outputs))
     take(Section(metrics=host.metrics_of([x.host for x in rec.launches if x.host is not None])))
     take(Section(metrics=host.server_cpu(rec.launches, rec.runs, rec.baseline_runs)))
+    if baseline is not None:  # the baseline job's servers (benchmark.paired=false): as a paired baseline's
+        take(Section(metrics=host.as_baseline(baseline.metrics)))
     rec.metrics = {k: float(v) for k, v in metrics.items() if v is not None}
     _checks(rec, cfg.spec.steps if cfg.speculative else 0, cfg.benchmark.stream)
 

@@ -69,6 +69,12 @@ def server_cpu(launches: list[Launch], runs: list[RunRecord], baseline_runs: lis
     return out
 
 
+def as_baseline(metrics: dict[str, float]) -> dict[str, float]:
+    """A baseline job's own ``server_cpu_*`` metrics as the spec job's ``baseline_server_cpu_*`` (what a
+    paired baseline server's account gives), so either baseline strategy carries both servers'."""
+    return {f"baseline_{k}": v for k, v in metrics.items() if k.startswith("server_cpu_")}
+
+
 def server_cpu_items(metrics: dict[str, float], baseline: bool = False) -> str | None:
     """``rank0 99% (125 ms), launcher 41% (52 ms); all 140% (177 ms)``: each server process's share of one
     core over the timed runs and its CPU ms per 1k tokens, busiest first (None without the account)."""
@@ -90,7 +96,7 @@ def server_cpu_items(metrics: dict[str, float], baseline: bool = False) -> str |
 def describe_server_cpu(metrics: dict[str, float], baseline: bool = False) -> str | None:
     """One console line: ``server_cpu_items`` with what it is."""
     items = server_cpu_items(metrics, baseline)
-    who = "paired baseline server" if baseline else "server"
+    who = "baseline server" if baseline else "server"
     return items and f"{who} CPU over the timed runs, % of one core (CPU ms per 1k tokens): {items}"
 
 

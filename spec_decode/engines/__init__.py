@@ -95,16 +95,22 @@ def rank_nccl_env(cfg: ExperimentConfig) -> dict[str, str]:
 
 
 def start_server(
-    cfg: ExperimentConfig, extra_env: dict[str, str], log_path: Path, attempts: int = 3, any_port: bool = False
+    cfg: ExperimentConfig,
+    extra_env: dict[str, str],
+    log_path: Path,
+    attempts: int = 3,
+    any_port: bool = False,
+    cpus: set[int] | None = None,
 ):
     """Start the engine's server on the configured port (any free one with ``any_port``: a paired
     baseline beside the spec server), or a free one when it is taken (also when another sweep takes it
-    between our check and the server's bind). Returns the started ``server.ServerProcess``."""
+    between our check and the server's bind). ``cpus`` (benchmark.server_cpus): the launcher's cores from
+    the moment it is spawned, so every thread and process it starts inherits them (the runner pins the whole
+    tree again once it is up). Returns the started ``server.ServerProcess``."""
     # lazy, as in rank_nccl_env: the embedded engine imports this package where psutil and requests are absent
     from spec_decode.engines.server_process import PortTaken, ServerError, ServerProcess, choose_port
 
     wanted = 0 if any_port else cfg.engine.port
-    cores = cfg.benchmark.cpu_set()
     for attempt in range(attempts):
         port = choose_port(cfg.engine.host, wanted if attempt == 0 else 0)
         srv = ServerProcess(
@@ -116,9 +122,7 @@ def start_server(
             startup_timeout_s=cfg.engine.startup_timeout_s,
             shutdown_grace_s=cfg.engine.shutdown_grace_s,
             health_path=engine_of(cfg).health_path,
-            # benchmark.server_cpus: the launcher on its cores from its first instruction, so every thread
-            # and process it starts inherits them (the runner pins the whole tree again once it is up)
-            on_spawn=(lambda pid, cores=cores: os.sched_setaffinity(pid, cores)) if cores else None,
+            on_spawn=(lambda pid: os.sched_setaffinity(pid, cpus)) if cpus else None,
         )
         try:
             return srv.start()

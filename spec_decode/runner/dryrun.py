@@ -25,8 +25,8 @@ def dry_run(cfg: ExperimentConfig, ctx: JobContext) -> None:
         print(f"{k}={v}")
     print("# server command:")
     print(shlex.join(argv))
-    if cfg.benchmark.server_cpus is not None:
-        print(f"# every thread of each server's process tree pinned to CPU cores {cfg.benchmark.server_cpus} once up")
+    if (cpus := cfg.benchmark.server_cpus) is not None:
+        print(f"# every thread of each server's process tree pinned to CPU cores {cpus} from its start")
     if cfg.baseline_strategy != "none":
         print(
             f"# + baseline ({cfg.baseline_strategy}): the same command without the --speculative-* flags, "

@@ -262,6 +262,7 @@ def _one_launch(
     beside ours and each timed run is paired with one of its own (benchmark.pairing: interleaved or
     concurrent, see spec_decode/runner/pairing.py)."""
     b, log_path = cfg.benchmark, measured.log_path
+    nice, cores = b.server_nice, b.cpu_set()
     name = ctx.run_name or "job"
     label = f"{name if len(name) <= 48 else name[:45] + '...'} [{launch + 1}/{b.launches}]"
     arms = 2 if pair is not None else 1
@@ -269,12 +270,11 @@ def _one_launch(
     progress.phase(bar, label, "starting server (loading weights)")
     profile_pass.arm(extra_env)
     try:
-        srv = start_server(cfg, extra_env, log_path)
+        srv = start_server(cfg, extra_env, log_path, cpus=cores)
     except BaseException:
         bar.close()
         raise
     port = srv.port
-    nice, cores = cfg.benchmark.server_nice, cfg.benchmark.cpu_set()
     rec.argv = rec.argv or srv.argv
     with contextlib.ExitStack() as stack:
         stack.enter_context(srv)
@@ -289,7 +289,7 @@ def _one_launch(
             this.server_cpus = pairing.tree_affinity(srv.pid)
         bclient = None
         if pair is not None:
-            bsrv = stack.enter_context(start_server(pair.cfg, pair.env, pair.log_path, any_port=True))
+            bsrv = stack.enter_context(start_server(pair.cfg, pair.env, pair.log_path, any_port=True, cpus=cores))
             bclient = Client(bsrv.base_url, cfg.engine.request_timeout_s)
             this.baseline_port, this.baseline_pid = bsrv.port, bsrv.pid
             this.baseline_server_start_s, this.pairing = bsrv.start_s, b.pairing

@@ -10,7 +10,8 @@ import os
 from pathlib import Path
 
 from spec_decode.core import drafter
-from spec_decode.core.config import ExperimentConfig
+from spec_decode.core.config import BenchmarkConfig, ExperimentConfig
+from spec_decode.core.groups import HardwareConfig
 from spec_decode.core.nccl_names import NCCL_VARIABLES
 from spec_decode.core.prompts import load_prompts
 from spec_decode.engines.engine import engine_of
@@ -154,57 +155,7 @@ def check(cfg: ExperimentConfig, root: Path) -> Preflight:
                 "runner): the ranks share cores, so tok/s measures gloo all-reduce and contention, "
                 "not speculation; use hardware.tp_size=1 here"
             )
-    # Concurrent pairing pins the spec server and its baseline to disjoint halves of our cores.
-    if cfg.paired and cfg.benchmark.pairing == pairing.CONCURRENT:
-        cores = pairing.usable_cores()
-        need = 2 * (tp if cfg.hardware.device == "cpu" else 1)
-        pf.need(
-            len(cores) >= need,
-            f"benchmark.pairing=concurrent runs the spec and the baseline server at once, each pinned "
-            f"to its own CPU cores: that needs {need} cores (2 x hardware.tp_size={tp} ranks on CPU), "
-            f"but this job may use {len(cores)} ({cores}); use benchmark.pairing=interleaved "
-            f"(or benchmark.paired=false)",
-            local=True,
-            dry_run=dry,
-        )
-    pinned = cfg.benchmark.cpu_set()
-    if pinned is not None:  # benchmark.server_cpus: cores this job may use, and not with concurrent pairing
-        usable = pairing.usable_cores()
-        pf.need(
-            pinned <= set(usable),
-            f"benchmark.server_cpus={cfg.benchmark.server_cpus}: cores {sorted(pinned - set(usable))} are not "
-            f"among the {len(usable)} this job may use ({pairing.describe_cores(usable)}); pick from those, or null",
-            local=True,
-            dry_run=dry,
-        )
-        pf.need(
-            cfg.hardware.parallel_jobs == 1,
-            f"benchmark.server_cpus={cfg.benchmark.server_cpus} with hardware.parallel_jobs="
-            f"{cfg.hardware.parallel_jobs}: the jobs that run at once would pin their servers to the same cores; "
-            "run them one at a time (hardware.parallel_jobs=1) or leave benchmark.server_cpus=null",
-            dry_run=dry,
-        )
-        pf.need(
-            not (cfg.paired and cfg.benchmark.pairing == pairing.CONCURRENT),
-            f"benchmark.server_cpus={cfg.benchmark.server_cpus} with benchmark.pairing=concurrent: concurrent "
-            "pairing pins each arm to its own half of the cores; use one or the other",
-            dry_run=dry,
-        )
-    nice = cfg.benchmark.server_nice
-    if nice is not None:
-        pf.need(
-            pairing.autogroups_enabled(),
-            f"benchmark.server_nice={nice}: needs Linux scheduler autogroups ({pairing.AUTOGROUP_SWITCH} = 1); "
-            "leave benchmark.server_nice=null here",
-            local=True,
-            dry_run=dry,
-        )
-        pf.need(
-            nice >= 0 or os.geteuid() == 0,
-            f"benchmark.server_nice={nice}: a negative nice needs root (CAP_SYS_NICE); use a value >= 0 or null",
-            local=True,
-            dry_run=dry,
-        )
+    _placement(pf, cfg.benchmark, cfg.hardware, bool(cfg.paired), dry)
     # GPUs.
     if cfg.hardware.device == "cuda":
         n = visible_gpus()
@@ -270,6 +221,63 @@ def check(cfg: ExperimentConfig, root: Path) -> Preflight:
         "rank's; use benchmark.profile=false for this job (or drop --enable-dp-attention)",
     )
     return pf
+
+
+def _placement(pf: Preflight, b: BenchmarkConfig, hw: HardwareConfig, paired: bool, dry: bool) -> None:
+    """Where the servers run on the CPU: concurrent pairing's two halves of our cores, benchmark.server_cpus
+    (cores this job may use; not with parallel jobs nor concurrent pairing), benchmark.server_nice."""
+    tp = hw.tp_size
+    concurrent = paired and b.pairing == pairing.CONCURRENT
+    if concurrent:  # the spec server and its baseline pinned to disjoint halves of our cores
+        cores = pairing.usable_cores()
+        need = 2 * (tp if hw.device == "cpu" else 1)
+        pf.need(
+            len(cores) >= need,
+            f"benchmark.pairing=concurrent runs the spec and the baseline server at once, each pinned "
+            f"to its own CPU cores: that needs {need} cores (2 x hardware.tp_size={tp} ranks on CPU), "
+            f"but this job may use {len(cores)} ({cores}); use benchmark.pairing=interleaved "
+            f"(or benchmark.paired=false)",
+            local=True,
+            dry_run=dry,
+        )
+    pinned = b.cpu_set()
+    if pinned is not None:
+        usable = pairing.usable_cores()
+        pf.need(
+            pinned <= set(usable),
+            f"benchmark.server_cpus={b.server_cpus}: cores {sorted(pinned - set(usable))} are not "
+            f"among the {len(usable)} this job may use ({pairing.describe_cores(usable)}); pick from those, or null",
+            local=True,
+            dry_run=dry,
+        )
+        pf.need(
+            hw.parallel_jobs == 1,
+            f"benchmark.server_cpus={b.server_cpus} with hardware.parallel_jobs="
+            f"{hw.parallel_jobs}: the jobs that run at once would pin their servers to the same cores; "
+            "run them one at a time (hardware.parallel_jobs=1) or leave benchmark.server_cpus=null",
+            dry_run=dry,
+        )
+        pf.need(
+            not concurrent,
+            f"benchmark.server_cpus={b.server_cpus} with benchmark.pairing=concurrent: concurrent "
+            "pairing pins each arm to its own half of the cores; use one or the other",
+            dry_run=dry,
+        )
+    nice = b.server_nice
+    if nice is not None:
+        pf.need(
+            pairing.autogroups_enabled(),
+            f"benchmark.server_nice={nice}: needs Linux scheduler autogroups ({pairing.AUTOGROUP_SWITCH} = 1); "
+            "leave benchmark.server_nice=null here",
+            local=True,
+            dry_run=dry,
+        )
+        pf.need(
+            nice >= 0 or os.geteuid() == 0,
+            f"benchmark.server_nice={nice}: a negative nice needs root (CAP_SYS_NICE); use a value >= 0 or null",
+            local=True,
+            dry_run=dry,
+        )
 
 
 def run(cfg: ExperimentConfig, root: Path) -> list[str]:

@@ -255,7 +255,7 @@ def server_cpu_lines(recs: list[JobRecord]) -> list[str]:
         return []
     out = ["server processes' CPU over the timed runs, % of one core (CPU ms per 1k tokens of that server's runs):"]
     for label, items, base in said:
-        out.append(f"  {label}: {items}" + (f" | paired baseline: {base}" if base else ""))
+        out.append(f"  {label}: {items}" + (f" | its baseline server: {base}" if base else ""))
     return out
 
 

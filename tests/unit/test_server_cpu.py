@@ -143,5 +143,10 @@ def test_server_cpu_sums_per_process_name_over_the_launches():
         "server CPU over the timed runs, % of one core (CPU ms per 1k tokens): rank0 95% (1900 ms), "
         "launcher 20% (400 ms); all 115% (2300 ms)"
     )
-    assert host.describe_server_cpu(m, baseline=True).startswith("paired baseline server CPU")
+    assert host.describe_server_cpu(m, baseline=True).startswith("baseline server CPU")
     assert host.describe_server_cpu({}) is None
+    # a baseline job's own account (benchmark.paired=false) carried as the spec job's baseline server's
+    assert host.as_baseline({"server_cpu_pct": 5.0, "server_cpu_pct.rank0": 4.0, "host_load1": 1.0}) == {
+        "baseline_server_cpu_pct": 5.0,
+        "baseline_server_cpu_pct.rank0": 4.0,
+    }
