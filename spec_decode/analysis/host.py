@@ -90,7 +90,9 @@ def server_cpu_items(metrics: dict[str, float], baseline: bool = False) -> str |
         (k.split(".", 1)[1] for k in metrics if k.startswith(f"{prefix}_pct.")),
         key=lambda n: -metrics[f"{prefix}_pct.{n}"],
     )
-    return ", ".join(f"{n} {one('.' + n)}" for n in names) + f"; all {one('')}"
+    shown = [n for n in names if metrics[f"{prefix}_pct.{n}"] >= 0.05]  # a process that did nothing: counted
+    idle = f", {len(names) - len(shown)} idle" if len(shown) < len(names) else ""
+    return ", ".join(f"{n} {one('.' + n)}" for n in shown) + f"{idle}; all {one('')}"
 
 
 def describe_server_cpu(metrics: dict[str, float], baseline: bool = False) -> str | None:
