@@ -5,7 +5,8 @@
 - tp 1, in process: graph replays equal eager (the same static kernels) token for token and counter
   for counter, baseline and steps 1, 2, 3, 5; graph vs eager baseline tok/s printed (-s); the
   default fewer-kernel path (graph_ops) agrees with the plain static kernels (up to near-ties); the
-  torch.compile'd shapes replay like their eager run and agree with the uncompiled path (near-ties);
+  torch.compile'd shapes replay like their eager run and agree with the uncompiled path (near-ties), and so
+  do they with o/down as partials summed in the next norm (proj_split, a variant);
 - tp 2 (needs 2 GPUs), real servers: `--tp-size 2 --device cuda` with graphs (NCCL all-reduces
   captured inside) equals `--disable-cuda-graph`, baseline and steps 3;
 - 16 concurrent requests batched in the graph buckets (tp 1; tp 2 with 2 GPUs) equal each alone.
@@ -103,6 +104,24 @@ def test_compiled_shapes_replay_like_their_eager_run(models, steps):
         g, e, p = graph.generate(ids, TOKENS), eager.generate(ids, TOKENS), plain.generate(ids, TOKENS)
         assert g.output_ids == e.output_ids, f"steps={steps}: compiled graph replay differs from compiled eager"
         assert (g.verify_ct, g.correct_drafts, g.histogram) == (e.verify_ct, e.correct_drafts, e.histogram)
+        same = sum(a == b for a, b in zip(p.output_ids, g.output_ids)) / len(p.output_ids)
+        assert g.output_ids[:50] == p.output_ids[:50] and same > 0.95, f"steps={steps}: agreement {same:.2f}"
+
+
+@pytest.mark.parametrize("steps", (0, 3))
+def test_split_projections_replay_like_their_eager_run(models, steps):
+    """StaticRunner(compile=True, proj_split=4) (real_shape.py --proj-split, a variant): o/down as fp32 partials
+    summed inside the next fused norm; captured in graphs it equals its own eager run, and it agrees with the
+    unsplit compiled path up to near-ties (another summation order)."""
+    target, drafter = models
+    d = drafter if steps else None
+    split = Decoder(target, d, steps, StaticRunner(target, d, steps, use_graphs=True, compile=True, proj_split=4))
+    eager = Decoder(target, d, steps, StaticRunner(target, d, steps, use_graphs=False, compile=True, proj_split=4))
+    dense = Decoder(target, d, steps, StaticRunner(target, d, steps, use_graphs=True, compile=True))
+    assert split.cuda_graph and split.runner.capture_error is None and split.runner.proj_split == 4
+    for ids in prompts():
+        g, e, p = split.generate(ids, TOKENS), eager.generate(ids, TOKENS), dense.generate(ids, TOKENS)
+        assert g.output_ids == e.output_ids, f"steps={steps}: split graph replay differs from split eager"
         same = sum(a == b for a, b in zip(p.output_ids, g.output_ids)) / len(p.output_ids)
         assert g.output_ids[:50] == p.output_ids[:50] and same > 0.95, f"steps={steps}: agreement {same:.2f}"
 

@@ -95,12 +95,12 @@ def spread_rows(x: torch.Tensor, n: int) -> torch.Tensor:
 
 def split_k(x: torch.Tensor, w: torch.Tensor, s: int) -> torch.Tensor:
     """x (T, K) @ w (K, N) as ``s`` partial products over consecutive K chunks, (s, T, N) in fp32: one
-    batched GEMM (on CUDA its fp32 output directly, ``bmm(out_dtype=)``), whose sum over the first dim is
-    the product. K must divide by s."""
+    batched GEMM (bf16/fp16 on CUDA: its fp32 output directly, ``bmm(out_dtype=)``), whose sum over the first
+    dim is the product. K must divide by s."""
     t, k = x.shape
     xs = x.view(t, s, k // s).transpose(0, 1)  # (s, T, K/s)
     ws = w.view(s, k // s, w.shape[1])
-    if x.is_cuda:
+    if x.is_cuda and x.dtype in (torch.bfloat16, torch.float16):
         return torch.bmm(xs, ws, out_dtype=torch.float32)
     return torch.bmm(xs, ws).float()
 
