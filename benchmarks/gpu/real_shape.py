@@ -621,6 +621,11 @@ def main(argv: list[str] | None = None) -> int:
                             print(f"[{name}] FAILED, skipped: {failed[name]}", flush=True)
     for attention, v in variants.items():
         write_variant(out, args, attention, v, multiple=len(variants) > 1)
+    if not variants:  # every variant failed: what failed is the record
+        record = {"torch": torch.__version__, "args": vars(args), "failed_variants": failed}
+        (out / "real_shape.json").write_text(json.dumps(record, indent=2) + "\n")
+        print(f"every variant failed: {failed}", file=sys.stderr)
+        return 1
     record = {
         "device": torch.cuda.get_device_name() if args.device.startswith("cuda") else "cpu",
         "torch": torch.__version__,

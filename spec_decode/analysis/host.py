@@ -90,9 +90,11 @@ def server_cpu_items(metrics: dict[str, float], baseline: bool = False) -> str |
         (k.split(".", 1)[1] for k in metrics if k.startswith(f"{prefix}_pct.")),
         key=lambda n: -metrics[f"{prefix}_pct.{n}"],
     )
-    shown = [n for n in names if metrics[f"{prefix}_pct.{n}"] >= 0.05]  # a process that did nothing: counted
-    idle = f", {len(names) - len(shown)} idle" if len(shown) < len(names) else ""
-    return ", ".join(f"{n} {one('.' + n)}" for n in shown) + f"{idle}; all {one('')}"
+    shown = [n for n in names if metrics[f"{prefix}_pct.{n}"] >= 0.5]  # below what "0%" shows: counted, not named
+    parts = [f"{n} {one('.' + n)}" for n in shown] + (
+        [f"{len(names) - len(shown)} idle"] if len(shown) < len(names) else []
+    )
+    return ", ".join(parts) + f"; all {one('')}"
 
 
 def describe_server_cpu(metrics: dict[str, float], baseline: bool = False) -> str | None:

@@ -6,6 +6,8 @@ speculative flag at all; with a drafter the three spec numbers always travel tog
 
 from __future__ import annotations
 
+import contextlib
+import functools
 import os
 import sys
 from pathlib import Path
@@ -94,6 +96,13 @@ def rank_nccl_env(cfg: ExperimentConfig) -> dict[str, str]:
     return engine_of(cfg).rank_nccl_env(env, cfg)
 
 
+def _pin_launcher(pid: int, cpus: set[int]) -> None:
+    """The launcher's main thread on ``cpus`` right after the spawn; one that died already is the health
+    loop's to report (with its log), not this call's."""
+    with contextlib.suppress(ProcessLookupError):
+        os.sched_setaffinity(pid, cpus)
+
+
 def start_server(
     cfg: ExperimentConfig,
     extra_env: dict[str, str],
@@ -122,7 +131,7 @@ def start_server(
             startup_timeout_s=cfg.engine.startup_timeout_s,
             shutdown_grace_s=cfg.engine.shutdown_grace_s,
             health_path=engine_of(cfg).health_path,
-            on_spawn=(lambda pid: os.sched_setaffinity(pid, cpus)) if cpus else None,
+            on_spawn=functools.partial(_pin_launcher, cpus=cpus) if cpus else None,
         )
         try:
             return srv.start()

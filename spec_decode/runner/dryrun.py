@@ -26,7 +26,7 @@ def dry_run(cfg: ExperimentConfig, ctx: JobContext) -> None:
     print("# server command:")
     print(shlex.join(argv))
     if (cpus := cfg.benchmark.server_cpus) is not None:
-        print(f"# every thread of each server's process tree pinned to CPU cores {cpus} from its start")
+        print(f"# each server pinned to CPU cores {cpus}: its launcher at spawn, every thread of its tree once up")
     if cfg.baseline_strategy != "none":
         print(
             f"# + baseline ({cfg.baseline_strategy}): the same command without the --speculative-* flags, "

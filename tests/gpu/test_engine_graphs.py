@@ -126,6 +126,34 @@ def test_split_projections_replay_like_their_eager_run(models, steps):
         assert g.output_ids[:50] == p.output_ids[:50] and same > 0.95, f"steps={steps}: agreement {same:.2f}"
 
 
+def test_split_k_in_bf16_compiles_and_captures():
+    """The split in bf16, as the 8B-shaped target runs it (the tiny target is fp32: a plain bmm): cuBLAS's
+    ``bmm(out_dtype=float32)`` eagerly, through inductor and inside a CUDA graph, against an fp32 product."""
+    from spec_decode.engines.embedded.layers import split_k
+
+    g = torch.Generator(device="cuda").manual_seed(0)
+    x = torch.randn(2, 4096, device="cuda", dtype=torch.bfloat16, generator=g)
+    w = torch.randn(4096, 1024, device="cuda", dtype=torch.bfloat16, generator=g)
+    want = x.float() @ w.float()
+    parts = split_k(x, w, 4)
+    assert parts.dtype == torch.float32 and parts.shape == (4, 2, 1024)
+    torch.testing.assert_close(parts.sum(0), want, rtol=1e-3, atol=1e-2)
+    fn = torch.compile(lambda x, w: split_k(x, w, 4).sum(0).to(torch.bfloat16), fullgraph=True, dynamic=False)
+    out = fn(x, w)
+    torch.testing.assert_close(out.float(), want, rtol=2e-2, atol=2e-1)
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        fn(x, w)
+    torch.cuda.current_stream().wait_stream(side)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        replayed = fn(x, w)
+    graph.replay()
+    torch.cuda.synchronize()
+    assert torch.equal(replayed, out)
+
+
 def test_graph_baseline_throughput_is_printed(models):
     target, drafter = models
     ids = prompts(1)[0]

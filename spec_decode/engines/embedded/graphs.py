@@ -84,6 +84,12 @@ class StaticRunner(ShapeFunctions):
         # compiled only: o/down as that many fp32 partials summed inside the next fused norm (a variant,
         # LlamaTarget.forward_static's ``split``; benchmarks/gpu/real_shape.py --proj-split)
         self.proj_split = proj_split if compile else 0
+        ks = (target.model.layers[0].self_attn.u_o.shape, target.model.layers[0].mlp.u_down.shape)
+        if self.proj_split > 1 and any((n * k) % self.proj_split for n, k, _ in ks):
+            raise ValueError(
+                f"proj_split={proj_split}: o_proj's and down_proj's inputs ({', '.join(str(n * k) for n, k, _ in ks)} "
+                "per row) must both divide by it; use a divisor of both (e.g. 2 or 4)"
+            )
         if compile:
             # start-up: dynamo loads only when compiling. Every shape of every runner in the process is
             # the same lambda's code, so each is one more recompile of it: allow this runner's too
