@@ -93,6 +93,8 @@ def test_split_row_parallel_products_sum_to_the_dense_ones(s):
         w = torch.randn(8, 5, generator=g)  # row 0 of eye picks w's first row: only chunk 0 holds it
         assert torch.equal(split_k(torch.eye(8)[:2], w, s)[0, 0], w[0])
         assert torch.equal(split_k(torch.eye(8)[:2], w, s)[1:, 0], torch.zeros(s - 1, 5))
+    if s != 4:
+        return  # the compiled runners once (~10 s of CI): the products above hold for every count
     prompt = [ids for ids, _ in workload()[:1]][0]
     traced: dict[int, list[str]] = {0: [], s: []}
 
