@@ -90,7 +90,11 @@ def server_cpu_items(metrics: dict[str, float], baseline: bool = False) -> str |
         (k.split(".", 1)[1] for k in metrics if k.startswith(f"{prefix}_pct.")),
         key=lambda n: -metrics[f"{prefix}_pct.{n}"],
     )
-    shown = [n for n in names if metrics[f"{prefix}_pct.{n}"] >= 0.5]  # below what "0%" shows: counted, not named
+
+    def idle(n: str) -> bool:  # what both figures would print as 0: counted, not named
+        return metrics[f"{prefix}_pct.{n}"] < 0.5 and metrics.get(f"{prefix}_ms_per_1k_tok.{n}", 0.0) < 0.5
+
+    shown = [n for n in names if not idle(n)]
     parts = [f"{n} {one('.' + n)}" for n in shown] + (
         [f"{len(names) - len(shown)} idle"] if len(shown) < len(names) else []
     )
