@@ -59,7 +59,8 @@ def server_cpu(launches: list[Launch], runs: list[RunRecord], baseline_runs: lis
             secs += window
             tokens += sum(r.completion_tokens for r in arm if r.launch == x.launch)
             for p in procs:  # per name as a metric key: two names that read alike there are summed
-                cpu[metric_name(p.name)] = cpu.get(metric_name(p.name), 0.0) + p.cpu_s
+                name = metric_name(p.name)
+                cpu[name] = cpu.get(name, 0.0) + p.cpu_s
         if not secs:
             continue
         for suffix, c in (("", sum(cpu.values())), *((f".{n}", c) for n, c in cpu.items())):

@@ -54,6 +54,15 @@ def test_slot_attention_is_refused_where_it_cannot_run():
     assert StaticRunner(target, None, 0, use_graphs=False, graph_ops=True, compile=True).attention == "bmm"
 
 
+def layer_inputs(target, i: int, seed: int, t: int = 3):
+    """Layer ``i`` of the target, a seeded attention output (1, heads, t, hd) and hidden rows (1, t, h) for
+    it, and the generator (for further draws)."""
+    layer = target.model.layers[i]
+    g = torch.Generator().manual_seed(seed)
+    a = torch.randn(1, layer.self_attn.nh, t, layer.self_attn.hd, generator=g)
+    return layer, a, torch.randn(1, t, target.shape.hidden_size, generator=g), g
+
+
 def test_dense_row_parallel_products_equal_the_unit_sums():
     """The compiled tp-1 path's o_proj and down_proj as one GEMM over the units (``dense``) compute what
     the per-unit partials and their tree sum compute, up to fp32 rounding: the units' order and the
@@ -61,10 +70,7 @@ def test_dense_row_parallel_products_equal_the_unit_sums():
     from spec_decode.engines.embedded.parallel import tree_sum
 
     target, _ = tiny_models(threads=1)
-    layer = target.model.layers[2]
-    g = torch.Generator().manual_seed(0)
-    a = torch.randn(1, layer.self_attn.nh, 3, layer.self_attn.hd, generator=g)
-    x = torch.randn(1, 3, target.shape.hidden_size, generator=g)
+    layer, a, x, _ = layer_inputs(target, 2, seed=0)
     with torch.no_grad():
         assert torch.allclose(layer.self_attn.out_dense(a), tree_sum(layer.self_attn.out_partials(a)), atol=1e-5)
         assert torch.allclose(layer.mlp.dense(x), tree_sum(layer.mlp.partials(x)), atol=1e-5)
@@ -81,10 +87,7 @@ def test_split_row_parallel_products_sum_to_the_dense_ones(s):
     from spec_decode.engines.embedded.layers import split_k
 
     target, drafter = tiny_models(threads=1)
-    layer = target.model.layers[1]
-    g = torch.Generator().manual_seed(1)
-    a = torch.randn(1, layer.self_attn.nh, 3, layer.self_attn.hd, generator=g)
-    x = torch.randn(1, 3, target.shape.hidden_size, generator=g)
+    layer, a, x, g = layer_inputs(target, 1, seed=1)
     with torch.no_grad():
         parts = layer.self_attn.out_split(a, s)
         assert parts.shape == (s, 3, target.shape.hidden_size) and parts.dtype == torch.float32
@@ -132,11 +135,8 @@ def test_inductor_folds_the_partials_sum_into_the_norm_kernel():
     from torch._inductor.utils import run_and_get_code
 
     target, _ = tiny_models(threads=1)
-    layer = target.model.layers[0]
-    g = torch.Generator().manual_seed(2)
     t = 2  # at one row CPU inductor makes the GEMM itself a fused loop; from two on it stays an extern GEMM, as on CUDA
-    a = torch.randn(1, layer.self_attn.nh, t, layer.self_attn.hd, generator=g)
-    x = torch.randn(1, t, target.shape.hidden_size, generator=g)
+    layer, a, x, _ = layer_inputs(target, 0, seed=2, t=t)
     norm = layer.post_attention_layernorm
 
     def dense(x, a):

@@ -213,17 +213,20 @@ class Attention(nn.Module):
         """a (1, local heads, T, hd) -> o_proj (T, h) in one GEMM over the units (their sum in the GEMM's
         fp32 accumulator, not ``out_partials`` + a tree sum): the per-unit weights viewed as one matrix,
         units stacked along its input, heads in order. tp 1 under torch.compile (other rounding)."""
-        n, qpu, _ = self.local
-        t = a.shape[2]
-        return a[0].transpose(0, 1).reshape(t, n * qpu * self.hd) @ self.u_o.view(n * qpu * self.hd, -1)
+        x, w = self._out_operands(a)
+        return x @ w
 
     def out_split(self, a: torch.Tensor, s: int) -> torch.Tensor:
         """``out_dense`` as ``s`` fp32 partials (s, T, h) over consecutive chunks of its input (split_k, see
         ``split_k``): the caller's sum of them is left to inductor, to fuse into the residual add and the next
         norm instead of cuBLAS's own split-K reduce kernel. A variant of the compiled tp-1 path."""
+        return split_k(*self._out_operands(a), s)
+
+    def _out_operands(self, a: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """o_proj's (T, units x heads x hd) input and its (units x heads x hd, h) weight, units stacked."""
         n, qpu, _ = self.local
-        t = a.shape[2]
-        return split_k(a[0].transpose(0, 1).reshape(t, n * qpu * self.hd), self.u_o.view(n * qpu * self.hd, -1), s)
+        k = n * qpu * self.hd
+        return a[0].transpose(0, 1).reshape(a.shape[2], k), self.u_o.view(k, -1)
 
     def out_partials(self, a: torch.Tensor) -> torch.Tensor:
         """a (1, local heads, T, hd) -> per-unit o_proj partials (local units, T, h)."""
@@ -266,17 +269,18 @@ class MLP(nn.Module):
     def dense(self, x: torch.Tensor) -> torch.Tensor:
         """x (1, T, h) -> the MLP's output (T, h), down_proj in one GEMM over the units (as
         Attention.out_dense); gate/up on x spread per unit (spread_rows)."""
-        gate, up = torch.bmm(spread_rows(x, self.u_gate_up.shape[0]), self.u_gate_up).chunk(2, dim=-1)
-        n, t, fpu = gate.shape
-        act = (F.silu(gate) * up).transpose(0, 1).reshape(t, n * fpu)
-        return act @ self.u_down.view(n * fpu, -1)
+        act, w = self._down_operands(x)
+        return act @ w
 
     def split(self, x: torch.Tensor, s: int) -> torch.Tensor:
         """``dense`` with down_proj as ``s`` fp32 partials (s, T, h) (``split_k``; Attention.out_split)."""
+        return split_k(*self._down_operands(x), s)
+
+    def _down_operands(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """down_proj's (T, units x fpu) input (gate/up on x spread per unit, then SiLU x up) and its weight."""
         gate, up = torch.bmm(spread_rows(x, self.u_gate_up.shape[0]), self.u_gate_up).chunk(2, dim=-1)
         n, t, fpu = gate.shape
-        act = (F.silu(gate) * up).transpose(0, 1).reshape(t, n * fpu)
-        return split_k(act, self.u_down.view(n * fpu, -1), s)
+        return (F.silu(gate) * up).transpose(0, 1).reshape(t, n * fpu), self.u_down.view(n * fpu, -1)
 
     def partials(self, x: torch.Tensor) -> torch.Tensor:
         """x (1, T, h) -> per-unit down_proj partials (local units, T, h)."""

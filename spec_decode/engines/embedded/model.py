@@ -212,15 +212,17 @@ class LlamaTarget(nn.Module):
             else:
                 q, k, v = attn.qkv_sharded(xn, cos, sin, spread=dense)
             a = cache.attend(i, q, k, v, pos, mask)
-            if dense and split > 1:
-                x = x + attn.out_split(a, split).sum(0).to(x.dtype).view(1, t, -1)
+            if dense and split > 1:  # the partials' sum, for inductor to read inside the next norm
+                o = attn.out_split(a, split).sum(0).to(x.dtype)
             else:
-                x = x + (attn.out_dense(a) if dense else reduce(attn.out_partials(a))).view(1, t, -1)
+                o = attn.out_dense(a) if dense else reduce(attn.out_partials(a))
+            x = x + o.view(1, t, -1)
             h = layer.post_attention_layernorm.static(x, g)
             if dense and split > 1:
-                x = x + layer.mlp.split(h, split).sum(0).to(x.dtype).view(1, t, -1)
+                o = layer.mlp.split(h, split).sum(0).to(x.dtype)
             else:
-                x = x + (layer.mlp.dense(h) if dense else reduce(layer.mlp.partials(h))).view(1, t, -1)
+                o = layer.mlp.dense(h) if dense else reduce(layer.mlp.partials(h))
+            x = x + o.view(1, t, -1)
             if capture and i in capture:
                 outs[i] = x
         logits = self.lm_head(self.model.norm.static(x, g))[0]
