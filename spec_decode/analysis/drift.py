@@ -72,9 +72,13 @@ ENGINE_OPTIONS = (
     "cuda_eager_batching",
     "cuda_graph_max_bs_decode",
     "torch_compile",
+    "proj_split",
     "max_running_requests",
     "extra_args",
 )
+# Options added after records existed: at this value (their default, the behaviour from before) they are
+# left out of the identity, so a record from before the option still matches one that carries it.
+ADDED_DEFAULTS = {"proj_split": 0}
 LOAD_OPTIONS = ("concurrency", "request_rate", "load", "load_prompts", "stream", "temperature", "ignore_eos")
 
 
@@ -93,7 +97,7 @@ def identity(config: dict) -> dict[str, object]:
         "benchmark.prompts": b["prompts"],
         "benchmark.prompt_index": b["prompt_index"],
     }
-    out.update({f"engine.{k}": e[k] for k in ENGINE_OPTIONS if k in e})
+    out.update({f"engine.{k}": e[k] for k in ENGINE_OPTIONS if k in e and e[k] != ADDED_DEFAULTS.get(k, ...)})
     out.update({f"benchmark.{k}": b[k] for k in LOAD_OPTIONS if k in b})
     return out
 

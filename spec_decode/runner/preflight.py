@@ -14,6 +14,7 @@ from spec_decode.core.config import BenchmarkConfig, ExperimentConfig
 from spec_decode.core.groups import HardwareConfig
 from spec_decode.core.nccl_names import NCCL_VARIABLES
 from spec_decode.core.prompts import load_prompts
+from spec_decode.core.shapes import proj_split_problem
 from spec_decode.engines.engine import engine_of
 from spec_decode.engines.server_process import PASSED_THROUGH
 from spec_decode.record.results import PERFORMANCE_ONLY
@@ -146,6 +147,9 @@ def check(cfg: ExperimentConfig, root: Path) -> Preflight:
                     f"hardware.tp_size={tp}: the target's {key} is {n}, which tp "
                     f"{tp} does not divide; use a tp size that divides {n}",
                 )
+    split = getattr(cfg.engine, "proj_split", 0)  # the embedded engine's (core.engine_config)
+    if tcfg and (why := proj_split_problem(split, lm)):
+        pf.errors.append(f"engine.proj_split={split}: {why}")
     if cfg.hardware.device == "cpu" and tp > 1:
         cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
         useful = max(1, (cores or 1) - 1)  # one core goes to the runner, the client and the HTTP front

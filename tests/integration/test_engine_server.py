@@ -274,7 +274,7 @@ def _drafter_copy(tmp_path, edit) -> str:
     return str(d)
 
 
-@pytest.mark.parametrize("case", ["unknown_flag", "partial_spec", "topk", "compile_on_cpu"])
+@pytest.mark.parametrize("case", ["unknown_flag", "partial_spec", "topk", "compile_on_cpu", "split_uncompiled"])
 def test_bad_flags_exit_2_naming_the_flag(case):
     args = {
         "unknown_flag": ["--model-path", str(TARGET), "--cuda-graph-max-bs", "8"],
@@ -299,16 +299,27 @@ def test_bad_flags_exit_2_naming_the_flag(case):
         ],
         # compiles the static path's shapes: not on CPU's dynamic path (--static-path or --device cuda)
         "compile_on_cpu": ["--model-path", str(TARGET), "--enable-torch-compile"],
+        # o/down as partials: their sum is fused by torch.compile, so not without it
+        "split_uncompiled": ["--model-path", str(TARGET), "--static-path", "--proj-split", "4"],
     }[case]
     named = {
         "compile_on_cpu": "--enable-torch-compile",
         "unknown_flag": "--cuda-graph-max-bs",
         "partial_spec": "--speculative-num-steps",
         "topk": "--speculative-eagle-topk",
+        "split_uncompiled": "--proj-split 4 needs --enable-torch-compile",
     }[case]
     p = start(args)
     assert p.returncode == 2
     assert named in p.stderr
+
+
+def test_a_split_the_targets_projections_cannot_take_is_refused_before_any_rank_starts():
+    # the tiny target: o_proj's input 192 a row, down_proj's 512; 3 divides only the first
+    p = start(["--model-path", str(TARGET), "--static-path", "--enable-torch-compile", "--proj-split", "3"])
+    assert p.returncode == 1
+    assert "--proj-split 3: down_proj's input (512 a row) cannot be cut into 3 equal partials" in p.stderr
+    assert "rank" not in p.stderr.lower()  # refused at the front, before a rank (and its compile) started
 
 
 def test_missing_model_dir_says_dvc_pull(tmp_path):

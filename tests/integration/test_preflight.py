@@ -117,6 +117,20 @@ def test_missing_and_malformed_prompt_files(tmp_path):
     assert "benchmark.prompt_index=42" in refused(tmp_path, "benchmark.prompt_index=42")
 
 
+def test_a_proj_split_the_target_cannot_take_is_refused_before_any_server_naming_both_sizes():
+    from spec_decode.runner import preflight
+
+    def errors(split):
+        cfg = compose_experiment("hardware=h200x1", "engine.torch_compile=true", f"engine.proj_split={split}")
+        return [e for e in preflight.check(cfg, ROOT).errors if "proj_split" in e]
+
+    assert errors(3) == [
+        "engine.proj_split=3: down_proj's input (512 a row) cannot be cut into 3 equal partials; use a divisor "
+        "of 192 and 512 (e.g. 2 or 4)"
+    ]
+    assert errors(4) == [] and errors(0) == []
+
+
 def test_nccl_typo_and_overlong_generation(tmp_path):
     assert "NCCL_PROTOCOL is not an NCCL variable" in refused(tmp_path, "+nccl.env.NCCL_PROTOCOL=LL")
     assert "exceed the model's context of 1024" in refused(tmp_path, "benchmark.max_new_tokens=1000")

@@ -157,3 +157,26 @@ def test_inductor_folds_the_partials_sum_into_the_norm_kernel():
     assert "extern_kernels.bmm" in codes["split"]  # the partials' GEMM: a library call, as cuBLAS's on CUDA
     assert len(kernels["split"]) == len(kernels["dense"]), kernels  # and no kernel of its own for their sum
     assert any("sum" in k and "rsqrt" in k for k in kernels["split"]), kernels  # read inside the norm's kernel
+
+
+def test_the_ranks_static_runner_takes_the_servers_compile_and_split_flags():
+    """``--enable-torch-compile --proj-split N`` reach the rank's StaticRunner (scheduler.static_runner, what
+    run_rank builds), and the dynamic path builds none. The compile itself runs at the warm-up (not here)."""
+    from spec_decode.engines.embedded.scheduler import RankSpec, static_runner
+
+    from ..conftest import DRAFTER, TARGET
+
+    target, drafter = tiny_models(threads=1)
+
+    def spec(**flags):
+        return RankSpec(
+            model_path=str(TARGET), draft_model_path=str(DRAFTER), steps=STEPS, tp_size=1, device="cpu",
+            cpu_threads=1, random_seed=0, decode_log_interval=40, log_level="warning", dist_port=0, front_pid=0,
+            **flags,
+        )  # fmt: skip
+
+    cpu = torch.device("cpu")
+    runner = static_runner(spec(static_path=True, torch_compile=True, proj_split=4), target, drafter, cpu)
+    assert (runner.compile, runner.proj_split, runner.k) == (True, 4, STEPS)
+    assert static_runner(spec(static_path=True), target, drafter, cpu).proj_split == 0
+    assert static_runner(spec(), target, drafter, cpu) is None  # CPU's dynamic path

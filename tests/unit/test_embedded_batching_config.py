@@ -38,3 +38,14 @@ def test_torch_compile_reaches_the_server_command_on_cuda_and_is_refused_on_cpu(
         )
     with pytest.raises(ConfigError, match=r"engine.torch_compile=true with hardware.tp_size=2"):
         compose_experiment("engine=embedded", "hardware=h200x2", "engine.torch_compile=true")
+
+
+def test_proj_split_reaches_the_server_command_with_compile_only():
+    on = compose_experiment("engine=embedded", "hardware=h200x1", "engine.torch_compile=true", "engine.proj_split=4")
+    argv = server_command(on, 30000)
+    assert argv[argv.index("--proj-split") + 1] == "4"
+    assert "--proj-split" not in server_command(compose_experiment("engine=embedded", "hardware=h200x1"), 1)
+    with pytest.raises(ConfigError, match=r"engine.proj_split=4: .*set engine.torch_compile=true"):
+        compose_experiment("engine=embedded", "hardware=h200x1", "engine.proj_split=4")
+    with pytest.raises(ConfigError, match=r"engine.proj_split=-1: must be >= 0"):
+        compose_experiment("engine=embedded", "engine.proj_split=-1")

@@ -96,6 +96,14 @@ def build_parser() -> argparse.ArgumentParser:
         "before its graph is captured (SGLang's flag name): fused elementwise kernels, a slower start-up",
     )
     p.add_argument(
+        "--proj-split",
+        type=int,
+        default=0,
+        metavar="N",
+        help="with --enable-torch-compile: o_proj and down_proj as N fp32 partials whose sum torch.compile reads "
+        "inside the next fused norm, in place of cuBLAS's split-K reduce kernels (0: one GEMM each)",
+    )
+    p.add_argument(
         "--disable-overlap-schedule",
         action="store_true",
         help="process each batch's result before the next batch is scheduled (SGLang's flag); "
@@ -164,6 +172,7 @@ def check_models(args: argparse.Namespace) -> list[int] | None:
     rules are spec_decode.core.drafter's (the ones preflight applies), plus what only this engine needs.
     Returns the drafter's layer ids as it will be served (None for the baseline)."""
     from spec_decode.core import drafter as rules  # lazy: start-up, only with a drafter to check
+    from spec_decode.core.shapes import proj_split_problem
 
     target = Path(args.model_path)
     if not (target / "config.json").is_file() or not (target / "model.safetensors").is_file():
@@ -175,6 +184,8 @@ def check_models(args: argparse.Namespace) -> list[int] | None:
         tcfg = rules.read_config(target / "config.json")
     except ValueError as e:
         fail(str(e))
+    if why := proj_split_problem(args.proj_split, tcfg):
+        fail(f"--proj-split {args.proj_split}: {why}")
     if not args.speculative_algorithm:
         return None
     draft = Path(args.speculative_draft_model_path)
@@ -222,6 +233,12 @@ def main(argv: list[str] | None = None) -> None:
         datefmt="%Y-%m-%d %H:%M:%S",
         stream=sys.stdout,
     )
+    if args.proj_split < 0:
+        parser.error(f"--proj-split must be >= 0 (got {args.proj_split}; 0: one GEMM each)")
+    if args.proj_split > 1 and not args.enable_torch_compile:
+        parser.error(
+            f"--proj-split {args.proj_split} needs --enable-torch-compile: torch.compile fuses the partials' sum"
+        )
     layer_ids = check_models(args)
     check_tp_size(args, parser)
     if args.max_running_requests < 1:
@@ -274,6 +291,7 @@ def main(argv: list[str] | None = None) -> None:
         cuda_graph_max_bs=args.cuda_graph_max_bs_decode,
         static_path=args.static_path,
         torch_compile=args.enable_torch_compile,
+        proj_split=args.proj_split,
     )
     try:
         group = RankGroup(spec)

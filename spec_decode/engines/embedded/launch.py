@@ -19,4 +19,6 @@ def engine_flags(cfg: ExperimentConfig) -> list[str]:
         flags += ["--cuda-graph-max-bs-decode", str(e.cuda_graph_max_bs_decode)]
     if e.torch_compile:
         flags.append("--enable-torch-compile")
+    if e.proj_split > 1:
+        flags += ["--proj-split", str(e.proj_split)]
     return flags

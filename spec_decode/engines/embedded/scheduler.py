@@ -291,6 +291,23 @@ def _init_distributed(rank: int, spec: RankSpec):
     return device
 
 
+def static_runner(spec: RankSpec, target, drafter, device) -> StaticRunner | None:
+    """The rank's static path (request slots and buffers, one shape per batch-size bucket; CUDA graphs unless
+    disabled, or on CPU), as the server's flags ask for it; None for the dynamic / packed eager path."""
+    if not ((device.type == "cuda" and not spec.cuda_eager_batching) or spec.static_path):
+        return None
+    return StaticRunner(
+        target,
+        drafter,
+        spec.steps,
+        use_graphs=not spec.disable_cuda_graph,
+        max_bs=min(spec.cuda_graph_max_bs or spec.max_running_requests, spec.max_running_requests),
+        slots=spec.max_running_requests,
+        compile=spec.torch_compile,
+        proj_split=spec.proj_split,
+    )
+
+
 def run_rank(rank: int, spec: RankSpec, cmd_conn, log_conn) -> None:
     """Entry point of a spawned rank process."""
     _redirect_output(log_conn)
@@ -311,19 +328,8 @@ def run_rank(rank: int, spec: RankSpec, cmd_conn, log_conn) -> None:
     drafter = load_drafter(spec.draft_model_path, target, str(device)) if spec.draft_model_path else None
     # The command broadcast needs a CPU group: gloo itself on CPU, a gloo group beside NCCL on CUDA.
     group = dist.new_group(backend="gloo") if spec.tp_size > 1 and device.type == "cuda" else None
-    runner = None
-    if (device.type == "cuda" and not spec.cuda_eager_batching) or spec.static_path:
-        # static slots and buffers, one shape per batch-size bucket; CUDA graphs unless disabled (or on CPU)
-        max_bs = min(spec.cuda_graph_max_bs or spec.max_running_requests, spec.max_running_requests)
-        runner = StaticRunner(
-            target,
-            drafter,
-            spec.steps,
-            use_graphs=not spec.disable_cuda_graph,
-            max_bs=max_bs,
-            slots=spec.max_running_requests,
-            compile=spec.torch_compile,
-        )
+    runner = static_runner(spec, target, drafter, device)
+    if runner is not None:
         runner.agree_on_graphs(group)  # a capture that failed on any rank: every rank runs eagerly
     forced = ForcedAcceptance.from_env(spec.steps, spec.random_seed or 0) if drafter is not None else None
     if forced is not None and rank == 0:

@@ -42,6 +42,7 @@ class RankSpec:
     cuda_graph_max_bs: int | None = None  # --cuda-graph-max-bs-decode; None: --max-running-requests
     static_path: bool = False  # on CPU: the static path's shapes, eagerly (--static-path: tests and debugging)
     torch_compile: bool = False  # on CUDA: the static shapes through torch.compile (--enable-torch-compile)
+    proj_split: int = 0  # with torch_compile: o/down as that many fp32 partials (--proj-split; StaticRunner's)
 
 
 @dataclass(frozen=True)
