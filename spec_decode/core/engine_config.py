@@ -87,19 +87,19 @@ class EmbeddedEngineConfig(EngineConfig):
     # 8B shape at one graph bucket). docs/embedded-engine.md has what it gains.
     torch_compile: bool = False
     # --proj-split (with torch_compile): o_proj and down_proj as that many fp32 partials whose sum inductor
-    # reads inside the next fused norm, in place of cuBLAS's split-K reduce kernels; 0 (or 1): one GEMM each.
+    # reads inside the next fused norm, in place of cuBLAS's split-K reduce kernels; 0: one GEMM each.
     # Measured on an H100: the 8B-shaped decode step 0.7-0.9% faster at 4 (docs/embedded-engine.md).
     proj_split: int = 0
 
     def check(self, spec: SpecConfig, hardware: HardwareConfig) -> None:
-        if self.proj_split < 0 or (self.proj_split > 1 and not self.torch_compile):
+        if self.proj_split < 0 or self.proj_split == 1 or (self.proj_split > 1 and not self.torch_compile):
             raise ConfigError(
                 f"engine.proj_split={self.proj_split}: "
                 + (
-                    "must be >= 0 (0: off)"
-                    if self.proj_split < 0
-                    else "the partials' sum is fused by torch.compile: set engine.torch_compile=true, or "
-                    "engine.proj_split=0"
+                    "must be 0 (off) or >= 2 (the number of partials; 1 would be the one GEMM)"
+                    if self.proj_split < 2
+                    else "the partials' sum is fused by torch.compile: set engine.torch_compile=true (the CUDA "
+                    "static path at tp 1), or engine.proj_split=0"
                 )
             )
         if self.torch_compile and (hardware.device != "cuda" or self.cuda_eager_batching):

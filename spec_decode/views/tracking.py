@@ -214,6 +214,9 @@ class Tracker:
         # (its quotes do not fit the filter's syntax).
         scalar = {k: param_value(v) for k, v in ident.items() if not isinstance(v, (list, tuple))}
         listed = {k: param_value(v) for k, v in ident.items() if k not in scalar}
+        # An option added later is left out of the identity at its default (records from before it match):
+        # the search then cannot tell its other values apart, so a run that logged another value is skipped.
+        added = {f"engine.{k}": param_value(v) for k, v in drift.ADDED_DEFAULTS.items() if f"engine.{k}" not in ident}
         filt = " and ".join(["attributes.status = 'FINISHED'"] + [f"params.`{k}` = '{v}'" for k, v in scalar.items()])
         try:
             found = self.client.search_runs([self.experiment_id()], filt, max_results=50)
@@ -229,6 +232,8 @@ class Tracker:
                 continue
             if any(r.data.params.get(k) != v for k, v in listed.items()):
                 continue  # other engine flags: another setup
+            if any(r.data.params.get(k, v) != v for k, v in added.items()):
+                continue  # an added option at another value than its default: another setup
             if paired and r.data.tags.get("speedup.method") != "paired":
                 continue  # a spec job against a baseline job: that job is the reference
             ci = (m[f"{key}_ci95_lo"], m[f"{key}_ci95_hi"]) if f"{key}_ci95_lo" in m else None

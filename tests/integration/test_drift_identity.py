@@ -82,6 +82,24 @@ def test_earlier_baselines_are_those_of_the_same_serving_options_and_load(tmp_pa
     assert [r.throughput_tok_s for r in tracker.earlier_baselines(now)] == ([300.0] if compared else [])
 
 
+@pytest.mark.parametrize(
+    ("before", "now", "compared"),
+    [
+        ({}, {"proj_split": 0}, True),  # a record from before the option: its default is what ran
+        ({"proj_split": 4}, {"proj_split": 0}, False),  # the search cannot filter a default left out: skipped after
+        ({}, {"proj_split": 4}, False),
+        ({"proj_split": 4}, {"proj_split": 4}, True),
+    ],
+)
+def test_an_option_added_later_matches_earlier_records_only_at_its_default(tmp_path, before, now, compared):
+    tracker = Tracker(f"sqlite:///{tmp_path}/m.db", "drift", str(tmp_path / "art"), ROOT)
+    rid = tracker.client.create_run(tracker.experiment_id(), run_name="old").info.run_id
+    log_record(tracker.client, rid, baseline(1, 300.0, tmp_path, engine={**SERVING, **before}, load=LOAD), tmp_path)
+    tracker.client.set_terminated(rid, "FINISHED")
+    now_rec = baseline(1, 250.0, tmp_path, engine={**SERVING, **now}, load=LOAD)
+    assert [r.throughput_tok_s for r in tracker.earlier_baselines(now_rec)] == ([300.0] if compared else [])
+
+
 def test_tp_over_the_useful_cores_is_in_the_sweep_summary(tmp_path):
     cores = len(os.sched_getaffinity(0))
     cfg = compose_experiment(f"hardware.tp_size={cores}", "drafter=none")

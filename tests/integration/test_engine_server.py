@@ -274,7 +274,9 @@ def _drafter_copy(tmp_path, edit) -> str:
     return str(d)
 
 
-@pytest.mark.parametrize("case", ["unknown_flag", "partial_spec", "topk", "compile_on_cpu", "split_uncompiled"])
+@pytest.mark.parametrize(
+    "case", ["unknown_flag", "partial_spec", "topk", "compile_on_cpu", "split_uncompiled", "split_one", "split_below_0"]
+)
 def test_bad_flags_exit_2_naming_the_flag(case):
     args = {
         "unknown_flag": ["--model-path", str(TARGET), "--cuda-graph-max-bs", "8"],
@@ -301,6 +303,8 @@ def test_bad_flags_exit_2_naming_the_flag(case):
         "compile_on_cpu": ["--model-path", str(TARGET), "--enable-torch-compile"],
         # o/down as partials: their sum is fused by torch.compile, so not without it
         "split_uncompiled": ["--model-path", str(TARGET), "--static-path", "--proj-split", "4"],
+        "split_one": ["--model-path", str(TARGET), "--static-path", "--enable-torch-compile", "--proj-split", "1"],
+        "split_below_0": ["--model-path", str(TARGET), "--proj-split", "-1"],
     }[case]
     named = {
         "compile_on_cpu": "--enable-torch-compile",
@@ -308,6 +312,8 @@ def test_bad_flags_exit_2_naming_the_flag(case):
         "partial_spec": "--speculative-num-steps",
         "topk": "--speculative-eagle-topk",
         "split_uncompiled": "--proj-split 4 needs --enable-torch-compile",
+        "split_one": "--proj-split must be 0 (off) or >= 2 (got 1",
+        "split_below_0": "--proj-split must be 0 (off) or >= 2 (got -1",
     }[case]
     p = start(args)
     assert p.returncode == 2
@@ -318,7 +324,10 @@ def test_a_split_the_targets_projections_cannot_take_is_refused_before_any_rank_
     # the tiny target: o_proj's input 192 a row, down_proj's 512; 3 divides only the first
     p = start(["--model-path", str(TARGET), "--static-path", "--enable-torch-compile", "--proj-split", "3"])
     assert p.returncode == 1
-    assert "--proj-split 3: down_proj's input (512 a row) cannot be cut into 3 equal partials" in p.stderr
+    assert (
+        "--proj-split 3: o_proj's input width (192) and down_proj's (512) must both divide by it; use one of 2, 4, 8, 16"
+        in p.stderr
+    )
     assert "rank" not in p.stderr.lower()  # refused at the front, before a rank (and its compile) started
 
 

@@ -125,8 +125,8 @@ def test_a_proj_split_the_target_cannot_take_is_refused_before_any_server_naming
         return [e for e in preflight.check(cfg, ROOT).errors if "proj_split" in e]
 
     assert errors(3) == [
-        "engine.proj_split=3: down_proj's input (512 a row) cannot be cut into 3 equal partials; use a divisor "
-        "of 192 and 512 (e.g. 2 or 4)"
+        "engine.proj_split=3: o_proj's input width (192) and down_proj's (512) must both divide by it; "
+        "use one of 2, 4, 8, 16"
     ]
     assert errors(4) == [] and errors(0) == []
 

@@ -100,8 +100,9 @@ def build_parser() -> argparse.ArgumentParser:
         type=int,
         default=0,
         metavar="N",
-        help="with --enable-torch-compile: o_proj and down_proj as N fp32 partials whose sum torch.compile reads "
-        "inside the next fused norm, in place of cuBLAS's split-K reduce kernels (0: one GEMM each)",
+        help="with --enable-torch-compile (the static path, tp 1): o_proj and down_proj as N >= 2 fp32 partials "
+        "whose sum torch.compile reads inside the next fused norm, in place of cuBLAS's split-K reduce kernels; "
+        "N must divide both input widths (hidden size and MLP width); 0 (the default): one GEMM each",
     )
     p.add_argument(
         "--disable-overlap-schedule",
@@ -184,7 +185,7 @@ def check_models(args: argparse.Namespace) -> list[int] | None:
         tcfg = rules.read_config(target / "config.json")
     except ValueError as e:
         fail(str(e))
-    if why := proj_split_problem(args.proj_split, tcfg):
+    if why := proj_split_problem(args.proj_split, rules.language_model(tcfg)):
         fail(f"--proj-split {args.proj_split}: {why}")
     if not args.speculative_algorithm:
         return None
@@ -233,14 +234,12 @@ def main(argv: list[str] | None = None) -> None:
         datefmt="%Y-%m-%d %H:%M:%S",
         stream=sys.stdout,
     )
-    if args.proj_split < 0:
-        parser.error(f"--proj-split must be >= 0 (got {args.proj_split}; 0: one GEMM each)")
+    if args.proj_split < 0 or args.proj_split == 1:
+        parser.error(f"--proj-split must be 0 (off) or >= 2 (got {args.proj_split}; 1 would be the one GEMM)")
     if args.proj_split > 1 and not args.enable_torch_compile:
         parser.error(
             f"--proj-split {args.proj_split} needs --enable-torch-compile: torch.compile fuses the partials' sum"
         )
-    layer_ids = check_models(args)
-    check_tp_size(args, parser)
     if args.max_running_requests < 1:
         parser.error(f"--max-running-requests must be >= 1 (got {args.max_running_requests})")
     if args.cuda_graph_max_bs_decode is not None and args.cuda_graph_max_bs_decode < 1:
@@ -252,6 +251,9 @@ def main(argv: list[str] | None = None) -> None:
         )
     if args.enable_torch_compile and args.tp_size > 1:
         parser.error("--enable-torch-compile: not tested at --tp-size > 1 yet (all-reduces inside the compiled shapes)")
+    # the flags alone first, then what needs the model's config.json (the split's widths, the tp shards)
+    layer_ids = check_models(args)
+    check_tp_size(args, parser)
     resolve_seed_and_forcing(args, parser)
 
     # Imported only now: a bad flag or model exits above without loading the HTTP side (its imports).
