@@ -39,7 +39,6 @@ class Engine:
     refuses_eager_overflow: ClassVar[bool] = False
     # Readiness: the path that answers 200 once the server serves (ServerProcess polls it).
     health_path: ClassVar[str] = "/health"
-    tested_version: ClassVar[str | None] = None  # None: the version that runs is the one tested (ours)
     # External engines: the releases preflight lets run (any other is refused), and how to install one.
     supported_versions: ClassVar[tuple[str, ...]] = ()
     install_hint: ClassVar[str] = ""
@@ -51,9 +50,6 @@ class Engine:
     def installed_version(self) -> str | None:
         """The version that would run; None: not installed."""
         return __version__
-
-    def version_warning(self) -> str | None:
-        return None
 
     def version_error(self, v: str | None = None) -> str | None:
         """Why the installed version (or ``v``) must not run a job; None: it may."""
@@ -130,7 +126,6 @@ class SglangEngine(Engine):
     package = "sglang"
     resolves_hub_ids = True
     refuses_eager_overflow = True
-    tested_version = sglang.TESTED_VERSION
     supported_versions = tuple(sglang.SUPPORTED)
     install_hint = sglang.INSTALL_SUPPORTED
     HOST_STAMPS_NA = (
@@ -143,9 +138,6 @@ class SglangEngine(Engine):
 
     def installed_version(self) -> str | None:
         return sglang.installed_version()
-
-    def version_warning(self) -> str | None:
-        return sglang.version_warning()
 
     def version_error(self, v: str | None = None) -> str | None:
         return sglang.version_error(v)

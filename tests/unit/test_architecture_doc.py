@@ -1,6 +1,7 @@
-"""docs/architecture.md is the map of the code: its layers block names every module of every package, in
-that package's entry, and every floor it states is the one ``tests/unit/test_layers.py`` enforces. A module
-added, moved or removed without the map fails here."""
+"""docs/architecture.md is the map of the code: its layers block names every module of every package (its
+subpackages' too: ``engines/embedded/*.py`` in the ``engines`` entry), in that package's entry, and every floor
+it states is the one ``tests/unit/test_layers.py`` enforces. A module added, moved or removed without the map
+fails here."""
 
 import re
 
@@ -36,9 +37,9 @@ def unnamed_modules() -> list[str]:
         if text is None:
             missing.append(f"{pkg.name}/ (no entry)")
             continue
-        for mod in sorted(pkg.glob("*.py")):
+        for mod in sorted(pkg.rglob("*.py")):  # a subpackage's modules too, in the package's entry
             if mod.stem != "__init__" and not re.search(rf"\b{mod.stem}\b", text):
-                missing.append(f"{pkg.name}/{mod.name}")
+                missing.append(str(mod.relative_to(PKG)))
     for top in sorted(TOP):
         if top not in entries:
             missing.append(f"{top}.py (no entry)")
