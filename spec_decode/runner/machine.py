@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import os
 import platform
+import re
 import subprocess
 import sys
 import time
@@ -200,11 +201,37 @@ def tree_sample(pid: int | None) -> dict:
         try:
             with p.oneshot():
                 t = p.cpu_times()
-                name = "launcher" if p.pid == pid else p.name()
+                name = "launcher" if p.pid == pid else proc_label(p.name(), p.cmdline)
                 procs[p.pid] = (name, t.user + t.system, p.num_threads(), p.create_time())
         except psutil.Error:
             continue
     return {"t": time.monotonic(), "procs": procs}
+
+
+def proc_label(name: str, cmdline) -> str:
+    """A process's name in the CPU account: its own (a rank's ``rank0``, SGLang's ``sglang::scheduler``),
+    or, for an interpreter that never named itself (``python3``), what it runs: ``-m pkg.mod`` -> ``mod``;
+    a script -> its stem, a package's ``.../compile_worker/__main__.py`` (torch.compile's worker pool) ->
+    ``compile_worker``; ``-c "from multiprocessing.resource_tracker import main"`` -> ``resource_tracker``;
+    other ``-c`` code keeps the name. ``cmdline`` is called only then (psutil's, or any callable)."""
+    if not name.startswith("python"):
+        return name
+    try:
+        argv = cmdline()
+    except psutil.Error:
+        return name
+    i = 1
+    while i < len(argv):  # the interpreter's own options, up to a script's path
+        flag, arg = argv[i], argv[i + 1] if i + 1 < len(argv) else ""
+        if flag == "-m":
+            return arg.rsplit(".", 1)[-1] or name
+        if flag == "-c":
+            m = re.match(r"\s*from\s+multiprocessing\.(\w+)\s+import", arg)
+            return m.group(1) if m else name
+        if not flag.startswith("-"):  # a script: its stem, or its package's name for a __main__.py
+            return (Path(flag).parent.name if Path(flag).name == "__main__.py" else Path(flag).stem) or name
+        i += 2 if flag in ("-W", "-X") else 1
+    return name
 
 
 def tree_window(a: dict, b: dict) -> list[ProcCpu]:

@@ -153,3 +153,51 @@ def test_server_cpu_sums_per_process_name_over_the_launches():
         "baseline_server_cpu_pct": 5.0,
         "baseline_server_cpu_pct.rank0": 4.0,
     }
+
+
+@pytest.mark.parametrize(
+    "argv, label",
+    [
+        (["python3", "-m", "torch._inductor.compile_worker"], "compile_worker"),
+        (["/usr/bin/python3", "/site/torch/_inductor/compile_worker/__main__.py", "--workers=16"], "compile_worker"),
+        (["python3", "-u", "-X", "importtime", "/srv/tools/warm_cache.py", "-m", "x"], "warm_cache"),
+        (["python3", "-c", "from multiprocessing.resource_tracker import main;main(5)"], "resource_tracker"),
+        (["python3", "-c", "import time; time.sleep(9)"], "python3"),
+        (["python3"], "python3"),
+    ],
+)
+def test_an_unnamed_interpreter_is_called_by_what_it_runs(argv, label):
+    """A `python3` of the server's tree (torch.compile's worker pool, multiprocessing's helpers) is told by
+    its command line; a process that named itself keeps its name, and its command line is never read."""
+    assert machine.proc_label("python3", lambda: argv) == label
+    assert machine.proc_label("rank0", lambda: pytest.fail("read the command line of a named process")) == "rank0"
+    assert machine.proc_label("python3", lambda: (_ for _ in ()).throw(psutil.NoSuchProcess(1))) == "python3"
+
+
+def test_the_tree_sample_names_a_real_unnamed_child_by_its_module(tmp_path):
+    """The same through psutil on real processes: a parent that names itself, and its child, an interpreter
+    run as ``python -m sdb_sleeper``, which never does."""
+    (tmp_path / "sdb_sleeper.py").write_text("import time\nwhile True:\n    time.sleep(0.05)\n")
+    parent = subprocess.Popen(
+        [sys.executable, "-c", PARENT, sys.executable], cwd=tmp_path, stdout=subprocess.PIPE, text=True
+    )
+    try:
+        assert parent.stdout.readline().strip() == "READY"
+        names = sorted(name for name, *_ in machine.tree_sample(parent.pid)["procs"].values())
+        assert names == ["launcher", "sdb_sleeper"], names
+    finally:
+        kids = psutil.Process(parent.pid).children(recursive=True)
+        for p in [*kids, psutil.Process(parent.pid)]:
+            p.kill()
+        psutil.wait_procs(kids, timeout=5)
+        parent.wait(5)
+
+
+PARENT = r"""
+import subprocess, sys, time
+child = subprocess.Popen([sys.argv[1], "-m", "sdb_sleeper"])
+time.sleep(0.5)
+print("READY", flush=True)
+while True:
+    time.sleep(0.05)
+"""
