@@ -212,7 +212,8 @@ def coverage(rows: list[Row]) -> str | None:
         return f"coverage: {sum(r.inside for r in judged)} of {len(judged)} speedups of B inside A's 95% interval"
     return (
         f"coverage: {sum(r.inside for r in judged)} of {len(judged)} speedups of B inside A's 95% rerun interval "
-        f"(where an equal-size rebuild lands with 95%; {sum(bool(r.inside_ci) for r in judged)} of {len(judged)} "
+        f"(where an equal-size rebuild lands with 95% at A's launch-to-launch noise; a machine start's own shift "
+        f"is not in it; {sum(bool(r.inside_ci) for r in judged)} of {len(judged)} "
         f"inside A's 95% CI, which a rebuild's own noise leaves {ci_note(judged)})"
     )
 
