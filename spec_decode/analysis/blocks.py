@@ -22,9 +22,8 @@ a new server launch -- is not in it. The block design puts it in:
   so a perfect 95% CI holds an equal-size rebuild only P(|t_(n-1)| < t_0.975 / sqrt 2) of the time
   (0.89 at 4 blocks); "inside the committed interval" is judged against the rerun interval
   (``analysis.compare``). Its sd is the launch-to-launch sd of one sweep, so it holds a rebuild that sees the
-  same noise; a shift between machine starts (another card, another host) is not in it. Of 17 cells rebuilt
-  on another start of the lent GPUs, 16 landed inside; the one outside was the tightest (real_shape_h100x1:
-  launch sd 0.13%, interval +-0.46%, the rebuild 0.8% low; docs/reproducibility.md).
+  same noise; a shift between machine starts is not in it (the GPU rebuilds so far and the cells they moved:
+  docs/reproducibility.md, "What it does not hold").
 
 Records without ``benchmark.block`` variation pass through unchanged (the cheap mode: one launch per
 cell, the within-launch interval, labelled ``interval: runs within one launch`` in the summary).

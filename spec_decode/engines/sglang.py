@@ -220,11 +220,6 @@ def version_error(v: str | None = None) -> str | None:
     )
 
 
-def version_warning(v: str | None = None) -> str | None:
-    """``version_error``'s message for callers that only warn (kept for them; preflight refuses)."""
-    return version_error(v)
-
-
 def config_warnings(cfg: ExperimentConfig, environ: dict[str, str]) -> list[str]:
     """What preflight says about this job's SGLang choices (never silent): dead flags in
     engine.extra_args, an inherited PCIe-IPC all-reduce switch (dropped: the config decides)."""

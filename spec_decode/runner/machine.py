@@ -210,10 +210,12 @@ def tree_sample(pid: int | None) -> dict:
 
 def proc_label(name: str, cmdline) -> str:
     """A process's name in the CPU account: its own (a rank's ``rank0``, SGLang's ``sglang::scheduler``),
-    or, for an interpreter that never named itself (``python3``), what it runs: ``-m pkg.mod`` -> ``mod``;
-    a script -> its stem, a package's ``.../compile_worker/__main__.py`` (torch.compile's worker pool) ->
-    ``compile_worker``; ``-c "from multiprocessing.resource_tracker import main"`` -> ``resource_tracker``;
-    other ``-c`` code keeps the name. ``cmdline`` is called only then (psutil's, or any callable)."""
+    or, for an interpreter that never named itself (``python3``), ``python:`` and what it runs, so that it
+    cannot be summed with a process that named itself: ``-m pkg.mod`` -> ``python:pkg.mod``; a script ->
+    ``python:<its stem>``, a package's ``.../compile_worker/__main__.py`` (torch.compile's worker pool) ->
+    ``python:compile_worker``; ``-c "from multiprocessing.spawn import ..."`` -> ``python:mp.spawn``
+    (multiprocessing's children and helpers); other ``-c`` code, stdin (``-``) or no arguments keep the
+    name. ``cmdline`` is called only then (psutil's, or any callable)."""
     if not name.startswith("python"):
         return name
     try:
@@ -222,15 +224,21 @@ def proc_label(name: str, cmdline) -> str:
         return name
     i = 1
     while i < len(argv):  # the interpreter's own options, up to a script's path
-        flag, arg = argv[i], argv[i + 1] if i + 1 < len(argv) else ""
-        if flag == "-m":
-            return arg.rsplit(".", 1)[-1] or name
-        if flag == "-c":
-            m = re.match(r"\s*from\s+multiprocessing\.(\w+)\s+import", arg)
-            return m.group(1) if m else name
+        flag = argv[i]
+        nxt = argv[i + 1] if i + 1 < len(argv) else ""
+        if flag.startswith("-m"):  # -m mod, or -mmod
+            mod = flag[2:] or nxt
+            return f"python:{mod}" if mod else name
+        if flag.startswith("-c"):  # -c code, or -ccode
+            m = re.match(r"\s*from\s+multiprocessing\.(\w+)\s+import", flag[2:] or nxt)
+            return f"python:mp.{m.group(1)}" if m else name
+        if flag == "-" or flag == "--":
+            return name
         if not flag.startswith("-"):  # a script: its stem, or its package's name for a __main__.py
-            return (Path(flag).parent.name if Path(flag).name == "__main__.py" else Path(flag).stem) or name
-        i += 2 if flag in ("-W", "-X") else 1
+            path = Path(flag)
+            label = path.parent.name if path.name == "__main__.py" else path.stem
+            return f"python:{label}" if label else name
+        i += 2 if flag in ("-W", "-X", "--check-hash-based-pycs") else 1
     return name
 
 

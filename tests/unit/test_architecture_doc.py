@@ -29,6 +29,13 @@ def layer_entries() -> dict[str, str]:
     return entries
 
 
+def listed(stem: str) -> str:
+    """A module as the map lists it: its name followed by its description or the next name (`` (``, also
+    on the next line, `` =``, ``,``, ``)``, ``;``, ``:``, `` and``), not the same word in prose ("Triton
+    kernels that ...", "a row's request slot")."""
+    return rf"(?<![\w.`]){re.escape(stem)}(?=\s*\(| =|,|\)|;|:| and\b)"
+
+
 def unnamed_modules() -> list[str]:
     entries = layer_entries()
     missing = []
@@ -38,7 +45,7 @@ def unnamed_modules() -> list[str]:
             missing.append(f"{pkg.name}/ (no entry)")
             continue
         for mod in sorted(pkg.rglob("*.py")):  # a subpackage's modules too, in the package's entry
-            if mod.stem != "__init__" and not re.search(rf"\b{mod.stem}\b", text):
+            if mod.stem != "__init__" and not re.search(listed(mod.stem), text, re.M):
                 missing.append(str(mod.relative_to(PKG)))
     for top in sorted(TOP):
         if top not in entries:

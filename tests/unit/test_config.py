@@ -202,16 +202,15 @@ def test_bad_overrides_fail_at_compose_time_naming_the_key(overrides, error, nam
 
 
 def test_an_unsupported_sglang_is_refused_naming_it_and_the_supported_ones():
-    from spec_decode.engines.sglang import SUPPORTED, TESTED_VERSION, version_error, version_warning
+    from spec_decode.engines.sglang import SUPPORTED, TESTED_VERSION, version_error
 
     assert set(SUPPORTED) == {"0.5.23", "0.5.17"} and TESTED_VERSION in SUPPORTED
     msg = version_error("0.5.10")
     assert msg is not None and "sglang 0.5.10 is installed" in msg
     assert "supports sglang 0.5.17, 0.5.23 only" in msg and "pip install" in msg
     assert version_error("0.5.170") is not None  # a whole version, not a prefix
-    for v in SUPPORTED:  # a supported release: no refusal, no warning
-        assert version_error(v) is None and version_warning(v) is None
-    assert version_warning("0.5.10") == msg  # the old warning API says the same
+    for v in SUPPORTED:  # a supported release: no refusal
+        assert version_error(v) is None
 
 
 def test_the_doctor_version_item_reads_the_same_table():

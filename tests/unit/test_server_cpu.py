@@ -158,18 +158,28 @@ def test_server_cpu_sums_per_process_name_over_the_launches():
 @pytest.mark.parametrize(
     "argv, label",
     [
-        (["python3", "-m", "torch._inductor.compile_worker"], "compile_worker"),
-        (["/usr/bin/python3", "/site/torch/_inductor/compile_worker/__main__.py", "--workers=16"], "compile_worker"),
-        (["python3", "-u", "-X", "importtime", "/srv/tools/warm_cache.py", "-m", "x"], "warm_cache"),
-        (["python3", "-c", "from multiprocessing.resource_tracker import main;main(5)"], "resource_tracker"),
+        (["python3", "-m", "torch._inductor.compile_worker"], "python:torch._inductor.compile_worker"),
+        (["python3", "-mjson.tool"], "python:json.tool"),
+        (
+            ["/usr/bin/python3", "/site/torch/_inductor/compile_worker/__main__.py", "--workers=16"],
+            "python:compile_worker",
+        ),
+        (["python3", "-u", "-X", "importtime", "/srv/tools/warm_cache.py", "-m", "x"], "python:warm_cache"),
+        (["python3", "--check-hash-based-pycs", "always", "tools/run.py"], "python:run"),
+        (["python3", "-c", "from multiprocessing.resource_tracker import main;main(5)"], "python:mp.resource_tracker"),
+        (["python3", "-cfrom multiprocessing.spawn import spawn_main"], "python:mp.spawn"),
         (["python3", "-c", "import time; time.sleep(9)"], "python3"),
+        (["python3", "-", "arg"], "python3"),
+        (["python3", "-m"], "python3"),
         (["python3"], "python3"),
+        ([], "python3"),
     ],
 )
 def test_an_unnamed_interpreter_is_called_by_what_it_runs(argv, label):
     """A `python3` of the server's tree (torch.compile's worker pool, multiprocessing's helpers) is told by
     its command line; a process that named itself keeps its name, and its command line is never read."""
     assert machine.proc_label("python3", lambda: argv) == label
+    assert machine.proc_label("launcher", lambda: pytest.fail("read a named process's command line")) == "launcher"
     assert machine.proc_label("rank0", lambda: pytest.fail("read the command line of a named process")) == "rank0"
     assert machine.proc_label("python3", lambda: (_ for _ in ()).throw(psutil.NoSuchProcess(1))) == "python3"
 
@@ -184,7 +194,7 @@ def test_the_tree_sample_names_a_real_unnamed_child_by_its_module(tmp_path):
     try:
         assert parent.stdout.readline().strip() == "READY"
         names = sorted(name for name, *_ in machine.tree_sample(parent.pid)["procs"].values())
-        assert names == ["launcher", "sdb_sleeper"], names
+        assert names == ["launcher", "python:sdb_sleeper"], names
     finally:
         kids = psutil.Process(parent.pid).children(recursive=True)
         for p in [*kids, psutil.Process(parent.pid)]:
