@@ -232,7 +232,7 @@ def proc_label(name: str, cmdline) -> str:
         if flag.startswith("-c"):  # -c code, or -ccode
             m = re.match(r"\s*from\s+multiprocessing\.(\w+)\s+import", flag[2:] or nxt)
             return f"python:mp.{m.group(1)}" if m else name
-        if flag == "-" or flag == "--":
+        if flag in ("-", "--"):
             return name
         if not flag.startswith("-"):  # a script: its stem, or its package's name for a __main__.py
             path = Path(flag)

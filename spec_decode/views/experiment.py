@@ -88,7 +88,8 @@ def facts(metrics: dict) -> list[str]:
         rerun = [r for r in with_ci if "speedup_vs_baseline_rerun95_lo" in r.metrics]
         if rerun:  # the block design's prediction interval for a rebuild (analysis.blocks)
             lines.append(
-                f"- {label} rerun interval (95%: where an equal-size rebuild's speedup lands at this sweep's launch-to-launch noise): "
+                f"- {label} rerun interval (95%: where an equal-size rebuild's speedup lands at this sweep's "
+                "launch-to-launch noise): "
                 + ", ".join(
                     f"[{r.metrics['speedup_vs_baseline_rerun95_lo']:.2f}, "
                     f"{r.metrics['speedup_vs_baseline_rerun95_hi']:.2f}] at {r.steps}"
