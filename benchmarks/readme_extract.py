@@ -247,6 +247,13 @@ RULES = [
         must=(r"verdict: (agree|DIFFER)",),
     ),
     Rule(
+        "experiment-starts",
+        r"^python -m spec_decode\.views\.experiment starts ",
+        "test",
+        "one design's sweeps from three machine starts (the committed H100 8B-shaped ones): a start effect, the next start",
+        must=(r"a start effect shown in \d+ of \d+ tested",),
+    ),
+    Rule(
         "experiment-view",
         r"^python -m spec_decode\.views\.experiment (headline|report) ",
         "test",
@@ -353,6 +360,11 @@ class StandIn:
 STAND_INS = [
     StandIn("<name>", "ci_smoke"),
     StandIn("SWEEP_A SWEEP_B", "experiments/ci_smoke/metrics.json {sweep_dir}", "small_sweep", "job"),
+    StandIn(
+        "SWEEP_1 SWEEP_2 SWEEP_3",
+        "experiments/real_shape_h100x1/metrics.json docs/data/real_shape_h100x1_2026-12-06_s8_rebuild_metrics.json "
+        "docs/data/real_shape_h100x1_2026-12-06_s9_start3_metrics.json",
+    ),
     StandIn("/mnt/shared/dvc-store", "{tmp}/dvc-store"),
     StandIn("models/drafters/kimi-k2.5-eagle3", "models/drafters/kimi-k2.5-eagle3", "drafter_files"),
     StandIn("data/spec_bench.jsonl", "data/spec_bench.jsonl", "spec_bench"),

@@ -5,6 +5,7 @@ sweep itself (the `bench` stage, `rebuild`) is run by ``spec_decode.bench``: a v
     python -m spec_decode.views.experiment compare embedded_steps_nccl  # rebuilt (workspace) vs committed (HEAD)
     python -m spec_decode.views.experiment compare SWEEP_A SWEEP_B      # dirs, metrics.json or MLflow parent ids
     python -m spec_decode.views.experiment headline embedded_steps_nccl # metrics.json -> README's headline table
+    python -m spec_decode.views.experiment starts SWEEP_1 SWEEP_2 SWEEP_3 # one design on several machine starts
 
 metrics.json holds one entry per job, keyed by the job's full override set (its Hydra override_dirname;
 ``baseline,<overrides>`` for a baseline): status, error, the config axes, the throughput summary
@@ -29,6 +30,7 @@ from tabulate import tabulate
 
 from spec_decode.analysis import compare as cmp
 from spec_decode.analysis import concurrency
+from spec_decode.analysis import starts as st
 from spec_decode.analysis.costmodel import nonneg_line
 from spec_decode.views.metrics_json import records_from_metrics, to_metrics
 from spec_decode.views.plots import write_plots
@@ -265,6 +267,30 @@ def compare(a: dict, b: dict, names: tuple[str, str] = ("A", "B")) -> tuple[list
     return [*table, "", *notes, *cover, f"verdict: {verdict}"], verdict.startswith("DIFFER")
 
 
+def starts_table(sweeps: list[dict], names: list[str]) -> list[str]:
+    """Per spec cell, one design's sweeps from several machine starts (``analysis.starts``): each start's
+    speedup, the sd between starts and within (launch to launch), the start effect's test, and where the
+    next start's cell lands."""
+    rows = st.starts(sweeps)
+    pct = lambda sd: "-" if sd is None else f"{100 * sd:.2f}%"  # noqa: E731
+    table = tabulate(
+        [
+            [r.cell, *("-" if v is None else f"{v:.3f}" for v in r.values), pct(r.between_sd), pct(r.within_sd)]
+            + [r.effect, "-" if r.interval is None else f"[{r.interval[0]:.3f}, {r.interval[1]:.3f}]"]
+            for r in rows
+        ],
+        headers=["cell", *(f"start {i + 1}" for i in range(len(sweeps))), "sd between starts", "sd within (launches)"]
+        + [
+            "start effect (one-way ANOVA)",
+            f"next start, 95% (t, {len(sweeps) - 1} df)" if len(sweeps) >= 3 else "next start (3+ starts)",
+        ],
+        tablefmt="plain",
+        disable_numparse=True,
+    ).splitlines()
+    keys = [f"start {i + 1}: {n}" for i, n in enumerate(names)]
+    return [*table, "", *keys, st.summary(rows, len(sweeps))]
+
+
 def load_sweep(src: str, uri: str | None) -> dict:
     """A sweep as metrics.json: a metrics.json file, an experiment dir holding one, or the records of a
     multirun dir / an MLflow parent run (``report.records_of``)."""
@@ -316,8 +342,24 @@ def main(argv: list[str] | None = None) -> None:
     c.add_argument("sources", nargs="+", metavar="NAME | A B")
     c.add_argument("--rev", default="HEAD", help="git revision holding the reported metrics (compare NAME)")
     c.add_argument("--uri", default=None, help="MLflow store for run ids (default: MLFLOW_TRACKING_URI)")
+    s = sub.add_parser(
+        "starts",
+        help="one design's sweeps from several machine starts: the shift a start adds, and where the next lands",
+        description="starts A B [C ...]: sweeps of one design (metrics.json, experiment or multirun dirs, MLflow "
+        "parent run ids), each from its own machine start, first the reference. Per spec cell: each start's "
+        "speedup, the sd between starts and within (launch to launch), a one-way ANOVA on the block values (is "
+        "there a start effect beyond launch noise?) and, from 3 starts, the 95%% interval where the next start's "
+        "cell lands (docs/reproducibility.md).",
+    )
+    s.add_argument("sources", nargs="+", metavar="SWEEP")
+    s.add_argument("--uri", default=None, help="MLflow store for run ids (default: MLFLOW_TRACKING_URI)")
     args = ap.parse_args(argv)
     root = Path(os.environ.get("DVC_ROOT") or Path.cwd())
+    if args.cmd == "starts":
+        if len(args.sources) < 2:
+            ap.error("starts takes two or more sweeps of one design (three or more for the next-start interval)")
+        print("\n".join(starts_table([load_sweep(src, args.uri) for src in args.sources], args.sources)))
+        return
     if args.cmd == "compare":
         if len(args.sources) > 2:
             ap.error("compare takes an experiment name, or two sweeps")
