@@ -7,14 +7,20 @@ machine, and a start can move a cell by more than its launches vary. Given k swe
 its own start, per spec cell (the speedups' logs; each start's value is its blocks' geometric mean):
 
 - **the starts' values** and the sd of their logs, ``s_b``;
-- **a start effect or not**: one-way ANOVA of the block values with the start as the factor. F = the mean
-  square between starts / the mean square within (launch to launch), df (k - 1, N - k); a start effect is
-  *shown* when p < 0.05, else "not shown" (never "absent": 2-4 starts see only a large one). Needs the
-  block values (a block-design sweep); a cheap-mode sweep has one launch a cell and no within term.
+- **a start effect or not**: one-way ANOVA of the block values with the start as the factor
+  (``scipy.stats.f_oneway`` on the logs), F = the mean square between starts / the mean square within
+  (launch to launch), df (k - 1, N - k); and Welch's version (``equal_var=False``), which does not assume
+  that every start's launches spread alike (they do not: 0.06-0.28% on the H100 8B cell). The effect is
+  *shown* when both p < 0.05: the starts' values vary more than launch noise alone explains. Otherwise "not
+  shown", never "absent": 2-4 starts see only a large shift. A start whose cell has no value (a block
+  failed or is missing: ``blocks.fold`` gives the cell none) is left out of the test too. Needs block values
+  (a block-design sweep); a cheap-mode sweep has one launch a cell and no within term.
 - **where the next start's cell lands** (95%, k >= 3): the prediction interval on the logs,
   ``mean +- t_(k-1) * s_b * sqrt(1 + 1/k)``. It treats each start's value as one draw, launch noise and start
-  shift together, so it holds whatever a start moves; with k - 1 df it is wide (t_2 = 4.30) until more
-  starts come.
+  shift together, so it holds whatever a start moves, for a next start with as many blocks as these; with
+  k - 1 df it is wide (t_2 = 4.30) until more starts come.
+- **one design**: the matched cells' axes (hardware, model, steps, ...) must agree across the sweeps, and two
+  sweeps with the same jobs are one measurement given twice; ``warnings`` names both.
 """
 
 from __future__ import annotations
@@ -34,61 +40,70 @@ ALPHA = 0.05
 
 
 @dataclasses.dataclass
+class Test:
+    f: float
+    p: float
+    df: tuple[int, int]
+    within_sd: float  # pooled launch-to-launch sd of the block logs
+    p_welch: float | None  # None: a start with one launch or no spread (Welch needs a variance per start)
+
+    @property
+    def shown(self) -> bool:
+        return self.p < ALPHA and (self.p_welch is None or self.p_welch < ALPHA)
+
+
+@dataclasses.dataclass
 class StartsRow:
     cell: str
-    values: list[float | None]  # each start's speedup (None: the cell is not in that sweep)
+    values: list[float | None]  # each start's speedup (None: the cell has no value in that sweep)
     between_sd: float | None = None  # sd of the starts' log speedups
-    within_sd: float | None = None  # pooled launch-to-launch sd of the block logs (None: no block values)
-    f: float | None = None  # the one-way ANOVA's F (start as the factor)
-    p: float | None = None
-    df: tuple[int, int] | None = None
+    test: Test | None = None
     interval: tuple[float, float] | None = None  # the next start's cell, 95%
 
     @property
     def effect(self) -> str:
-        if self.p is None:
+        t = self.test
+        if t is None:
             return "no test (needs block values from 2+ starts)"
-        return f"{'shown' if self.p < ALPHA else 'not shown'} (F={self.f:.1f}, df {self.df[0]},{self.df[1]}, p={fmt_p(self.p)})"
+        welch = "" if t.p_welch is None else f"; Welch p{fmt_p(t.p_welch)}"
+        return f"{'shown' if t.shown else 'not shown'} (F={t.f:.1f}, df {t.df[0]},{t.df[1]}, p{fmt_p(t.p)}{welch})"
 
 
 def fmt_p(p: float) -> str:
-    return f"{p:.2g}" if p >= 0.001 else "<0.001"
-
-
-def f_sf(f: float, dfn: int, dfd: int) -> float:
-    """P(F_(dfn, dfd) > f): scipy.special.fdtrc, the function scipy.stats.f.sf calls."""
-    with frozen_imports():
-        from scipy import special
-    return float(special.fdtrc(dfn, dfd, f))
+    """``=0.0036`` or ``<0.001``: the relation and the value."""
+    return f"={p:.2g}" if p >= 0.001 else "<0.001"
 
 
 def block_values(metrics: dict) -> dict[str, list[float]]:
-    """Each spec cell's per-block speedups (a block-design sweep's jobs), keyed as ``compare.entries``
-    keys its cells; empty for a cheap-mode sweep (one launch a cell: no within-start term)."""
+    """Each spec cell's per-block speedups (a block-design sweep's FINISHED jobs, as ``blocks.fold`` keeps
+    them), keyed as ``compare.entries`` keys its cells; empty for a cheap-mode sweep (no within-start term)."""
     if not metrics.get("cells"):
         return {}
     groups: dict[str, list[float]] = defaultdict(list)
     for name, job in metrics["jobs"].items():  # baselines too: entries() keys a cell by what varies among all
         got = job.get("speedup_vs_baseline")
-        groups[drop_block(name)] += [] if _is_baseline(name, job) or got is None else [got]
+        keep = not _is_baseline(name, job) and got is not None and job.get("status", "FINISHED") == "FINISHED"
+        groups[drop_block(name)] += [got] if keep else []
     return {k: v for k, v in entries({"cells": dict(groups)}).items() if v}
 
 
-def anova(groups: list[list[float]]) -> tuple[float, float, tuple[int, int], float] | None:
-    """One-way ANOVA on the logs: (F, p, (df between, df within), pooled within sd); None without a
-    within term (every group of one value) or with fewer than 2 groups."""
+def anova(groups: list[list[float]]) -> Test | None:
+    """One-way ANOVA on the logs, classic and Welch's; None without a within term (every start one launch)
+    or with fewer than 2 starts."""
     logs = [[math.log(v) for v in g] for g in groups if g]
     k, n = len(logs), sum(map(len, logs))
     if k < 2 or n - k < 1:
         return None
-    grand = statistics.fmean(x for g in logs for x in g)
-    ss_b = sum(len(g) * (statistics.fmean(g) - grand) ** 2 for g in logs)
     ss_w = sum((x - statistics.fmean(g)) ** 2 for g in logs for x in g)
-    ms_b, ms_w = ss_b / (k - 1), ss_w / (n - k)
-    if ms_w == 0:
-        return (math.inf, 0.0, (k - 1, n - k), 0.0) if ms_b > 0 else None
-    f = ms_b / ms_w
-    return f, f_sf(f, k - 1, n - k), (k - 1, n - k), math.sqrt(ms_w)
+    if ss_w == 0:
+        return None
+    with frozen_imports():  # scipy.stats: only this view pays for it
+        from scipy import stats
+    classic = stats.f_oneway(*logs)
+    welch = None
+    if all(len(g) >= 2 and statistics.variance(g) > 0 for g in logs):
+        welch = float(stats.f_oneway(*logs, equal_var=False).pvalue)
+    return Test(float(classic.statistic), float(classic.pvalue), (k - 1, n - k), math.sqrt(ss_w / (n - k)), welch)
 
 
 def next_start(values: list[float], confidence: float = 0.95) -> tuple[float, float] | None:
@@ -115,24 +130,48 @@ def starts(sweeps: list[dict]) -> list[StartsRow]:
         if len(got) >= 2:
             row.between_sd = statistics.stdev(math.log(v) for v in got)
         row.interval = next_start(got)
-        groups = [b.get(key, []) for b in blocks]
-        if sum(bool(g) for g in groups) >= 2 and (a := anova(groups)) is not None:
-            row.f, row.p, row.df, row.within_sd = a
+        groups = [b.get(key, []) if v is not None else [] for b, v in zip(blocks, vals, strict=True)]
+        if sum(bool(g) for g in groups) >= 2:
+            row.test = anova(groups)
         rows.append(row)
     return rows
 
 
+def warnings(sweeps: list[dict], names: list[str]) -> list[str]:
+    """What makes the sweeps not k starts of one design: the same jobs given twice; a cell whose axes differ
+    between sweeps (another card, model or setting); a spec cell of the first sweep missing in another."""
+    out = []
+    for i in range(len(sweeps)):
+        for j in range(i):
+            if sweeps[i].get("jobs") == sweeps[j].get("jobs"):
+                out.append(f"{names[i]} holds the same jobs as {names[j]}: one measurement given twice, not two starts")
+    cells = [entries(m) for m in sweeps]
+    for key, e in cells[0].items():
+        if _is_baseline(key, e):
+            continue
+        for name, c in zip(names[1:], cells[1:], strict=True):
+            if key not in c:
+                out.append(f"{name}: no cell {key!r} (a different design, or a partial sweep)")
+                continue
+            a, b = e.get("axes") or {}, c[key].get("axes") or {}
+            diff = sorted(x for x in a.keys() | b.keys() if a.get(x) != b.get(x))
+            if diff:
+                what = ", ".join(f"{x} {a.get(x)!r} vs {b.get(x)!r}" for x in diff)
+                out.append(f"{name}: cell {key!r} differs from {names[0]} in {what}: not one design")
+    return out
+
+
 def summary(rows: list[StartsRow], k: int) -> str:
     """One line: how many cells show a start effect, and what that means for the rerun interval."""
-    tested = [r for r in rows if r.p is not None]
-    shown = [r for r in tested if r.p < ALPHA]
+    tested = [r for r in rows if r.test is not None]
+    shown = [r for r in tested if r.test.shown]
     head = f"{k} starts, {len(rows)} spec cell(s): a start effect shown in {len(shown)} of {len(tested)} tested"
     if not tested:
         return head.split(":")[0] + ": no cell has block values from 2+ starts (no test)"
     if shown:
         return head + (
-            " (p < 0.05): there a machine start moves the cell by more than its launches vary, and a rerun interval "
-            "from one start (launch noise only) is too narrow for a rebuild on another start"
+            " (both p < 0.05): there the starts' values vary more than launch noise alone explains, so a rerun "
+            "interval from one start (launch noise only) is too narrow for a rebuild on another start"
             + ("; the next-start interval holds both" if k >= MIN_STARTS_FOR_INTERVAL else "")
         )
     return head + " (not shown is not absent: a few starts see only a large effect)"

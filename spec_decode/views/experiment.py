@@ -30,8 +30,8 @@ from tabulate import tabulate
 
 from spec_decode.analysis import compare as cmp
 from spec_decode.analysis import concurrency
-from spec_decode.analysis import starts as st
 from spec_decode.analysis.costmodel import nonneg_line
+from spec_decode.views import starts as starts_view
 from spec_decode.views.metrics_json import records_from_metrics, to_metrics
 from spec_decode.views.plots import write_plots
 from spec_decode.views.report import records_of, sweep_summary
@@ -267,30 +267,6 @@ def compare(a: dict, b: dict, names: tuple[str, str] = ("A", "B")) -> tuple[list
     return [*table, "", *notes, *cover, f"verdict: {verdict}"], verdict.startswith("DIFFER")
 
 
-def starts_table(sweeps: list[dict], names: list[str]) -> list[str]:
-    """Per spec cell, one design's sweeps from several machine starts (``analysis.starts``): each start's
-    speedup, the sd between starts and within (launch to launch), the start effect's test, and where the
-    next start's cell lands."""
-    rows = st.starts(sweeps)
-    pct = lambda sd: "-" if sd is None else f"{100 * sd:.2f}%"  # noqa: E731
-    table = tabulate(
-        [
-            [r.cell, *("-" if v is None else f"{v:.3f}" for v in r.values), pct(r.between_sd), pct(r.within_sd)]
-            + [r.effect, "-" if r.interval is None else f"[{r.interval[0]:.3f}, {r.interval[1]:.3f}]"]
-            for r in rows
-        ],
-        headers=["cell", *(f"start {i + 1}" for i in range(len(sweeps))), "sd between starts", "sd within (launches)"]
-        + [
-            "start effect (one-way ANOVA)",
-            f"next start, 95% (t, {len(sweeps) - 1} df)" if len(sweeps) >= 3 else "next start (3+ starts)",
-        ],
-        tablefmt="plain",
-        disable_numparse=True,
-    ).splitlines()
-    keys = [f"start {i + 1}: {n}" for i, n in enumerate(names)]
-    return [*table, "", *keys, st.summary(rows, len(sweeps))]
-
-
 def load_sweep(src: str, uri: str | None) -> dict:
     """A sweep as metrics.json: a metrics.json file, an experiment dir holding one, or the records of a
     multirun dir / an MLflow parent run (``report.records_of``)."""
@@ -358,7 +334,7 @@ def main(argv: list[str] | None = None) -> None:
     if args.cmd == "starts":
         if len(args.sources) < 2:
             ap.error("starts takes two or more sweeps of one design (three or more for the next-start interval)")
-        print("\n".join(starts_table([load_sweep(src, args.uri) for src in args.sources], args.sources)))
+        print("\n".join(starts_view.table([load_sweep(src, args.uri) for src in args.sources], args.sources)))
         return
     if args.cmd == "compare":
         if len(args.sources) > 2:

@@ -21,16 +21,25 @@ H100_STARTS = [
 ]
 
 
-def test_anova_is_scipys_one_way_anova_on_the_logs():
+def test_anova_is_scipys_one_way_anova_on_the_logs_classic_and_welch():
     groups = [[1.78, 1.79, 1.785], [1.76, 1.77, 1.775, 1.772], [1.781, 1.78]]
-    f, p, df, within = st.anova(groups)
-    ref = stats.f_oneway(*([math.log(v) for v in g] for g in groups))
-    assert f == pytest.approx(ref.statistic, rel=1e-9)
-    assert p == pytest.approx(ref.pvalue, rel=1e-9)
-    assert df == (2, 6)
+    t = st.anova(groups)
     logs = [[math.log(v) for v in g] for g in groups]
+    ref, welch = stats.f_oneway(*logs), stats.f_oneway(*logs, equal_var=False)
+    assert t.f == pytest.approx(ref.statistic, rel=1e-9)
+    assert t.p == pytest.approx(ref.pvalue, rel=1e-9)
+    assert t.p_welch == pytest.approx(welch.pvalue, rel=1e-9)
+    assert t.df == (2, 6)
     pooled = sum(sum((x - sum(g) / len(g)) ** 2 for x in g) for g in logs) / 6
-    assert within == pytest.approx(math.sqrt(pooled))
+    assert t.within_sd == pytest.approx(math.sqrt(pooled))
+
+
+def test_shown_needs_both_tests_below_alpha():
+    assert st.Test(20.0, 0.004, (2, 6), 0.002, 0.045).shown
+    assert not st.Test(20.0, 0.004, (2, 6), 0.002, 0.06).shown  # unequal launch spreads: Welch decides
+    assert st.Test(20.0, 0.004, (2, 3), 0.002, None).shown  # Welch not computable (a start of one launch)
+    row = st.StartsRow("c", [1.0, 1.1], test=st.Test(900.0, 1e-5, (1, 4), 0.001, 2e-4))
+    assert row.effect == "shown (F=900.0, df 1,4, p<0.001; Welch p<0.001)"
 
 
 def test_anova_needs_a_within_term_and_two_starts():
@@ -60,9 +69,9 @@ def _design(rng: random.Random, starts: int, blocks: int, start_sd: float, launc
 def test_the_start_effect_fires_at_its_level_on_launch_noise_alone_and_sees_a_large_shift():
     rng = random.Random(7)
     trials = 2000
-    null = sum(st.anova(_design(rng, 3, 3, 0.0, 0.01))[1] < st.ALPHA for _ in range(trials)) / trials
+    null = sum(st.anova(_design(rng, 3, 3, 0.0, 0.01)).p < st.ALPHA for _ in range(trials)) / trials
     assert 0.035 < null < 0.065, null  # a label that fires on healthy runs would be above this
-    big = sum(st.anova(_design(rng, 3, 3, 0.02, 0.005))[1] < st.ALPHA for _ in range(300)) / 300
+    big = sum(st.anova(_design(rng, 3, 3, 0.02, 0.005)).p < st.ALPHA for _ in range(300)) / 300
     assert big > 0.8, big
 
 
@@ -79,7 +88,7 @@ def test_the_next_start_interval_holds_the_next_start_95_percent_of_the_time():
     assert 0.94 < hits / trials < 0.96, hits / trials
 
 
-def test_block_values_key_cells_as_compare_does(tmp_path):
+def test_block_values_key_cells_as_compare_does():
     metrics = experiment.load_sweep(str(ROOT / "experiments/embedded_h100x1_steps_nccl/metrics.json"), None)
     vals = st.block_values(metrics)
     spec_cells = {k for k, e in st.entries(metrics).items() if not st._is_baseline(k, e)}
@@ -101,6 +110,7 @@ def test_the_h100_8b_cell_shows_a_start_effect_over_three_starts(capsys):
     out = capsys.readouterr().out
     row = next(line for line in out.splitlines() if line.startswith("spec.steps=1"))
     assert "1.785" in row and "1.770" in row and "1.781" in row and "shown (F=" in row and "not shown" not in row
+    assert "0.43%" in row  # the sd of the three starts' log speedups
     lo, hi = (float(x) for x in row.rsplit("[", 1)[1].rstrip("]").split(","))
     assert lo < 1.770 and hi > 1.785  # the next-start interval holds every start seen
     assert "a start effect shown in 1 of 1 tested" in out
@@ -111,3 +121,59 @@ def test_starts_needs_two_sweeps(capsys):
         experiment.main(["starts", str(H100_STARTS[0])])
     assert e.value.code == 2
     assert "two or more sweeps" in capsys.readouterr().err
+
+
+def _sweep(values: dict[str, list[float]], status: dict[tuple[str, int], str] | None = None, hw: str = "h100x1"):
+    """A block-design metrics.json: per spec cell its blocks' speedups, a baseline job per block."""
+    jobs, cells = {}, {}
+    for cell, vals in values.items():
+        for b, v in enumerate(vals):
+            jobs[f"baseline,benchmark.block={b}"] = {"role": "baseline", "throughput_tok_s": 100.0}
+            jobs[f"benchmark.block={b},{cell}"] = {
+                "role": "spec",
+                "speedup_vs_baseline": v,
+                "status": (status or {}).get((cell, b), "FINISHED"),
+            }
+        done = [v for b, v in enumerate(vals) if (status or {}).get((cell, b), "FINISHED") == "FINISHED"]
+        geo = math.exp(sum(map(math.log, vals)) / len(vals)) if len(done) == len(vals) else None
+        cells[cell] = {"role": "spec", "speedup_vs_baseline": geo, "axes": {"hardware": hw, "spec.steps": 3}}
+    cells["baseline"] = {"role": "baseline", "throughput_tok_s": 100.0, "axes": {"hardware": hw}}
+    return {"jobs": jobs, "cells": cells}
+
+
+def test_a_failed_block_stays_out_of_the_test_as_fold_leaves_it_out():
+    good = _sweep({"spec.steps=3": [1.50, 1.51, 1.52]})
+    failed = _sweep({"spec.steps=3": [1.50, 1.40, 1.51]}, status={("spec.steps=3", 1): "FAILED"})
+    assert st.block_values(failed) == {"spec.steps=3": [1.50, 1.51]}
+    assert st.block_values(good) == {"spec.steps=3": [1.50, 1.51, 1.52]}
+
+
+def test_a_start_without_the_cells_value_is_left_out_of_the_test_too():
+    """A start whose cell has no speedup (a failed block) shows '-', and its other blocks do not drive the test."""
+    a = _sweep({"spec.steps=3": [1.50, 1.51, 1.52]})
+    b = _sweep({"spec.steps=3": [1.30, 1.31, 1.32]}, status={("spec.steps=3", 2): "FAILED"})
+    c = _sweep({"spec.steps=3": [1.505, 1.515, 1.51]})
+    (row,) = st.starts([a, b, c])
+    assert row.values[1] is None and row.values[0] and row.values[2]
+    assert row.test is not None and row.test.df == (1, 4)  # starts 1 and 3 only
+    assert not row.test.shown
+    assert row.interval is None  # 2 values: no next-start interval
+
+
+def test_warnings_name_a_sweep_given_twice_another_design_and_a_missing_cell():
+    a = _sweep({"spec.steps=3": [1.50, 1.51, 1.52]})
+    b = _sweep({"spec.steps=3": [1.50, 1.49, 1.52]}, hw="h200x1")
+    c = _sweep({"spec.steps=5": [1.50, 1.49, 1.52]})
+    assert st.warnings([a, _sweep({"spec.steps=3": [1.50, 1.495, 1.52]})], ["A", "B"]) == []
+    got = st.warnings([a, b, a, c], ["A", "B", "A2", "C"])
+    assert any("A2 holds the same jobs as A" in w for w in got)
+    assert any(w.startswith("B: cell 'spec.steps=3' differs from A in hardware 'h100x1' vs 'h200x1'") for w in got)
+    assert any(w.startswith("C: no cell 'spec.steps=3'") for w in got)
+    assert len(got) == 3
+
+
+def test_the_cli_prints_the_warnings(capsys):
+    experiment.main(["starts", str(H100_STARTS[0]), str(ROOT / "experiments/real_shape_h200x1/metrics.json")])
+    out = capsys.readouterr().out
+    assert "warning: " in out and "in hardware 'h100x1' vs 'h200x1': not one design" in out
+    assert "next start (3+ starts)" in out
