@@ -11,16 +11,20 @@ its own start, per spec cell (the speedups' logs; each start's value is its bloc
   (``scipy.stats.f_oneway`` on the logs), F = the mean square between starts / the mean square within
   (launch to launch), df (k - 1, N - k); and Welch's version (``equal_var=False``), which does not assume
   that every start's launches spread alike (they do not: 0.06-0.28% on the H100 8B cell). The effect is
-  *shown* when both p < 0.05: the starts' values vary more than launch noise alone explains. Otherwise "not
-  shown", never "absent": 2-4 starts see only a large shift. A start whose cell has no value (a block
-  failed or is missing: ``blocks.fold`` gives the cell none) is left out of the test too. Needs block values
-  (a block-design sweep); a cheap-mode sweep has one launch a cell and no within term.
+  *shown* when both p < 0.05: the starts' values vary more than launch noise alone explains. Where Welch's
+  cannot be computed (a start with one launch, or launches that agree exactly) and the classic p < 0.05, the
+  label says "classic only" and the cell is not counted as shown. Otherwise "not shown", never "absent": 2-3
+  starts see only a large shift. A start whose cell has no value is left out of the test too; a cell with a
+  failed block keeps the finished blocks' value (``blocks.fold``), with a warning. Needs block values (a
+  block-design sweep); a cheap-mode sweep has one launch a cell and no within term.
 - **where the next start's cell lands** (95%, k >= 3): the prediction interval on the logs,
   ``mean +- t_(k-1) * s_b * sqrt(1 + 1/k)``. It treats each start's value as one draw, launch noise and start
   shift together, so it holds whatever a start moves, for a next start with as many blocks as these; with
   k - 1 df it is wide (t_2 = 4.30) until more starts come.
 - **one design**: the matched cells' axes (hardware, model, steps, ...) must agree across the sweeps, and two
-  sweeps with the same jobs are one measurement given twice; ``warnings`` names both.
+  sweeps with the same jobs are one measurement given twice; ``warnings`` names both, and a cell that is
+  missing, not FINISHED or measured in fewer blocks than in the first sweep. ``notes`` names the sweeps whose
+  code (``git_commit``) differs from the first's: a code change may be part of a difference.
 """
 
 from __future__ import annotations
@@ -49,7 +53,12 @@ class Test:
 
     @property
     def shown(self) -> bool:
-        return self.p < ALPHA and (self.p_welch is None or self.p_welch < ALPHA)
+        return self.p < ALPHA and self.p_welch is not None and self.p_welch < ALPHA
+
+    @property
+    def classic_only(self) -> bool:
+        """The classic p < 0.05 where Welch's cannot be computed: not counted as shown."""
+        return self.p < ALPHA and self.p_welch is None
 
 
 @dataclasses.dataclass
@@ -64,9 +73,10 @@ class StartsRow:
     def effect(self) -> str:
         t = self.test
         if t is None:
-            return "no test (needs block values from 2+ starts)"
-        welch = "" if t.p_welch is None else f"; Welch p{fmt_p(t.p_welch)}"
-        return f"{'shown' if t.shown else 'not shown'} (F={t.f:.1f}, df {t.df[0]},{t.df[1]}, p{fmt_p(t.p)}{welch})"
+            return "no test (needs 2+ starts with block values that spread)"
+        welch = "; Welch not computable" if t.p_welch is None else f"; Welch p{fmt_p(t.p_welch)}"
+        label = "shown" if t.shown else "classic only" if t.classic_only else "not shown"
+        return f"{label} (F={t.f:.1f}, df {t.df[0]},{t.df[1]}, p{fmt_p(t.p)}{welch})"
 
 
 def fmt_p(p: float) -> str:
@@ -158,16 +168,43 @@ def warnings(sweeps: list[dict], names: list[str]) -> list[str]:
             if diff:
                 what = ", ".join(f"{x} {a.get(x)!r} vs {b.get(x)!r}" for x in diff)
                 out.append(f"{name}: cell {key!r} differs from {names[0]} in {what}: not one design")
+    blocks = [block_values(m) for m in sweeps]
+    for key, e in cells[0].items():
+        if _is_baseline(key, e):
+            continue
+        for name, c, b in zip(names, cells, blocks, strict=True):
+            if key in c and c[key].get("status", "FINISHED") != "FINISHED":
+                out.append(
+                    f"{name}: cell {key!r} is {c[key].get('status')} (a block did not finish): its value is the "
+                    f"finished blocks' ({len(b.get(key, []))})"
+                )
+            elif key in c and b and len(b.get(key, [])) < len(blocks[0].get(key, [])):
+                out.append(
+                    f"{name}: cell {key!r} has {len(b.get(key, []))} blocks, {names[0]} {len(blocks[0][key])}: "
+                    "the next-start interval assumes equal block counts"
+                )
     return out
+
+
+def notes(sweeps: list[dict], names: list[str]) -> list[str]:
+    """The sweeps measured at another commit than the first: a code change may be part of a difference."""
+    first = sweeps[0].get("git_commit")
+    return [
+        f"{name} was measured at {str(m.get('git_commit'))[:7]}, {names[0]} at {str(first)[:7]}: a code change may be part of a difference"
+        for name, m in zip(names[1:], sweeps[1:], strict=True)
+        if first and m.get("git_commit") and m.get("git_commit") != first
+    ]
 
 
 def summary(rows: list[StartsRow], k: int) -> str:
     """One line: how many cells show a start effect, and what that means for the rerun interval."""
     tested = [r for r in rows if r.test is not None]
     shown = [r for r in tested if r.test.shown]
+    classic = sum(r.test.classic_only for r in tested)
     head = f"{k} starts, {len(rows)} spec cell(s): a start effect shown in {len(shown)} of {len(tested)} tested"
+    head += f" ({classic} more by the classic test only, Welch's not computable)" if classic else ""
     if not tested:
-        return head.split(":")[0] + ": no cell has block values from 2+ starts (no test)"
+        return head.split(":")[0] + ": no cell has block values that spread from 2+ starts (no test)"
     if shown:
         return head + (
             " (both p < 0.05): there the starts' values vary more than launch noise alone explains, so a rerun "

@@ -33,4 +33,5 @@ def table(sweeps: list[dict], names: list[str]) -> list[str]:
     lines = tabulate(body, headers=headers, tablefmt="plain", disable_numparse=True).splitlines()
     keys = [f"start {i + 1}: {n}" for i, n in enumerate(names)]
     warn = [f"warning: {w}" for w in st.warnings(sweeps, names)]
-    return [*lines, "", *keys, *warn, st.summary(rows, k)]
+    notes = [f"note: {n}" for n in st.notes(sweeps, names)]
+    return [*lines, "", *keys, *warn, *notes, st.summary(rows, k)]

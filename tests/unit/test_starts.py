@@ -3,6 +3,7 @@ and the next-start interval, checked against scipy.stats and by simulation, and 
 
 from __future__ import annotations
 
+import json
 import math
 import random
 from pathlib import Path
@@ -37,7 +38,9 @@ def test_anova_is_scipys_one_way_anova_on_the_logs_classic_and_welch():
 def test_shown_needs_both_tests_below_alpha():
     assert st.Test(20.0, 0.004, (2, 6), 0.002, 0.045).shown
     assert not st.Test(20.0, 0.004, (2, 6), 0.002, 0.06).shown  # unequal launch spreads: Welch decides
-    assert st.Test(20.0, 0.004, (2, 3), 0.002, None).shown  # Welch not computable (a start of one launch)
+    no_welch = st.Test(20.0, 0.004, (2, 3), 0.002, None)  # Welch not computable (a start of one launch)
+    assert not no_welch.shown and no_welch.classic_only
+    assert st.StartsRow("c", [1.0, 1.1], test=no_welch).effect.startswith("classic only (F=20.0")
     row = st.StartsRow("c", [1.0, 1.1], test=st.Test(900.0, 1e-5, (1, 4), 0.001, 2e-4))
     assert row.effect == "shown (F=900.0, df 1,4, p<0.001; Welch p<0.001)"
 
@@ -69,8 +72,13 @@ def _design(rng: random.Random, starts: int, blocks: int, start_sd: float, launc
 def test_the_start_effect_fires_at_its_level_on_launch_noise_alone_and_sees_a_large_shift():
     rng = random.Random(7)
     trials = 2000
-    null = sum(st.anova(_design(rng, 3, 3, 0.0, 0.01)).p < st.ALPHA for _ in range(trials)) / trials
-    assert 0.035 < null < 0.065, null  # a label that fires on healthy runs would be above this
+    tests = [st.anova(_design(rng, 3, 3, 0.0, 0.01)) for _ in range(trials)]
+    null = sum(t.p < st.ALPHA for t in tests) / trials
+    assert 0.035 < null < 0.065, null  # the classic test at its level
+    shown = sum(t.shown for t in tests) / trials
+    assert 0.01 < shown <= null, (
+        shown
+    )  # the label (both tests) fires less: a label that fires on healthy runs would not
     big = sum(st.anova(_design(rng, 3, 3, 0.02, 0.005)).p < st.ALPHA for _ in range(300)) / 300
     assert big > 0.8, big
 
@@ -110,10 +118,13 @@ def test_the_h100_8b_cell_shows_a_start_effect_over_three_starts(capsys):
     out = capsys.readouterr().out
     row = next(line for line in out.splitlines() if line.startswith("spec.steps=1"))
     assert "1.785" in row and "1.770" in row and "1.781" in row and "shown (F=" in row and "not shown" not in row
-    assert "0.43%" in row  # the sd of the three starts' log speedups
+    assert "0.43%" in row and "p=0.0036; Welch p=0.045" in row  # the sd of the starts' logs; both tests
     lo, hi = (float(x) for x in row.rsplit("[", 1)[1].rstrip("]").split(","))
     assert lo < 1.770 and hi > 1.785  # the next-start interval holds every start seen
     assert "a start effect shown in 1 of 1 tested" in out
+    # the third start ran a later tree than the first two: said, since a code change may be in the difference
+    assert "note: " + str(H100_STARTS[2]) + " was measured at 7620bc8" in out
+    assert "note: " + str(H100_STARTS[1]) not in out  # the second start's base is the first's
 
 
 def test_starts_needs_two_sweeps(capsys):
@@ -123,41 +134,74 @@ def test_starts_needs_two_sweeps(capsys):
     assert "two or more sweeps" in capsys.readouterr().err
 
 
-def _sweep(values: dict[str, list[float]], status: dict[tuple[str, int], str] | None = None, hw: str = "h100x1"):
-    """A block-design metrics.json: per spec cell its blocks' speedups, a baseline job per block."""
+def _sweep(values: dict[str, list[float]], failed: set[tuple[str, int]] = frozenset(), hw: str = "h100x1") -> dict:
+    """A block-design metrics.json as ``to_metrics`` writes one: per spec cell its blocks' jobs (a baseline
+    job per block) and the folded cell as ``blocks.fold`` makes it: a failed block leaves the cell FAILED with
+    the finished blocks' geometric mean, and no speedup when none finished."""
     jobs, cells = {}, {}
     for cell, vals in values.items():
+        done = []
         for b, v in enumerate(vals):
             jobs[f"baseline,benchmark.block={b}"] = {"role": "baseline", "throughput_tok_s": 100.0}
-            jobs[f"benchmark.block={b},{cell}"] = {
-                "role": "spec",
-                "speedup_vs_baseline": v,
-                "status": (status or {}).get((cell, b), "FINISHED"),
-            }
-        done = [v for b, v in enumerate(vals) if (status or {}).get((cell, b), "FINISHED") == "FINISHED"]
-        geo = math.exp(sum(map(math.log, vals)) / len(vals)) if len(done) == len(vals) else None
-        cells[cell] = {"role": "spec", "speedup_vs_baseline": geo, "axes": {"hardware": hw, "spec.steps": 3}}
+            ok = (cell, b) not in failed
+            jobs[f"benchmark.block={b},{cell}"] = {"role": "spec", "status": "FINISHED" if ok else "FAILED"}
+            if ok:
+                jobs[f"benchmark.block={b},{cell}"]["speedup_vs_baseline"] = v
+                done.append(v)
+        geo = math.exp(sum(map(math.log, done)) / len(done)) if done else None
+        status = "FINISHED" if len(done) == len(vals) else "FAILED"
+        axes = {"hardware": hw, "spec.steps": 3}
+        cells[cell] = {"role": "spec", "status": status, "speedup_vs_baseline": geo, "axes": axes}
     cells["baseline"] = {"role": "baseline", "throughput_tok_s": 100.0, "axes": {"hardware": hw}}
     return {"jobs": jobs, "cells": cells}
 
 
-def test_a_failed_block_stays_out_of_the_test_as_fold_leaves_it_out():
+def test_a_failed_block_stays_out_of_the_test_and_is_warned():
     good = _sweep({"spec.steps=3": [1.50, 1.51, 1.52]})
-    failed = _sweep({"spec.steps=3": [1.50, 1.40, 1.51]}, status={("spec.steps=3", 1): "FAILED"})
+    failed = _sweep({"spec.steps=3": [1.50, 1.40, 1.51]}, failed={("spec.steps=3", 1)})
+    failed["jobs"]["benchmark.block=1,spec.steps=3"]["speedup_vs_baseline"] = 1.40  # a failed job that has one
     assert st.block_values(failed) == {"spec.steps=3": [1.50, 1.51]}
     assert st.block_values(good) == {"spec.steps=3": [1.50, 1.51, 1.52]}
+    (w,) = st.warnings([good, failed], ["A", "B"])
+    assert w == "B: cell 'spec.steps=3' is FAILED (a block did not finish): its value is the finished blocks' (2)"
 
 
 def test_a_start_without_the_cells_value_is_left_out_of_the_test_too():
-    """A start whose cell has no speedup (a failed block) shows '-', and its other blocks do not drive the test."""
+    """A start whose cell has no speedup (every block failed) shows '-', and does not enter the test."""
     a = _sweep({"spec.steps=3": [1.50, 1.51, 1.52]})
-    b = _sweep({"spec.steps=3": [1.30, 1.31, 1.32]}, status={("spec.steps=3", 2): "FAILED"})
+    b = _sweep({"spec.steps=3": [1.30, 1.31, 1.32]}, failed={("spec.steps=3", i) for i in range(3)})
+    b["jobs"]["benchmark.block=0,spec.steps=3"]["speedup_vs_baseline"] = 1.30  # even where a job kept one
     c = _sweep({"spec.steps=3": [1.505, 1.515, 1.51]})
     (row,) = st.starts([a, b, c])
     assert row.values[1] is None and row.values[0] and row.values[2]
     assert row.test is not None and row.test.df == (1, 4)  # starts 1 and 3 only
     assert not row.test.shown
     assert row.interval is None  # 2 values: no next-start interval
+
+
+def test_fewer_blocks_than_the_first_sweep_is_warned():
+    a = _sweep({"spec.steps=3": [1.50, 1.51, 1.52]})
+    b = _sweep({"spec.steps=3": [1.50, 1.51]})
+    assert st.warnings([a, b], ["A", "B"]) == [
+        "B: cell 'spec.steps=3' has 2 blocks, A 3: the next-start interval assumes equal block counts"
+    ]
+
+
+def test_a_classic_p_below_alpha_that_welch_does_not_confirm_is_not_shown(capsys, tmp_path):
+    """Two starts whose launches agree within 0.2% and a third spread over 3%: the classic test pools the
+    spreads and fires (p = 0.016), Welch's does not (p = 0.16). Not counted as a start effect."""
+    blocks = [[1.500, 1.500, 1.501], [1.496, 1.502, 1.498], [1.573, 1.526, 1.531]]
+    sweeps = [_sweep({"spec.steps=3": v}) for v in blocks]
+    (row,) = st.starts(sweeps)
+    assert row.test.p < st.ALPHA < row.test.p_welch
+    assert row.effect.startswith("not shown (F=")
+    paths = []
+    for i, m in enumerate(sweeps):
+        paths.append(tmp_path / f"s{i}.json")
+        paths[-1].write_text(json.dumps(m))
+    experiment.main(["starts", *map(str, paths)])
+    out = capsys.readouterr().out
+    assert "a start effect shown in 0 of 1 tested" in out and "p=0.016; Welch p=0.16" in out
 
 
 def test_warnings_name_a_sweep_given_twice_another_design_and_a_missing_cell():
