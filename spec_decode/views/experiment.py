@@ -264,6 +264,13 @@ def compare(a: dict, b: dict, names: tuple[str, str] = ("A", "B")) -> tuple[list
     verdict = cmp.verdict(rows)
     cover = cmp.coverage(rows)
     cover = [cover.replace(" of B ", f" of {names[1]} ").replace(" A's ", f" {names[0]}'s ")] if cover else []
+    out = [r.cell for r in rows if r.inside is False and r.judged_by == "rerun interval"]
+    if out:  # the interval holds one start's launch noise: more starts tell a start's shift from a change
+        cover.append(
+            f"outside the rerun interval: {', '.join(out[:4])}{', ...' if len(out) > 4 else ''}. A machine start can "
+            "move a cell by more than one start's launches vary: measure more starts and test for it with "
+            "python -m spec_decode.views.experiment starts SWEEP_1 SWEEP_2 SWEEP_3"
+        )
     return [*table, "", *notes, *cover, f"verdict: {verdict}"], verdict.startswith("DIFFER")
 
 

@@ -221,3 +221,15 @@ def test_the_cli_prints_the_warnings(capsys):
     out = capsys.readouterr().out
     assert "warning: " in out and "in hardware 'h100x1' vs 'h200x1': not one design" in out
     assert "next start (3+ starts)" in out
+
+
+def test_compare_points_to_starts_when_a_rebuild_lands_outside_the_rerun_interval(capsys):
+    """real_shape_h100x1's second start landed outside the first's rerun interval, its third inside."""
+    with pytest.raises(SystemExit):
+        experiment.main(["compare", str(H100_STARTS[0]), str(H100_STARTS[1])])
+    out = capsys.readouterr().out
+    assert "outside the rerun interval: spec.steps=1. A machine start can move a cell" in out
+    assert "python -m spec_decode.views.experiment starts SWEEP_1 SWEEP_2 SWEEP_3" in out
+    with pytest.raises(SystemExit):
+        experiment.main(["compare", str(H100_STARTS[0]), str(H100_STARTS[2])])
+    assert "outside the rerun interval" not in capsys.readouterr().out
