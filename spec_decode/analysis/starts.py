@@ -148,40 +148,36 @@ def starts(sweeps: list[dict]) -> list[StartsRow]:
 
 
 def warnings(sweeps: list[dict], names: list[str]) -> list[str]:
-    """What makes the sweeps not k starts of one design: the same jobs given twice; a cell whose axes differ
-    between sweeps (another card, model or setting); a spec cell of the first sweep missing in another."""
+    """What makes the sweeps not k starts of one design: the same jobs given twice; a spec cell of the first
+    sweep missing in another, or whose axes differ (another card, model or setting); a cell with a failed block,
+    or fewer blocks than the first sweep's."""
     out = []
     for i in range(len(sweeps)):
         for j in range(i):
             if sweeps[i].get("jobs") == sweeps[j].get("jobs"):
                 out.append(f"{names[i]} holds the same jobs as {names[j]}: one measurement given twice, not two starts")
-    cells = [entries(m) for m in sweeps]
+    cells, blocks = [entries(m) for m in sweeps], [block_values(m) for m in sweeps]
     for key, e in cells[0].items():
         if _is_baseline(key, e):
             continue
-        for name, c in zip(names[1:], cells[1:], strict=True):
+        for i, (name, c, b) in enumerate(zip(names, cells, blocks, strict=True)):
             if key not in c:
                 out.append(f"{name}: no cell {key!r} (a different design, or a partial sweep)")
                 continue
-            a, b = e.get("axes") or {}, c[key].get("axes") or {}
-            diff = sorted(x for x in a.keys() | b.keys() if a.get(x) != b.get(x))
-            if diff:
-                what = ", ".join(f"{x} {a.get(x)!r} vs {b.get(x)!r}" for x in diff)
+            x, y = e.get("axes") or {}, c[key].get("axes") or {}
+            if diff := sorted(k for k in x.keys() | y.keys() if x.get(k) != y.get(k)):
+                what = ", ".join(f"{k} {x.get(k)!r} vs {y.get(k)!r}" for k in diff)
                 out.append(f"{name}: cell {key!r} differs from {names[0]} in {what}: not one design")
-    blocks = [block_values(m) for m in sweeps]
-    for key, e in cells[0].items():
-        if _is_baseline(key, e):
-            continue
-        for name, c, b in zip(names, cells, blocks, strict=True):
-            if key in c and c[key].get("status", "FINISHED") != "FINISHED":
+            n, n0 = len(b.get(key, [])), len(blocks[0].get(key, []))
+            if c[key].get("status", "FINISHED") != "FINISHED":
                 out.append(
                     f"{name}: cell {key!r} is {c[key].get('status')} (a block did not finish): its value is the "
-                    f"finished blocks' ({len(b.get(key, []))})"
+                    f"finished blocks' ({n})"
                 )
-            elif key in c and b and len(b.get(key, [])) < len(blocks[0].get(key, [])):
+            elif i and b and n < n0:
                 out.append(
-                    f"{name}: cell {key!r} has {len(b.get(key, []))} blocks, {names[0]} {len(blocks[0][key])}: "
-                    "the next-start interval assumes equal block counts"
+                    f"{name}: cell {key!r} has {n} blocks, {names[0]} {n0}: the next-start interval assumes equal "
+                    "block counts"
                 )
     return out
 
