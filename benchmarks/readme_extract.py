@@ -250,7 +250,8 @@ RULES = [
         "experiment-starts",
         r"^python -m spec_decode\.views\.experiment starts ",
         "test",
-        "one design's sweeps from three machine starts (the committed H100 8B-shaped ones): a start effect, the next start",
+        "one design's sweeps from several machine starts (the committed H100 8B-shaped ones, or an experiment's "
+        "record): a start effect, the next start",
         must=(r"a start effect shown in \d+ of \d+ tested",),
     ),
     Rule(

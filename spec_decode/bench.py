@@ -24,6 +24,7 @@ import yaml
 from spec_decode.analysis.costmodel import fit, points_from_records
 from spec_decode.core.lineage import lineage_tags
 from spec_decode.record.results import JobRecord, collect
+from spec_decode.views import starts as starts_view
 from spec_decode.views.drafter_experiments import served_ids
 from spec_decode.views.experiment import REBUILD, committed_metrics, compare, exp_dir
 from spec_decode.views.metrics_json import records_from_metrics, to_metrics
@@ -67,7 +68,8 @@ def rebuild(name: str, root: Path, extra: list[str], rev: str = "HEAD") -> bool:
     (out / "table.txt").write_text(text + "\n")
     plots = write_plots(recs, out)
     reported = committed_metrics(exp_dir(name, root) / "metrics.json", rev, root)
-    lines, differ = compare(reported, metrics, (f"reported ({rev})", "rebuilt"))
+    starts = starts_view.for_compare(name, reported, metrics, root)  # the experiment's recorded starts, if any
+    lines, differ = compare(reported, metrics, (f"reported ({rev})", "rebuilt"), starts)
     print("\n".join([text, "", f"rebuilt: {out} (metrics.json, table.txt, {len(plots)} plots)", "", *lines]))
     return differ
 

@@ -5,13 +5,18 @@ Inputs are two metrics.json-shaped dicts (``views.metrics_json.to_metrics``: ``{
 Per cell (the block design's cells where both sides have them, else the jobs):
 
 - spec cells: the 95% speedup intervals **overlap** or not (two overlapping 95% intervals are not
-  evidence of a difference; disjoint ones are, at roughly the 0.6% level for equal widths), and the
+  evidence of a difference; disjoint ones are, at roughly the 0.6% level for equal widths; where A records
+  its machine starts, B's speedup **inside A's next-start interval** or not, below), and the
   accept length is **equal** or not (greedy decoding of the same weights and prompt gives the same
   tokens: a different accept length means a different drafter, target, prompt or engine, not noise;
   ``ACCEPT_TOL`` allows GPU kernels' last-digit nondeterminism);
 - baselines: their tok/s ratio, for information only (absolute throughput follows the host's load; the
   product's claims are speedups);
 - a cell present on one side only differs.
+
+Where A's design was measured on several machine starts (``start_intervals``: each spec cell's next-start
+interval, ``analysis.starts``), B's speedup is judged by that interval, which holds a start's shift as well as
+launch noise; else by A's rerun interval (one start's launch noise), else by A's CI.
 
 ``verdict(rows)`` is "agree" or "DIFFER" (the CLI exits 1 on DIFFER); the hosts' differences are named
 (``host_differences`` on the fingerprints of ``runner.machine``) and each side's load during its timed runs is shown beside it.
@@ -65,7 +70,7 @@ class Row:
     verdict: str  # "agree" | "info" | "DIFFERS: ..."
     inside: bool | None = None  # B's speedup inside A's 95% rerun interval, else its CI (issue 25's count)
     inside_ci: bool | None = None  # B's speedup inside A's 95% CI
-    judged_by: str = "CI"  # "rerun interval" where A has one (the block design), else "CI"
+    judged_by: str = "CI"  # "next-start interval" (A's recorded starts), "rerun interval" (the block design), "CI"
     a_df: int | None = None  # the degrees of freedom of A's intervals (the block design: blocks - 1)
 
     @property
@@ -115,7 +120,7 @@ def _fmt(e: dict, name: str, spec: str) -> str:
     return f"{e[name]:{spec}}" + (f" [{ci[0]:{spec}}, {ci[1]:{spec}}]" if ci else " [no interval]")
 
 
-def compare_cell(key: str, a: dict | None, b: dict | None) -> Row:
+def compare_cell(key: str, a: dict | None, b: dict | None, start: tuple[float, float] | None = None) -> Row:
     if a is None or b is None:
         return Row(
             key,
@@ -140,26 +145,31 @@ def compare_cell(key: str, a: dict | None, b: dict | None) -> Row:
             ia = ia or (a["speedup_vs_baseline"],) * 2
             ib = ib or (b["speedup_vs_baseline"],) * 2
         overlap = max(ia[0], ib[0]) <= min(ia[1], ib[1])
-        why = (
-            []
-            if overlap
-            else [
-                f"speedup intervals disjoint ({100 * (b['speedup_vs_baseline'] / a['speedup_vs_baseline'] - 1):+.1f}%)"
-            ]
-        )
+        shift = f"{100 * (b['speedup_vs_baseline'] / a['speedup_vs_baseline'] - 1):+.1f}%"
+        if start:  # A's starts show how far a start moves the cell: two starts' CIs may be disjoint by that much
+            why = (
+                []
+                if start[0] <= b["speedup_vs_baseline"] <= start[1]
+                else [f"outside the next-start interval ({shift})"]
+            )
+        else:
+            why = [] if overlap else [f"speedup intervals disjoint ({shift})"]
         why += [] if same_accept else ["accept length differs"]
         rerun = _ci(a, "speedup_vs_baseline", "rerun95")
         in_ci = ia[0] <= b["speedup_vs_baseline"] <= ia[1]
+        judge, by = (start, "next-start interval") if start else (rerun, "rerun interval") if rerun else (ia, "CI")
+        label = f" (next start {start[0]:.3f}-{start[1]:.3f})" if start else ""
+        label += f" (rerun {rerun[0]:.3f}-{rerun[1]:.3f})" if rerun and not start else ""
         return Row(
             key,
             role,
-            fa + (f" (rerun {rerun[0]:.3f}-{rerun[1]:.3f})" if rerun else ""),
+            fa + label,
             fb,
             accept,
             "DIFFERS: " + "; ".join(why) if why else "agree",
-            rerun[0] <= b["speedup_vs_baseline"] <= rerun[1] if rerun else in_ci,
+            judge[0] <= b["speedup_vs_baseline"] <= judge[1],
             in_ci,
-            "rerun interval" if rerun else "CI",
+            by,
             int(m.group(1)) if (m := re.search(r"t with (\d+) df", a.get("interval", ""))) else None,
         )
     if role == "baseline" and "throughput_tok_s" in a and "throughput_tok_s" in b:
@@ -177,14 +187,14 @@ def compare_cell(key: str, a: dict | None, b: dict | None) -> Row:
     return Row(key, role, "-", "-", accept, "DIFFERS: no speedup on one side")
 
 
-def compare(a: dict, b: dict) -> list[Row]:
+def compare(a: dict, b: dict, start_intervals: dict[str, tuple[float, float]] | None = None) -> list[Row]:
     """Cell by cell. A baseline job on one side only, where the other side measured its baselines paired,
     is shown for information: that side's baselines are inside its spec cells (the strategy is named by
-    ``host_notes``), not missing."""
+    ``host_notes``), not missing. ``start_intervals``: A's next-start interval per cell (keyed as ``entries``)."""
     ea, eb = entries(a), entries(b)
     rows = []
     for k in sorted(set(ea) | set(eb)):
-        row = compare_cell(k, ea.get(k), eb.get(k))
+        row = compare_cell(k, ea.get(k), eb.get(k), (start_intervals or {}).get(k))
         other = b if k not in eb else a if k not in ea else None
         if other is not None and _is_baseline(k, ea.get(k) or eb[k]) and paired(other):
             row.verdict = f"info: a baseline job only in {'A' if other is b else 'B'} (the other side's ran paired)"
@@ -197,7 +207,8 @@ def verdict(rows: list[Row]) -> str:
     spec = [r for r in rows if r.role == "spec"]
     if bad:
         return f"DIFFER: {len(bad)} of {len(rows)} cell(s) differ ({', '.join(r.cell[:60] for r in bad[:4])}{', ...' if len(bad) > 4 else ''})"
-    return f"agree: all {len(spec)} spec cell(s) have overlapping speedup intervals and equal accept lengths"
+    by = " (or inside A's next-start interval)" if any(r.judged_by == "next-start interval" for r in spec) else ""
+    return f"agree: all {len(spec)} spec cell(s) have overlapping speedup intervals{by} and equal accept lengths"
 
 
 def coverage(rows: list[Row]) -> str | None:
@@ -210,12 +221,18 @@ def coverage(rows: list[Row]) -> str | None:
     by = {r.judged_by for r in judged}
     if by == {"CI"}:
         return f"coverage: {sum(r.inside for r in judged)} of {len(judged)} speedups of B inside A's 95% interval"
-    return (
-        f"coverage: {sum(r.inside for r in judged)} of {len(judged)} speedups of B inside A's 95% rerun interval "
-        f"(where an equal-size rebuild lands with 95% at A's launch-to-launch noise; a machine start's own shift "
-        f"is not in it; {sum(bool(r.inside_ci) for r in judged)} of {len(judged)} "
-        f"inside A's 95% CI, which a rebuild's own noise leaves {ci_note(judged)})"
-    )
+    ci = f"{sum(bool(r.inside_ci) for r in judged)} of {len(judged)} inside A's 95% CI, which a rebuild's own noise leaves {ci_note(judged)}"
+    rerun = "rerun interval (where an equal-size rebuild lands with 95% at A's launch-to-launch noise; a machine start's own shift is not in it"
+    starts = [r for r in judged if r.judged_by == "next-start interval"]
+    rest = [r for r in judged if r.judged_by != "next-start interval"]
+    if not starts:
+        return f"coverage: {sum(r.inside for r in judged)} of {len(judged)} speedups of B inside A's 95% {rerun}; {ci})"
+    parts = [
+        f"{sum(r.inside for r in starts)} of {len(starts)} speedups of B inside A's 95% next-start interval (where a "
+        "rebuild on another machine start lands, from A's recorded starts: launch noise and a start's shift together)"
+    ]
+    parts += [f"{sum(r.inside for r in rest)} of {len(rest)} inside A's 95% {rerun})"] if rest else []
+    return f"coverage: {'; '.join(parts)}; {ci}"
 
 
 def ci_note(judged: list[Row]) -> str:

@@ -147,6 +147,18 @@ def starts(sweeps: list[dict]) -> list[StartsRow]:
     return rows
 
 
+def intervals(sweeps: list[dict]) -> dict[str, tuple[float, float]]:
+    """Each spec cell's next-start interval (keyed as ``compare.entries``), where 3+ starts have a value: what
+    ``compare`` judges a rebuild by when an experiment records its starts."""
+    return {r.cell: r.interval for r in starts(sweeps) if r.interval}
+
+
+def not_one_design(sweeps: list[dict], names: list[str]) -> list[str]:
+    """The warnings that make a set of sweeps unfit to record as one design's starts: the same jobs twice,
+    differing axes, a missing cell (a failed block or fewer blocks are conditions of a start, kept)."""
+    return [w for w in warnings(sweeps, names) if "given twice" in w or "not one design" in w or ": no cell " in w]
+
+
 def warnings(sweeps: list[dict], names: list[str]) -> list[str]:
     """What makes the sweeps not k starts of one design: the same jobs given twice; a spec cell of the first
     sweep missing in another, or whose axes differ (another card, model or setting); a cell with a failed block,

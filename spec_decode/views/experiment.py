@@ -6,6 +6,7 @@ sweep itself (the `bench` stage, `rebuild`) is run by ``spec_decode.bench``: a v
     python -m spec_decode.views.experiment compare SWEEP_A SWEEP_B      # dirs, metrics.json or MLflow parent ids
     python -m spec_decode.views.experiment headline embedded_steps_nccl # metrics.json -> README's headline table
     python -m spec_decode.views.experiment starts SWEEP_1 SWEEP_2 SWEEP_3 # one design on several machine starts
+    python -m spec_decode.views.experiment starts real_shape_h100x1 SWEEP --record  # compare then uses its starts
 
 metrics.json holds one entry per job, keyed by the job's full override set (its Hydra override_dirname;
 ``baseline,<overrides>`` for a baseline): status, error, the config axes, the throughput summary
@@ -250,10 +251,13 @@ def _replace_block(body: str, begin: str, end: str, content: str) -> str:
     return body + "\n" + block + "\n"
 
 
-def compare(a: dict, b: dict, names: tuple[str, str] = ("A", "B")) -> tuple[list[str], bool]:
+def compare(
+    a: dict, b: dict, names: tuple[str, str] = ("A", "B"), starts: tuple[dict, list[str]] = ({}, [])
+) -> tuple[list[str], bool]:
     """Per cell: the speedup intervals overlap or not, accept length equal or not; the hosts' differences
-    and loads; the verdict (spec_decode.analysis.compare). Returns (lines, differ)."""
-    rows = cmp.compare(a, b)
+    and loads; the verdict (spec_decode.analysis.compare). ``starts``: A's next-start intervals and their
+    notes (``views.starts.for_compare``). Returns (lines, differ)."""
+    rows = cmp.compare(a, b, starts[0])
     table = tabulate(
         [[r.cell, r.a, r.b, r.accept, r.verdict] for r in rows],
         headers=["cell", f"{names[0]}: speedup (tok/s for baselines) [95% CI]", f"{names[1]}", "accept len", "verdict"],
@@ -264,20 +268,16 @@ def compare(a: dict, b: dict, names: tuple[str, str] = ("A", "B")) -> tuple[list
     verdict = cmp.verdict(rows)
     cover = cmp.coverage(rows)
     cover = [cover.replace(" of B ", f" of {names[1]} ").replace(" A's ", f" {names[0]}'s ")] if cover else []
-    out = [r.cell for r in rows if r.inside is False and r.judged_by == "rerun interval"]
-    if out:  # the interval holds one start's launch noise: more starts tell a start's shift from a change
-        cover.append(
-            f"outside the rerun interval: {', '.join(out[:4])}{', ...' if len(out) > 4 else ''}. A machine start can "
-            "move a cell by more than one start's launches vary: measure more starts and test for it with "
-            "python -m spec_decode.views.experiment starts SWEEP_1 SWEEP_2 SWEEP_3"
-        )
+    cover += [n.replace(" B ", f" {names[1]} ", 1) for n in starts[1]]
+    cover += starts_view.hints(rows)
     return [*table, "", *notes, *cover, f"verdict: {verdict}"], verdict.startswith("DIFFER")
 
 
 def load_sweep(src: str, uri: str | None) -> dict:
     """A sweep as metrics.json: a metrics.json file, an experiment dir holding one, or the records of a
-    multirun dir / an MLflow parent run (``report.records_of``)."""
+    multirun dir / an MLflow parent run (``report.records_of``); a reported experiment's NAME."""
     path = Path(src)
+    path = path if path.exists() else starts_view.experiment_dir(src, Path(os.environ.get("DVC_ROOT") or ".")) or path
     if path.is_dir() and (path / "metrics.json").is_file() and not any(path.glob("*/results.json")):
         path = path / "metrics.json"
     return json.loads(path.read_text()) if path.is_file() else to_metrics(records_of(src, uri))
@@ -329,19 +329,27 @@ def main(argv: list[str] | None = None) -> None:
         "starts",
         help="one design's sweeps from several machine starts: the shift a start adds, and where the next lands",
         description="starts A B [C ...]: sweeps of one design (metrics.json, experiment or multirun dirs, MLflow "
-        "parent run ids), each from its own machine start, first the reference. Per spec cell: each start's "
-        "speedup, the sd between starts and within (launch to launch), a one-way ANOVA on the block values (is "
-        "there a start effect beyond launch noise?) and, from 3 starts, the 95%% interval where the next start's "
-        "cell lands (docs/reproducibility.md).",
+        "parent run ids), each from its own machine start, first the reference; an experiment NAME first brings "
+        "the starts it records. Per spec cell: each start's speedup, the sd between starts and within (launch to "
+        "launch), a one-way ANOVA on the block values (a start effect beyond launch noise?) and, from 3 starts, "
+        "the 95%% interval where the next start's cell lands (docs/reproducibility.md).",
     )
-    s.add_argument("sources", nargs="+", metavar="SWEEP")
+    s.add_argument("sources", nargs="+", metavar="NAME | SWEEP")
     s.add_argument("--uri", default=None, help="MLflow store for run ids (default: MLFLOW_TRACKING_URI)")
+    s.add_argument(
+        "--record",
+        action="store_true",
+        help="starts NAME SWEEP ...: add the sweeps (metrics.json "
+        "files in the repository) to experiments/NAME/starts.json; compare NAME judges by its starts",
+    )
     args = ap.parse_args(argv)
     root = Path(os.environ.get("DVC_ROOT") or Path.cwd())
     if args.cmd == "starts":
-        if len(args.sources) < 2:
-            ap.error("starts takes two or more sweeps of one design (three or more for the next-start interval)")
-        print("\n".join(starts_view.table([load_sweep(src, args.uri) for src in args.sources], args.sources)))
+        try:
+            sweeps, names = starts_view.gather(args.sources, args.record, root, lambda src: load_sweep(src, args.uri))
+        except ValueError as e:
+            ap.error(str(e))
+        print("\n".join(starts_view.table(sweeps, names)))
         return
     if args.cmd == "compare":
         if len(args.sources) > 2:
@@ -351,7 +359,7 @@ def main(argv: list[str] | None = None) -> None:
             names = tuple(args.sources)
         else:
             a, b, names = compare_experiment(ap, args.sources[0], args.rev, root)
-        lines, differ = compare(a, b, names)
+        lines, differ = compare(a, b, names, starts_view.for_compare(args.sources[0], a, b, root))
         print("\n".join(lines))
         raise SystemExit(1 if differ else 0)
     if not (root / "conf" / "experiment" / f"{args.name}.yaml").exists():

@@ -1,8 +1,17 @@
 """`python -m spec_decode.views.experiment starts SWEEP_1 SWEEP_2 [SWEEP_3 ...]`: one design's sweeps from
 several machine starts as a table (the numbers: ``analysis.starts``; docs/reproducibility.md, "Several
-starts")."""
+starts").
+
+An experiment records its other starts in ``experiments/<name>/starts.json`` (``starts NAME SWEEP ... --record``;
+its metrics.json is start 1): then ``starts NAME`` shows them all, and ``compare`` judges a rebuild of it by
+each cell's next-start interval, which holds a start's shift, instead of one start's rerun interval.
+"""
 
 from __future__ import annotations
+
+import json
+import subprocess
+from pathlib import Path
 
 from tabulate import tabulate
 
@@ -35,3 +44,137 @@ def table(sweeps: list[dict], names: list[str]) -> list[str]:
     warn = [f"warning: {w}" for w in st.warnings(sweeps, names)]
     notes = [f"note: {n}" for n in st.notes(sweeps, names)]
     return [*lines, "", *keys, *warn, *notes, st.summary(rows, k)]
+
+
+RECORD = "starts.json"  # experiments/<name>/starts.json: {"starts": [metrics.json paths, repo-relative]}
+
+
+def experiment_dir(src: str, root: Path) -> Path | None:
+    """The reported experiment a source names (NAME, experiments/NAME or its metrics.json), else None."""
+    p = Path(src)
+    if not p.exists() and "/" not in src and (root / "conf" / "experiment" / f"{src}.yaml").is_file():
+        p = root / "experiments" / src
+    p = (p.parent if p.name == "metrics.json" else p).resolve()
+    return p if p.parent == (root / "experiments").resolve() and (p / "metrics.json").is_file() else None
+
+
+def recorded(exp: Path, root: Path) -> list[str]:
+    """The other starts an experiment records (repo-relative metrics.json paths); [] when none."""
+    f = exp / RECORD
+    if not f.is_file():
+        return []
+    paths = json.loads(f.read_text()).get("starts")
+    if not isinstance(paths, list) or not all(isinstance(x, str) for x in paths):
+        raise SystemExit(f"{f}: 'starts' must be a list of metrics.json paths relative to the repository root")
+    if missing := [x for x in paths if not (root / x).is_file()]:
+        raise SystemExit(f"{f}: recorded start {missing[0]} not found: restore the file or drop it from the list")
+    return paths
+
+
+def record(exp: Path, new: list[str], root: Path) -> Path:
+    """Add sweeps to an experiment's recorded starts, after checking they are files the repository keeps
+    (metrics.json-shaped, tracked by git or addable: not ignored) and one design with the experiment."""
+    rel = []
+    for src in new:
+        p = Path(src).resolve()
+        if not p.is_file() or p.suffix != ".json":
+            raise SystemExit(f"starts --record: {src} is not a metrics.json file (record keeps file paths)")
+        try:
+            rel.append(str(p.relative_to(root.resolve())))
+        except ValueError:
+            raise SystemExit(
+                f"starts --record: {src} is outside the repository ({root}); copy it in, e.g. docs/data/"
+            ) from None
+        ignored = subprocess.run(["git", "check-ignore", "-q", rel[-1]], cwd=root, capture_output=True)
+        if ignored.returncode == 0:
+            raise SystemExit(f"starts --record: {rel[-1]} is ignored by git; copy it to a kept path, e.g. docs/data/")
+    paths = recorded(exp, root)
+    if dup := [x for x in rel if x in paths]:
+        raise SystemExit(f"starts --record: {dup[0]} is already recorded in {exp / RECORD}")
+    names = [str((exp / "metrics.json").relative_to(root.resolve())), *paths, *rel]
+    sweeps = [json.loads((root / n).read_text()) for n in names]
+    if bad := st.not_one_design(sweeps, names):
+        raise SystemExit("starts --record: not one design, nothing recorded:\n  " + "\n  ".join(bad))
+    about = "this experiment's other machine starts (metrics.json is start 1); `starts NAME SWEEP --record` adds one"
+    (exp / RECORD).write_text(json.dumps({"about": about, "starts": paths + rel}, indent=2) + "\n")
+    return exp / RECORD
+
+
+def of_experiment(src: str, root: Path) -> tuple[list[dict], list[str]]:
+    """An experiment's metrics.json and its recorded starts, with their names; ([], []) for another source."""
+    exp = experiment_dir(src, root)
+    if exp is None:
+        return [], []
+    names = [str((exp / "metrics.json").relative_to(root.resolve())), *recorded(exp, root)]
+    return [json.loads((root / n).read_text()) for n in names], names
+
+
+def for_compare(src: str, reported: dict, b: dict, root: Path) -> tuple[dict[str, tuple[float, float]], list[str]]:
+    """A's next-start intervals when A is an experiment with recorded starts (the reported metrics.json, at
+    the revision compared, as start 1), and the notes that say so; a B that is a recorded start is named."""
+    sweeps, names = of_experiment(src, root)
+    if len(sweeps) < 2:
+        return {}, []
+    sweeps[0] = reported
+    got = st.intervals(sweeps)
+    notes = [
+        f"next-start intervals: from {len(sweeps)} recorded machine starts of {names[0]} ({', '.join(names[1:])})"
+        if got
+        else f"next-start intervals: none ({len(sweeps)} recorded starts; 3 are needed): judged by the rerun interval"
+    ]
+    notes += [
+        f"warning: B holds the same jobs as recorded start {i + 1} ({n}): not a new start, and inside its own interval"
+        for i, (n, m) in enumerate(zip(names, sweeps, strict=True))
+        if m.get("jobs") == b.get("jobs")
+    ]
+    return got, notes
+
+
+def gather(sources: list[str], record_them: bool, root: Path, load) -> tuple[list[dict], list[str]]:
+    """The sweeps ``starts`` shows, with their names: an experiment (NAME first) brings its metrics.json and
+    recorded starts, then the sweeps given (``load``: a source -> metrics.json dict); ``record_them`` first
+    adds the given sweeps to the experiment's record. ValueError (a usage error) when there is nothing to compare."""
+    exp = experiment_dir(sources[0], root)
+    if record_them:
+        if exp is None:
+            raise ValueError(f"starts --record: {sources[0]} is not a reported experiment (NAME or experiments/NAME)")
+        if len(sources) < 2:
+            raise ValueError("starts --record: give the sweeps to record after the experiment (metrics.json files)")
+        print(f"recorded: {record(exp, sources[1:], root)}")
+    if exp is None and len(sources) < 2:
+        raise ValueError(
+            "starts takes two or more sweeps of one design (three or more for the next-start interval), "
+            f"or an experiment that records its starts ({sources[0]} is neither)"
+        )
+    sweeps, names = of_experiment(sources[0], root)
+    kept = {(root / n).resolve() for n in names}  # a recorded start given again is shown once
+    given = [s for s in ([] if record_them else sources[1 if exp else 0 :]) if Path(s).resolve() not in kept]
+    sweeps, names = sweeps + [load(src) for src in given], names + given
+    if len(sweeps) < 2:
+        raise ValueError(
+            "starts takes two or more sweeps of one design (three or more for the next-start interval), or an "
+            + (
+                f"experiment that records its starts; {sources[0]} records none: add them with `starts {sources[0]} SWEEP --record`"
+                if exp
+                else "experiment that records its starts"
+            )
+        )
+    return sweeps, names
+
+
+def hints(rows: list) -> list[str]:
+    """What ``compare`` says about a rebuilt cell outside the interval it was judged by (``cmp.Row``s)."""
+    out = []
+    if far := [r.cell for r in rows if r.inside is False and r.judged_by == "next-start interval"]:
+        out.append(
+            f"outside the next-start interval: {', '.join(far[:4])}{', ...' if len(far) > 4 else ''}. Launch noise "
+            "and a start's shift together put a new start there 5% of the time: look for a change (code, driver, "
+            "clocks, load) before recording it as a start"
+        )
+    if near := [r.cell for r in rows if r.inside is False and r.judged_by == "rerun interval"]:
+        out.append(  # the interval holds one start's launch noise: more starts tell a start's shift from a change
+            f"outside the rerun interval: {', '.join(near[:4])}{', ...' if len(near) > 4 else ''}. A machine start "
+            "can move a cell by more than one start's launches vary: measure more starts and test for it with "
+            "python -m spec_decode.views.experiment starts SWEEP_1 SWEEP_2 SWEEP_3"
+        )
+    return out
