@@ -59,6 +59,7 @@ def experiment(name: str, root: Path, extra: list[str], out: Path | None = None)
 def rebuild(name: str, root: Path, extra: list[str], rev: str = "HEAD") -> bool:
     """Rerun a reported experiment into experiments/<name>/rebuild/ (sweep, metrics.json, table, plots; no
     committed file touched), then the verdict against its metrics.json at ``rev``. True if a cell differs."""
+    starts_view.of_experiment(name, root)  # a broken record of starts fails here, before the sweep, not after
     out = exp_dir(name, root) / REBUILD
     shutil.rmtree(out, ignore_errors=True)
     out.mkdir(parents=True)

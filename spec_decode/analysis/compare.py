@@ -16,7 +16,8 @@ Per cell (the block design's cells where both sides have them, else the jobs):
 
 Where A's design was measured on several machine starts (``start_intervals``: each spec cell's next-start
 interval, ``analysis.starts``), B's speedup is judged by that interval, which holds a start's shift as well as
-launch noise; else by A's rerun interval (one start's launch noise), else by A's CI.
+launch noise, widened to A's rerun interval where that is wider (a few starts may agree more closely than one
+start's launches); else by A's rerun interval (one start's launch noise), else by A's CI.
 
 ``verdict(rows)`` is "agree" or "DIFFER" (the CLI exits 1 on DIFFER); the hosts' differences are named
 (``host_differences`` on the fingerprints of ``runner.machine``) and each side's load during its timed runs is shown beside it.
@@ -68,7 +69,7 @@ class Row:
     b: str
     accept: str
     verdict: str  # "agree" | "info" | "DIFFERS: ..."
-    inside: bool | None = None  # B's speedup inside A's 95% rerun interval, else its CI (issue 25's count)
+    inside: bool | None = None  # B's speedup inside the interval named by judged_by (issue 25's count)
     inside_ci: bool | None = None  # B's speedup inside A's 95% CI
     judged_by: str = "CI"  # "next-start interval" (A's recorded starts), "rerun interval" (the block design), "CI"
     a_df: int | None = None  # the degrees of freedom of A's intervals (the block design: blocks - 1)
@@ -146,6 +147,9 @@ def compare_cell(key: str, a: dict | None, b: dict | None, start: tuple[float, f
             ib = ib or (b["speedup_vs_baseline"],) * 2
         overlap = max(ia[0], ib[0]) <= min(ia[1], ib[1])
         shift = f"{100 * (b['speedup_vs_baseline'] / a['speedup_vs_baseline'] - 1):+.1f}%"
+        rerun = _ci(a, "speedup_vs_baseline", "rerun95")
+        if start and rerun:  # a next start carries at least one start's launch noise: few starts may agree closely
+            start = (min(start[0], rerun[0]), max(start[1], rerun[1]))
         if start:  # A's starts show how far a start moves the cell: two starts' CIs may be disjoint by that much
             why = (
                 []
@@ -155,7 +159,6 @@ def compare_cell(key: str, a: dict | None, b: dict | None, start: tuple[float, f
         else:
             why = [] if overlap else [f"speedup intervals disjoint ({shift})"]
         why += [] if same_accept else ["accept length differs"]
-        rerun = _ci(a, "speedup_vs_baseline", "rerun95")
         in_ci = ia[0] <= b["speedup_vs_baseline"] <= ia[1]
         judge, by = (start, "next-start interval") if start else (rerun, "rerun interval") if rerun else (ia, "CI")
         label = f" (next start {start[0]:.3f}-{start[1]:.3f})" if start else ""
@@ -207,8 +210,12 @@ def verdict(rows: list[Row]) -> str:
     spec = [r for r in rows if r.role == "spec"]
     if bad:
         return f"DIFFER: {len(bad)} of {len(rows)} cell(s) differ ({', '.join(r.cell[:60] for r in bad[:4])}{', ...' if len(bad) > 4 else ''})"
-    by = " (or inside A's next-start interval)" if any(r.judged_by == "next-start interval" for r in spec) else ""
-    return f"agree: all {len(spec)} spec cell(s) have overlapping speedup intervals{by} and equal accept lengths"
+    if any(r.judged_by == "next-start interval" for r in spec):
+        return (
+            f"agree: all {len(spec)} spec cell(s) agree: inside the next-start interval where the first side records "
+            "its starts, else overlapping speedup intervals; equal accept lengths"
+        )
+    return f"agree: all {len(spec)} spec cell(s) have overlapping speedup intervals and equal accept lengths"
 
 
 def coverage(rows: list[Row]) -> str | None:

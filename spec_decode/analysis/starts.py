@@ -107,7 +107,7 @@ def anova(groups: list[list[float]]) -> Test | None:
     ss_w = sum((x - statistics.fmean(g)) ** 2 for g in logs for x in g)
     if ss_w == 0:
         return None
-    with frozen_imports():  # scipy.stats: only this view pays for it
+    with frozen_imports():  # scipy.stats: only starts and compare with a record pay for it
         from scipy import stats
     classic = stats.f_oneway(*logs)
     welch = None
@@ -154,42 +154,57 @@ def intervals(sweeps: list[dict]) -> dict[str, tuple[float, float]]:
 
 
 def not_one_design(sweeps: list[dict], names: list[str]) -> list[str]:
-    """The warnings that make a set of sweeps unfit to record as one design's starts: the same jobs twice,
-    differing axes, a missing cell (a failed block or fewer blocks are conditions of a start, kept)."""
-    return [w for w in warnings(sweeps, names) if "given twice" in w or "not one design" in w or ": no cell " in w]
+    """The warnings that make sweeps unfit to record, or to judge by, as one design's starts: the same jobs
+    twice, a missing cell, differing axes, another block count or none (a cheap-mode sweep). A failed block is
+    a condition of a start and is kept."""
+    return [w for design, w in problems(sweeps, names) if design]
 
 
 def warnings(sweeps: list[dict], names: list[str]) -> list[str]:
-    """What makes the sweeps not k starts of one design: the same jobs given twice; a spec cell of the first
-    sweep missing in another, or whose axes differ (another card, model or setting); a cell with a failed block,
-    or fewer blocks than the first sweep's."""
+    """What makes the sweeps not k starts of one design (``problems``), as lines."""
+    return [w for _, w in problems(sweeps, names)]
+
+
+def problems(sweeps: list[dict], names: list[str]) -> list[tuple[bool, str]]:
+    """(a design problem?, the line): the same jobs given twice; a spec cell of the first sweep missing in
+    another, or whose axes differ (another card, model or setting); another block count than the first sweep's
+    or no block values (a cheap-mode sweep) -- design problems; a cell with a failed block -- a condition."""
     out = []
     for i in range(len(sweeps)):
         for j in range(i):
             if sweeps[i].get("jobs") == sweeps[j].get("jobs"):
-                out.append(f"{names[i]} holds the same jobs as {names[j]}: one measurement given twice, not two starts")
+                out.append(
+                    (True, f"{names[i]} holds the same jobs as {names[j]}: one measurement given twice, not two starts")
+                )
     cells, blocks = [entries(m) for m in sweeps], [block_values(m) for m in sweeps]
     for key, e in cells[0].items():
         if _is_baseline(key, e):
             continue
         for i, (name, c, b) in enumerate(zip(names, cells, blocks, strict=True)):
             if key not in c:
-                out.append(f"{name}: no cell {key!r} (a different design, or a partial sweep)")
+                out.append((True, f"{name}: no cell {key!r} (a different design, or a partial sweep)"))
                 continue
             x, y = e.get("axes") or {}, c[key].get("axes") or {}
             if diff := sorted(k for k in x.keys() | y.keys() if x.get(k) != y.get(k)):
                 what = ", ".join(f"{k} {x.get(k)!r} vs {y.get(k)!r}" for k in diff)
-                out.append(f"{name}: cell {key!r} differs from {names[0]} in {what}: not one design")
+                out.append((True, f"{name}: cell {key!r} differs from {names[0]} in {what}: not one design"))
             n, n0 = len(b.get(key, [])), len(blocks[0].get(key, []))
             if c[key].get("status", "FINISHED") != "FINISHED":
                 out.append(
-                    f"{name}: cell {key!r} is {c[key].get('status')} (a block did not finish): its value is the "
-                    f"finished blocks' ({n})"
+                    (
+                        False,
+                        f"{name}: cell {key!r} is {c[key].get('status')} (a block did not finish): its value is "
+                        f"the finished blocks' ({n})",
+                    )
                 )
-            elif i and b and n < n0:
+            elif i and n != n0:
+                what = f"has {n} blocks" if n else "has no block values (a cheap-mode sweep)"
                 out.append(
-                    f"{name}: cell {key!r} has {n} blocks, {names[0]} {n0}: the next-start interval assumes equal "
-                    "block counts"
+                    (
+                        True,
+                        f"{name}: cell {key!r} {what}, {names[0]} {n0}: the next-start interval assumes equal "
+                        "block counts",
+                    )
                 )
     return out
 

@@ -50,12 +50,24 @@ RECORD = "starts.json"  # experiments/<name>/starts.json: {"starts": [metrics.js
 
 
 def experiment_dir(src: str, root: Path) -> Path | None:
-    """The reported experiment a source names (NAME, experiments/NAME or its metrics.json), else None."""
+    """The reported experiment a source names, NAME or experiments/NAME: its record applies. A metrics.json
+    path is that file alone (so a command over named files shows what it names), else None."""
     p = Path(src)
     if not p.exists() and "/" not in src and (root / "conf" / "experiment" / f"{src}.yaml").is_file():
         p = root / "experiments" / src
-    p = (p.parent if p.name == "metrics.json" else p).resolve()
-    return p if p.parent == (root / "experiments").resolve() and (p / "metrics.json").is_file() else None
+    p = p.resolve()
+    return p if p.is_dir() and p.parent == (root / "experiments").resolve() and (p / "metrics.json").is_file() else None
+
+
+def read_metrics(path: Path, what: str) -> dict:
+    """A metrics.json file, or an error naming it and what it lacks."""
+    try:
+        got = json.loads(path.read_text())
+    except (OSError, ValueError) as e:
+        raise SystemExit(f"{what}: {path} cannot be read as JSON ({e})") from None
+    if not isinstance(got, dict) or not isinstance(got.get("jobs"), dict):
+        raise SystemExit(f"{what}: {path} is not a metrics.json (no 'jobs'; summary.json is not one)")
+    return got
 
 
 def recorded(exp: Path, root: Path) -> list[str]:
@@ -63,22 +75,30 @@ def recorded(exp: Path, root: Path) -> list[str]:
     f = exp / RECORD
     if not f.is_file():
         return []
-    paths = json.loads(f.read_text()).get("starts")
+    try:
+        paths = json.loads(f.read_text())
+    except ValueError as e:
+        raise SystemExit(f"{f}: not JSON ({e}); fix it, or delete it and record the starts again") from None
+    paths = paths.get("starts") if isinstance(paths, dict) else None
     if not isinstance(paths, list) or not all(isinstance(x, str) for x in paths):
-        raise SystemExit(f"{f}: 'starts' must be a list of metrics.json paths relative to the repository root")
+        raise SystemExit(f'{f}: needs {{"starts": [metrics.json paths relative to the repository root]}}')
     if missing := [x for x in paths if not (root / x).is_file()]:
         raise SystemExit(f"{f}: recorded start {missing[0]} not found: restore the file or drop it from the list")
     return paths
 
 
 def record(exp: Path, new: list[str], root: Path) -> Path:
-    """Add sweeps to an experiment's recorded starts, after checking they are files the repository keeps
-    (metrics.json-shaped, tracked by git or addable: not ignored) and one design with the experiment."""
+    """Add sweeps to an experiment's recorded starts, after checking they are metrics.json files the
+    repository keeps (inside it, not ignored by git), not yet recorded, and one design with the experiment
+    (``analysis.starts.not_one_design``). Record every start of the design, inside the interval or not: a
+    record of only the starts that agree would narrow the interval below what starts do."""
     rel = []
     for src in new:
         p = Path(src).resolve()
+        if not p.exists():
+            raise SystemExit(f"starts --record: {src} not found (a metrics.json path, from {Path.cwd()})")
         if not p.is_file() or p.suffix != ".json":
-            raise SystemExit(f"starts --record: {src} is not a metrics.json file (record keeps file paths)")
+            raise SystemExit(f"starts --record: {src} is not a metrics.json file (the record keeps file paths)")
         try:
             rel.append(str(p.relative_to(root.resolve())))
         except ValueError:
@@ -92,7 +112,7 @@ def record(exp: Path, new: list[str], root: Path) -> Path:
     if dup := [x for x in rel if x in paths]:
         raise SystemExit(f"starts --record: {dup[0]} is already recorded in {exp / RECORD}")
     names = [str((exp / "metrics.json").relative_to(root.resolve())), *paths, *rel]
-    sweeps = [json.loads((root / n).read_text()) for n in names]
+    sweeps = [read_metrics(root / n, "starts --record") for n in names]
     if bad := st.not_one_design(sweeps, names):
         raise SystemExit("starts --record: not one design, nothing recorded:\n  " + "\n  ".join(bad))
     about = "this experiment's other machine starts (metrics.json is start 1); `starts NAME SWEEP --record` adds one"
@@ -106,28 +126,40 @@ def of_experiment(src: str, root: Path) -> tuple[list[dict], list[str]]:
     if exp is None:
         return [], []
     names = [str((exp / "metrics.json").relative_to(root.resolve())), *recorded(exp, root)]
-    return [json.loads((root / n).read_text()) for n in names], names
+    return [read_metrics(root / n, "starts") for n in names], names
 
 
 def for_compare(src: str, reported: dict, b: dict, root: Path) -> tuple[dict[str, tuple[float, float]], list[str]]:
-    """A's next-start intervals when A is an experiment with recorded starts (the reported metrics.json, at
-    the revision compared, as start 1), and the notes that say so; a B that is a recorded start is named."""
+    """A's next-start intervals when A is an experiment with recorded starts (NAME or experiments/NAME; the
+    reported metrics.json, at the revision compared, is start 1), and the notes that say so. A recorded start
+    that B is (the same jobs) is left out of the interval B is judged by; a record that is not one design
+    with A (another --rev, a re-measured metrics.json) gives no interval, with the reason."""
     sweeps, names = of_experiment(src, root)
     if len(sweeps) < 2:
         return {}, []
     sweeps[0] = reported
-    got = st.intervals(sweeps)
     notes = [
-        f"next-start intervals: from {len(sweeps)} recorded machine starts of {names[0]} ({', '.join(names[1:])})"
-        if got
-        else f"next-start intervals: none ({len(sweeps)} recorded starts; 3 are needed): judged by the rerun interval"
-    ]
-    notes += [
-        f"warning: B holds the same jobs as recorded start {i + 1} ({n}): not a new start, and inside its own interval"
+        f"note: B holds the same jobs as recorded start {i + 1} ({n}): left out of the interval B is judged by"
         for i, (n, m) in enumerate(zip(names, sweeps, strict=True))
-        if m.get("jobs") == b.get("jobs")
+        if i and m.get("jobs") == b.get("jobs")
     ]
-    return got, notes
+    keep = [i for i, m in enumerate(sweeps) if not i or m.get("jobs") != b.get("jobs")]
+    sweeps, names = [sweeps[i] for i in keep], [names[i] for i in keep]
+    if bad := st.not_one_design(sweeps, names):
+        return {}, [
+            *notes,
+            f"warning: the record of {names[0]} is not one design ({bad[0]}): judged by the rerun interval",
+        ]
+    if not (got := st.intervals(sweeps)):
+        return {}, [
+            *notes,
+            f"next-start intervals: none ({len(sweeps)} starts; 3 are needed): judged by the rerun interval",
+        ]
+    where = f"{names[0]}'s record ({', '.join(names[1:])})"
+    return got, [
+        *notes,
+        f"next-start intervals: from {len(sweeps)} machine starts, {where}; never narrower than the rerun interval",
+    ]
 
 
 def gather(sources: list[str], record_them: bool, root: Path, load) -> tuple[list[dict], list[str]]:
@@ -147,8 +179,12 @@ def gather(sources: list[str], record_them: bool, root: Path, load) -> tuple[lis
             f"or an experiment that records its starts ({sources[0]} is neither)"
         )
     sweeps, names = of_experiment(sources[0], root)
-    kept = {(root / n).resolve() for n in names}  # a recorded start given again is shown once
-    given = [s for s in ([] if record_them else sources[1 if exp else 0 :]) if Path(s).resolve() not in kept]
+    kept = {(root / n).resolve() for n in names} | ({exp} if exp else set())  # a start given again: shown once
+    given = [
+        s
+        for s in ([] if record_them else sources[1 if exp else 0 :])
+        if (experiment_dir(s, root) or Path(s).resolve()) not in kept
+    ]
     sweeps, names = sweeps + [load(src) for src in given], names + given
     if len(sweeps) < 2:
         raise ValueError(
@@ -169,7 +205,8 @@ def hints(rows: list) -> list[str]:
         out.append(
             f"outside the next-start interval: {', '.join(far[:4])}{', ...' if len(far) > 4 else ''}. Launch noise "
             "and a start's shift together put a new start there 5% of the time: look for a change (code, driver, "
-            "clocks, load) before recording it as a start"
+            "clocks, load); with none found, record it all the same (a record of only the starts that agree narrows "
+            "the interval below what starts do)"
         )
     if near := [r.cell for r in rows if r.inside is False and r.judged_by == "rerun interval"]:
         out.append(  # the interval holds one start's launch noise: more starts tell a start's shift from a change

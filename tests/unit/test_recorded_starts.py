@@ -12,14 +12,17 @@ from pathlib import Path
 
 import pytest
 
+from spec_decode import bench
 from spec_decode.views import experiment
+from spec_decode.views import starts as starts_view
 
 ROOT = Path(__file__).resolve().parents[2]
 EXP = "real_shape_h100x1"
-STARTS = [  # starts 2-4 of the committed experiment (start 1: its metrics.json)
+STARTS = [  # starts 2-5 of the committed experiment (start 1: its metrics.json)
     "docs/data/real_shape_h100x1_2026-12-06_s8_rebuild_metrics.json",  # 1.770: outside the rerun interval
     "docs/data/real_shape_h100x1_2026-12-06_s9_start3_metrics.json",  # 1.781
     "docs/data/real_shape_h100x1_2026-12-06_s10_start4_metrics.json",  # 1.776: outside, but inside 3 starts'
+    "docs/data/real_shape_h100x1_2026-12-06_s10_start5_metrics.json",  # 1.768: inside 4 starts' [1.755, 1.801]
 ]
 
 
@@ -63,42 +66,85 @@ def test_record_then_compare_judges_the_fourth_start_by_the_first_three(repo, ca
     row = next(line for line in out.splitlines() if line.startswith("spec.steps=1"))
     assert "(next start 1.741-1.817)" in row and row.rstrip().endswith("agree") and "rerun" not in row
     assert "1 of 1 speedups of " + STARTS[2] + " inside real_shape_h100x1's 95% next-start interval" in out
-    assert f"next-start intervals: from 3 recorded machine starts of experiments/{EXP}/metrics.json" in out
-    assert "verdict: agree" in out and "outside the" not in out
+    assert f"next-start intervals: from 3 machine starts, experiments/{EXP}/metrics.json's record" in out
+    assert "verdict: agree: all 1 spec cell(s) agree: inside the next-start interval" in out
+    assert "outside the" not in out
 
     code, out, _ = run(capsys, "starts", EXP)  # the record alone: three starts
     assert code == 0 and "start 3: " + STARTS[1] in out and "start 4" not in out
 
 
 def test_starts_name_shows_the_committed_record(capsys, monkeypatch):
-    """The repository's own record: four H100 starts, a start effect that survives a Bonferroni correction
-    for the 21 GPU cells tested (0.0024), and a next-start interval that holds every start."""
+    """The repository's own record: five H100 starts, a start effect shown, and a next-start interval that
+    holds every start. The experiment's metrics.json named as a file is that file alone."""
     monkeypatch.chdir(ROOT)
     monkeypatch.delenv("DVC_ROOT", raising=False)
     code, out, _ = run(capsys, "starts", EXP)
     assert code == 0
     assert [line.split(": ", 1)[1] for line in out.splitlines() if line.startswith("start ")][1:] == STARTS
     row = next(line for line in out.splitlines() if line.startswith("spec.steps=1"))
-    assert "1.785      1.770      1.781      1.776" in row
-    assert "shown (F=15.4, df 3,8, p=0.0011; Welch p=0.0066)" in row and "[1.755, 1.801]" in row
-    # a recorded start given again is shown once
-    code, again, _ = run(capsys, "starts", EXP, str(ROOT / STARTS[0]))
-    assert again == out
+    assert "1.785      1.770      1.781      1.776      1.768" in row
+    assert "shown (F=11.8, df 4,10, p<0.001; Welch p=0.0064)" in row and "[1.755, 1.797]" in row
+    for again in (str(ROOT / STARTS[0]), f"experiments/{EXP}", EXP, f"experiments/{EXP}/metrics.json"):
+        assert run(capsys, "starts", EXP, again)[1] == out, again  # a start given again is shown once
+    code, out, _ = run(capsys, "starts", f"experiments/{EXP}/metrics.json", STARTS[0])
+    assert code == 0 and "start 3" not in out  # a metrics.json path: that file, no record
 
 
-def test_compare_warns_when_b_is_a_recorded_start_and_flags_a_far_one(repo, capsys):
-    run(capsys, "starts", EXP, *STARTS, "--record")
-    code, out, _ = run(capsys, "compare", EXP, STARTS[0])
-    assert "warning: " + STARTS[0] + " holds the same jobs as recorded start 2" in out
-    far = json.loads((repo / STARTS[2]).read_text())  # a fifth start 3% slower: past any start seen
-    for entry in [*far["cells"].values(), *far["jobs"].values()]:
+def scaled(src: Path, dst: Path, by: float) -> str:
+    """A copy of a metrics.json whose speedups (cells and jobs) are ``by`` times the source's."""
+    m = json.loads(src.read_text())
+    for entry in [*m["cells"].values(), *m["jobs"].values()]:
         for k in {"speedup_vs_baseline", "speedup_vs_baseline_ci95_lo", "speedup_vs_baseline_ci95_hi"} & set(entry):
-            entry[k] *= 0.97
-    (repo / "far.json").write_text(json.dumps(far))
-    code, out, _ = run(capsys, "compare", EXP, "far.json")
+            entry[k] *= by
+    dst.write_text(json.dumps(m))
+    return dst.name
+
+
+def test_a_recorded_start_given_as_b_is_left_out_and_a_far_one_differs(repo, capsys):
+    run(capsys, "starts", EXP, *STARTS[:3], "--record")
+    code, out, _ = run(capsys, "compare", EXP, STARTS[2])  # the fourth start, recorded: judged by starts 1-3
+    row = next(line for line in out.splitlines() if line.startswith("spec.steps=1"))
+    assert "(next start 1.741-1.817)" in row and row.rstrip().endswith("agree") and code == 0
+    assert "note: " + STARTS[2] + " holds the same jobs as recorded start 4" in out
+    assert "from 3 machine starts" in out
+    far = scaled(repo / STARTS[2], repo / "far.json", 0.97)  # a fifth start 3% slower: past any start seen
+    code, out, _ = run(capsys, "compare", EXP, far)
     assert code == 1 and "DIFFERS: outside the next-start interval (-3.5%)" in out
     assert "outside the next-start interval: spec.steps=1. Launch noise and a start's shift" in out
+    assert "record it all the same" in out
     assert "0 of 1 speedups of far.json inside" in out and "holds the same jobs" not in out
+
+
+def test_the_interval_is_never_narrower_than_the_rerun_interval(repo, capsys):
+    """Three starts that agree to 0.01% (as real_shape_h200x1's two did) would give an interval narrower than
+    one start's launch noise; a rebuild inside the rerun interval is not called a difference."""
+    m = repo / f"experiments/{EXP}/metrics.json"
+    close = [scaled(m, repo / f"docs/data/close{i}.json", by) for i, by in enumerate((1.0001, 0.9999))]
+    run(capsys, "starts", EXP, *(f"docs/data/{c}" for c in close), "--record")
+    b = scaled(m, repo / "b.json", 0.997)  # 1.779: inside the rerun interval 1.777-1.793
+    code, out, _ = run(capsys, "compare", EXP, b)
+    row = next(line for line in out.splitlines() if line.startswith("spec.steps=1"))
+    assert "(next start 1.777-1.793)" in row and row.rstrip().endswith("agree") and code == 0, out
+
+
+def test_a_record_that_is_not_one_design_with_a_is_not_used(repo, capsys):
+    """compare --rev at another design, or a re-measured metrics.json: the record is checked again."""
+    run(capsys, "starts", EXP, *STARTS[:2], "--record")
+    h200 = json.loads((ROOT / "experiments/real_shape_h200x1/metrics.json").read_text())
+    b = json.loads((repo / STARTS[2]).read_text())
+    got, notes = starts_view.for_compare(EXP, h200, b, repo)
+    assert got == {} and notes[0].startswith(f"warning: the record of experiments/{EXP}/metrics.json is not one")
+    assert "in hardware 'h200x1' vs 'h100x1'" in notes[0] and notes[0].endswith("judged by the rerun interval")
+
+
+def test_rebuild_checks_the_record_before_it_runs_the_sweep(repo, capsys):
+    run(capsys, "starts", EXP, *STARTS[:2], "--record")
+    (repo / STARTS[1]).unlink()
+    with pytest.raises(SystemExit) as e:
+        bench.rebuild(EXP, repo, [])
+    assert f"recorded start {STARTS[1]} not found" in str(e.value.code)
+    assert not (repo / f"experiments/{EXP}/rebuild").exists()
 
 
 def test_record_refuses_what_is_not_a_kept_start_of_the_design(repo, capsys, tmp_path_factory):
@@ -109,7 +155,19 @@ def test_record_refuses_what_is_not_a_kept_start_of_the_design(repo, capsys, tmp
     shutil.copy(repo / STARTS[0], outside)
     h200 = repo / "docs/data/h200.json"
     shutil.copy(ROOT / "experiments/real_shape_h200x1/metrics.json", h200)
+    fewer = json.loads((repo / STARTS[0]).read_text())  # a start whose spec cell lost a block's jobs
+    fewer["jobs"] = {k: v for k, v in fewer["jobs"].items() if not ("block=2" in k and "steps" in k)}
+    (repo / "docs/data/fewer.json").write_text(json.dumps(fewer))
+    cheap = json.loads((repo / STARTS[0]).read_text())  # cheap mode: no block-design cells
+    cheap["jobs"] = {k: v for k, v in cheap["jobs"].items() if "block=0" in k}
+    del cheap["cells"]
+    (repo / "docs/data/cheap.json").write_text(json.dumps(cheap))
+    shutil.copy(ROOT / "experiments/real_shape_h200x1/summary.json", repo / "docs/data/summary.json")
     cases = [
+        (["docs/data/fewer.json"], "cell 'spec.steps=1' has 2 blocks, experiments/real_shape_h100x1/metrics.json 3"),
+        (["docs/data/cheap.json"], "has no block values (a cheap-mode sweep)"),
+        (["docs/data/summary.json"], "is not a metrics.json (no 'jobs'; summary.json is not one)"),
+        (["docs/data/nothing.json"], "docs/data/nothing.json not found"),
         (["multirun/m.json"], "multirun/m.json is ignored by git"),
         ([str(outside)], "is outside the repository"),
         ([f"experiments/{EXP}"], "is not a metrics.json file"),
@@ -128,18 +186,23 @@ def test_record_refuses_what_is_not_a_kept_start_of_the_design(repo, capsys, tmp
     assert json.loads(record.read_text())["starts"] == STARTS[:1]
 
 
-def test_a_missing_recorded_start_is_named(repo, capsys):
+def test_a_missing_recorded_start_or_a_broken_record_is_named(repo, capsys):
     run(capsys, "starts", EXP, *STARTS[:2], "--record")
     (repo / STARTS[1]).unlink()
     for argv in (["starts", EXP], ["compare", EXP, STARTS[0]]):
         code, _, _ = run(capsys, *argv)
         assert f"recorded start {STARTS[1]} not found" in str(code), argv
+    f = repo / f"experiments/{EXP}/starts.json"
+    for text, why in (("[]", 'needs {"starts": [metrics.json paths'), ("{", "not JSON")):
+        f.write_text(text)
+        code, _, _ = run(capsys, "starts", EXP)
+        assert str(code).startswith(f"{f}: ") and why in str(code), text
 
 
 def test_two_recorded_starts_give_no_interval_and_compare_says_so(repo, capsys):
     run(capsys, "starts", EXP, STARTS[0], "--record")
     code, out, _ = run(capsys, "compare", EXP, STARTS[1])
-    assert "next-start intervals: none (2 recorded starts; 3 are needed): judged by the rerun interval" in out
+    assert "next-start intervals: none (2 starts; 3 are needed): judged by the rerun interval" in out
     assert "(rerun 1.777-1.793)" in out and code == 0  # 1.781: inside the rerun interval
     code, out, err = run(capsys, "starts", "real_shape_h100x1_typo")
     assert code == 2 and "two or more sweeps" in err

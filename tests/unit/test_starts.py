@@ -22,16 +22,6 @@ H100_STARTS = [
 ]
 
 
-@pytest.fixture
-def plain(tmp_path) -> list[Path]:
-    """The first three H100 starts as plain files (the experiment records its starts: its own path brings
-    them all, tests/unit/test_recorded_starts.py)."""
-    out = [tmp_path / f"start{i + 1}.json" for i in range(len(H100_STARTS))]
-    for src, dst in zip(H100_STARTS, out, strict=True):
-        dst.write_bytes(src.read_bytes())
-    return out
-
-
 def test_anova_is_scipys_one_way_anova_on_the_logs_classic_and_welch():
     groups = [[1.78, 1.79, 1.785], [1.76, 1.77, 1.775, 1.772], [1.781, 1.78]]
     t = st.anova(groups)
@@ -121,10 +111,10 @@ def test_a_cheap_mode_sweep_has_no_block_values():
     assert st.block_values({"jobs": {"spec.steps=3": {"speedup_vs_baseline": 1.5, "role": "spec"}}}) == {}
 
 
-def test_the_h100_8b_cell_shows_a_start_effect_over_three_starts(capsys, plain):
+def test_the_h100_8b_cell_shows_a_start_effect_over_three_starts(capsys):
     """The committed data: three H100 starts of real_shape_h100x1 (1.785, 1.770, 1.781), launches within
     0.2% of each other; the second start missed the first's rerun interval."""
-    experiment.main(["starts", *map(str, plain)])
+    experiment.main(["starts", *map(str, H100_STARTS)])
     out = capsys.readouterr().out
     row = next(line for line in out.splitlines() if line.startswith("spec.steps=1"))
     assert "1.785" in row and "1.770" in row and "1.781" in row and "shown (F=" in row and "not shown" not in row
@@ -133,13 +123,13 @@ def test_the_h100_8b_cell_shows_a_start_effect_over_three_starts(capsys, plain):
     assert lo < 1.770 and hi > 1.785  # the next-start interval holds every start seen
     assert "a start effect shown in 1 of 1 tested" in out
     # the third start ran a later tree than the first two: said, since a code change may be in the difference
-    assert "note: " + str(plain[2]) + " was measured at 7620bc8" in out
-    assert "note: " + str(plain[1]) not in out  # the second start's base is the first's
+    assert "note: " + str(H100_STARTS[2]) + " was measured at 7620bc8" in out
+    assert "note: " + str(H100_STARTS[1]) not in out  # the second start's base is the first's
 
 
-def test_starts_needs_two_sweeps(capsys, plain):
+def test_starts_needs_two_sweeps(capsys):
     with pytest.raises(SystemExit) as e:
-        experiment.main(["starts", str(plain[0])])
+        experiment.main(["starts", str(H100_STARTS[0])])
     assert e.value.code == 2
     assert "two or more sweeps" in capsys.readouterr().err
 
@@ -226,20 +216,20 @@ def test_warnings_name_a_sweep_given_twice_another_design_and_a_missing_cell():
     assert len(got) == 3
 
 
-def test_the_cli_prints_the_warnings(capsys, plain):
-    experiment.main(["starts", str(plain[0]), str(ROOT / "experiments/real_shape_h200x1/metrics.json")])
+def test_the_cli_prints_the_warnings(capsys):
+    experiment.main(["starts", str(H100_STARTS[0]), str(ROOT / "experiments/real_shape_h200x1/metrics.json")])
     out = capsys.readouterr().out
     assert "warning: " in out and "in hardware 'h100x1' vs 'h200x1': not one design" in out
     assert "next start (3+ starts)" in out
 
 
-def test_compare_points_to_starts_when_a_rebuild_lands_outside_the_rerun_interval(capsys, plain):
+def test_compare_points_to_starts_when_a_rebuild_lands_outside_the_rerun_interval(capsys):
     """real_shape_h100x1's second start landed outside the first's rerun interval, its third inside."""
     with pytest.raises(SystemExit):
-        experiment.main(["compare", str(plain[0]), str(plain[1])])
+        experiment.main(["compare", str(H100_STARTS[0]), str(H100_STARTS[1])])
     out = capsys.readouterr().out
     assert "outside the rerun interval: spec.steps=1. A machine start can move a cell" in out
     assert "python -m spec_decode.views.experiment starts SWEEP_1 SWEEP_2 SWEEP_3" in out
     with pytest.raises(SystemExit):
-        experiment.main(["compare", str(plain[0]), str(plain[2])])
+        experiment.main(["compare", str(H100_STARTS[0]), str(H100_STARTS[2])])
     assert "outside the rerun interval" not in capsys.readouterr().out
