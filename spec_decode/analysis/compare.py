@@ -238,7 +238,9 @@ def coverage(rows: list[Row]) -> str | None:
         f"{sum(r.inside for r in starts)} of {len(starts)} speedups of B inside A's 95% next-start interval (where a "
         "rebuild on another machine start lands, from A's recorded starts: launch noise and a start's shift together)"
     ]
-    parts += [f"{sum(r.inside for r in rest)} of {len(rest)} inside A's 95% {rerun})"] if rest else []
+    for by, text in (("rerun interval", f"{rerun})"), ("CI", "interval")):
+        got = [r for r in rest if r.judged_by == by]
+        parts += [f"{sum(r.inside for r in got)} of {len(got)} inside A's 95% {text}"] if got else []
     return f"coverage: {'; '.join(parts)}; {ci}"
 
 

@@ -168,7 +168,8 @@ def warnings(sweeps: list[dict], names: list[str]) -> list[str]:
 def problems(sweeps: list[dict], names: list[str]) -> list[tuple[bool, str]]:
     """(a design problem?, the line): the same jobs given twice; a spec cell of the first sweep missing in
     another, or whose axes differ (another card, model or setting); another block count than the first sweep's
-    or no block values (a cheap-mode sweep) -- design problems; a cell with a failed block -- a condition."""
+    (unless the first's cell lost a block) or no block values (a cheap-mode sweep, the first's too) -- design
+    problems; a cell with a failed block -- a condition."""
     out = []
     for i in range(len(sweeps)):
         for j in range(i):
@@ -177,7 +178,8 @@ def problems(sweeps: list[dict], names: list[str]) -> list[tuple[bool, str]]:
                     (True, f"{names[i]} holds the same jobs as {names[j]}: one measurement given twice, not two starts")
                 )
     cells, blocks = [entries(m) for m in sweeps], [block_values(m) for m in sweeps]
-    for key, e in cells[0].items():
+    c0 = cells[0]
+    for key, e in c0.items():
         if _is_baseline(key, e):
             continue
         for i, (name, c, b) in enumerate(zip(names, cells, blocks, strict=True)):
@@ -197,13 +199,14 @@ def problems(sweeps: list[dict], names: list[str]) -> list[tuple[bool, str]]:
                         f"the finished blocks' ({n})",
                     )
                 )
-            elif i and n != n0:
-                what = f"has {n} blocks" if n else "has no block values (a cheap-mode sweep)"
+            elif not n:
+                out.append((True, f"{name}: cell {key!r} has no block values (a cheap-mode sweep): no within term"))
+            elif i and n != n0 and c0.get(key, {}).get("status", "FINISHED") == "FINISHED":  # a failed first: kept
                 out.append(
                     (
                         True,
-                        f"{name}: cell {key!r} {what}, {names[0]} {n0}: the next-start interval assumes equal "
-                        "block counts",
+                        f"{name}: cell {key!r} has {n} blocks, {names[0]} {n0}: the next-start interval assumes "
+                        "equal block counts",
                     )
                 )
     return out

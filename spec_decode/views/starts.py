@@ -105,7 +105,9 @@ def record(exp: Path, new: list[str], root: Path) -> Path:
             raise SystemExit(
                 f"starts --record: {src} is outside the repository ({root}); copy it in, e.g. docs/data/"
             ) from None
-        ignored = subprocess.run(["git", "check-ignore", "-q", rel[-1]], cwd=root, capture_output=True)
+        ignored = subprocess.run(["git", "check-ignore", "-q", rel[-1]], cwd=root, capture_output=True, text=True)
+        if ignored.returncode not in (0, 1):
+            raise SystemExit(f"starts --record: git cannot say whether {rel[-1]} is kept: {ignored.stderr.strip()}")
         if ignored.returncode == 0:
             raise SystemExit(f"starts --record: {rel[-1]} is ignored by git; copy it to a kept path, e.g. docs/data/")
     paths = recorded(exp, root)
@@ -117,6 +119,11 @@ def record(exp: Path, new: list[str], root: Path) -> Path:
         raise SystemExit("starts --record: not one design, nothing recorded:\n  " + "\n  ".join(bad))
     about = "this experiment's other machine starts (metrics.json is start 1); `starts NAME SWEEP --record` adds one"
     (exp / RECORD).write_text(json.dumps({"about": about, "starts": paths + rel}, indent=2) + "\n")
+    tracked = subprocess.run(["git", "ls-files", "--error-unmatch", *rel], cwd=root, capture_output=True)
+    if tracked.returncode != 0:
+        print(
+            f"note: commit the recorded files with {exp.name}/{RECORD} (git add {' '.join(rel)}): a clone without them fails"
+        )
     return exp / RECORD
 
 

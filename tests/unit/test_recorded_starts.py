@@ -1,7 +1,7 @@
 """An experiment that records its machine starts (experiments/<name>/starts.json, `starts NAME SWEEP
 --record`): `starts NAME` shows them, and `compare` judges a rebuild by each cell's next-start interval
 instead of one start's launch-only rerun interval. Real files in a real git repository (the record refuses
-paths git ignores); the H100 8B cell's four committed starts."""
+paths git ignores); the H100 8B cell's five committed starts."""
 
 from __future__ import annotations
 
@@ -59,6 +59,7 @@ def test_record_then_compare_judges_the_fourth_start_by_the_first_three(repo, ca
 
     code, out, _ = run(capsys, "starts", EXP, *STARTS[:2], "--record")
     assert code == 0 and "recorded: " in out and "[1.741, 1.817]" in out
+    assert f"note: commit the recorded files with {EXP}/starts.json (git add {' '.join(STARTS[:2])})" in out
     assert json.loads((repo / f"experiments/{EXP}/starts.json").read_text())["starts"] == STARTS[:2]
 
     code, out, _ = run(capsys, "compare", EXP, STARTS[2])

@@ -11,6 +11,7 @@ from pathlib import Path
 import pytest
 from scipy import stats
 
+from spec_decode.analysis import compare as cmp
 from spec_decode.analysis import starts as st
 from spec_decode.views import experiment
 
@@ -185,6 +186,40 @@ def test_fewer_blocks_than_the_first_sweep_is_warned():
     assert st.warnings([a, b], ["A", "B"]) == [
         "B: cell 'spec.steps=3' has 2 blocks, A 3: the next-start interval assumes equal block counts"
     ]
+
+
+def test_which_warnings_make_sweeps_not_one_design():
+    """What the record refuses (and compare will not judge by): another block count, more or fewer, and a
+    cheap-mode sweep, the first's too. A failed block, in the first sweep or another, is a condition: kept."""
+    a = _sweep({"spec.steps=3": [1.50, 1.51, 1.52]})
+    more, fewer = _sweep({"spec.steps=3": [1.50, 1.51, 1.52, 1.53]}), _sweep({"spec.steps=3": [1.50, 1.51]})
+    failed = _sweep({"spec.steps=3": [1.50, 1.51, 1.52]}, failed={("spec.steps=3", 1)})
+    axes = {"hardware": "h100x1", "spec.steps": 3}
+    cheap = {"jobs": {"spec.steps=3": {"role": "spec", "speedup_vs_baseline": 1.5, "axes": axes}}}  # one launch
+    assert st.not_one_design([a, failed], ["A", "B"]) == [] and st.warnings([a, failed], ["A", "B"])
+    assert st.not_one_design([failed, a, _sweep({"spec.steps=3": [1.49, 1.5, 1.5]})], ["A", "B", "C"]) == []
+    assert st.not_one_design([a, more], ["A", "B"]) == [
+        "B: cell 'spec.steps=3' has 4 blocks, A 3: the next-start interval assumes equal block counts"
+    ]
+    assert len(st.not_one_design([a, fewer], ["A", "B"])) == 1
+    assert st.not_one_design([a, cheap], ["A", "B"]) == [
+        "B: cell 'spec.steps=3' has no block values (a cheap-mode sweep): no within term"
+    ]
+    other = json.loads(json.dumps(cheap))
+    other["jobs"]["spec.steps=3"]["speedup_vs_baseline"] = 1.49
+    assert [w.split(":")[0] for w in st.not_one_design([cheap, other], ["A", "B"])] == ["A", "B"]  # no blocks
+
+
+def test_coverage_names_each_interval_a_cell_was_judged_by():
+    rows = [
+        cmp.Row("s=1", "spec", "", "", "", "agree", True, False, "next-start interval", 2),
+        cmp.Row("s=2", "spec", "", "", "", "agree", False, False, "rerun interval", 2),
+        cmp.Row("s=3", "spec", "", "", "", "agree", True, True, "CI", 2),
+    ]
+    got = cmp.coverage(rows)
+    assert got.startswith("coverage: 1 of 1 speedups of B inside A's 95% next-start interval (where a rebuild on")
+    assert "; 0 of 1 inside A's 95% rerun interval (where an equal-size rebuild" in got
+    assert "; 1 of 1 inside A's 95% interval; 1 of 3 inside A's 95% CI" in got
 
 
 def test_a_classic_p_below_alpha_that_welch_does_not_confirm_is_not_shown(capsys, tmp_path):
