@@ -121,6 +121,19 @@ def _fmt(e: dict, name: str, spec: str) -> str:
     return f"{e[name]:{spec}}" + (f" [{ci[0]:{spec}}, {ci[1]:{spec}}]" if ci else " [no interval]")
 
 
+def rerun_of(e: dict) -> tuple[float, float] | None:
+    """A cell's 95% rerun interval of the speedup (the block design), else None."""
+    return _ci(e, "speedup_vs_baseline", "rerun95")
+
+
+def widened(start: tuple[float, float] | None, rerun: tuple[float, float] | None) -> tuple[float, float] | None:
+    """A next-start interval, never narrower than the rerun interval: a next start carries at least one start's
+    launch noise, and a few starts may agree more closely than that."""
+    if start is None or rerun is None:
+        return start
+    return min(start[0], rerun[0]), max(start[1], rerun[1])
+
+
 def compare_cell(key: str, a: dict | None, b: dict | None, start: tuple[float, float] | None = None) -> Row:
     if a is None or b is None:
         return Row(
@@ -147,9 +160,8 @@ def compare_cell(key: str, a: dict | None, b: dict | None, start: tuple[float, f
             ib = ib or (b["speedup_vs_baseline"],) * 2
         overlap = max(ia[0], ib[0]) <= min(ia[1], ib[1])
         shift = f"{100 * (b['speedup_vs_baseline'] / a['speedup_vs_baseline'] - 1):+.1f}%"
-        rerun = _ci(a, "speedup_vs_baseline", "rerun95")
-        if start and rerun:  # a next start carries at least one start's launch noise: few starts may agree closely
-            start = (min(start[0], rerun[0]), max(start[1], rerun[1]))
+        rerun = rerun_of(a)
+        start = widened(start, rerun)
         if start:  # A's starts show how far a start moves the cell: two starts' CIs may be disjoint by that much
             why = (
                 []

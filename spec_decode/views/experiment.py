@@ -174,7 +174,9 @@ def report(name: str, root: Path) -> None:
     readme = d / "README.md"
     if readme.exists():
         body = _replace_block(readme.read_text(), BEGIN, END, f"```\n{text}\n```")
-        body = _replace_block(body, FACTS_BEGIN, FACTS_END, "\n".join(facts(metrics)))
+        body = _replace_block(
+            body, FACTS_BEGIN, FACTS_END, "\n".join(facts(metrics) + starts_view.facts(d, metrics, root))
+        )
         readme.write_text(body)
     print(text)
 

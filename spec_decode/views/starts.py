@@ -15,6 +15,7 @@ from pathlib import Path
 
 from tabulate import tabulate
 
+from spec_decode.analysis import compare as cmp
 from spec_decode.analysis import starts as st
 
 
@@ -222,3 +223,24 @@ def hints(rows: list) -> list[str]:
             "python -m spec_decode.views.experiment starts SWEEP_1 SWEEP_2 SWEEP_3"
         )
     return out
+
+
+def facts(exp: Path, metrics: dict, root: Path) -> list[str]:
+    """The report's lines on an experiment's record: each spec cell's next-start interval as ``compare``
+    judges by it (widened to the rerun interval), or how many starts are recorded when too few for one."""
+    names = recorded(exp, root)
+    if not names:
+        return []
+    k = len(names) + 1
+    got = st.intervals([metrics, *(read_metrics(root / n, "report") for n in names)])
+    if not got:
+        return [f"- machine starts: {k} (this metrics.json and {RECORD}); 3 give a next-start interval"]
+    cells = cmp.entries(metrics)
+    return [
+        f"- next-start interval (95%: where a rebuild on another machine start lands, from {k} starts: this "
+        f"metrics.json and {RECORD}; `compare` judges by it): "
+        + ", ".join(
+            f"[{lo:.3f}, {hi:.3f}] at {cell}"
+            for cell, (lo, hi) in ((c, cmp.widened(i, cmp.rerun_of(cells.get(c, {})))) for c, i in sorted(got.items()))
+        )
+    ]

@@ -223,3 +223,34 @@ def test_compare_name_takes_start_1_from_the_revision_compared(repo, capsys):
     code, out, _ = run(capsys, "compare", EXP)
     row = next(line for line in out.splitlines() if line.startswith("spec.steps=1"))
     assert "1.785 [1.779, 1.791] (next start 1.741-1.817)" in row and "1.767" in row and code == 0, out
+
+
+def test_the_report_facts_carry_the_record(repo, capsys):
+    """The README facts (the DVC report stage): nothing without a record, the count with too few starts, and
+    from 3 starts the interval compare judges by, widened to the rerun interval where that is wider."""
+    exp = repo / f"experiments/{EXP}"
+    metrics = json.loads((exp / "metrics.json").read_text())
+    assert starts_view.facts(exp, metrics, repo) == []
+    run(capsys, "starts", EXP, STARTS[0], "--record")
+    assert starts_view.facts(exp, metrics, repo) == [
+        "- machine starts: 2 (this metrics.json and starts.json); 3 give a next-start interval"
+    ]
+    run(capsys, "starts", EXP, STARTS[1], "--record")
+    (line,) = starts_view.facts(exp, metrics, repo)
+    assert line.startswith("- next-start interval (95%: where a rebuild on another machine start lands, from 3")
+    assert line.endswith(": [1.741, 1.817] at spec.steps=1")
+    close = [
+        scaled(exp / "metrics.json", repo / f"docs/data/close{i}.json", by) for i, by in enumerate((1.0001, 0.9999))
+    ]
+    (exp / "starts.json").unlink()
+    run(capsys, "starts", EXP, *(f"docs/data/{c}" for c in close), "--record")
+    assert starts_view.facts(exp, metrics, repo)[0].endswith(": [1.777, 1.793] at spec.steps=1")  # the rerun interval
+
+
+def test_the_report_stage_writes_the_record_into_the_readme_facts(repo, capsys):
+    shutil.copy(ROOT / f"experiments/{EXP}/README.md", repo / f"experiments/{EXP}/README.md")
+    run(capsys, "starts", EXP, *STARTS[:2], "--record")
+    assert run(capsys, "report", EXP)[0] == 0
+    body = (repo / f"experiments/{EXP}/README.md").read_text()
+    facts = body[body.index("<!-- facts:begin") : body.index("<!-- facts:end")]
+    assert "from 3 starts: this metrics.json and starts.json; `compare` judges by it): [1.741, 1.817]" in facts
