@@ -232,7 +232,10 @@ def facts(exp: Path, metrics: dict, root: Path) -> list[str]:
     if not names:
         return []
     k = len(names) + 1
-    got = st.intervals([metrics, *(read_metrics(root / n, "report") for n in names)])
+    sweeps = [metrics, *(read_metrics(root / n, "report") for n in names)]
+    if bad := st.not_one_design(sweeps, ["this metrics.json", *names]):  # a re-measured metrics.json
+        return [f"- machine starts: {RECORD} is not one design with this metrics.json ({bad[0]}); no interval"]
+    got = st.intervals(sweeps)
     if not got:
         return [f"- machine starts: {k} (this metrics.json and {RECORD}); 3 give a next-start interval"]
     cells = cmp.entries(metrics)

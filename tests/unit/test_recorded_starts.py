@@ -245,6 +245,8 @@ def test_the_report_facts_carry_the_record(repo, capsys):
     (exp / "starts.json").unlink()
     run(capsys, "starts", EXP, *(f"docs/data/{c}" for c in close), "--record")
     assert starts_view.facts(exp, metrics, repo)[0].endswith(": [1.777, 1.793] at spec.steps=1")  # the rerun interval
+    h200 = json.loads((ROOT / "experiments/real_shape_h200x1/metrics.json").read_text())  # a re-measured metrics.json
+    assert "starts.json is not one design with this metrics.json" in starts_view.facts(exp, h200, repo)[0]
 
 
 def test_the_report_stage_writes_the_record_into_the_readme_facts(repo, capsys):
