@@ -166,6 +166,7 @@ def report(name: str, root: Path) -> None:
     if not path.exists():
         raise SystemExit(f"report {name}: {path} not found; run the bench stage first")
     metrics = json.loads(path.read_text())
+    record = starts_view.facts(d, metrics, root)  # read (and checked) first: a broken record writes nothing
     recs = records_from_metrics(metrics)
     text, _ = sweep_summary(recs)
     write_plots(recs, d)
@@ -174,9 +175,7 @@ def report(name: str, root: Path) -> None:
     readme = d / "README.md"
     if readme.exists():
         body = _replace_block(readme.read_text(), BEGIN, END, f"```\n{text}\n```")
-        body = _replace_block(
-            body, FACTS_BEGIN, FACTS_END, "\n".join(facts(metrics) + starts_view.facts(d, metrics, root))
-        )
+        body = _replace_block(body, FACTS_BEGIN, FACTS_END, "\n".join(facts(metrics) + record))
         readme.write_text(body)
     print(text)
 
@@ -282,7 +281,7 @@ def load_sweep(src: str, uri: str | None) -> dict:
     path = path if path.exists() else starts_view.experiment_dir(src, Path(os.environ.get("DVC_ROOT") or ".")) or path
     if path.is_dir() and (path / "metrics.json").is_file() and not any(path.glob("*/results.json")):
         path = path / "metrics.json"
-    return json.loads(path.read_text()) if path.is_file() else to_metrics(records_of(src, uri))
+    return starts_view.read_metrics(path, "sweep") if path.is_file() else to_metrics(records_of(src, uri))
 
 
 def same_metrics_warning(rebuilt: dict, reported: dict, name: str, rev: str) -> str | None:
@@ -334,7 +333,7 @@ def main(argv: list[str] | None = None) -> None:
         "parent run ids), each from its own machine start, first the reference; an experiment NAME first brings "
         "the starts it records. Per spec cell: each start's speedup, the sd between starts and within (launch to "
         "launch), a one-way ANOVA on the block values (a start effect beyond launch noise?) and, from 3 starts, "
-        "the 95%% interval where the next start's cell lands (docs/reproducibility.md).",
+        "the 95% interval where the next start's cell lands (docs/reproducibility.md).",
     )
     s.add_argument("sources", nargs="+", metavar="NAME | SWEEP")
     s.add_argument("--uri", default=None, help="MLflow store for run ids (default: MLFLOW_TRACKING_URI)")

@@ -9,6 +9,7 @@ each cell's next-start interval, which holds a start's shift, instead of one sta
 
 from __future__ import annotations
 
+import hashlib
 import json
 import subprocess
 from pathlib import Path
@@ -80,12 +81,23 @@ def recorded(exp: Path, root: Path) -> list[str]:
         paths = json.loads(f.read_text())
     except ValueError as e:
         raise SystemExit(f"{f}: not JSON ({e}); fix it, or delete it and record the starts again") from None
+    sums = (paths.get("md5") or {}) if isinstance(paths, dict) else {}
     paths = paths.get("starts") if isinstance(paths, dict) else None
     if not isinstance(paths, list) or not all(isinstance(x, str) for x in paths):
         raise SystemExit(f'{f}: needs {{"starts": [metrics.json paths relative to the repository root]}}')
     if missing := [x for x in paths if not (root / x).is_file()]:
         raise SystemExit(f"{f}: recorded start {missing[0]} not found: restore the file or drop it from the list")
+    # the report stage depends on starts.json only: a recorded file that changed would leave its facts stale
+    if changed := [x for x in paths if sums.get(x) != md5(root / x)]:
+        raise SystemExit(
+            f"{f}: recorded start {changed[0]} is not the file that was recorded (its md5 differs or is missing): "
+            "restore it (git checkout), or drop it from the list and record it again"
+        )
     return paths
+
+
+def md5(path: Path) -> str:
+    return hashlib.md5(path.read_bytes()).hexdigest()
 
 
 def record(exp: Path, new: list[str], root: Path) -> Path:
@@ -99,7 +111,10 @@ def record(exp: Path, new: list[str], root: Path) -> Path:
         if not p.exists():
             raise SystemExit(f"starts --record: {src} not found (a metrics.json path, from {Path.cwd()})")
         if not p.is_file() or p.suffix != ".json":
-            raise SystemExit(f"starts --record: {src} is not a metrics.json file (the record keeps file paths)")
+            raise SystemExit(
+                f"starts --record: {src} is not a metrics.json file (the record keeps file paths; for a sweep dir, "
+                "write its metrics.json into docs/data/ as the experiment's README shows)"
+            )
         try:
             rel.append(str(p.relative_to(root.resolve())))
         except ValueError:
@@ -118,14 +133,22 @@ def record(exp: Path, new: list[str], root: Path) -> Path:
     sweeps = [read_metrics(root / n, "starts --record") for n in names]
     if bad := st.not_one_design(sweeps, names):
         raise SystemExit("starts --record: not one design, nothing recorded:\n  " + "\n  ".join(bad))
-    about = "this experiment's other machine starts (metrics.json is start 1); `starts NAME SWEEP --record` adds one"
-    (exp / RECORD).write_text(json.dumps({"about": about, "starts": paths + rel}, indent=2) + "\n")
+    write(exp, paths + rel, root)
+    print(f"next: dvc repro report@{exp.name} (the README facts carry the record)")
     tracked = subprocess.run(["git", "ls-files", "--error-unmatch", *rel], cwd=root, capture_output=True)
     if tracked.returncode != 0:
         print(
-            f"note: commit the recorded files with {exp.name}/{RECORD} (git add {' '.join(rel)}): a clone without them fails"
+            f"note: commit the recorded files with experiments/{exp.name}/{RECORD} (git add {' '.join(rel)}): a clone "
+            "without them fails"
         )
     return exp / RECORD
+
+
+def write(exp: Path, paths: list[str], root: Path) -> None:
+    """starts.json: the paths and each file's md5 (a changed file is caught where the record is read)."""
+    about = "this experiment's other machine starts (metrics.json is start 1); `starts NAME SWEEP --record` adds one"
+    body = {"about": about, "starts": paths, "md5": {x: md5(root / x) for x in paths}}
+    (exp / RECORD).write_text(json.dumps(body, indent=2) + "\n")
 
 
 def of_experiment(src: str, root: Path) -> tuple[list[dict], list[str]]:
@@ -151,6 +174,11 @@ def for_compare(src: str, reported: dict, b: dict, root: Path) -> tuple[dict[str
         for i, (n, m) in enumerate(zip(names, sweeps, strict=True))
         if i and m.get("jobs") == b.get("jobs")
     ]
+    if other := [w for w in st.not_one_design([reported, b], [names[0], "B"]) if "given twice" not in w]:
+        why = other[0].removeprefix("B: ")
+        return {}, [
+            f"note: B is not one design with {names[0]} ({why}): not a start of it, so its record does not apply"
+        ]
     keep = [i for i, m in enumerate(sweeps) if not i or m.get("jobs") != b.get("jobs")]
     sweeps, names = [sweeps[i] for i in keep], [names[i] for i in keep]
     if bad := st.not_one_design(sweeps, names):

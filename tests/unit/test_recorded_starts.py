@@ -59,7 +59,8 @@ def test_record_then_compare_judges_the_fourth_start_by_the_first_three(repo, ca
 
     code, out, _ = run(capsys, "starts", EXP, *STARTS[:2], "--record")
     assert code == 0 and "recorded: " in out and "[1.741, 1.817]" in out
-    assert f"note: commit the recorded files with {EXP}/starts.json (git add {' '.join(STARTS[:2])})" in out
+    assert f"note: commit the recorded files with experiments/{EXP}/starts.json (git add {' '.join(STARTS[:2])})" in out
+    assert f"next: dvc repro report@{EXP}" in out
     assert json.loads((repo / f"experiments/{EXP}/starts.json").read_text())["starts"] == STARTS[:2]
 
     code, out, _ = run(capsys, "compare", EXP, STARTS[2])
@@ -132,11 +133,45 @@ def test_the_interval_is_never_narrower_than_the_rerun_interval(repo, capsys):
 def test_a_record_that_is_not_one_design_with_a_is_not_used(repo, capsys):
     """compare --rev at another design, or a re-measured metrics.json: the record is checked again."""
     run(capsys, "starts", EXP, *STARTS[:2], "--record")
-    h200 = json.loads((ROOT / "experiments/real_shape_h200x1/metrics.json").read_text())
-    b = json.loads((repo / STARTS[2]).read_text())
+    shutil.copy(ROOT / "experiments/real_shape_h200x1/metrics.json", repo / "h200.json")
+    h200 = json.loads((repo / "h200.json").read_text())
+    b = json.loads((repo / scaled(repo / "h200.json", repo / "h200b.json", 1.001)).read_text())
     got, notes = starts_view.for_compare(EXP, h200, b, repo)
     assert got == {} and notes[0].startswith(f"warning: the record of experiments/{EXP}/metrics.json is not one")
     assert "in hardware 'h200x1' vs 'h100x1'" in notes[0] and notes[0].endswith("judged by the rerun interval")
+
+
+def test_a_b_of_another_design_is_not_judged_by_the_record(repo, capsys):
+    """Another card's result is no start of the experiment: the record does not apply, and compare does not
+    ask to record it."""
+    run(capsys, "starts", EXP, *STARTS[:2], "--record")
+    shutil.copy(ROOT / "experiments/real_shape_h200x1/metrics.json", repo / "h200.json")
+    code, out, _ = run(capsys, "compare", EXP, "h200.json")
+    assert code == 1 and "(rerun 1.777-1.793)" in out and "next start" not in out
+    assert f"note: h200.json is not one design with experiments/{EXP}/metrics.json (cell 'spec.steps=1' differs" in out
+    assert "not a start of it, so its record does not apply" in out and "record it all the same" not in out
+
+
+def test_what_is_not_a_metrics_json_is_named_not_a_traceback(repo, capsys):
+    shutil.copy(ROOT / "experiments/real_shape_h200x1/summary.json", repo / "summary.json")
+    (repo / "notes.json").write_text("{ not json")
+    for argv in (["compare", EXP, "summary.json"], ["starts", EXP, "summary.json"], ["compare", EXP, "notes.json"]):
+        code, _, _ = run(capsys, *argv)
+        assert str(code).startswith("sweep: summary.json is not a metrics.json (no 'jobs'") or (
+            str(code).startswith("sweep: notes.json cannot be read as JSON")
+        ), (argv, code)
+
+
+def test_every_reported_experiment_has_a_record_its_report_stage_depends_on():
+    """dvc.yaml's report stages depend on experiments/<item>/starts.json: a missing one fails `dvc repro`."""
+    import yaml
+
+    stage = yaml.safe_load((ROOT / "dvc.yaml").read_text())["stages"]["report"]
+    assert "experiments/${item}/starts.json" in stage["do"]["deps"]
+    for item in stage["foreach"]:
+        exp = ROOT / "experiments" / item
+        assert isinstance(starts_view.recorded(exp, ROOT), list), item  # present, valid, files unchanged
+        assert (exp / "starts.json").is_file(), item
 
 
 def test_rebuild_checks_the_record_before_it_runs_the_sweep(repo, capsys):
@@ -194,6 +229,12 @@ def test_a_missing_recorded_start_or_a_broken_record_is_named(repo, capsys):
         code, _, _ = run(capsys, *argv)
         assert f"recorded start {STARTS[1]} not found" in str(code), argv
     f = repo / f"experiments/{EXP}/starts.json"
+    (repo / STARTS[1]).write_bytes((ROOT / STARTS[1]).read_bytes())
+    assert run(capsys, "starts", EXP)[0] == 0
+    (repo / STARTS[1]).write_text((repo / STARTS[1]).read_text().replace("1.77", "1.71", 1))  # changed after recording
+    for argv in (["starts", EXP], ["compare", EXP, STARTS[0]], ["report", EXP]):
+        code, _, _ = run(capsys, *argv)
+        assert f"recorded start {STARTS[1]} is not the file that was recorded" in str(code), argv
     for text, why in (("[]", 'needs {"starts": [metrics.json paths'), ("{", "not JSON")):
         f.write_text(text)
         code, _, _ = run(capsys, "starts", EXP)
