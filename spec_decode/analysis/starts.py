@@ -107,7 +107,7 @@ def anova(groups: list[list[float]]) -> Test | None:
     ss_w = sum((x - statistics.fmean(g)) ** 2 for g in logs for x in g)
     if ss_w == 0:
         return None
-    with frozen_imports():  # scipy.stats: only starts and compare with a record pay for it
+    with frozen_imports():  # scipy.stats: only this view pays for it
         from scipy import stats
     classic = stats.f_oneway(*logs)
     welch = None
@@ -126,15 +126,21 @@ def next_start(values: list[float], confidence: float = 0.95) -> tuple[float, fl
     return math.exp(m - half), math.exp(m + half)
 
 
+def _values(sweeps: list[dict]) -> dict[str, list[float | None]]:
+    """Each spec cell of the first sweep: every sweep's speedup (None where it has none)."""
+    cells = [entries(m) for m in sweeps]
+    return {
+        key: [(c.get(key) or {}).get("speedup_vs_baseline") for c in cells]
+        for key, e in cells[0].items()
+        if not _is_baseline(key, e)
+    }
+
+
 def starts(sweeps: list[dict]) -> list[StartsRow]:
     """One row per spec cell of the first sweep (every sweep a metrics.json of one design)."""
-    cells = [entries(m) for m in sweeps]
     blocks = [block_values(m) for m in sweeps]
     rows = []
-    for key, e in cells[0].items():
-        if _is_baseline(key, e):
-            continue
-        vals = [(c.get(key) or {}).get("speedup_vs_baseline") for c in cells]
+    for key, vals in _values(sweeps).items():
         row = StartsRow(key, vals)
         got = [v for v in vals if v is not None]
         if len(got) >= 2:
@@ -149,8 +155,17 @@ def starts(sweeps: list[dict]) -> list[StartsRow]:
 
 def intervals(sweeps: list[dict]) -> dict[str, tuple[float, float]]:
     """Each spec cell's next-start interval (keyed as ``compare.entries``), where 3+ starts have a value: what
-    ``compare`` judges a rebuild by when an experiment records its starts."""
-    return {r.cell: r.interval for r in starts(sweeps) if r.interval}
+    ``compare`` judges a rebuild by when an experiment records its starts. No test is run (no scipy)."""
+    got = {key: next_start([v for v in vals if v is not None]) for key, vals in _values(sweeps).items()}
+    return {key: i for key, i in got.items() if i}
+
+
+def recorded_intervals(sweeps: list[dict], names: list[str]) -> tuple[dict[str, tuple[float, float]], str | None]:
+    """An experiment's record (its metrics.json first) as ``compare`` and the report use it: the next-start
+    intervals, or none with the reason (not one design: the first such problem; fewer than 3 starts: None)."""
+    if bad := not_one_design(sweeps, names):
+        return {}, bad[0]
+    return intervals(sweeps), None
 
 
 def not_one_design(sweeps: list[dict], names: list[str]) -> list[str]:

@@ -78,11 +78,11 @@ def recorded(exp: Path, root: Path) -> list[str]:
     if not f.is_file():
         return []
     try:
-        paths = json.loads(f.read_text())
+        body = json.loads(f.read_text())
     except ValueError as e:
         raise SystemExit(f"{f}: not JSON ({e}); fix it, or delete it and record the starts again") from None
-    sums = (paths.get("md5") or {}) if isinstance(paths, dict) else {}
-    paths = paths.get("starts") if isinstance(paths, dict) else None
+    body = body if isinstance(body, dict) else {}
+    sums, paths = body.get("md5") or {}, body.get("starts")
     if not isinstance(paths, list) or not all(isinstance(x, str) for x in paths):
         raise SystemExit(f'{f}: needs {{"starts": [metrics.json paths relative to the repository root]}}')
     if missing := [x for x in paths if not (root / x).is_file()]:
@@ -181,12 +181,13 @@ def for_compare(src: str, reported: dict, b: dict, root: Path) -> tuple[dict[str
         ]
     keep = [i for i, m in enumerate(sweeps) if not i or m.get("jobs") != b.get("jobs")]
     sweeps, names = [sweeps[i] for i in keep], [names[i] for i in keep]
-    if bad := st.not_one_design(sweeps, names):
+    got, bad = st.recorded_intervals(sweeps, names)
+    if bad:
         return {}, [
             *notes,
-            f"warning: the record of {names[0]} is not one design ({bad[0]}): judged by the rerun interval",
+            f"warning: the record of {names[0]} is not one design ({bad}): judged by the rerun interval",
         ]
-    if not (got := st.intervals(sweeps)):
+    if not got:
         return {}, [
             *notes,
             f"next-start intervals: none ({len(sweeps)} starts; 3 are needed): judged by the rerun interval",
@@ -261,9 +262,9 @@ def facts(exp: Path, metrics: dict, root: Path) -> list[str]:
         return []
     k = len(names) + 1
     sweeps = [metrics, *(read_metrics(root / n, "report") for n in names)]
-    if bad := st.not_one_design(sweeps, ["this metrics.json", *names]):  # a re-measured metrics.json
-        return [f"- machine starts: {RECORD} is not one design with this metrics.json ({bad[0]}); no interval"]
-    got = st.intervals(sweeps)
+    got, bad = st.recorded_intervals(sweeps, ["this metrics.json", *names])
+    if bad:  # a re-measured metrics.json
+        return [f"- machine starts: {RECORD} is not one design with this metrics.json ({bad}); no interval"]
     if not got:
         return [f"- machine starts: {k} (this metrics.json and {RECORD}); 3 give a next-start interval"]
     cells = cmp.entries(metrics)
