@@ -1,2 +1,2 @@
-"""Layer 1, the derived numbers: statistics, acceptance, latency, checks, drift, the lossless guard, the
+"""Floor 2, the derived numbers: statistics, acceptance, latency, checks, drift, the lossless guard, the
 cost model and the step recommendation -- functions of measured values and records."""

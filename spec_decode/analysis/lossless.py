@@ -61,7 +61,7 @@ def skipped(reason: str) -> Lossless:
 
 def guard(
     comparisons: list[Comparison], exact: bool, temperature: float, performance_only: bool, has_baseline: bool
-) -> dict:
+) -> Lossless:
     """The job's ``lossless`` section: ``{checked, requests, matched, match_rate, first_divergence:
     {key: position}, verdict: pass|fail|warn|skipped, reason}``. ``exact``: the engine decodes exactly
     (``engines.engine.Engine.exact_outputs``), so a divergence fails; else it warns."""

@@ -1,2 +1,3 @@
-"""Layer 3, the measuring side: the job (``job``, ``cli``), preflight and the doctor, the server process
-and its HTTP client, the paired baseline, the request pass, the GPU-slot allocator."""
+"""Floor 3, the measuring side: the job (``job``), preflight and the doctor, the HTTP client, the paired
+baseline, the load and request passes, the profiled pass, the GPU-slot allocator (the server process itself
+lives in ``engines``)."""

@@ -182,7 +182,7 @@ def measure(
                     pair.env["CUDA_VISIBLE_DEVICES"] = ",".join(mine[cfg.hardware.tp_size :])
             for launch in range(cfg.benchmark.launches):
                 _one_launch(cfg, ctx, launch, prompt, extra_env, rec, measured, pair)
-    except KeyboardInterrupt as e:  # Ctrl-C, or SIGTERM (cli.Terminated: scancel, time limit, kill)
+    except KeyboardInterrupt as e:  # Ctrl-C, or SIGTERM (hydra_entry.Terminated: scancel, time limit, kill)
         status, error = "KILLED", str(e) or "interrupted (Ctrl-C / SIGINT)"
         raise
     except (ServerError, ClientError, OSError, SlotTimeout) as e:

@@ -48,7 +48,9 @@ def table(sweeps: list[dict], names: list[str]) -> list[str]:
     return [*lines, "", *keys, *warn, *notes, st.summary(rows, k)]
 
 
-RECORD = "starts.json"  # experiments/<name>/starts.json: {"starts": [metrics.json paths, repo-relative]}
+# experiments/<name>/starts.json: {"about": text, "starts": [metrics.json paths, repo-relative],
+# "md5": {path: md5 of that file}}
+RECORD = "starts.json"
 
 
 def experiment_dir(src: str, root: Path) -> Path | None:

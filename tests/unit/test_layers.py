@@ -2,7 +2,7 @@
 
 Floors, bottom up: core < record < analysis < runner < views. Above them all, imported by nothing of ours:
 the command modules (``__main__``, ``hydra_entry``: Hydra -> run_job, ``bench``: an experiment's sweep ->
-metrics.json). Beside them: parsers and probe (leaves),
+metrics.json). Beside them: parsers (a leaf), probe (``engines.sglang`` only),
 engines (core and its own modules; the embedded engine's processes also run the plugins), profiler (code
 that runs inside the server: parsers and the plugin registry only). Every import counts, at module
 level, inside a function or under TYPE_CHECKING alike.
