@@ -25,8 +25,9 @@ from spec_decode.analysis.costmodel import fit, points_from_records
 from spec_decode.core.lineage import lineage_tags
 from spec_decode.record.results import JobRecord, collect
 from spec_decode.views import starts as starts_view
+from spec_decode.views.compare import REBUILD, committed_metrics, compare
 from spec_decode.views.drafter_experiments import served_ids
-from spec_decode.views.experiment import REBUILD, committed_metrics, compare, exp_dir
+from spec_decode.views.experiment import exp_dir
 from spec_decode.views.metrics_json import records_from_metrics, to_metrics
 from spec_decode.views.plots import write_plots
 from spec_decode.views.report import sweep_summary

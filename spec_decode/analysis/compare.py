@@ -240,17 +240,17 @@ def coverage(rows: list[Row]) -> str | None:
     by = {r.judged_by for r in judged}
     if by == {"CI"}:
         return f"coverage: {sum(r.inside for r in judged)} of {len(judged)} speedups of B inside A's 95% interval"
-    ci = f"{sum(bool(r.inside_ci) for r in judged)} of {len(judged)} inside A's 95% CI, which a rebuild's own noise leaves {ci_note(judged)}"
-    rerun = "rerun interval (where an equal-size rebuild lands with 95% at A's launch-to-launch noise; a machine start's own shift is not in it"
+    ci = f"{sum(bool(r.inside_ci) for r in judged)} of {len(judged)} inside A's 95% CI, which holds an equal-size rebuild (its launch noise alone) {ci_note(judged)}"
+    rerun = "rerun interval (where an equal-size rebuild lands with 95% at A's launch-to-launch noise; a machine start's own shift is not in it)"
     starts = [r for r in judged if r.judged_by == "next-start interval"]
     rest = [r for r in judged if r.judged_by != "next-start interval"]
     if not starts:
-        return f"coverage: {sum(r.inside for r in judged)} of {len(judged)} speedups of B inside A's 95% {rerun}; {ci})"
+        return f"coverage: {sum(r.inside for r in judged)} of {len(judged)} speedups of B inside A's 95% {rerun}; {ci}"
     parts = [
         f"{sum(r.inside for r in starts)} of {len(starts)} speedups of B inside A's 95% next-start interval (where a "
         "rebuild on another machine start lands, from A's recorded starts: launch noise and a start's shift together)"
     ]
-    for by, text in (("rerun interval", f"{rerun})"), ("CI", "interval")):
+    for by, text in (("rerun interval", rerun), ("CI", "interval")):
         got = [r for r in rest if r.judged_by == by]
         parts += [f"{sum(r.inside for r in got)} of {len(got)} inside A's 95% {text}"] if got else []
     return f"coverage: {'; '.join(parts)}; {ci}"

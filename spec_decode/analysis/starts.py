@@ -22,9 +22,12 @@ its own start, per spec cell (the speedups' logs; each start's value is its bloc
   shift together, so it holds whatever a start moves, for a next start with as many blocks as these; with
   k - 1 df it is wide (t_2 = 4.30) until more starts come.
 - **one design**: the matched cells' axes (hardware, model, steps, ...) must agree across the sweeps, and two
-  sweeps with the same jobs are one measurement given twice; ``warnings`` names both, and a cell that is
-  missing, not FINISHED or measured in fewer blocks than in the first sweep. ``notes`` names the sweeps whose
-  code (``git_commit``) differs from the first's: a code change may be part of a difference.
+  sweeps that share a job's measurement (``same_measurement``: its tok/s, sd and run count, to the digits
+  metrics.json keeps; a copy renamed or re-exported with other keys too) are one measurement given twice;
+  ``warnings`` names both, and a cell that is missing, not FINISHED or measured in fewer blocks than in the
+  first sweep. Where the sweeps are not one design there is no test and no interval. ``notes`` names the
+  sweeps whose code (``git_commit``) differs from the first's, or that ran from a tree with uncommitted
+  changes: a code change may be part of a difference.
 """
 
 from __future__ import annotations
@@ -136,8 +139,9 @@ def _values(sweeps: list[dict]) -> dict[str, list[float | None]]:
     }
 
 
-def starts(sweeps: list[dict]) -> list[StartsRow]:
-    """One row per spec cell of the first sweep (every sweep a metrics.json of one design)."""
+def starts(sweeps: list[dict], judge: bool = True) -> list[StartsRow]:
+    """One row per spec cell of the first sweep (every sweep a metrics.json of one design); ``judge`` false
+    (sweeps that are not one design): the values only, no test and no interval."""
     blocks = [block_values(m) for m in sweeps]
     rows = []
     for key, vals in _values(sweeps).items():
@@ -145,6 +149,9 @@ def starts(sweeps: list[dict]) -> list[StartsRow]:
         got = [v for v in vals if v is not None]
         if len(got) >= 2:
             row.between_sd = statistics.stdev(math.log(v) for v in got)
+        if not judge:
+            rows.append(row)
+            continue
         row.interval = next_start(got)
         groups = [b.get(key, []) if v is not None else [] for b, v in zip(blocks, vals, strict=True)]
         if sum(bool(g) for g in groups) >= 2:
@@ -166,6 +173,24 @@ def recorded_intervals(sweeps: list[dict], names: list[str]) -> tuple[dict[str, 
     if bad := not_one_design(sweeps, names):
         return {}, bad[0]
     return intervals(sweeps), None
+
+
+def _axes_diff(x: dict, y: dict) -> str:
+    return ", ".join(f"{k} {x.get(k)!r} vs {y.get(k)!r}" for k in sorted(x.keys() | y.keys()) if x.get(k) != y.get(k))
+
+
+def other_design(a: dict, b: dict) -> str | None:
+    """Why ``b`` is no start of ``a``'s design: a spec cell of ``a`` it lacks, or one whose axes differ (another
+    card, model or setting); None when every cell is there with the same axes."""
+    ca, cb = entries(a), entries(b)
+    for key, e in ca.items():
+        if _is_baseline(key, e):
+            continue
+        if key not in cb:
+            return f"no cell {key!r}"
+        if what := _axes_diff(e.get("axes") or {}, cb[key].get("axes") or {}):
+            return f"cell {key!r} differs in {what}"
+    return None
 
 
 def not_one_design(sweeps: list[dict], names: list[str]) -> list[str]:
@@ -192,6 +217,14 @@ def problems(sweeps: list[dict], names: list[str]) -> list[tuple[bool, str]]:
                 out.append(
                     (True, f"{names[i]} holds the same jobs as {names[j]}: one measurement given twice, not two starts")
                 )
+            elif shared := same_measurement(sweeps[j], sweeps[i]):
+                out.append(
+                    (
+                        True,
+                        f"{names[i]} shares {shared} of {len(sweeps[i].get('jobs') or {})} jobs' measurements with "
+                        f"{names[j]} (the same tok/s, sd and runs): one measurement given twice, not two starts",
+                    )
+                )
     cells, blocks = [entries(m) for m in sweeps], [block_values(m) for m in sweeps]
     c0 = cells[0]
     for key, e in c0.items():
@@ -201,9 +234,7 @@ def problems(sweeps: list[dict], names: list[str]) -> list[tuple[bool, str]]:
             if key not in c:
                 out.append((True, f"{name}: no cell {key!r} (a different design, or a partial sweep)"))
                 continue
-            x, y = e.get("axes") or {}, c[key].get("axes") or {}
-            if diff := sorted(k for k in x.keys() | y.keys() if x.get(k) != y.get(k)):
-                what = ", ".join(f"{k} {x.get(k)!r} vs {y.get(k)!r}" for k in diff)
+            if what := _axes_diff(e.get("axes") or {}, c[key].get("axes") or {}):
                 out.append((True, f"{name}: cell {key!r} differs from {names[0]} in {what}: not one design"))
             n, n0 = len(b.get(key, [])), len(blocks[0].get(key, []))
             if c[key].get("status", "FINISHED") != "FINISHED":
@@ -227,18 +258,42 @@ def problems(sweeps: list[dict], names: list[str]) -> list[tuple[bool, str]]:
     return out
 
 
+def same_measurement(a: dict, b: dict) -> int:
+    """How many of ``b``'s jobs carry a measurement of ``a``'s: the same tok/s, sd and run count (a job that
+    measured something). Two starts never agree to the digits metrics.json keeps on all three; a copy of a
+    sweep does, whatever it was renamed to or whatever keys were added."""
+
+    def keys(m: dict) -> list[tuple]:
+        jobs = (m.get("jobs") or {}).values()
+        got = [
+            tuple(j.get(k) for k in ("throughput_tok_s", "throughput_tok_s_std", "throughput_tok_s_n")) for j in jobs
+        ]
+        return [k for k in got if None not in k]
+
+    seen = set(keys(a))
+    return sum(k in seen for k in keys(b))
+
+
 def notes(sweeps: list[dict], names: list[str]) -> list[str]:
-    """The sweeps measured at another commit than the first: a code change may be part of a difference."""
+    """The sweeps measured at another commit than the first, or from a tree with uncommitted changes: a code
+    change may be part of a difference."""
     first = sweeps[0].get("git_commit")
-    return [
+    out = [
         f"{name} was measured at {str(m.get('git_commit'))[:7]}, {names[0]} at {str(first)[:7]}: a code change may be part of a difference"
         for name, m in zip(names[1:], sweeps[1:], strict=True)
         if first and m.get("git_commit") and m.get("git_commit") != first
     ]
+    if dirty := [n for n, m in zip(names, sweeps, strict=True) if m.get("git_dirty")]:
+        out.append(
+            f"{', '.join(dirty)}: measured from a tree with uncommitted changes (git_dirty): its code is not its commit alone"
+        )
+    return out
 
 
-def summary(rows: list[StartsRow], k: int) -> str:
+def summary(rows: list[StartsRow], k: int, one_design: bool = True) -> str:
     """One line: how many cells show a start effect, and what that means for the rerun interval."""
+    if not one_design:
+        return f"{k} sweeps that are not one design (the warnings above): no start-effect test, no next-start interval"
     tested = [r for r in rows if r.test is not None]
     shown = [r for r in tested if r.test.shown]
     classic = sum(r.test.classic_only for r in tested)

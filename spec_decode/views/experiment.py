@@ -23,19 +23,17 @@ import json
 import os
 import re
 import statistics
-import subprocess
-import sys
 from pathlib import Path
 
 from tabulate import tabulate
 
-from spec_decode.analysis import compare as cmp
 from spec_decode.analysis import concurrency
 from spec_decode.analysis.costmodel import nonneg_line
+from spec_decode.views import compare as compare_view
 from spec_decode.views import starts as starts_view
-from spec_decode.views.metrics_json import records_from_metrics, to_metrics
+from spec_decode.views.metrics_json import records_from_metrics
 from spec_decode.views.plots import write_plots
-from spec_decode.views.report import records_of, sweep_summary
+from spec_decode.views.report import sweep_summary
 from spec_decode.views.summary import summary
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -45,9 +43,6 @@ FACTS_BEGIN, FACTS_END = "<!-- facts:begin (python -m spec_decode.views.experime
 
 def exp_dir(name: str, root: Path) -> Path:
     return root / "experiments" / name
-
-
-REBUILD = "rebuild"  # experiments/<name>/rebuild/: ignored by git (.gitignore), so a rerun never dirties git
 
 
 def facts(metrics: dict) -> list[str]:
@@ -252,58 +247,6 @@ def _replace_block(body: str, begin: str, end: str, content: str) -> str:
     return body + "\n" + block + "\n"
 
 
-def compare(
-    a: dict, b: dict, names: tuple[str, str] = ("A", "B"), starts: tuple[dict, list[str]] = ({}, [])
-) -> tuple[list[str], bool]:
-    """Per cell: the speedup intervals overlap or not, accept length equal or not; the hosts' differences
-    and loads; the verdict (spec_decode.analysis.compare). ``starts``: A's next-start intervals and their
-    notes (``views.starts.for_compare``). Returns (lines, differ)."""
-    rows = cmp.compare(a, b, starts[0])
-    table = tabulate(
-        [[r.cell, r.a, r.b, r.accept, r.verdict] for r in rows],
-        headers=["cell", f"{names[0]}: speedup (tok/s for baselines) [95% CI]", f"{names[1]}", "accept len", "verdict"],
-        tablefmt="plain",
-        disable_numparse=True,
-    ).splitlines()
-    notes = [n.replace("A: ", f"{names[0]}: ", 1).replace("B: ", f"{names[1]}: ", 1) for n in cmp.host_notes(a, b)]
-    verdict = cmp.verdict(rows)
-    cover = cmp.coverage(rows)
-    cover = [cover.replace(" of B ", f" of {names[1]} ").replace(" A's ", f" {names[0]}'s ")] if cover else []
-    cover += [n.replace(" B ", f" {names[1]} ", 1) for n in starts[1]]
-    cover += starts_view.hints(rows)
-    return [*table, "", *notes, *cover, f"verdict: {verdict}"], verdict.startswith("DIFFER")
-
-
-def load_sweep(src: str, uri: str | None) -> dict:
-    """A sweep as metrics.json: a metrics.json file, an experiment dir holding one, or the records of a
-    multirun dir / an MLflow parent run (``report.records_of``); a reported experiment's NAME."""
-    path = Path(src)
-    path = path if path.exists() else starts_view.experiment_dir(src, Path(os.environ.get("DVC_ROOT") or ".")) or path
-    if path.is_dir() and (path / "metrics.json").is_file() and not any(path.glob("*/results.json")):
-        path = path / "metrics.json"
-    return starts_view.read_metrics(path, "sweep") if path.is_file() else to_metrics(records_of(src, uri))
-
-
-def same_metrics_warning(rebuilt: dict, reported: dict, name: str, rev: str) -> str | None:
-    """compare on a fresh clone reads the committed metrics.json twice (a plain ``dvc repro`` skips an
-    up-to-date stage): every verdict would be "within noise" by construction. Say so."""
-    if rebuilt != reported:
-        return None
-    return (
-        f"warning: experiments/{name}/metrics.json in the workspace is the one committed at {rev}: "
-        f"nothing was rebuilt, so this compares the committed numbers with themselves. Rerun the "
-        f"experiment first: python -m spec_decode.bench rebuild {name} (it compares itself)"
-    )
-
-
-def committed_metrics(path: Path, rev: str, root: Path) -> dict:
-    rel = path.resolve().relative_to(root.resolve())
-    out = subprocess.run(["git", "show", f"{rev}:{rel}"], cwd=root, capture_output=True, text=True)
-    if out.returncode != 0:
-        raise SystemExit(f"compare: {rel} is not in git at {rev}: {out.stderr.strip()}")
-    return json.loads(out.stdout)
-
-
 def main(argv: list[str] | None = None) -> None:
     ap = argparse.ArgumentParser(
         prog="python -m spec_decode.views.experiment",
@@ -316,16 +259,7 @@ def main(argv: list[str] | None = None) -> None:
     h = sub.add_parser("headline", help="metrics.json -> the headline table in README.md (between its markers)")
     h.add_argument("name")
     h.add_argument("--readme", type=Path, default=None, help="default: README.md of the project")
-    c = sub.add_parser(
-        "compare",
-        help="two sweeps cell by cell with a verdict (exit 1 when a cell differs)",
-        description="compare NAME: the rebuilt metrics.json (workspace) vs the committed one; "
-        "compare A B: any two sweeps (metrics.json, experiment or multirun dirs, "
-        "MLflow parent run ids)",
-    )
-    c.add_argument("sources", nargs="+", metavar="NAME | A B")
-    c.add_argument("--rev", default="HEAD", help="git revision holding the reported metrics (compare NAME)")
-    c.add_argument("--uri", default=None, help="MLflow store for run ids (default: MLFLOW_TRACKING_URI)")
+    compare_view.add_parser(sub)
     s = sub.add_parser(
         "starts",
         help="one design's sweeps from several machine starts: the shift a start adds, and where the next lands",
@@ -347,43 +281,21 @@ def main(argv: list[str] | None = None) -> None:
     root = Path(os.environ.get("DVC_ROOT") or Path.cwd())
     if args.cmd == "starts":
         try:
-            sweeps, names = starts_view.gather(args.sources, args.record, root, lambda src: load_sweep(src, args.uri))
+            sweeps, names = starts_view.gather(
+                args.sources, args.record, root, lambda src: compare_view.load_sweep(src, args.uri, root)
+            )
         except ValueError as e:
             ap.error(str(e))
         print("\n".join(starts_view.table(sweeps, names)))
         return
     if args.cmd == "compare":
-        if len(args.sources) > 2:
-            ap.error("compare takes an experiment name, or two sweeps")
-        if len(args.sources) == 2:
-            a, b = (load_sweep(src, args.uri) for src in args.sources)
-            names = tuple(args.sources)
-        else:
-            a, b, names = compare_experiment(ap, args.sources[0], args.rev, root)
-        lines, differ = compare(a, b, names, starts_view.for_compare(args.sources[0], a, b, root))
-        print("\n".join(lines))
-        raise SystemExit(1 if differ else 0)
+        compare_view.main(args, ap, root)
     if not (root / "conf" / "experiment" / f"{args.name}.yaml").exists():
         ap.error(f"no experiment {args.name!r}: conf/experiment/{args.name}.yaml not found")
     if args.cmd == "report":
         report(args.name, root)
     else:
         print(write_headline(args.name, root, args.readme or root / "README.md"))
-
-
-def compare_experiment(ap: argparse.ArgumentParser, name: str, rev: str, root: Path) -> tuple[dict, dict, tuple]:
-    """(reported at ``rev``, rebuilt in the workspace, their names) of a named experiment."""
-    if not (root / "conf" / "experiment" / f"{name}.yaml").exists():
-        ap.error(f"no experiment {name!r}: conf/experiment/{name}.yaml not found (or give two sweeps)")
-    path = exp_dir(name, root) / "metrics.json"
-    if not path.exists():
-        ap.error(f"{path} not found: run `dvc repro bench@{name}` first")
-    rebuilt, reported = json.loads(path.read_text()), committed_metrics(path, rev, root)
-    if rebuilt == reported and (path.parent / REBUILD / "metrics.json").exists():  # `rebuild` left its numbers
-        rebuilt = json.loads((path.parent / REBUILD / "metrics.json").read_text())
-    if (w := same_metrics_warning(rebuilt, reported, name, rev)) is not None:
-        print(w, file=sys.stderr)
-    return reported, rebuilt, (f"reported ({rev})", "rebuilt")
 
 
 if __name__ == "__main__":

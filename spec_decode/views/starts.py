@@ -13,6 +13,7 @@ import hashlib
 import json
 import subprocess
 from pathlib import Path
+from typing import NamedTuple
 
 from tabulate import tabulate
 
@@ -28,7 +29,8 @@ def table(sweeps: list[dict], names: list[str]) -> list[str]:
     """Per spec cell: each start's speedup, the sd between starts and within (launch to launch), the start
     effect's test and where the next start's cell lands; then which sweep is which start, what makes them not
     one design (if anything), and the summary line."""
-    rows = st.starts(sweeps)
+    one_design = not st.not_one_design(sweeps, names)
+    rows = st.starts(sweeps, judge=one_design)
     k = len(sweeps)
     body = [
         [r.cell, *("-" if v is None else f"{v:.3f}" for v in r.values), _pct(r.between_sd)]
@@ -45,7 +47,7 @@ def table(sweeps: list[dict], names: list[str]) -> list[str]:
     keys = [f"start {i + 1}: {n}" for i, n in enumerate(names)]
     warn = [f"warning: {w}" for w in st.warnings(sweeps, names)]
     notes = [f"note: {n}" for n in st.notes(sweeps, names)]
-    return [*lines, "", *keys, *warn, *notes, st.summary(rows, k)]
+    return [*lines, "", *keys, *warn, *notes, st.summary(rows, k, one_design)]
 
 
 # experiments/<name>/starts.json: {"about": text, "starts": [metrics.json paths, repo-relative],
@@ -71,6 +73,8 @@ def read_metrics(path: Path, what: str) -> dict:
         raise SystemExit(f"{what}: {path} cannot be read as JSON ({e})") from None
     if not isinstance(got, dict) or not isinstance(got.get("jobs"), dict):
         raise SystemExit(f"{what}: {path} is not a metrics.json (no 'jobs'; summary.json is not one)")
+    if not got["jobs"]:
+        raise SystemExit(f"{what}: {path} has no jobs (an empty sweep): nothing to compare")
     return got
 
 
@@ -102,11 +106,12 @@ def md5(path: Path) -> str:
     return hashlib.md5(path.read_bytes()).hexdigest()
 
 
-def record(exp: Path, new: list[str], root: Path) -> Path:
+def record(exp: Path, new: list[str], root: Path) -> list[str]:
     """Add sweeps to an experiment's recorded starts, after checking they are metrics.json files the
     repository keeps (inside it, not ignored by git), not yet recorded, and one design with the experiment
     (``analysis.starts.not_one_design``). Record every start of the design, inside the interval or not: a
-    record of only the starts that agree would narrow the interval below what starts do."""
+    record of only the starts that agree would narrow the interval below what starts do. Returns what to
+    print: the record written, then what to do next."""
     rel = []
     for src in new:
         p = Path(src).resolve()
@@ -130,20 +135,23 @@ def record(exp: Path, new: list[str], root: Path) -> Path:
             raise SystemExit(f"starts --record: {rel[-1]} is ignored by git; copy it to a kept path, e.g. docs/data/")
     paths = recorded(exp, root)
     if dup := [x for x in rel if x in paths]:
-        raise SystemExit(f"starts --record: {dup[0]} is already recorded in {exp / RECORD}")
+        raise SystemExit(f"starts --record: {dup[0]} is already recorded in experiments/{exp.name}/{RECORD}")
     names = [str((exp / "metrics.json").relative_to(root.resolve())), *paths, *rel]
     sweeps = [read_metrics(root / n, "starts --record") for n in names]
     if bad := st.not_one_design(sweeps, names):
         raise SystemExit("starts --record: not one design, nothing recorded:\n  " + "\n  ".join(bad))
     write(exp, paths + rel, root)
-    print(f"next: dvc repro report@{exp.name} (the README facts carry the record)")
+    out = [
+        f"recorded: experiments/{exp.name}/{RECORD} ({len(paths) + len(rel) + 1} starts with its metrics.json)",
+        f"next: dvc repro report@{exp.name} (the README facts carry the record)",
+    ]
     tracked = subprocess.run(["git", "ls-files", "--error-unmatch", *rel], cwd=root, capture_output=True)
     if tracked.returncode != 0:
-        print(
+        out.append(
             f"note: commit the recorded files with experiments/{exp.name}/{RECORD} (git add {' '.join(rel)}): a clone "
             "without them fails"
         )
-    return exp / RECORD
+    return out
 
 
 def write(exp: Path, paths: list[str], root: Path) -> None:
@@ -162,43 +170,51 @@ def of_experiment(src: str, root: Path) -> tuple[list[dict], list[str]]:
     return [read_metrics(root / n, "starts") for n in names], names
 
 
-def for_compare(src: str, reported: dict, b: dict, root: Path) -> tuple[dict[str, tuple[float, float]], list[str]]:
+class Judged(NamedTuple):
+    """What ``compare`` judges B by: A's next-start intervals (none: the rerun interval, or the CI), the notes
+    that say why, and whether B is of another design than the experiment A (then no hint about starts)."""
+
+    intervals: dict[str, tuple[float, float]]
+    notes: list[str]
+    other_design: bool = False
+
+
+def for_compare(src: str, reported: dict, b: dict, root: Path) -> Judged:
     """A's next-start intervals when A is an experiment with recorded starts (NAME or experiments/NAME; the
     reported metrics.json, at the revision compared, is start 1), and the notes that say so. A recorded start
-    that B is (the same jobs) is left out of the interval B is judged by; a record that is not one design
-    with A (another --rev, a re-measured metrics.json) gives no interval, with the reason."""
+    that B is (the same measurement) is left out of the interval B is judged by; a record that is not one
+    design with A (another --rev, a re-measured metrics.json) gives no interval, with the reason."""
     sweeps, names = of_experiment(src, root)
-    if len(sweeps) < 2:
-        return {}, []
+    if not sweeps:
+        return Judged({}, [])
+    if why := st.other_design(reported, b):
+        return Judged(
+            {},
+            [f"note: B is not one design with {names[0]} ({why}): not a start of it, so its record does not apply"],
+            True,
+        )
+    if len(sweeps) == 1:
+        return Judged({}, [f"next-start intervals: none ({names[0]} records no other start; 3 starts give one)"])
     sweeps[0] = reported
+    same = [i for i, m in enumerate(sweeps) if i and (m.get("jobs") == b.get("jobs") or st.same_measurement(m, b))]
     notes = [
-        f"note: B holds the same jobs as recorded start {i + 1} ({n}): left out of the interval B is judged by"
-        for i, (n, m) in enumerate(zip(names, sweeps, strict=True))
-        if i and m.get("jobs") == b.get("jobs")
+        f"note: B holds the same jobs as recorded start {i + 1} ({names[i]}): left out of the interval B is judged by"
+        for i in same
     ]
-    if other := [w for w in st.not_one_design([reported, b], [names[0], "B"]) if "given twice" not in w]:
-        why = other[0].removeprefix("B: ")
-        return {}, [
-            f"note: B is not one design with {names[0]} ({why}): not a start of it, so its record does not apply"
-        ]
-    keep = [i for i, m in enumerate(sweeps) if not i or m.get("jobs") != b.get("jobs")]
-    sweeps, names = [sweeps[i] for i in keep], [names[i] for i in keep]
+    sweeps, names = (
+        [m for i, m in enumerate(sweeps) if i not in same],
+        [n for i, n in enumerate(names) if i not in same],
+    )
     got, bad = st.recorded_intervals(sweeps, names)
     if bad:
-        return {}, [
-            *notes,
-            f"warning: the record of {names[0]} is not one design ({bad}): judged by the rerun interval",
-        ]
+        why = f"warning: the record of {names[0]} is not one design ({bad}): judged by the rerun interval"
+        return Judged({}, [*notes, why])
     if not got:
-        return {}, [
-            *notes,
-            f"next-start intervals: none ({len(sweeps)} starts; 3 are needed): judged by the rerun interval",
-        ]
+        why = f"next-start intervals: none ({len(sweeps)} starts; 3 are needed): judged by the rerun interval"
+        return Judged({}, [*notes, why])
     where = f"{names[0]}'s record ({', '.join(names[1:])})"
-    return got, [
-        *notes,
-        f"next-start intervals: from {len(sweeps)} machine starts, {where}; never narrower than the rerun interval",
-    ]
+    why = f"next-start intervals: from {len(sweeps)} machine starts, {where}; never narrower than the rerun interval"
+    return Judged(got, [*notes, why])
 
 
 def gather(sources: list[str], record_them: bool, root: Path, load) -> tuple[list[dict], list[str]]:
@@ -211,7 +227,7 @@ def gather(sources: list[str], record_them: bool, root: Path, load) -> tuple[lis
             raise ValueError(f"starts --record: {sources[0]} is not a reported experiment (NAME or experiments/NAME)")
         if len(sources) < 2:
             raise ValueError("starts --record: give the sweeps to record after the experiment (metrics.json files)")
-        print(f"recorded: {record(exp, sources[1:], root)}")
+        print("\n".join(record(exp, sources[1:], root)))
     if exp is None and len(sources) < 2:
         raise ValueError(
             "starts takes two or more sweeps of one design (three or more for the next-start interval), "
@@ -237,9 +253,12 @@ def gather(sources: list[str], record_them: bool, root: Path, load) -> tuple[lis
     return sweeps, names
 
 
-def hints(rows: list) -> list[str]:
-    """What ``compare`` says about a rebuilt cell outside the interval it was judged by (``cmp.Row``s)."""
-    out = []
+def hints(rows: list, judged: Judged) -> list[str]:
+    """What ``compare`` says about a rebuilt cell outside the interval it was judged by (``cmp.Row``s); nothing
+    about starts where B is of another design than the experiment A."""
+    out: list[str] = []
+    if judged.other_design:
+        return out
     if far := [r.cell for r in rows if r.inside is False and r.judged_by == "next-start interval"]:
         out.append(
             f"outside the next-start interval: {', '.join(far[:4])}{', ...' if len(far) > 4 else ''}. Launch noise "
@@ -251,7 +270,8 @@ def hints(rows: list) -> list[str]:
         out.append(  # the interval holds one start's launch noise: more starts tell a start's shift from a change
             f"outside the rerun interval: {', '.join(near[:4])}{', ...' if len(near) > 4 else ''}. A machine start "
             "can move a cell by more than one start's launches vary: measure more starts and test for it with "
-            "python -m spec_decode.views.experiment starts SWEEP_1 SWEEP_2 SWEEP_3"
+            "python -m spec_decode.views.experiment starts SWEEP_1 SWEEP_2 SWEEP_3; recorded (starts NAME SWEEP "
+            "--record), 3 starts give the next-start interval that compare NAME B judges by"
         )
     return out
 

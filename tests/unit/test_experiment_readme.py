@@ -4,7 +4,8 @@ table is generated from it; compare warns when the workspace metrics are the com
 import pytest
 
 from spec_decode.views import experiment
-from spec_decode.views.experiment import headline, same_metrics_warning
+from spec_decode.views.compare import same_metrics_warning
+from spec_decode.views.experiment import headline
 
 pytestmark = pytest.mark.unit
 

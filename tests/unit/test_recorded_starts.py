@@ -58,7 +58,8 @@ def test_record_then_compare_judges_the_fourth_start_by_the_first_three(repo, ca
     assert "outside the rerun interval: spec.steps=1" in out
 
     code, out, _ = run(capsys, "starts", EXP, *STARTS[:2], "--record")
-    assert code == 0 and "recorded: " in out and "[1.741, 1.817]" in out
+    assert code == 0 and "[1.741, 1.817]" in out
+    assert out.startswith(f"recorded: experiments/{EXP}/starts.json (3 starts with its metrics.json)\nnext: dvc repro")
     assert f"note: commit the recorded files with experiments/{EXP}/starts.json (git add {' '.join(STARTS[:2])})" in out
     assert f"next: dvc repro report@{EXP}" in out
     assert json.loads((repo / f"experiments/{EXP}/starts.json").read_text())["starts"] == STARTS[:2]
@@ -94,10 +95,12 @@ def test_starts_name_shows_the_committed_record(capsys, monkeypatch):
 
 
 def scaled(src: Path, dst: Path, by: float) -> str:
-    """A copy of a metrics.json whose speedups (cells and jobs) are ``by`` times the source's."""
+    """A copy of a metrics.json whose speedups (cells and jobs) are ``by`` times the source's, and every job's
+    tok/s too (another measurement: a copy with the source's tok/s is the source given twice)."""
     m = json.loads(src.read_text())
+    keys = {"speedup_vs_baseline", "speedup_vs_baseline_ci95_lo", "speedup_vs_baseline_ci95_hi", "throughput_tok_s"}
     for entry in [*m["cells"].values(), *m["jobs"].values()]:
-        for k in {"speedup_vs_baseline", "speedup_vs_baseline_ci95_lo", "speedup_vs_baseline_ci95_hi"} & set(entry):
+        for k in keys & set(entry):
             entry[k] *= by
     dst.write_text(json.dumps(m))
     return dst.name
@@ -110,6 +113,12 @@ def test_a_recorded_start_given_as_b_is_left_out_and_a_far_one_differs(repo, cap
     assert "(next start 1.741-1.817)" in row and row.rstrip().endswith("agree") and code == 0
     assert "note: " + STARTS[2] + " holds the same jobs as recorded start 4" in out
     assert "from 3 machine starts" in out
+    copy = json.loads((repo / STARTS[2]).read_text())  # the same start re-exported (a key more): left out too
+    for job in copy["jobs"].values():
+        job["new_field_from_a_newer_writer"] = None
+    (repo / "copy.json").write_text(json.dumps(copy))
+    code, out, _ = run(capsys, "compare", EXP, "copy.json")
+    assert "note: copy.json holds the same jobs as recorded start 4" in out and "(next start 1.741-1.817)" in out
     far = scaled(repo / STARTS[2], repo / "far.json", 0.97)  # a fifth start 3% slower: past any start seen
     code, out, _ = run(capsys, "compare", EXP, far)
     assert code == 1 and "DIFFERS: outside the next-start interval (-3.5%)" in out
@@ -136,7 +145,7 @@ def test_a_record_that_is_not_one_design_with_a_is_not_used(repo, capsys):
     shutil.copy(ROOT / "experiments/real_shape_h200x1/metrics.json", repo / "h200.json")
     h200 = json.loads((repo / "h200.json").read_text())
     b = json.loads((repo / scaled(repo / "h200.json", repo / "h200b.json", 1.001)).read_text())
-    got, notes = starts_view.for_compare(EXP, h200, b, repo)
+    got, notes, _ = starts_view.for_compare(EXP, h200, b, repo)
     assert got == {} and notes[0].startswith(f"warning: the record of experiments/{EXP}/metrics.json is not one")
     assert "in hardware 'h200x1' vs 'h100x1'" in notes[0] and notes[0].endswith("judged by the rerun interval")
 
@@ -150,6 +159,7 @@ def test_a_b_of_another_design_is_not_judged_by_the_record(repo, capsys):
     assert code == 1 and "(rerun 1.777-1.793)" in out and "next start" not in out
     assert f"note: h200.json is not one design with experiments/{EXP}/metrics.json (cell 'spec.steps=1' differs" in out
     assert "not a start of it, so its record does not apply" in out and "record it all the same" not in out
+    assert "measure more starts" not in out  # the rerun interval's hint is about starts of one design
 
 
 def test_what_is_not_a_metrics_json_is_named_not_a_traceback(repo, capsys):
@@ -199,7 +209,14 @@ def test_record_refuses_what_is_not_a_kept_start_of_the_design(repo, capsys, tmp
     del cheap["cells"]
     (repo / "docs/data/cheap.json").write_text(json.dumps(cheap))
     shutil.copy(ROOT / "experiments/real_shape_h200x1/summary.json", repo / "docs/data/summary.json")
+    again = json.loads((repo / f"experiments/{EXP}/metrics.json").read_text())  # start 1 re-exported: a key more,
+    for job in again["jobs"].values():  # its runs' dirs renamed
+        job["new_field_from_a_newer_writer"], job["out_dir"] = None, "elsewhere/" + job["out_dir"]
+    (repo / "docs/data/again.json").write_text(json.dumps(again))
+    (repo / "docs/data/empty.json").write_text(json.dumps({"jobs": {}}))
     cases = [
+        (["docs/data/again.json"], "shares 6 of 6 jobs' measurements with experiments/real_shape_h100x1/metrics.json"),
+        (["docs/data/empty.json"], "has no jobs (an empty sweep)"),
         (["docs/data/fewer.json"], "cell 'spec.steps=1' has 2 blocks, experiments/real_shape_h100x1/metrics.json 3"),
         (["docs/data/cheap.json"], "has no block values (a cheap-mode sweep)"),
         (["docs/data/summary.json"], "is not a metrics.json (no 'jobs'; summary.json is not one)"),
@@ -297,3 +314,30 @@ def test_the_report_stage_writes_the_record_into_the_readme_facts(repo, capsys):
     body = (repo / f"experiments/{EXP}/README.md").read_text()
     facts = body[body.index("<!-- facts:begin") : body.index("<!-- facts:end")]
     assert "from 3 starts: this metrics.json and starts.json; `compare` judges by it): [1.741, 1.817]" in facts
+
+
+def test_what_a_first_user_gets_wrong_is_named(repo, capsys):
+    """A path that is not there, NAME given as experiments/NAME, --rev beside a sweep, an experiment that
+    records no start, another design given to starts, a start from an uncommitted tree."""
+    for argv in (["compare", EXP, "docs/data/nope.json"], ["starts", EXP, "docs/data/nope.json"]):
+        code, _, _ = run(capsys, *argv)
+        assert "docs/data/nope.json: no such file or directory" in str(code), argv  # not an MLflow error
+    git = ["git", "-c", "user.name=t", "-c", "user.email=t@t"]
+    subprocess.run([*git, "add", "-A"], cwd=repo, check=True)
+    subprocess.run([*git, "commit", "-qm", "x"], cwd=repo, check=True)
+    code, out, err = run(capsys, "compare", f"experiments/{EXP}")
+    assert code == 0 and "nothing was rebuilt" in err and "verdict: agree" in out
+    code, _, err = run(capsys, "compare", EXP, STARTS[0], "--rev", "HEAD")
+    assert code == 2 and "compare --rev applies to compare NAME alone" in err
+    code, out, _ = run(capsys, "compare", EXP, STARTS[0])
+    assert f"next-start intervals: none (experiments/{EXP}/metrics.json records no other start" in out
+    shutil.copy(ROOT / "experiments/real_shape_h200x1/metrics.json", repo / "h200.json")
+    code, out, _ = run(capsys, "starts", EXP, *STARTS[:2], "h200.json")
+    row = next(line for line in out.splitlines() if line.startswith("spec.steps=1"))
+    assert code == 0 and "[" not in row and "shown" not in row  # the values, no test and no interval
+    assert out.rstrip().endswith(
+        "4 sweeps that are not one design (the warnings above): no start-effect test, no next-start interval"
+    )
+    code, out, _ = run(capsys, "starts", EXP, *STARTS[1:3])
+    note = next(line for line in out.splitlines() if "uncommitted changes" in line)
+    assert note.startswith(f"note: experiments/{EXP}/metrics.json: measured from a tree")  # starts 3, 4: clean

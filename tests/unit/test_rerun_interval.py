@@ -72,7 +72,7 @@ def test_compare_counts_coverage_against_the_committed_rerun_interval_and_says_t
     assert rows["s=2"].judged_by == "rerun interval" and "(rerun 1.487-1.798)" in rows["s=2"].a
     assert compare.coverage(list(rows.values())).startswith(
         "coverage: 2 of 2 speedups of B inside A's 95% rerun interval (where an equal-size rebuild lands "
-        "with 95% at A's launch-to-launch noise; a machine start's own shift is not in it; 0 of 2 inside A's 95% CI, which a rebuild's own noise leaves ~89% of the time at 4 blocks)"
+        "with 95% at A's launch-to-launch noise; a machine start's own shift is not in it); 0 of 2 inside A's 95% CI, which holds an equal-size rebuild (its launch noise alone) ~89% of the time at 4 blocks"
     )
     b["jobs"]["s=2"] = entry(1.435, 1.35, 1.52)  # rebuild 2's cell: outside both
     assert not {r.cell: r for r in compare.compare(a, b)}["s=2"].inside

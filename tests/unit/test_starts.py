@@ -13,6 +13,7 @@ from scipy import stats
 
 from spec_decode.analysis import compare as cmp
 from spec_decode.analysis import starts as st
+from spec_decode.views import compare as compare_view
 from spec_decode.views import experiment
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -98,7 +99,7 @@ def test_the_next_start_interval_holds_the_next_start_95_percent_of_the_time():
 
 
 def test_block_values_key_cells_as_compare_does():
-    metrics = experiment.load_sweep(str(ROOT / "experiments/embedded_h100x1_steps_nccl/metrics.json"), None)
+    metrics = compare_view.load_sweep(str(ROOT / "experiments/embedded_h100x1_steps_nccl/metrics.json"), None)
     vals = st.block_values(metrics)
     spec_cells = {k for k, e in st.entries(metrics).items() if not st._is_baseline(k, e)}
     assert set(vals) == spec_cells and len(spec_cells) == 4
