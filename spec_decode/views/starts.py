@@ -231,7 +231,8 @@ def gather(sources: list[str], record_them: bool, root: Path, load) -> tuple[lis
     if exp is None and len(sources) < 2:
         raise ValueError(
             "starts takes two or more sweeps of one design (three or more for the next-start interval), "
-            f"or an experiment that records its starts ({sources[0]} is neither)"
+            f"or an experiment that records its starts ({sources[0]} is neither: no experiments/{sources[0]} with a "
+            f"metrics.json under {root}; run from the repository root or set DVC_ROOT)"
         )
     sweeps, names = of_experiment(sources[0], root)
     kept = {(root / n).resolve() for n in names} | ({exp} if exp else set())  # a start given again: shown once

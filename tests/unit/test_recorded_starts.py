@@ -316,9 +316,9 @@ def test_the_report_stage_writes_the_record_into_the_readme_facts(repo, capsys):
     assert "from 3 starts: this metrics.json and starts.json; `compare` judges by it): [1.741, 1.817]" in facts
 
 
-def test_what_a_first_user_gets_wrong_is_named(repo, capsys):
+def test_what_a_first_user_gets_wrong_is_named(repo, capsys, monkeypatch):
     """A path that is not there, NAME given as experiments/NAME, --rev beside a sweep, an experiment that
-    records no start, another design given to starts, a start from an uncommitted tree."""
+    records no start, another design given to starts, a start from an uncommitted tree, another directory."""
     for argv in (["compare", EXP, "docs/data/nope.json"], ["starts", EXP, "docs/data/nope.json"]):
         code, _, _ = run(capsys, *argv)
         assert "docs/data/nope.json: no such file or directory" in str(code), argv  # not an MLflow error
@@ -341,3 +341,7 @@ def test_what_a_first_user_gets_wrong_is_named(repo, capsys):
     code, out, _ = run(capsys, "starts", EXP, *STARTS[1:3])
     note = next(line for line in out.splitlines() if "uncommitted changes" in line)
     assert note.startswith(f"note: experiments/{EXP}/metrics.json: measured from a tree")  # starts 3, 4: clean
+    monkeypatch.chdir(repo / "docs")
+    monkeypatch.delenv("DVC_ROOT")
+    code, _, err = run(capsys, "starts", EXP)
+    assert code == 2 and f"no experiments/{EXP} with a metrics.json under {repo / 'docs'}" in err
