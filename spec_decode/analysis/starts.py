@@ -71,12 +71,13 @@ class StartsRow:
     between_sd: float | None = None  # sd of the starts' log speedups
     test: Test | None = None
     interval: tuple[float, float] | None = None  # the next start's cell, 95%
+    judged: str = ""  # why there is no test: "" (none needed), "not one design"
 
     @property
     def effect(self) -> str:
         t = self.test
         if t is None:
-            return "no test (needs 2+ starts with block values that spread)"
+            return f"no test ({self.judged or 'needs 2+ starts with block values that spread'})"
         welch = "; Welch not computable" if t.p_welch is None else f"; Welch p{fmt_p(t.p_welch)}"
         label = "shown" if t.shown else "classic only" if t.classic_only else "not shown"
         return f"{label} (F={t.f:.1f}, df {t.df[0]},{t.df[1]}, p{fmt_p(t.p)}{welch})"
@@ -139,9 +140,12 @@ def _values(sweeps: list[dict]) -> dict[str, list[float | None]]:
     }
 
 
-def starts(sweeps: list[dict], judge: bool = True) -> list[StartsRow]:
-    """One row per spec cell of the first sweep (every sweep a metrics.json of one design); ``judge`` false
-    (sweeps that are not one design): the values only, no test and no interval."""
+def starts(sweeps: list[dict], names: list[str] | None = None) -> list[StartsRow]:
+    """One row per spec cell of the first sweep: each sweep's value; where the sweeps are starts of one design,
+    the start-effect test and the next-start interval (``problems``: over another block count the test only;
+    over another design or one measurement given twice neither)."""
+    kinds = {kind for kind, _ in problems(sweeps, names or [f"sweep {i + 1}" for i in range(len(sweeps))])}
+    test, interval = not kinds & {TWICE, DESIGN}, not kinds & {TWICE, DESIGN, BLOCKS}
     blocks = [block_values(m) for m in sweeps]
     rows = []
     for key, vals in _values(sweeps).items():
@@ -149,13 +153,11 @@ def starts(sweeps: list[dict], judge: bool = True) -> list[StartsRow]:
         got = [v for v in vals if v is not None]
         if len(got) >= 2:
             row.between_sd = statistics.stdev(math.log(v) for v in got)
-        if not judge:
-            rows.append(row)
-            continue
-        row.interval = next_start(got)
+        row.interval = next_start(got) if interval else None
         groups = [b.get(key, []) if v is not None else [] for b, v in zip(blocks, vals, strict=True)]
-        if sum(bool(g) for g in groups) >= 2:
+        if test and sum(bool(g) for g in groups) >= 2:
             row.test = anova(groups)
+        row.judged = "" if test else "not one design"
         rows.append(row)
     return rows
 
@@ -176,7 +178,9 @@ def recorded_intervals(sweeps: list[dict], names: list[str]) -> tuple[dict[str, 
 
 
 def _axes_diff(x: dict, y: dict) -> str:
-    return ", ".join(f"{k} {x.get(k)!r} vs {y.get(k)!r}" for k in sorted(x.keys() | y.keys()) if x.get(k) != y.get(k))
+    """The axes both sides record with different values (an axis one side lacks was not recorded there: an
+    older writer, e.g. benchmark.concurrency before issue 28; not a difference)."""
+    return ", ".join(f"{k} {x[k]!r} vs {y[k]!r}" for k in sorted(x.keys() & y.keys()) if x[k] != y[k])
 
 
 def other_design(a: dict, b: dict) -> str | None:
@@ -197,7 +201,7 @@ def not_one_design(sweeps: list[dict], names: list[str]) -> list[str]:
     """The warnings that make sweeps unfit to record, or to judge by, as one design's starts: the same jobs
     twice, a missing cell, differing axes, another block count or none (a cheap-mode sweep). A failed block is
     a condition of a start and is kept."""
-    return [w for design, w in problems(sweeps, names) if design]
+    return [w for kind, w in problems(sweeps, names) if kind != CONDITION]
 
 
 def warnings(sweeps: list[dict], names: list[str]) -> list[str]:
@@ -205,22 +209,30 @@ def warnings(sweeps: list[dict], names: list[str]) -> list[str]:
     return [w for _, w in problems(sweeps, names)]
 
 
-def problems(sweeps: list[dict], names: list[str]) -> list[tuple[bool, str]]:
-    """(a design problem?, the line): the same jobs given twice; a spec cell of the first sweep missing in
-    another, or whose axes differ (another card, model or setting); another block count than the first sweep's
-    (unless the first's cell lost a block) or no block values (a cheap-mode sweep, the first's too) -- design
-    problems; a cell with a failed block -- a condition."""
+TWICE, DESIGN, BLOCKS, CONDITION = "twice", "design", "blocks", "condition"
+
+
+def problems(sweeps: list[dict], names: list[str]) -> list[tuple[str, str]]:
+    """(kind, the line): ``TWICE``, one measurement given twice (the same jobs, or a job's measurement shared);
+    ``DESIGN``, a spec cell of the first sweep missing in another, or whose axes differ (another card, model or
+    setting); ``BLOCKS``, another block count than the first sweep's (unless the first's cell lost a block) or
+    no block values (a cheap-mode sweep, the first's too); ``CONDITION``, a cell with a failed block. The first
+    three make the sweeps no starts of one design; a start-effect test still runs over ``BLOCKS`` (one-way ANOVA
+    takes unequal groups), the next-start interval does not."""
     out = []
     for i in range(len(sweeps)):
         for j in range(i):
             if sweeps[i].get("jobs") == sweeps[j].get("jobs"):
                 out.append(
-                    (True, f"{names[i]} holds the same jobs as {names[j]}: one measurement given twice, not two starts")
+                    (
+                        TWICE,
+                        f"{names[i]} holds the same jobs as {names[j]}: one measurement given twice, not two starts",
+                    )
                 )
             elif shared := same_measurement(sweeps[j], sweeps[i]):
                 out.append(
                     (
-                        True,
+                        TWICE,
                         f"{names[i]} shares {shared} of {len(sweeps[i].get('jobs') or {})} jobs' measurements with "
                         f"{names[j]} (the same tok/s, sd and runs): one measurement given twice, not two starts",
                     )
@@ -232,25 +244,25 @@ def problems(sweeps: list[dict], names: list[str]) -> list[tuple[bool, str]]:
             continue
         for i, (name, c, b) in enumerate(zip(names, cells, blocks, strict=True)):
             if key not in c:
-                out.append((True, f"{name}: no cell {key!r} (a different design, or a partial sweep)"))
+                out.append((DESIGN, f"{name}: no cell {key!r} (a different design, or a partial sweep)"))
                 continue
             if what := _axes_diff(e.get("axes") or {}, c[key].get("axes") or {}):
-                out.append((True, f"{name}: cell {key!r} differs from {names[0]} in {what}: not one design"))
+                out.append((DESIGN, f"{name}: cell {key!r} differs from {names[0]} in {what}: not one design"))
             n, n0 = len(b.get(key, [])), len(blocks[0].get(key, []))
             if c[key].get("status", "FINISHED") != "FINISHED":
                 out.append(
                     (
-                        False,
+                        CONDITION,
                         f"{name}: cell {key!r} is {c[key].get('status')} (a block did not finish): its value is "
                         f"the finished blocks' ({n})",
                     )
                 )
             elif not n:
-                out.append((True, f"{name}: cell {key!r} has no block values (a cheap-mode sweep): no within term"))
+                out.append((BLOCKS, f"{name}: cell {key!r} has no block values (a cheap-mode sweep): no within term"))
             elif i and n != n0 and c0.get(key, {}).get("status", "FINISHED") == "FINISHED":  # a failed first: kept
                 out.append(
                     (
-                        True,
+                        BLOCKS,
                         f"{name}: cell {key!r} has {n} blocks, {names[0]} {n0}: the next-start interval assumes "
                         "equal block counts",
                     )
@@ -290,9 +302,9 @@ def notes(sweeps: list[dict], names: list[str]) -> list[str]:
     return out
 
 
-def summary(rows: list[StartsRow], k: int, one_design: bool = True) -> str:
+def summary(rows: list[StartsRow], k: int) -> str:
     """One line: how many cells show a start effect, and what that means for the rerun interval."""
-    if not one_design:
+    if rows and all(r.judged for r in rows):
         return f"{k} sweeps that are not one design (the warnings above): no start-effect test, no next-start interval"
     tested = [r for r in rows if r.test is not None]
     shown = [r for r in tested if r.test.shown]
@@ -305,6 +317,6 @@ def summary(rows: list[StartsRow], k: int, one_design: bool = True) -> str:
         return head + (
             " (both p < 0.05): there the starts' values vary more than launch noise alone explains, so a rerun "
             "interval from one start (launch noise only) is too narrow for a rebuild on another start"
-            + ("; the next-start interval holds both" if k >= MIN_STARTS_FOR_INTERVAL else "")
+            + ("; the next-start interval holds both" if any(r.interval for r in rows) else "")
         )
     return head + " (not shown is not absent: a few starts see only a large effect)"

@@ -2,7 +2,7 @@
 ``analysis.compare``; an experiment's recorded starts: ``views.starts``).
 
     compare NAME            the rebuilt metrics.json (workspace, or experiments/NAME/rebuild/) vs the committed one
-    compare NAME SWEEP      a sweep of NAME's design vs the committed one, judged by NAME's recorded starts
+    compare NAME SWEEP      a sweep of NAME's design vs NAME's metrics.json (the workspace's), judged by its recorded starts
     compare A B             any two sweeps: metrics.json files, experiment or multirun dirs, MLflow parent run ids
 
 NAME may be given as experiments/NAME too. Exit 1 when a cell differs.

@@ -29,8 +29,7 @@ def table(sweeps: list[dict], names: list[str]) -> list[str]:
     """Per spec cell: each start's speedup, the sd between starts and within (launch to launch), the start
     effect's test and where the next start's cell lands; then which sweep is which start, what makes them not
     one design (if anything), and the summary line."""
-    one_design = not st.not_one_design(sweeps, names)
-    rows = st.starts(sweeps, judge=one_design)
+    rows = st.starts(sweeps, names)
     k = len(sweeps)
     body = [
         [r.cell, *("-" if v is None else f"{v:.3f}" for v in r.values), _pct(r.between_sd)]
@@ -47,7 +46,7 @@ def table(sweeps: list[dict], names: list[str]) -> list[str]:
     keys = [f"start {i + 1}: {n}" for i, n in enumerate(names)]
     warn = [f"warning: {w}" for w in st.warnings(sweeps, names)]
     notes = [f"note: {n}" for n in st.notes(sweeps, names)]
-    return [*lines, "", *keys, *warn, *notes, st.summary(rows, k, one_design)]
+    return [*lines, "", *keys, *warn, *notes, st.summary(rows, k)]
 
 
 # experiments/<name>/starts.json: {"about": text, "starts": [metrics.json paths, repo-relative],
@@ -187,20 +186,25 @@ def for_compare(src: str, reported: dict, b: dict, root: Path) -> Judged:
     sweeps, names = of_experiment(src, root)
     if not sweeps:
         return Judged({}, [])
-    if why := st.other_design(reported, b):
-        return Judged(
-            {},
-            [f"note: B is not one design with {names[0]} ({why}): not a start of it, so its record does not apply"],
-            True,
-        )
-    if len(sweeps) == 1:
+    if len(sweeps) == 1:  # nothing recorded: only a cell or an axis tells another design (A may be cheap-mode)
+        if why := st.other_design(reported, b):
+            return Judged({}, [f"note: B is not one design with {names[0]} ({why}): not a start of it"], True)
         return Judged({}, [f"next-start intervals: none ({names[0]} records no other start; 3 starts give one)"])
+    if other := [(k, w) for k, w in st.problems([reported, b], [names[0], "B"]) if k in (st.DESIGN, st.BLOCKS)]:
+        why = f"note: B is not one design with {names[0]} ({other[0][1].removeprefix('B: ')}): not a start of it, so"
+        return Judged({}, [why + " its record does not apply"], other[0][0] == st.DESIGN)
     sweeps[0] = reported
-    same = [i for i, m in enumerate(sweeps) if i and (m.get("jobs") == b.get("jobs") or st.same_measurement(m, b))]
-    notes = [
-        f"note: B holds the same jobs as recorded start {i + 1} ({names[i]}): left out of the interval B is judged by"
-        for i in same
-    ]
+    notes, same = [], set()
+    for i, m in enumerate(sweeps[1:], 1):
+        shared = len(b["jobs"]) if m.get("jobs") == b.get("jobs") else st.same_measurement(m, b)
+        if shared:
+            same.add(i)
+            what = (
+                "holds the same jobs as"
+                if shared == len(b["jobs"])
+                else f"shares {shared} of {len(b['jobs'])} jobs' measurements with"
+            )
+            notes.append(f"note: B {what} recorded start {i + 1} ({names[i]}): left out of the interval B is judged by")
     sweeps, names = (
         [m for i, m in enumerate(sweeps) if i not in same],
         [n for i, n in enumerate(names) if i not in same],
@@ -229,10 +233,15 @@ def gather(sources: list[str], record_them: bool, root: Path, load) -> tuple[lis
             raise ValueError("starts --record: give the sweeps to record after the experiment (metrics.json files)")
         print("\n".join(record(exp, sources[1:], root)))
     if exp is None and len(sources) < 2:
+        src = sources[0]
+        why = (
+            f"{src} is one sweep: a metrics.json path is that file alone; name the experiment to bring its record"
+            if "/" in src or src.endswith(".json")
+            else f"no experiments/{src} with a metrics.json under {root}; run from the repository root or set DVC_ROOT"
+        )
         raise ValueError(
             "starts takes two or more sweeps of one design (three or more for the next-start interval), "
-            f"or an experiment that records its starts ({sources[0]} is neither: no experiments/{sources[0]} with a "
-            f"metrics.json under {root}; run from the repository root or set DVC_ROOT)"
+            f"or an experiment that records its starts ({why})"
         )
     sweeps, names = of_experiment(sources[0], root)
     kept = {(root / n).resolve() for n in names} | ({exp} if exp else set())  # a start given again: shown once

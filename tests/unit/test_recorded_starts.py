@@ -1,7 +1,7 @@
 """An experiment that records its machine starts (experiments/<name>/starts.json, `starts NAME SWEEP
 --record`): `starts NAME` shows them, and `compare` judges a rebuild by each cell's next-start interval
 instead of one start's launch-only rerun interval. Real files in a real git repository (the record refuses
-paths git ignores); the H100 8B cell's five committed starts."""
+paths git ignores); the H100 8B cell's six committed starts."""
 
 from __future__ import annotations
 
@@ -18,11 +18,12 @@ from spec_decode.views import starts as starts_view
 
 ROOT = Path(__file__).resolve().parents[2]
 EXP = "real_shape_h100x1"
-STARTS = [  # starts 2-5 of the committed experiment (start 1: its metrics.json)
+STARTS = [  # starts 2-6 of the committed experiment (start 1: its metrics.json)
     "docs/data/real_shape_h100x1_2026-12-06_s8_rebuild_metrics.json",  # 1.770: outside the rerun interval
     "docs/data/real_shape_h100x1_2026-12-06_s9_start3_metrics.json",  # 1.781
     "docs/data/real_shape_h100x1_2026-12-06_s10_start4_metrics.json",  # 1.776: outside, but inside 3 starts'
     "docs/data/real_shape_h100x1_2026-12-06_s10_start5_metrics.json",  # 1.768: inside 4 starts' [1.755, 1.801]
+    "docs/data/real_shape_h100x1_2026-12-06_s11_start6_metrics.json",  # 1.780: inside 5 starts' [1.755, 1.797]
 ]
 
 
@@ -77,8 +78,17 @@ def test_record_then_compare_judges_the_fourth_start_by_the_first_three(repo, ca
     assert code == 0 and "start 3: " + STARTS[1] in out and "start 4" not in out
 
 
+def test_the_sixth_start_lands_in_the_interval_the_committed_facts_gave(repo, capsys):
+    """Pre-registered in the README facts: five starts put the next one in [1.755, 1.797]; the sixth (a fresh
+    H100, 2026-12-06 09:43) came in at 1.780."""
+    run(capsys, "starts", EXP, *STARTS[:4], "--record")
+    code, out, _ = run(capsys, "compare", EXP, STARTS[4])
+    row = next(line for line in out.splitlines() if line.startswith("spec.steps=1"))
+    assert code == 0 and "(next start 1.755-1.797)" in row and "1.780 [1.776, 1.784]" in row, out
+
+
 def test_starts_name_shows_the_committed_record(capsys, monkeypatch):
-    """The repository's own record: five H100 starts, a start effect shown, and a next-start interval that
+    """The repository's own record: six H100 starts, a start effect shown, and a next-start interval that
     holds every start. The experiment's metrics.json named as a file is that file alone."""
     monkeypatch.chdir(ROOT)
     monkeypatch.delenv("DVC_ROOT", raising=False)
@@ -86,8 +96,8 @@ def test_starts_name_shows_the_committed_record(capsys, monkeypatch):
     assert code == 0
     assert [line.split(": ", 1)[1] for line in out.splitlines() if line.startswith("start ")][1:] == STARTS
     row = next(line for line in out.splitlines() if line.startswith("spec.steps=1"))
-    assert "1.785      1.770      1.781      1.776      1.768" in row
-    assert "shown (F=11.8, df 4,10, p<0.001; Welch p=0.0064)" in row and "[1.755, 1.797]" in row
+    assert "1.785      1.770      1.781      1.776      1.768      1.780" in row
+    assert "shown (F=11.6, df 5,12, p<0.001; Welch p=0.0057)" in row and "[1.759, 1.795]" in row
     for again in (str(ROOT / STARTS[0]), f"experiments/{EXP}", EXP, f"experiments/{EXP}/metrics.json"):
         assert run(capsys, "starts", EXP, again)[1] == out, again  # a start given again is shown once
     code, out, _ = run(capsys, "starts", f"experiments/{EXP}/metrics.json", STARTS[0])
@@ -345,3 +355,33 @@ def test_what_a_first_user_gets_wrong_is_named(repo, capsys, monkeypatch):
     monkeypatch.delenv("DVC_ROOT")
     code, _, err = run(capsys, "starts", EXP)
     assert code == 2 and f"no experiments/{EXP} with a metrics.json under {repo / 'docs'}" in err
+    monkeypatch.chdir(repo)
+    code, _, err = run(capsys, "starts", f"experiments/{EXP}/metrics.json")
+    assert code == 2 and "is one sweep: a metrics.json path is that file alone" in err
+
+
+def test_a_b_in_fewer_blocks_or_sharing_a_start_is_named(repo, capsys):
+    """With a record: a B measured in fewer blocks is no start of the design (judged by the rerun interval,
+    the reason said); a B that shares part of a recorded start's measurement is left out of it, the share
+    said. Without one: an axis B's older writer did not record is no other design."""
+    old = json.loads((repo / STARTS[0]).read_text())
+    for e in [*old["cells"].values(), *old["jobs"].values()]:
+        (e.get("axes") or {}).pop("benchmark.concurrency", None)
+    (repo / "old.json").write_text(json.dumps(old))
+    code, out, _ = run(capsys, "compare", EXP, "old.json")
+    assert "not one design" not in out and "records no other start" in out
+    run(capsys, "starts", EXP, *STARTS[:3], "--record")
+    cut = json.loads((repo / STARTS[3]).read_text())  # start 5 in 2 of its 3 blocks
+    cut["jobs"] = {k: v for k, v in cut["jobs"].items() if "block=2" not in k}
+    (repo / "cut.json").write_text(json.dumps(cut))
+    code, out, _ = run(capsys, "compare", EXP, "cut.json")
+    assert "has 2 blocks" in out and "not a start of it, so its record does not apply" in out
+    assert "next start" not in out and "(rerun 1.777-1.793)" in out
+    part = json.loads((repo / STARTS[2]).read_text())  # start 4's block 0 and 1, a new block 2
+    for k, v in part["jobs"].items():
+        if "block=2" in k:
+            v["throughput_tok_s"] *= 1.001
+    (repo / "part.json").write_text(json.dumps(part))
+    code, out, _ = run(capsys, "compare", EXP, "part.json")
+    assert "note: part.json shares 4 of 6 jobs' measurements with recorded start 4" in out
+    assert "from 3 machine starts" in out  # starts 1-3: start 4 left out

@@ -189,6 +189,24 @@ def test_fewer_blocks_than_the_first_sweep_is_warned():
     ]
 
 
+def test_another_block_count_keeps_the_test_another_design_gets_none():
+    """One-way ANOVA takes unequal groups, so a start measured in fewer blocks is tested; the next-start
+    interval assumes equal block counts and is left out. Another card is no start: neither. An axis one side
+    does not record (an older writer) is no difference."""
+    a, c = _sweep({"spec.steps=3": [1.50, 1.51, 1.52]}), _sweep({"spec.steps=3": [1.505, 1.515, 1.51]})
+    fewer, other = _sweep({"spec.steps=3": [1.40, 1.41]}), _sweep({"spec.steps=3": [1.50, 1.51, 1.52]}, hw="h200x1")
+    (row,) = st.starts([a, fewer, c])
+    assert row.test is not None and row.test.shown and row.interval is None
+    assert st.starts([a, c, _sweep({"spec.steps=3": [1.50, 1.52, 1.51]})])[0].interval is not None
+    (row,) = st.starts([a, other, c], ["A", "B", "C"])
+    assert row.test is None and row.interval is None and row.effect == "no test (not one design)"
+    assert st.summary([row], 3).startswith("3 sweeps that are not one design")
+    old = json.loads(json.dumps(c))
+    del old["cells"]["spec.steps=3"]["axes"]["spec.steps"]
+    assert st.not_one_design([a, old], ["A", "B"]) == [] and st.other_design(a, old) is None
+    assert st.other_design(a, other) == "cell 'spec.steps=3' differs in hardware 'h100x1' vs 'h200x1'"
+
+
 def test_which_warnings_make_sweeps_not_one_design():
     """What the record refuses (and compare will not judge by): another block count, more or fewer, and a
     cheap-mode sweep, the first's too. A failed block, in the first sweep or another, is a condition: kept."""
