@@ -286,16 +286,33 @@ def same_measurement(a: dict, b: dict) -> int:
     return sum(k in seen for k in keys(b))
 
 
-def notes(sweeps: list[dict], names: list[str]) -> list[str]:
+def ran(m: dict, trees: dict[str, str]) -> tuple[str | None, bool, bool]:
+    """(the commit a sweep's files were, dirty?, resolved by its tree?): a dirty sweep whose files' tree
+    (``git_tree``) is a commit's tree (``trees``: tree hash -> commit) ran that commit clean."""
+    commit, dirty, tree = m.get("git_commit"), bool(m.get("git_dirty")), m.get("git_tree")
+    if dirty and tree in trees:
+        return trees[tree], False, True
+    return commit, dirty, False
+
+
+def notes(sweeps: list[dict], names: list[str], trees: dict[str, str] | None = None) -> list[str]:
     """The sweeps measured at another commit than the first, or from a tree with uncommitted changes: a code
-    change may be part of a difference."""
-    first = sweeps[0].get("git_commit")
+    change may be part of a difference. A dirty sweep whose files are a commit's tree (``trees``) counts as that
+    commit, clean, and is said to be (its .git lagged its files)."""
+    got = [ran(m, trees or {}) for m in sweeps]
+    first = got[0][0]
     out = [
-        f"{name} was measured at {str(m.get('git_commit'))[:7]}, {names[0]} at {str(first)[:7]}: a code change may be part of a difference"
-        for name, m in zip(names[1:], sweeps[1:], strict=True)
-        if first and m.get("git_commit") and m.get("git_commit") != first
+        f"{name} was measured at {str(c)[:7]}, {names[0]} at {str(first)[:7]}: a code change may be part of a difference"
+        for name, (c, _, _) in zip(names[1:], got[1:], strict=True)
+        if first and c and c != first
     ]
-    if dirty := [n for n, m in zip(names, sweeps, strict=True) if m.get("git_dirty")]:
+    out += [
+        f"{name}: its files were commit {str(c)[:7]}'s tree (the records say {str(m.get('git_commit'))[:7]} with "
+        "changes: the .git it ran with was older than its files)"
+        for name, m, (c, _, by_tree) in zip(names, sweeps, got, strict=True)
+        if by_tree
+    ]
+    if dirty := [n for n, (_, d, _) in zip(names, got, strict=True) if d]:
         out.append(
             f"{', '.join(dirty)}: measured from a tree with uncommitted changes (git_dirty): its code is not its commit alone"
         )

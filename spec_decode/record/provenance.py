@@ -73,7 +73,7 @@ class Provenance:
     one fewer); one collected as None (``gpu`` on a machine without one) is written null."""
 
     root: str | Maybe = ABSENT  # the project root the job ran in (its dvc.lock)
-    git: dict | Maybe = ABSENT  # commit, dirty, dirty_paths, code_dirty
+    git: dict | Maybe = ABSENT  # commit, dirty, dirty_paths, code_dirty, tree (the files' git tree, since 2026-12-06)
     packages: dict[str, str | None] | Maybe = ABSENT  # name -> version
     machine: dict | Maybe = ABSENT  # python, platform, cpu, cpu_count, hostname
     gpu: dict | None | Maybe = ABSENT  # GPU names, driver, topology; None: no nvidia-smi

@@ -189,7 +189,7 @@ def check(cfg: ExperimentConfig, root: Path) -> Preflight:
         if git_state(root).get("code_dirty"):
             pf.warnings.append(
                 f"experiment={cfg.name} runs from a dirty git tree: commit first, or the "
-                "result's git.commit does not rebuild it"
+                "result's git.commit does not rebuild it (its git.tree names the files: a commit whose tree it is does)"
             )
     eng = engine_of(cfg)
     pf.warnings.extend(eng.config_warnings(cfg, dict(os.environ)))  # dead flags, inherited switches

@@ -8,8 +8,10 @@ from __future__ import annotations
 import hashlib
 import os
 import platform
+import shutil
 import subprocess
 import sys
+import tempfile
 from functools import lru_cache
 from importlib.metadata import PackageNotFoundError, version
 from pathlib import Path
@@ -44,6 +46,28 @@ def git_state(root: Path) -> dict:
     paths = [line.split(None, 1)[1] for line in status.splitlines() if len(line.split(None, 1)) == 2]
     code = [p for p in paths if not p.startswith(DVC_MANAGED)]
     return {"commit": commit, "dirty": bool(paths), "dirty_paths": paths[:20], "code_dirty": bool(code)}
+
+
+def working_tree(root: Path) -> str | None:
+    """The git tree hash of the files a job runs from (tracked and untracked, less what git ignores), as
+    ``git write-tree`` would give after ``git add -A``, through a copy of the index (the checkout's own index
+    is not touched). Where the .git lags the files (a device's copy of a checkout keeps the session's first
+    .git under newer files: git calls the newer files dirty), the tree still names what ran: the commit whose
+    tree it is (``views.starts``). None when git cannot say."""
+    index = _run(["git", "rev-parse", "--git-path", "index"], str(root))
+    if index is None:
+        return None
+    with tempfile.TemporaryDirectory() as d:
+        tmp = Path(d) / "index"
+        if (root / index).is_file():
+            shutil.copyfile(root / index, tmp)  # stat data kept: only changed files are hashed again
+        env = {**os.environ, "GIT_INDEX_FILE": str(tmp)}
+        try:
+            subprocess.run(["git", "add", "-A"], cwd=root, env=env, capture_output=True, timeout=15, check=True)
+            out = subprocess.run(["git", "write-tree"], cwd=root, env=env, capture_output=True, text=True, timeout=10)
+        except (OSError, subprocess.SubprocessError):
+            return None
+    return (out.stdout.strip() or None) if out.returncode == 0 else None
 
 
 @lru_cache(maxsize=1)
@@ -151,7 +175,7 @@ def data_hashes(root: Path, paths: dict[str, str | None]) -> dict[str, dict]:
 def collect(root: Path, inputs: dict[str, str | None]) -> Provenance:
     return Provenance(
         root=str(root.resolve()),
-        git=git_state(root),
+        git={**git_state(root), "tree": working_tree(root)},
         packages=packages(),
         machine=machine(),
         gpu=gpu_facts(),

@@ -84,6 +84,8 @@ def to_metrics(recs: list[JobRecord]) -> dict:
         "host": hosts[0] if hosts else None,
         "interval": blocks.interval_label(recs),
     }
+    if git.get("tree"):  # the files' tree (since 2026-12-06): names what ran where the .git lagged
+        out["git_tree"] = git["tree"]
     if any(h != hosts[0] for h in hosts):  # a sweep spread over machines (submitit): say so
         out["hosts_differ"] = True
     if blocks.has_blocks(recs):

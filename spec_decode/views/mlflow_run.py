@@ -96,6 +96,7 @@ def tags_of(rec: JobRecord) -> dict[str, str]:
     tags = {
         "git.commit": str(git.get("commit")),
         "git.dirty": str(git.get("dirty")),
+        **({"git.tree": str(git["tree"])} if git.get("tree") else {}),
         "config_hash": rec.config_hash,
         "engine": rec.engine.name,
         "engine.version": str(rec.engine.version),

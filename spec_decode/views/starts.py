@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import os
 import subprocess
 from pathlib import Path
 from typing import NamedTuple
@@ -45,8 +46,21 @@ def table(sweeps: list[dict], names: list[str]) -> list[str]:
     lines = tabulate(body, headers=headers, tablefmt="plain", disable_numparse=True).splitlines()
     keys = [f"start {i + 1}: {n}" for i, n in enumerate(names)]
     warn = [f"warning: {w}" for w in st.warnings(sweeps, names)]
-    notes = [f"note: {n}" for n in st.notes(sweeps, names)]
+    notes = [f"note: {n}" for n in st.notes(sweeps, names, commit_trees(Path(os.environ.get("DVC_ROOT") or ".")))]
     return [*lines, "", *keys, *warn, *notes, st.summary(rows, k)]
+
+
+def commit_trees(root: Path) -> dict[str, str]:
+    """Every commit's tree here (tree hash -> commit), to tell what a sweep with a lagging .git ran
+    (``analysis.starts.ran``); {} without git."""
+    out = subprocess.run(["git", "log", "--all", "--format=%T %H"], cwd=root, capture_output=True, text=True)
+    if out.returncode != 0:
+        return {}
+    trees: dict[str, str] = {}
+    for line in out.stdout.splitlines():  # newest first: a tree two commits share names the newer
+        tree, _, commit = line.partition(" ")
+        trees.setdefault(tree, commit)
+    return trees
 
 
 # experiments/<name>/starts.json: {"about": text, "starts": [metrics.json paths, repo-relative],
