@@ -286,33 +286,38 @@ def same_measurement(a: dict, b: dict) -> int:
     return sum(k in seen for k in keys(b))
 
 
-def ran(m: dict, trees: dict[str, str]) -> tuple[str | None, bool, bool]:
-    """(the commit a sweep's files were, dirty?, resolved by its tree?): a dirty sweep whose files' tree
-    (``git_tree``) is a commit's tree (``trees``: tree hash -> commit) ran that commit clean."""
-    commit, dirty, tree = m.get("git_commit"), bool(m.get("git_dirty")), m.get("git_tree")
-    if dirty and tree in trees:
-        return trees[tree], False, True
-    return commit, dirty, False
+Resolved = tuple[str, list[str]]  # the commit a sweep's files were, and the untracked paths no commit holds
 
 
-def notes(sweeps: list[dict], names: list[str], trees: dict[str, str] | None = None) -> list[str]:
+def ran(m: dict, resolved: Resolved | None) -> tuple[str | None, bool]:
+    """(the commit a sweep's files were, dirty?): a dirty sweep whose files' tree names a commit
+    (``resolved``, from ``views.starts.resolve``) counts as that commit, the untracked extras said apart."""
+    if m.get("git_dirty") and resolved is not None:
+        return resolved[0], False
+    return m.get("git_commit"), bool(m.get("git_dirty"))
+
+
+def notes(sweeps: list[dict], names: list[str], resolved: list[Resolved | None] | None = None) -> list[str]:
     """The sweeps measured at another commit than the first, or from a tree with uncommitted changes: a code
-    change may be part of a difference. A dirty sweep whose files are a commit's tree (``trees``) counts as that
-    commit, clean, and is said to be (its .git lagged its files)."""
-    got = [ran(m, trees or {}) for m in sweeps]
+    change may be part of a difference. A dirty sweep whose files' tree is a commit's (``resolved``) counts as
+    that commit and is said to be, with the untracked files it had beside them."""
+    resolved = resolved or [None] * len(sweeps)
+    got = [ran(m, r) for m, r in zip(sweeps, resolved, strict=True)]
     first = got[0][0]
     out = [
         f"{name} was measured at {str(c)[:7]}, {names[0]} at {str(first)[:7]}: a code change may be part of a difference"
-        for name, (c, _, _) in zip(names[1:], got[1:], strict=True)
+        for name, (c, _) in zip(names[1:], got[1:], strict=True)
         if first and c and c != first
     ]
-    out += [
-        f"{name}: its files were commit {str(c)[:7]}'s tree (the records say {str(m.get('git_commit'))[:7]} with "
-        "changes: the .git it ran with was older than its files)"
-        for name, m, (c, _, by_tree) in zip(names, sweeps, got, strict=True)
-        if by_tree
-    ]
-    if dirty := [n for n, (_, d, _) in zip(names, got, strict=True) if d]:
+    for name, m, r in zip(names, sweeps, resolved, strict=True):
+        if m.get("git_dirty") and r is not None:
+            said = m.get("git_commit")
+            said = f"the records say {said[:7]} with uncommitted changes" if said else "the records name no commit"
+            extra = f", plus {len(r[1])} untracked file(s) no commit holds: {', '.join(r[1][:3])}" if r[1] else ""
+            out.append(
+                f"{name}: its files were commit {r[0][:7]}'s ({said}; the tree of its files names the commit){extra}"
+            )
+    if dirty := [n for n, (_, d) in zip(names, got, strict=True) if d]:
         out.append(
             f"{', '.join(dirty)}: measured from a tree with uncommitted changes (git_dirty): its code is not its commit alone"
         )

@@ -48,26 +48,58 @@ def git_state(root: Path) -> dict:
     return {"commit": commit, "dirty": bool(paths), "dirty_paths": paths[:20], "code_dirty": bool(code)}
 
 
-def working_tree(root: Path) -> str | None:
-    """The git tree hash of the files a job runs from (tracked and untracked, less what git ignores), as
-    ``git write-tree`` would give after ``git add -A``, through a copy of the index (the checkout's own index
-    is not touched). Where the .git lags the files (a device's copy of a checkout keeps the session's first
-    .git under newer files: git calls the newer files dirty), the tree still names what ran: the commit whose
-    tree it is (``views.starts``). None when git cannot say."""
-    index = _run(["git", "rev-parse", "--git-path", "index"], str(root))
-    if index is None:
+UNTRACKED_CAP = (50, 64 << 20)  # files, bytes: past either, no tree (hashing them would stall a job)
+
+
+def working_files(root: Path) -> dict | None:
+    """What the files a job runs from are, to git: ``tree``, the tree hash of every file git does not ignore
+    (``git add -A`` then ``git write-tree``), and ``untracked``, ``[mode, blob, path]`` of those the index does
+    not track. Through a copy of the index and a scratch object directory (the checkout's .git gets nothing).
+    Where the .git lags the files (a device's copy of a checkout keeps the session's first .git under newer
+    files: git calls the newer files dirty), the tree still names what ran: the commit whose tree it is, plus
+    the untracked files no commit holds (``views.starts.resolve``). None when git cannot say, or past
+    ``UNTRACKED_CAP``."""
+    top = _run(["git", "rev-parse", "--show-toplevel"], str(root))
+    paths = _run(["git", "rev-parse", "--path-format=absolute", "--git-path", "index", "--git-path", "objects"], top)
+    if not top or not paths or len(paths.splitlines()) != 2:
         return None
-    with tempfile.TemporaryDirectory() as d:
-        tmp = Path(d) / "index"
-        if (root / index).is_file():
-            shutil.copyfile(root / index, tmp)  # stat data kept: only changed files are hashed again
-        env = {**os.environ, "GIT_INDEX_FILE": str(tmp)}
-        try:
-            subprocess.run(["git", "add", "-A"], cwd=root, env=env, capture_output=True, timeout=15, check=True)
-            out = subprocess.run(["git", "write-tree"], cwd=root, env=env, capture_output=True, text=True, timeout=10)
-        except (OSError, subprocess.SubprocessError):
+    index, objects = map(Path, paths.splitlines())
+    try:
+        listed = subprocess.run(
+            ["git", "ls-files", "-o", "--exclude-standard", "-z"], cwd=top, capture_output=True, timeout=10, check=True
+        ).stdout
+        new = [x.decode() for x in listed.split(b"\0") if x]
+        if len(new) > UNTRACKED_CAP[0] or sum(os.lstat(Path(top) / x).st_size for x in new) > UNTRACKED_CAP[1]:
             return None
-    return (out.stdout.strip() or None) if out.returncode == 0 else None
+        with tempfile.TemporaryDirectory() as d:
+            (Path(d) / "objects").mkdir()  # git wants the directory there
+            if index.is_file():
+                shutil.copy2(index, Path(d) / "index")  # its mtime too: git's check for files changed in that second
+            env = {
+                **os.environ,
+                "GIT_INDEX_FILE": str(Path(d) / "index"),
+                "GIT_OBJECT_DIRECTORY": str(Path(d) / "objects"),
+                "GIT_ALTERNATE_OBJECT_DIRECTORIES": str(objects),
+            }
+            subprocess.run(["git", "add", "-A"], cwd=top, env=env, capture_output=True, timeout=10, check=True)
+            tree = subprocess.run(["git", "write-tree"], cwd=top, env=env, capture_output=True, text=True, timeout=10)
+            staged = subprocess.run(  # with no paths, ls-files would list every file
+                ["git", "ls-files", "-s", "-z", "--", *new] if new else ["true"],
+                cwd=top,
+                env=env,
+                capture_output=True,
+                timeout=10,
+            )
+    except (OSError, subprocess.SubprocessError, UnicodeDecodeError):
+        return None
+    if tree.returncode != 0 or staged.returncode != 0 or not tree.stdout.strip():
+        return None
+    untracked = []
+    for entry in (x.decode() for x in staged.stdout.split(b"\0") if x):  # "<mode> <blob> <stage>\t<path>"
+        meta, _, path = entry.partition("\t")
+        mode, blob, _ = meta.split(" ")
+        untracked.append([mode, blob, path])
+    return {"tree": tree.stdout.strip(), "untracked": untracked}
 
 
 @lru_cache(maxsize=1)
@@ -175,7 +207,7 @@ def data_hashes(root: Path, paths: dict[str, str | None]) -> dict[str, dict]:
 def collect(root: Path, inputs: dict[str, str | None]) -> Provenance:
     return Provenance(
         root=str(root.resolve()),
-        git={**git_state(root), "tree": working_tree(root)},
+        git={**git_state(root), **(working_files(root) or {"tree": None})},
         packages=packages(),
         machine=machine(),
         gpu=gpu_facts(),

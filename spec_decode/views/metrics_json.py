@@ -85,7 +85,7 @@ def to_metrics(recs: list[JobRecord]) -> dict:
         "interval": blocks.interval_label(recs),
     }
     if git.get("tree"):  # the files' tree (since 2026-12-06): names what ran where the .git lagged
-        out["git_tree"] = git["tree"]
+        out["git_tree"], out["git_untracked"] = git["tree"], git.get("untracked") or []
     if any(h != hosts[0] for h in hosts):  # a sweep spread over machines (submitit): say so
         out["hosts_differ"] = True
     if blocks.has_blocks(recs):

@@ -13,6 +13,7 @@ import hashlib
 import json
 import os
 import subprocess
+import tempfile
 from pathlib import Path
 from typing import NamedTuple
 
@@ -46,21 +47,57 @@ def table(sweeps: list[dict], names: list[str]) -> list[str]:
     lines = tabulate(body, headers=headers, tablefmt="plain", disable_numparse=True).splitlines()
     keys = [f"start {i + 1}: {n}" for i, n in enumerate(names)]
     warn = [f"warning: {w}" for w in st.warnings(sweeps, names)]
-    notes = [f"note: {n}" for n in st.notes(sweeps, names, commit_trees(Path(os.environ.get("DVC_ROOT") or ".")))]
+    notes = [f"note: {n}" for n in st.notes(sweeps, names, resolve(sweeps, Path(os.environ.get("DVC_ROOT") or ".")))]
     return [*lines, "", *keys, *warn, *notes, st.summary(rows, k)]
 
 
-def commit_trees(root: Path) -> dict[str, str]:
-    """Every commit's tree here (tree hash -> commit), to tell what a sweep with a lagging .git ran
-    (``analysis.starts.ran``); {} without git."""
-    out = subprocess.run(["git", "log", "--all", "--format=%T %H"], cwd=root, capture_output=True, text=True)
-    if out.returncode != 0:
-        return {}
-    trees: dict[str, str] = {}
-    for line in out.stdout.splitlines():  # newest first: a tree two commits share names the newer
-        tree, _, commit = line.partition(" ")
+def _git(root: Path, *args: str, env: dict | None = None, stdin: str | None = None) -> str | None:
+    try:
+        out = subprocess.run(["git", *args], cwd=root, env=env, input=stdin, capture_output=True, text=True, timeout=10)
+    except (OSError, subprocess.SubprocessError):
+        return None
+    return out.stdout if out.returncode == 0 else None
+
+
+def resolve(sweeps: list[dict], root: Path, depth: int = 50) -> list[st.Resolved | None]:
+    """For each sweep git called dirty whose files' tree it recorded (``git_tree``, since 2026-12-06): the
+    commit whose files they were, and the untracked paths beside them that no commit holds; else None. A
+    commit's tree matches at once; with untracked files (``git_untracked``), each of the newest ``depth``
+    commits' trees plus those of them it lacks is tried. Branches and tags only: a stash is no commit of the
+    code."""
+    if not any(m.get("git_dirty") and m.get("git_tree") for m in sweeps):
+        return [None] * len(sweeps)
+    log = (_git(root, "log", "--exclude=refs/stash", "--all", "--format=%T %H") or "").split()
+    commits, trees = log[1::2], {}
+    for tree, commit in zip(log[::2], commits, strict=True):  # newest first: a tree two commits share names the newer
         trees.setdefault(tree, commit)
-    return trees
+    out: list[st.Resolved | None] = []
+    for m in sweeps:
+        tree, extra = m.get("git_tree"), m.get("git_untracked") or []
+        if not (m.get("git_dirty") and tree):
+            out.append(None)
+        elif tree in trees:
+            out.append((trees[tree], []))
+        else:
+            out.append(_with_untracked(root, tree, extra, commits[:depth]) if extra else None)
+    return out
+
+
+def _with_untracked(root: Path, tree: str, extra: list, commits: list[str]) -> st.Resolved | None:
+    """The commit whose tree, with the untracked files it lacks added, is ``tree``; and those files."""
+    with tempfile.TemporaryDirectory() as d:
+        env = {**os.environ, "GIT_INDEX_FILE": str(Path(d) / "index")}
+        for commit in commits:
+            if _git(root, "read-tree", commit, env=env) is None:
+                continue
+            have = set((_git(root, "ls-files", "-z", "--", *(p for _, _, p in extra), env=env) or "").split("\0"))
+            add = [(mode, blob, p) for mode, blob, p in extra if p not in have]
+            info = "".join(f"{mode} {blob}\t{p}\n" for mode, blob, p in add)
+            if add and _git(root, "update-index", "--add", "--index-info", env=env, stdin=info) is None:
+                continue
+            if (_git(root, "write-tree", "--missing-ok", env=env) or "").strip() == tree:
+                return commit, [p for _, _, p in add]
+    return None
 
 
 # experiments/<name>/starts.json: {"about": text, "starts": [metrics.json paths, repo-relative],
