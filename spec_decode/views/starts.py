@@ -42,7 +42,7 @@ def table(sweeps: list[dict], names: list[str]) -> list[str]:
     headers = ["cell", *(f"start {i + 1}" for i in range(k)), "sd between starts", "sd within (launches)"]
     headers += [
         "start effect (one-way ANOVA)",
-        "next start, 95% (t, starts - 1 df)" if k >= 3 else "next start (3+ starts)",
+        "next start, 95%" if k >= 3 else "next start (3+ starts)",
     ]
     lines = tabulate(body, headers=headers, tablefmt="plain", disable_numparse=True).splitlines()
     keys = [f"start {i + 1}: {n}" for i, n in enumerate(names)]

@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import math
 import random
+import statistics
 from pathlib import Path
 
 import pytest
@@ -15,6 +16,7 @@ from spec_decode.analysis import compare as cmp
 from spec_decode.analysis import starts as st
 from spec_decode.views import compare as compare_view
 from spec_decode.views import experiment
+from spec_decode.views import starts as starts_view
 
 ROOT = Path(__file__).resolve().parents[2]
 H100_STARTS = [
@@ -96,6 +98,47 @@ def test_the_next_start_interval_holds_the_next_start_95_percent_of_the_time():
         lo, hi = st.next_start(means[:3])
         hits += lo <= means[3] <= hi
     assert 0.94 < hits / trials < 0.96, hits / trials
+
+
+def test_starts_that_agree_closer_than_their_launches_allow_get_the_launch_floor():
+    """Launch noise only (3% a launch, 4 blocks): three starts' values alone put the next in an interval it
+    misses more than 5% of the time when they happen to agree closely; the floor (launch noise's share of a
+    start's value, with its df) holds it there too, conservative overall."""
+    rng = random.Random(5)
+    plain = floored = close = close_plain = close_floored = 0
+    trials = 3000
+    for _ in range(trials):
+        design = _design(rng, 4, 4, 0.0, 0.03)
+        means = [math.exp(sum(map(math.log, g)) / len(g)) for g in design]
+        floor = st.launch_floor(design[:3])
+        lo, hi = st.next_start(means[:3])
+        f_lo, f_hi = st.next_start(means[:3], floor=floor)
+        plain, floored = plain + (lo <= means[3] <= hi), floored + (f_lo <= means[3] <= f_hi)
+        if statistics.stdev(math.log(m) for m in means[:3]) < floor[0]:
+            close += 1
+            close_plain, close_floored = (
+                close_plain + (lo <= means[3] <= hi),
+                close_floored + (f_lo <= means[3] <= f_hi),
+            )
+    assert close_plain / close < 0.94 < 0.95 < close_floored / close, (close_plain / close, close_floored / close)
+    assert 0.93 < plain / trials < 0.97 and 0.95 < floored / trials < 0.995, (plain / trials, floored / trials)
+    assert st.launch_floor([[1.5], [1.4]]) == (0.0, 0)  # one launch a start: no within term
+
+
+def test_the_committed_concurrency_starts_are_floored_by_their_launches(capsys, monkeypatch):
+    """embedded_h100_concurrency's three starts: 1.459, 1.461, 1.462 (0.10% apart) from launches 3.1% apart.
+    Their values alone would say [1.453, 1.468]; what compare and the report judge by, and the table, say
+    [1.402, 1.521]."""
+    monkeypatch.chdir(ROOT)
+    monkeypatch.delenv("DVC_ROOT", raising=False)
+    sweeps, names = starts_view.of_experiment("embedded_h100_concurrency", ROOT)
+    assert len(sweeps) == 3
+    ((lo, hi),) = st.intervals(sweeps).values()
+    assert (round(lo, 3), round(hi, 3)) == (1.402, 1.521)
+    plain = st.next_start([v for v in next(iter(st._values(sweeps).values()))])
+    assert (round(plain[0], 3), round(plain[1], 3)) == (1.453, 1.468)
+    experiment.main(["starts", "embedded_h100_concurrency"])
+    assert "[1.402, 1.521]" in capsys.readouterr().out
 
 
 def test_block_values_key_cells_as_compare_does():
