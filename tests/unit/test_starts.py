@@ -103,7 +103,8 @@ def test_the_next_start_interval_holds_the_next_start_95_percent_of_the_time():
 def test_starts_that_agree_closer_than_their_launches_allow_get_the_launch_floor():
     """Launch noise only (3% a launch, 4 blocks): three starts' values alone put the next in an interval it
     misses more than 5% of the time when they happen to agree closely; the floor (launch noise's share of a
-    start's value, with its df) holds it there too, conservative overall."""
+    start's value, with its df; the wider interval of the two) holds it there too, conservative overall. A
+    start shift (2x launch noise) keeps it at 95%."""
     rng = random.Random(5)
     plain = floored = close = close_plain = close_floored = 0
     trials = 3000
@@ -113,6 +114,7 @@ def test_starts_that_agree_closer_than_their_launches_allow_get_the_launch_floor
         floor = st.launch_floor(design[:3])
         lo, hi = st.next_start(means[:3])
         f_lo, f_hi = st.next_start(means[:3], floor=floor)
+        assert f_lo <= lo and hi <= f_hi  # never narrower than the plain interval
         plain, floored = plain + (lo <= means[3] <= hi), floored + (f_lo <= means[3] <= f_hi)
         if statistics.stdev(math.log(m) for m in means[:3]) < floor[0]:
             close += 1
@@ -123,6 +125,13 @@ def test_starts_that_agree_closer_than_their_launches_allow_get_the_launch_floor
     assert close_plain / close < 0.94 < 0.95 < close_floored / close, (close_plain / close, close_floored / close)
     assert 0.93 < plain / trials < 0.97 and 0.95 < floored / trials < 0.995, (plain / trials, floored / trials)
     assert st.launch_floor([[1.5], [1.4]]) == (0.0, 0)  # one launch a start: no within term
+    held = 0
+    for _ in range(trials):
+        design = _design(rng, 4, 4, 0.004, 0.002)
+        means = [math.exp(sum(map(math.log, g)) / len(g)) for g in design]
+        lo, hi = st.next_start(means[:3], floor=st.launch_floor(design[:3]))
+        held += lo <= means[3] <= hi
+    assert 0.935 < held / trials < 0.965, held / trials
 
 
 def test_the_committed_concurrency_starts_are_floored_by_their_launches(capsys, monkeypatch):
