@@ -166,6 +166,16 @@ def _values(sweeps: list[dict]) -> dict[str, list[float | None]]:
     }
 
 
+def _groups(blocks: list[dict[str, list[float]]], key: str, vals: list[float | None]) -> list[list[float]]:
+    """A cell's block values per start (none for a start without the cell's value)."""
+    return [b.get(key, []) if v is not None else [] for b, v in zip(blocks, vals, strict=True)]
+
+
+def _next_start(vals: list[float | None], groups: list[list[float]]) -> tuple[float, float] | None:
+    """A cell's next-start interval over the starts that have a value, floored by their launches."""
+    return next_start([v for v in vals if v is not None], floor=launch_floor(groups))
+
+
 def starts(sweeps: list[dict], names: list[str] | None = None) -> list[StartsRow]:
     """One row per spec cell of the first sweep: each sweep's value; where the sweeps are starts of one design,
     the start-effect test and the next-start interval (``problems``: over another block count the test only;
@@ -179,8 +189,8 @@ def starts(sweeps: list[dict], names: list[str] | None = None) -> list[StartsRow
         got = [v for v in vals if v is not None]
         if len(got) >= 2:
             row.between_sd = statistics.stdev(math.log(v) for v in got)
-        groups = [b.get(key, []) if v is not None else [] for b, v in zip(blocks, vals, strict=True)]
-        row.interval = next_start(got, floor=launch_floor(groups)) if interval else None
+        groups = _groups(blocks, key, vals)
+        row.interval = _next_start(vals, groups) if interval else None
         if test and sum(bool(g) for g in groups) >= 2:
             row.test = anova(groups)
         row.judged = "" if test else "not one design"
@@ -192,13 +202,7 @@ def intervals(sweeps: list[dict]) -> dict[str, tuple[float, float]]:
     """Each spec cell's next-start interval (keyed as ``compare.entries``), where 3+ starts have a value: what
     ``compare`` judges a rebuild by when an experiment records its starts. No test is run (no scipy)."""
     blocks = [block_values(m) for m in sweeps]
-    got = {
-        key: next_start(
-            [v for v in vals if v is not None],
-            floor=launch_floor([b.get(key, []) if v is not None else [] for b, v in zip(blocks, vals, strict=True)]),
-        )
-        for key, vals in _values(sweeps).items()
-    }
+    got = {key: _next_start(vals, _groups(blocks, key, vals)) for key, vals in _values(sweeps).items()}
     return {key: i for key, i in got.items() if i}
 
 

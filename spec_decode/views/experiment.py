@@ -286,7 +286,7 @@ def main(argv: list[str] | None = None) -> None:
             )
         except ValueError as e:
             ap.error(str(e))
-        print("\n".join(starts_view.table(sweeps, names)))
+        print("\n".join(starts_view.table(sweeps, names, root)))
         return
     if args.cmd == "compare":
         compare_view.main(args, ap, root)

@@ -27,7 +27,7 @@ def _pct(sd: float | None) -> str:
     return "-" if sd is None else f"{100 * sd:.2f}%"
 
 
-def table(sweeps: list[dict], names: list[str]) -> list[str]:
+def table(sweeps: list[dict], names: list[str], root: Path) -> list[str]:
     """Per spec cell: each start's speedup, the sd between starts and within (launch to launch), the start
     effect's test and where the next start's cell lands; then which sweep is which start, what makes them not
     one design (if anything), and the summary line."""
@@ -47,7 +47,7 @@ def table(sweeps: list[dict], names: list[str]) -> list[str]:
     lines = tabulate(body, headers=headers, tablefmt="plain", disable_numparse=True).splitlines()
     keys = [f"start {i + 1}: {n}" for i, n in enumerate(names)]
     warn = [f"warning: {w}" for w in st.warnings(sweeps, names)]
-    notes = [f"note: {n}" for n in st.notes(sweeps, names, resolve(sweeps, Path(os.environ.get("DVC_ROOT") or ".")))]
+    notes = [f"note: {n}" for n in st.notes(sweeps, names, resolve(sweeps, root))]
     return [*lines, "", *keys, *warn, *notes, st.summary(rows, k)]
 
 
