@@ -46,19 +46,21 @@ def run_from_hydra(cfg: DictConfig) -> float | None:
         check_composed(cfg)  # a '+key' from a sweeper's params or an experiment file
         exp = to_experiment(cfg)
     except ConfigError as e:
-        print(f"error: {e}", file=sys.stderr)
+        with ConsoleLog(Path(hc.runtime.output_dir) / "run.log"):  # the job dir says why it holds no results
+            print(f"error: {e}", file=sys.stderr)
         if multirun:  # one bad cell (spec.steps=0 in spec.steps=0,2): its FAILED record; the sweep goes on
             record_config_error(cfg, hc, str(e))
             return None
         raise SystemExit(2) from None
     if not multirun and hc.sweeper.get("params"):  # Hydra would run one job at the defaults, silently
         axes = " ".join(f"{k}={v}" for k, v in hc.sweeper.params.items())
-        print(
-            f"error: experiment={exp.name} defines a sweep ({axes}); without -m only one job at the defaults "
-            f"would run. Run the sweep: python run.py -m experiment={exp.name}  (one point: add its value, "
-            f"e.g. -m experiment={exp.name} {next(iter(hc.sweeper.params))}=...)",
-            file=sys.stderr,
-        )
+        with ConsoleLog(Path(hc.runtime.output_dir) / "run.log"):
+            print(
+                f"error: experiment={exp.name} defines a sweep ({axes}); without -m only one job at the defaults "
+                f"would run. Run the sweep: python run.py -m experiment={exp.name}  (one point: add its value, "
+                f"e.g. -m experiment={exp.name} {next(iter(hc.sweeper.params))}=...)",
+                file=sys.stderr,
+            )
         raise SystemExit(2)
     root = Path(hc.runtime.cwd)
     ctx = JobContext(

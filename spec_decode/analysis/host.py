@@ -97,7 +97,7 @@ def server_cpu_items(metrics: dict[str, float], baseline: bool = False) -> str |
 
     shown = [n for n in names if not idle(n)]
     parts = [f"{n} {one('.' + n)}" for n in shown] + (
-        [f"{len(names) - len(shown)} idle"] if len(shown) < len(names) else []
+        [f"{len(names) - len(shown)} more idle (< 0.5% of a core each)"] if len(shown) < len(names) else []
     )
     return ", ".join(parts) + f"; all {one('')}"
 

@@ -58,10 +58,9 @@ class EngineConfig:
             )
         if not 0 <= self.port <= 65535:
             raise ConfigError(f"engine.port={self.port}: must be in 0..65535")
-        if self.startup_timeout_s <= 0 or self.request_timeout_s <= 0 or self.shutdown_grace_s <= 0:
-            raise ConfigError(
-                "engine.startup_timeout_s, engine.request_timeout_s and engine.shutdown_grace_s must be > 0"
-            )
+        for key in ("startup_timeout_s", "request_timeout_s", "shutdown_grace_s"):
+            if getattr(self, key) <= 0:
+                raise ConfigError(f"engine.{key}={getattr(self, key)}: must be > 0 seconds")
         if self.decode_log_interval < 1:
             raise ConfigError(f"engine.decode_log_interval={self.decode_log_interval}: must be >= 1")
 

@@ -17,6 +17,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import yaml
 from tabulate import tabulate
 
 from spec_decode.analysis import compare as cmp
@@ -74,6 +75,33 @@ def same_metrics_warning(rebuilt: dict, reported: dict, name: str, rev: str) -> 
     )
 
 
+CLAIM = "CLAIM"  # a job's status in a metrics.json that holds a source's figures, not a run of ours
+
+
+def claim(metrics: dict) -> str | None:
+    """What a metrics.json whose every job is a source's claim (status CLAIM ...) holds, or None."""
+    jobs = (metrics.get("cells") or metrics.get("jobs") or {}).values()
+    if jobs and all(str(e.get("status", "")).startswith(CLAIM) for e in jobs):
+        return "holds a source's claim, not a measurement" + (f" ({metrics['note']})" if metrics.get("note") else "")
+    return None
+
+
+def bench_hint(name: str, root: Path) -> str:
+    """How to produce experiments/NAME/metrics.json: its DVC stage (``bench@NAME``, or the frozen GPU stage
+    whose output it is, with the unfreeze), else the bench command (an experiment no stage holds yet)."""
+    out = f"experiments/{name}/metrics.json"
+    try:
+        stages = (yaml.safe_load((root / "dvc.yaml").read_text()) or {}).get("stages") or {}
+    except (OSError, yaml.YAMLError):
+        stages = {}
+    for stage, spec in stages.items():
+        if name in (spec.get("foreach") or []) and "${item}/metrics.json" in str((spec.get("do") or {}).get("outs")):
+            return f"`dvc repro {stage}@{name}`"
+        if out in str(spec.get("outs")) or out in str(spec.get("metrics")):
+            return f"`dvc unfreeze {stage} && dvc repro -f {stage}`" if spec.get("frozen") else f"`dvc repro {stage}`"
+    return f"no DVC stage writes {out}: `python -m spec_decode.bench experiment {name}`"
+
+
 def committed_metrics(path: Path, rev: str, root: Path) -> dict:
     rel = path.resolve().relative_to(root.resolve())
     out = subprocess.run(["git", "show", f"{rev}:{rel}"], cwd=root, capture_output=True, text=True)
@@ -104,7 +132,12 @@ def main(args: argparse.Namespace, ap: argparse.ArgumentParser, root: Path) -> N
                 "compare --rev applies to compare NAME alone; for another revision's numbers beside a sweep: "
                 "git show REV:experiments/NAME/metrics.json > /tmp/a.json, then compare /tmp/a.json SWEEP"
             )
-        a, b = (load_sweep(src, args.uri, root) for src in args.sources)
+        try:  # an unreadable source is an input error (exit 2), never read as "a cell differs" (exit 1)
+            a, b = (load_sweep(src, args.uri, root) for src in args.sources)
+        except SystemExit as e:
+            if not isinstance(e.code, str):
+                raise
+            ap.error(e.code)
         names = tuple(args.sources)
     else:
         a, b, names = compare_experiment(ap, args.sources[0], args.rev or "HEAD", root)
@@ -123,10 +156,12 @@ def compare_experiment(ap: argparse.ArgumentParser, src: str, rev: str, root: Pa
         )
     path = root / "experiments" / name / "metrics.json"
     if not path.exists():
-        ap.error(f"{path} not found: run `dvc repro bench@{name}` first")
+        ap.error(f"{path} not found: nothing measured yet; {bench_hint(name, root)} first")
     rebuilt, reported = json.loads(path.read_text()), committed_metrics(path, rev, root)
     if rebuilt == reported and (path.parent / REBUILD / "metrics.json").exists():  # `rebuild` left its numbers
         rebuilt = json.loads((path.parent / REBUILD / "metrics.json").read_text())
+    if what := claim(rebuilt):  # nothing measured on the rebuilt side: no verdict to give
+        ap.error(f"{path} {what}, and nothing was rebuilt: measure it first ({bench_hint(name, root)})")
     if (w := same_metrics_warning(rebuilt, reported, name, rev)) is not None:
         print(w, file=sys.stderr)
     return reported, rebuilt, (f"reported ({rev})", "rebuilt")

@@ -25,10 +25,12 @@ import re
 import statistics
 from pathlib import Path
 
+from hydra import compose, initialize_config_dir
 from tabulate import tabulate
 
 from spec_decode.analysis import concurrency
 from spec_decode.analysis.costmodel import nonneg_line
+from spec_decode.core.config import register_configs
 from spec_decode.views import compare as compare_view
 from spec_decode.views import starts as starts_view
 from spec_decode.views.metrics_json import records_from_metrics
@@ -157,10 +159,7 @@ def report(name: str, root: Path) -> None:
     """Table, facts, plots and summary.json (DVC's metric: the table's headline numbers) from the committed
     metrics.json (the bench stage's output)."""
     d = exp_dir(name, root)
-    path = d / "metrics.json"
-    if not path.exists():
-        raise SystemExit(f"report {name}: {path} not found; run the bench stage first")
-    metrics = json.loads(path.read_text())
+    metrics = reported_metrics(name, root)
     record = starts_view.facts(d, metrics, root)  # read (and checked) first: a broken record writes nothing
     recs = records_from_metrics(metrics)
     text, _ = sweep_summary(recs)
@@ -179,9 +178,22 @@ HEADLINE_BEGIN = "<!-- headline:begin (python -m spec_decode.views.experiment he
 HEADLINE_END = "<!-- headline:end -->"
 
 
-def headline(metrics: dict, name: str) -> str:
+def protocol(name: str, root: Path) -> str:
+    """The experiment's protocol as its config composes it (runs x tokens, warmup, blocks): the headline
+    says what each job ran, for this experiment, not the default's 5 x 500."""
+    register_configs()
+    with initialize_config_dir(config_dir=str((root / "conf").resolve()), version_base="1.3"):
+        b = compose("config", overrides=[f"experiment={name}"]).benchmark
+    greedy = "greedy " if float(b.temperature) == 0.0 else ""
+    blocks = f", {b.blocks} blocks" if int(b.blocks) > 1 else ""
+    warmup = f"{b.warmup} warmup" + ("s" if int(b.warmup) != 1 else "")
+    return f"{b.runs} runs x {b.max_new_tokens} {greedy}tokens per job, {warmup}{blocks}"
+
+
+def headline(metrics: dict, name: str, proto: str) -> str:
     """The README's headline table, from a reported experiment's metrics.json: every job, baselines
-    first, then by NCCL profile and step count; the speedup with its CI and how it was taken."""
+    first, then by NCCL profile and step count; the speedup with its CI and how it was taken. ``proto``:
+    what each job ran (``protocol``)."""
     metrics = {**metrics, "jobs": metrics.get("cells") or metrics["jobs"]}  # the block design: one row per cell
     recs = [r for r in records_from_metrics(metrics) if r.status == "FINISHED" and "throughput_tok_s" in r.metrics]
     recs.sort(key=lambda r: (r.speculative, r.choice("nccl") or "", r.steps or 0))
@@ -227,17 +239,52 @@ def headline(metrics: dict, name: str) -> str:
     )
     commit = (metrics.get("git_commit") or "?")[:10] + (" (dirty tree)" if metrics.get("git_dirty") else "")
     return (
-        f"`python run.py -m experiment={name}` (5 runs x 500 greedy tokens per job, 1 warmup; "
+        f"`python run.py -m experiment={name}` ({proto}; {machine(metrics.get('host') or {})}; "
         f"[experiments/{name}/](experiments/{name}/); code {commit}; generated from its metrics.json by "
         f"`python -m spec_decode.views.experiment headline {name}`):\n\n{table}"
     )
 
 
+def machine(host: dict) -> str:
+    """Where a sweep ran, as its metrics.json's host facts say (the numbers depend on it)."""
+    if not host:
+        return "machine not recorded"
+    names = [g.get("name", "?") if isinstance(g, dict) else str(g) for g in host.get("gpus") or []]
+    gpus = ", ".join(f"{names.count(n)} x {n}" for n in dict.fromkeys(names))
+    cpu = f"{host.get('cpu_model') or '?'}, {host.get('usable_cores') or host.get('logical_cores') or '?'} cores"
+    return f"measured on {cpu}" + (f", {gpus}" if gpus else "")
+
+
 def write_headline(name: str, root: Path, readme: Path) -> str:
-    metrics = json.loads((exp_dir(name, root) / "metrics.json").read_text())
-    text = headline(metrics, name)
-    readme.write_text(_replace_block(readme.read_text(), HEADLINE_BEGIN.format(name=name), HEADLINE_END, text))
+    """Replace the headline block of ``readme`` (between its markers); a README without this experiment's
+    markers is refused, never appended to."""
+    begin = HEADLINE_BEGIN.format(name=name)
+    if not readme.is_file() or begin not in (body := readme.read_text()) or HEADLINE_END not in body:
+        raise SystemExit(
+            f"headline {name}: {readme} has no headline block for {name} (the lines {begin} ... {HEADLINE_END}); "
+            "add both markers where the table belongs, then run this again"
+        )
+    metrics = reported_metrics(name, root)
+    text = headline(metrics, name, protocol(name, root))
+    readme.write_text(_replace_block(body, begin, HEADLINE_END, text))
     return text
+
+
+def reported_metrics(name: str, root: Path) -> dict:
+    """experiments/NAME/metrics.json, refused (with what to run instead) when it holds no measured jobs:
+    a drafter experiment (its own report) or a source's claim not run here."""
+    path = exp_dir(name, root) / "metrics.json"
+    if not path.exists():
+        raise SystemExit(f"{name}: {path} not found; run the bench stage first ({compare_view.bench_hint(name, root)})")
+    metrics = json.loads(path.read_text())
+    if "jobs" not in metrics and "cells" not in metrics:
+        raise SystemExit(
+            f"{name}: {path} has no jobs: a drafter experiment? its report is "
+            f"`python -m spec_decode.views.drafter_experiments report {name}`"
+        )
+    if claim := compare_view.claim(metrics):
+        raise SystemExit(f"{name}: {path} {claim}; nothing measured to report")
+    return metrics
 
 
 def _replace_block(body: str, begin: str, end: str, content: str) -> str:
@@ -286,6 +333,10 @@ def main(argv: list[str] | None = None) -> None:
             )
         except ValueError as e:
             ap.error(str(e))
+        except SystemExit as e:  # an unreadable sweep: an input error (exit 2), as compare's
+            if not isinstance(e.code, str):
+                raise
+            ap.error(e.code)
         print("\n".join(starts_view.table(sweeps, names, root)))
         return
     if args.cmd == "compare":

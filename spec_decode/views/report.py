@@ -15,13 +15,16 @@ Plots: throughput vs steps per NCCL profile (95% CI bars, baseline lines, the co
 the series' colour up to one step beyond the measured ones); speedup vs steps with CI bars (paired or
 Welch, as measured); stacked phase bars per job, labelled by steps and profile; accept length vs steps;
 accepted drafts per verify (histogram, share of verifies, per job); acceptance rate by draft position
-(measured, per job, with the cost model's fitted decay). Legends sit right of the axes.
+(measured, per job, with the cost model's fitted decay). Legends sit right of the axes. They go beside
+the records (the sweep dir, or the download dir of --mlflow-run); from a metrics.json only with --plots:
+an experiment's committed plots are its report stage's (python -m spec_decode.views.experiment report NAME).
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import shutil
 import statistics
 import sys
 import tempfile
@@ -35,7 +38,13 @@ from spec_decode.analysis.host import describe as describe_host
 from spec_decode.core import store
 from spec_decode.core.gc_imports import frozen_imports
 from spec_decode.record.results import JobRecord, collect, performance_only, section
+from spec_decode.views.metrics_json import records_from_metrics
 from spec_decode.views.plots import cost_models, write_plots
+
+ACCEPTS = (
+    "give a sweep dir (multirun/DATE/TIME_NAME) or a job dir (their results.json), an experiment dir "
+    "(experiments/NAME, its metrics.json) or a metrics.json file, or --mlflow-run ID"
+)
 
 COLUMNS = (
     "job",
@@ -259,17 +268,37 @@ def server_cpu_lines(recs: list[JobRecord]) -> list[str]:
     return out
 
 
-def from_mlflow(run_id: str, uri: str, dest: Path) -> Path:
-    """Download the results.json of a sweep's child runs (parent run ``run_id``) under ``dest``."""
+def from_mlflow(run_id: str, uri: str) -> Path:
+    """Download the results.json of a sweep's child runs (parent run ``run_id`` in the store ``uri``) into
+    a new temp dir, returned. LookupError naming the run and the store when they cannot be read (no such
+    run, a run without children); the dir is then removed."""
     with frozen_imports():  # lazy: mlflow costs seconds of start-up; only --mlflow reads a store
         from mlflow.tracking import MlflowClient
 
-    client = MlflowClient(tracking_uri=store.readable(uri))
-    parent = client.get_run(run_id)
-    kids = client.search_runs([parent.info.experiment_id], f"tags.mlflow.parentRunId = '{run_id}'")
-    for k in kids:
-        client.download_artifacts(k.info.run_id, "results.json", str(dest / k.info.run_id))
-    return dest
+    dest = Path(tempfile.mkdtemp(prefix=f"spec_decode_report_{run_id[:8]}_"))
+    done = False
+    try:
+        client = MlflowClient(tracking_uri=store.readable(uri))
+        try:
+            parent = client.get_run(run_id)
+            kids = client.search_runs([parent.info.experiment_id], f"tags.mlflow.parentRunId = '{run_id}'")
+            for k in kids:
+                client.download_artifacts(k.info.run_id, "results.json", str(dest / k.info.run_id))
+        except Exception as e:  # noqa: BLE001 - whatever MLflow raises, the answer is the same
+            raise LookupError(
+                f"run {run_id!r} not read from the MLflow store {uri} ({type(e).__name__}: {e}); a sweep's "
+                "parent run id of another store? name it with --uri or MLFLOW_TRACKING_URI"
+            ) from e
+        if not kids:
+            raise LookupError(
+                f"run {run_id!r} in the MLflow store {uri} has no child runs: give a sweep's parent run id "
+                "(the sweep's last lines name it)"
+            )
+        done = True
+        return dest
+    finally:
+        if not done:  # a failed or interrupted download leaves nothing behind
+            shutil.rmtree(dest, ignore_errors=True)
 
 
 def records_of(src: str, uri: str | None) -> list[JobRecord]:
@@ -283,14 +312,38 @@ def records_of(src: str, uri: str | None) -> list[JobRecord]:
         except store.StoreMissing as e:
             raise SystemExit(f"{src!r} is not a directory, and {e}") from e
         try:
-            recs = collect(from_mlflow(src, uri, Path(tempfile.mkdtemp(prefix=f"spec_decode_{src[:8]}_"))))
-        except Exception as e:  # noqa: BLE001 - whatever MLflow raises, the answer is the same
-            raise SystemExit(
-                f"{src!r} is neither a directory nor a parent run in {uri}: {type(e).__name__}: {e}"
-            ) from e
+            dest = from_mlflow(src, uri)
+            recs = collect(dest)  # read into memory: the download dir goes (compare and starts draw nothing)
+            shutil.rmtree(dest, ignore_errors=True)
+        except LookupError as e:
+            raise SystemExit(f"{src!r} is neither a directory nor a sweep's parent run: {e}") from e
     if not recs:
         raise SystemExit(f"no results.json in {src}")
     return recs
+
+
+def records_at(path: Path) -> tuple[list[JobRecord], Path | None]:
+    """The records at ``path`` and where their plots go unless --plots says: the results.json under a sweep
+    or job dir (plots beside them), else a metrics.json -- the file, or the one in an experiment dir (no
+    plots: the dir keeps its own). ValueError naming the path and what it accepts when there are none."""
+    if path.is_dir() and (recs := collect(path)):
+        return recs, path
+    metrics = path / "metrics.json" if path.is_dir() else path
+    if not metrics.is_file():
+        found = "no results.json under it, no metrics.json in it" if path.is_dir() else "no such file or directory"
+        raise ValueError(f"{path}: {found}; {ACCEPTS}")
+    try:
+        body = json.loads(metrics.read_text())
+    except (OSError, ValueError) as e:
+        raise ValueError(f"{metrics}: cannot be read as JSON ({e}); {ACCEPTS}") from None
+    if not isinstance(body, dict) or not isinstance(body.get("jobs"), dict):
+        raise ValueError(
+            f"{metrics}: not a sweep's metrics.json (no 'jobs'); a drafter experiment's report is "
+            "python -m spec_decode.views.drafter_experiments report NAME"
+        )
+    if not body["jobs"]:
+        raise ValueError(f"{metrics}: no jobs (an empty sweep): nothing to report")
+    return records_from_metrics(body), None
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -299,12 +352,15 @@ def main(argv: list[str] | None = None) -> None:
         description=__doc__,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
-    ap.add_argument("path", nargs="?", type=Path, help="a sweep dir or experiment dir")
+    ap.add_argument(
+        "path", nargs="?", type=Path, help="a sweep or job dir (results.json), an experiment dir or a metrics.json"
+    )
     ap.add_argument(
         "--plots",
         type=Path,
         default=None,
-        help="where to write PNGs (default: PATH, or the named download dir of --mlflow-run)",
+        help="where to write PNGs (default: a sweep or job PATH, or the named download dir of --mlflow-run; "
+        "from a metrics.json none unless given)",
     )
     ap.add_argument("--mlflow-run", default=None, help="a sweep's parent run id (downloads its children)")
     ap.add_argument(
@@ -314,28 +370,29 @@ def main(argv: list[str] | None = None) -> None:
         "else sqlite:///mlflow.db in the current directory)",
     )
     args = ap.parse_args(argv)
+    plots: Path | None
     if args.mlflow_run:
         try:
-            uri = store.readable(store.store_uri(args.uri))
-        except store.StoreMissing as e:
+            root = from_mlflow(args.mlflow_run, store.readable(store.store_uri(args.uri)))
+        except (store.StoreMissing, LookupError) as e:
             ap.error(str(e))
-        root = from_mlflow(
-            args.mlflow_run, uri, Path(tempfile.mkdtemp(prefix=f"spec_decode_report_{args.mlflow_run[:8]}_"))
-        )
         print(f"downloaded the sweep's results.json files to {root}", file=sys.stderr)
+        recs, plots = collect(root), root
     elif args.path is not None:
-        if not args.path.is_dir():
-            ap.error(f"{args.path}: not a directory")
-        root = args.path
+        try:
+            recs, plots = records_at(args.path)
+        except ValueError as e:
+            ap.error(str(e))
     else:
-        ap.error("give a sweep/experiment dir or --mlflow-run ID")
-    recs = collect(root)
-    if not recs:
-        ap.error(f"no results.json under {root}")
+        ap.error(f"no records named; {ACCEPTS}")
     text, _ = sweep_summary(recs)
     print(text)
     # Plots go beside the records (the sweep dir, or the download dir of --mlflow-run): never the cwd.
-    for p in write_plots(recs, args.plots or root):
+    plots = args.plots or plots
+    if plots is None:
+        print(f"plots: none drawn (those beside {args.path} stay as they are); --plots DIR draws them", file=sys.stderr)
+        return
+    for p in write_plots(recs, plots):
         print(f"plot: {p}", file=sys.stderr)
 
 

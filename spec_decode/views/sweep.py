@@ -58,12 +58,15 @@ def markdown_summary(table: dict[str, list], sweep_dir: str) -> str:
     )
 
 
-def where_to_look(sweep_dir: str, parent_run_id: str | None, tracker: Tracker | None) -> str:
-    """The lines that end a sweep: where its files are, its MLflow parent run, what to run next."""
+def where_to_look(sweep_dir: str, parent_run_id: str | None, tracker: Tracker | None, jobs: int = 1) -> str:
+    """The lines that end a sweep: where its files are, its MLflow parent run, what to run next (``jobs``:
+    how many records it wrote; with none, e.g. a dry run, there is nothing to report)."""
     lines = [f"sweep dir: {sweep_dir} (sweep_summary.txt, plots, one dir per job with results.json and run.log)"]
     if parent_run_id and tracker is not None:
         lines.append(f"MLflow parent run: {parent_run_id}")
         lines.append(f"  open: {tracker.ui_command()}  ->  {tracker.ui_url()}")
+    if not jobs:
+        return "\n".join([*lines, "report: none (no job wrote results.json)"])
     lines.append(
         f"report: python -m spec_decode.views.report {sweep_dir}"
         + (f"   (or: python -m spec_decode.views.report --mlflow-run {parent_run_id})" if parent_run_id else "")
@@ -222,6 +225,8 @@ class SweepCallback(Callback):
             self._bar.close()
         recs = results.collect(Path(self.sweep_dir))
         text, table = sweep_summary(recs)
+        if not recs:  # a dry run, or every job stopped before its record: no table, no intervals to label
+            text = "no job wrote results.json"
         missing = unfinished_lines(Path(self.sweep_dir), self.jobs)
         if interrupt.interrupted() or missing:
             head = f"{interrupt.MESSAGE}: " if interrupt.interrupted() else ""
@@ -277,7 +282,7 @@ class SweepCallback(Callback):
                     c.set_terminated(self.parent_run_id, status=status)
                 except Exception as e:  # noqa: BLE001
                     print(f"warning: could not close the MLflow parent run: {e}", file=sys.stderr)
-        print(where_to_look(self.sweep_dir, self.parent_run_id, self._tracker), file=sys.stderr)
+        print(where_to_look(self.sweep_dir, self.parent_run_id, self._tracker, len(recs)), file=sys.stderr)
         global EXIT_STATUS
         refused = [r for r in recs if r.refused]
         if refused and not interrupt.interrupted():

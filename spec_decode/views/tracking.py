@@ -341,16 +341,35 @@ def sync(directory: Path, tracker: Tracker) -> tuple[int, int]:
     return uploaded, present
 
 
+SYNC_HELP = (
+    "Upload the job records (results.json) under DIR that never reached the MLflow store (it was down, or "
+    "tracking was off): one run per job in --experiment, with the record's metrics, params, tags and "
+    "artifacts, as the job would have logged it. A run the job opened at its start but never completed "
+    "(the store went away mid-job) is completed in place; it keeps its sweep parent. Other runs come in as "
+    "top-level runs tagged spec_decode.synced=true: sync makes no sweep parent run. Idempotent: records "
+    "are matched by their record id, so a record already logged is skipped and a second sync uploads "
+    "nothing (in another --experiment they are uploaded again). The results.json files are only read."
+)
+
+
 def main(argv: list[str] | None = None) -> None:
     ap = argparse.ArgumentParser(
         prog="python -m spec_decode.views.tracking", description="Upload job results that never reached MLflow."
     )
     sub = ap.add_subparsers(dest="cmd", required=True)
-    s = sub.add_parser("sync", help="log every results.json under DIR not yet in the store")
-    s.add_argument("dir", type=Path)
+    s = sub.add_parser("sync", help="log every results.json under DIR not yet in the store", description=SYNC_HELP)
+    s.add_argument(
+        "dir",
+        type=Path,
+        help="where to look for results.json, at any depth: a multirun sweep dir, a job dir, multirun/",
+    )
     s.add_argument("--uri", default=None, help="default: $MLFLOW_TRACKING_URI, else sqlite:///mlflow.db")
-    s.add_argument("--experiment", default="spec-decode-bench")
-    s.add_argument("--artifact-location", default="mlartifacts")
+    s.add_argument("--experiment", default="spec-decode-bench", help="the MLflow experiment (default: %(default)s)")
+    s.add_argument(
+        "--artifact-location",
+        default="mlartifacts",
+        help="where a new experiment keeps its artifacts, relative to the cwd (default: %(default)s)",
+    )
     args = ap.parse_args(argv)
     if not args.dir.is_dir():
         ap.error(f"{args.dir}: not a directory")

@@ -41,3 +41,6 @@ def test_experiment_runs_as_a_dry_run_sweep(name, tmp_path: Path):
     assert "# error (would stop this job)" not in out, out[-3000:]
     assert out.count("# job: ") == sweep_points(name)
     assert not list(tmp_path.rglob("server.log"))  # nothing launched
+    assert "report: none (no job wrote results.json)" in p.stderr  # no report command that would fail
+    assert "0 job(s)" not in p.stderr and "no A/A control" not in p.stderr  # no empty table, no alarms
+    assert "python -m spec_decode.views.report" not in p.stderr

@@ -19,6 +19,13 @@ def test_experiment_with_a_sweep_without_m_is_refused(tmp_path):
     assert "error: experiment=ci_smoke defines a sweep (spec.steps=1,3 nccl=default)" in p.stderr
     assert "python run.py -m experiment=ci_smoke" in p.stderr
     assert not (tmp_path / "results.json").exists() and "Traceback" not in p.stderr
+    assert "defines a sweep" in (tmp_path / "run.log").read_text()  # the job dir says why it is empty
+
+
+def test_a_refused_job_says_why_in_its_run_log(tmp_path):
+    p = run_py(["benchmark.runs=0", "tracking=off", f"hydra.run.dir={tmp_path}"], check=False)
+    assert p.returncode == 2 and "error: benchmark.runs=0: must be >= 1" in p.stderr, p.stderr
+    assert (tmp_path / "run.log").read_text() == "error: benchmark.runs=0: must be >= 1\n"
 
 
 def test_streamed_job_prints_latency_percentiles_with_counts(streamed_job):

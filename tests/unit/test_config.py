@@ -180,6 +180,8 @@ BAD = [
     (["drafter.layer_ids=[-2,3,4]"], ConfigError, "ids are >= -1 (-1 captures the embedding output"),
     (["drafter.layer_ids=[1,3,5]"], ConfigError, "0..4"),
     (["engine.decode_log_interval=0"], ConfigError, "engine.decode_log_interval"),
+    (["engine.request_timeout_s=-5"], ConfigError, "engine.request_timeout_s=-5.0: must be > 0 seconds"),
+    (["engine.shutdown_grace_s=0"], ConfigError, "engine.shutdown_grace_s=0.0: must be > 0 seconds"),
     (["hardware.device=tpu"], ConfigError, "hardware.device"),
     (["benchmark.concurrency=0"], ConfigError, "benchmark.concurrency=0: must be >= 1"),
     (["benchmark.request_rate=0"], ConfigError, "benchmark.request_rate=0.0: must be > 0"),

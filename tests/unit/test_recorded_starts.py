@@ -176,10 +176,11 @@ def test_what_is_not_a_metrics_json_is_named_not_a_traceback(repo, capsys):
     shutil.copy(ROOT / "experiments/real_shape_h200x1/summary.json", repo / "summary.json")
     (repo / "notes.json").write_text("{ not json")
     for argv in (["compare", EXP, "summary.json"], ["starts", EXP, "summary.json"], ["compare", EXP, "notes.json"]):
-        code, _, _ = run(capsys, *argv)
-        assert str(code).startswith("sweep: summary.json is not a metrics.json (no 'jobs'") or (
-            str(code).startswith("sweep: notes.json cannot be read as JSON")
-        ), (argv, code)
+        code, _, err = run(capsys, *argv)  # an input error: exit 2, the message on stderr
+        assert code == 2 and (
+            "error: sweep: summary.json is not a metrics.json (no 'jobs'" in err
+            or "error: sweep: notes.json cannot be read as JSON" in err
+        ), (argv, code, err)
 
 
 def test_every_reported_experiment_has_a_record_its_report_stage_depends_on():
@@ -242,8 +243,8 @@ def test_record_refuses_what_is_not_a_kept_start_of_the_design(repo, capsys, tmp
         assert code not in (0, None) and why in str(code) + err, (argv, code, err)
         assert not record.exists(), argv  # nothing recorded
     run(capsys, "starts", EXP, STARTS[0], "--record")
-    code, _, _ = run(capsys, "starts", EXP, STARTS[0], "--record")
-    assert "is already recorded" in str(code)
+    code, _, err = run(capsys, "starts", EXP, STARTS[0], "--record")
+    assert "is already recorded" in str(code) + err
     code, _, err = run(capsys, "starts", "docs/data/h200.json", STARTS[1], "--record")
     assert code == 2 and "is not a reported experiment" in err
     assert json.loads(record.read_text())["starts"] == STARTS[:1]
@@ -253,15 +254,15 @@ def test_a_missing_recorded_start_or_a_broken_record_is_named(repo, capsys):
     run(capsys, "starts", EXP, *STARTS[:2], "--record")
     (repo / STARTS[1]).unlink()
     for argv in (["starts", EXP], ["compare", EXP, STARTS[0]]):
-        code, _, _ = run(capsys, *argv)
-        assert f"recorded start {STARTS[1]} not found" in str(code), argv
+        code, _, err = run(capsys, *argv)
+        assert f"recorded start {STARTS[1]} not found" in str(code) + err, argv
     f = repo / f"experiments/{EXP}/starts.json"
     (repo / STARTS[1]).write_bytes((ROOT / STARTS[1]).read_bytes())
     assert run(capsys, "starts", EXP)[0] == 0
     (repo / STARTS[1]).write_text((repo / STARTS[1]).read_text().replace("1.77", "1.71", 1))  # changed after recording
     for argv in (["starts", EXP], ["compare", EXP, STARTS[0]], ["report", EXP]):
-        code, _, _ = run(capsys, *argv)
-        assert f"recorded start {STARTS[1]} is not the file that was recorded" in str(code), argv
+        code, _, err = run(capsys, *argv)
+        assert f"recorded start {STARTS[1]} is not the file that was recorded" in str(code) + err, argv
     for text, why in (("[]", 'needs {"starts": [metrics.json paths'), ("{", "not JSON")):
         f.write_text(text)
         code, _, _ = run(capsys, "starts", EXP)
@@ -330,8 +331,8 @@ def test_what_a_first_user_gets_wrong_is_named(repo, capsys, monkeypatch):
     """A path that is not there, NAME given as experiments/NAME, --rev beside a sweep, an experiment that
     records no start, another design given to starts, a start from an uncommitted tree, another directory."""
     for argv in (["compare", EXP, "docs/data/nope.json"], ["starts", EXP, "docs/data/nope.json"]):
-        code, _, _ = run(capsys, *argv)
-        assert "docs/data/nope.json: no such file or directory" in str(code), argv  # not an MLflow error
+        code, _, err = run(capsys, *argv)  # an input error (2), not an MLflow error
+        assert code == 2 and "docs/data/nope.json: no such file or directory" in err, argv
     git = ["git", "-c", "user.name=t", "-c", "user.email=t@t"]
     subprocess.run([*git, "add", "-A"], cwd=repo, check=True)
     subprocess.run([*git, "commit", "-qm", "x"], cwd=repo, check=True)
