@@ -17,12 +17,15 @@ a ``Recommendation`` out; ``report.sweep_summary`` prints it, the sweep's parent
    competing cell has one (a paired speedup cancels the host drift both arms of a pair share), else of
    the tok/s. Only stable cells compete; performance-only records (forced acceptance,
    ``spec.simulate_accept_len``) are labelled and never compete: their acceptance is not the drafter's;
-   nor do cells whose lossless check failed (their outputs are not plain decoding's).
+   nor do cells whose lossless check failed (their outputs are not plain decoding's). A cell of fewer
+   than ``MIN_RUNS`` runs has no score: its interval (1 df: mean +- 9 std for 2 runs) is noise.
 3. **Decision.** The best score wins unless its CI overlaps that of any other competing cell (the
    data cannot tell them apart) or no cell is stable: then "cannot decide", with the reason. A noisy
    cell does not compete, but it is no evidence against itself either: where its interval reaches the
    best's lower bound (or it has none), it could be the better choice, and a pick among the stable
    cells (1 of 8 on a loaded CPU, issue 44) answers nothing -- "cannot decide", naming it.
+   Where no cell competes and some have fewer than ``MIN_RUNS`` runs, the reason counts them apart
+   (their spread is unknown, not large) and names ``benchmark.runs`` (``benchmark.blocks`` for block means).
 4. **The A/A control** (issue 25, ``spec_decode.analysis.control``): when two cells known to measure the
    same thing have disjoint 95% intervals, the machine's noise exceeds the stated intervals and no
    score above can be trusted: "cannot decide", whatever the ranking says.
@@ -30,6 +33,7 @@ a ``Recommendation`` out; ``report.sweep_summary`` prints it, the sweep's parent
 
 from __future__ import annotations
 
+import math
 from dataclasses import asdict, dataclass, field
 
 from spec_decode.analysis import control
@@ -123,7 +127,8 @@ def recommend(recs: list[JobRecord], threshold: float = STABLE_MAX) -> Recommend
     name = "speedup_vs_baseline" if by_speedup else "throughput_tok_s"
     for r in spec:
         v = verdicts[r.label]
-        if f"{name}_ci95_lo" in r.metrics:
+        # a cell of fewer runs gets no score: its interval (1 df: t = 12.7) is noise, not a bound
+        if f"{name}_ci95_lo" in r.metrics and v.n >= MIN_RUNS and math.isfinite(r.metrics[f"{name}_ci95_lo"]):
             v.value, v.score, v.score_hi = (r.metrics[name], r.metrics[f"{name}_ci95_lo"], r.metrics[f"{name}_ci95_hi"])
     out = Recommendation("cannot decide", None, None, "", name, threshold, list(verdicts.values()))
     ranked = sorted(
@@ -138,15 +143,7 @@ def recommend(recs: list[JobRecord], threshold: float = STABLE_MAX) -> Recommend
         out.reason = f"refused: {aa.message}"
         return out
     if not ranked:
-        noisy = sum(not v.stable for v in verdicts.values())
-        perf = sum(v.performance_only for v in verdicts.values())
-        lossy = sum(v.stable and not v.performance_only and not v.competes for v in verdicts.values())
-        out.reason = (
-            f"no stable cell: {noisy} of {len(verdicts)} noisy (> {100 * threshold:.0f}%)"
-            + (f", {perf} performance-only" if perf else "")
-            + (f", {lossy} failed the lossless check" if lossy else "")
-            + "; rerun with more runs or on a quieter machine"
-        )
+        out.reason = no_stable_cell(list(verdicts.values()), threshold, any(_blocks(r) for r in spec))
         return out
     best = ranked[0]
     # The rival is the other competing cell whose CI reaches highest (not the second-best lower bound:
@@ -187,6 +184,36 @@ def recommend(recs: list[JobRecord], threshold: float = STABLE_MAX) -> Recommend
     )
     out.reason = f"highest {name} 95% CI lower bound {best.score:{fmt}} among {len(ranked)} competing cell(s){beaten}"
     return out
+
+
+def _blocks(rec: JobRecord) -> bool:
+    """A cell folded over its blocks (analysis.blocks): its n counts blocks, not runs."""
+    return rec.throughput_tok_s is not None and rec.throughput_tok_s.unit == "block means"
+
+
+def no_stable_cell(verdicts: list[CellVerdict], threshold: float, blocks: bool) -> str:
+    """Why no cell competes. Cells of fewer than MIN_RUNS runs are named apart: their spread is unknown,
+    not large, and the knob that fixes it is benchmark.runs (benchmark.blocks for block means)."""
+    few = [v for v in verdicts if v.n < MIN_RUNS]
+    noisy = sum(not v.stable for v in verdicts) - len(few)
+    perf = sum(v.performance_only for v in verdicts)
+    lossy = sum(v.stable and not v.performance_only and not v.competes for v in verdicts)
+    parts = []
+    if few:
+        counts = " or ".join(str(n) for n in sorted({v.n for v in few}))
+        unit = "block(s)" if blocks else "run(s)"
+        parts.append(f"{len(few)} of {len(verdicts)} noisy: unknown spread with {counts} {unit} (< {MIN_RUNS})")
+    if noisy or not few:
+        parts.append(f"{noisy} of {len(verdicts)} noisy (> {100 * threshold:.0f}%)")
+    if perf:
+        parts.append(f"{perf} performance-only")
+    if lossy:
+        parts.append(f"{lossy} failed the lossless check")
+    knob = f"benchmark.blocks={MIN_RUNS}" if blocks else f"benchmark.runs={MIN_RUNS}"
+    rerun = f"{knob} or more" + ("" if blocks else " (the protocol's 5)") if few else "more runs"
+    return f"no stable cell: {', '.join(parts)}; rerun with {rerun}" + (
+        " or on a quieter machine" if noisy or not few else ""
+    )
 
 
 def describe(rec: Recommendation) -> str:

@@ -4,6 +4,7 @@ The unit of replication is the run (5 x 500 tokens by default), and the server l
 ``benchmark.launches > 1``. Method (shared/reference/measurement-and-peers.md §4):
 
 - per job: mean, median, std (n-1), CV, Student-t 95% CI of the mean (t(0.975, 4) = 2.776 for 5 runs);
+  one run gives no std, CV or CI (nan); a lower bound below 0 is clipped to 0 (tok/s cannot go negative);
 - speedup A/B = mean(A) / mean(B), 95% CI by Welch's t on the log of the ratio (delta method):
   SE = sqrt(s_a^2 / (n_a m_a^2) + s_b^2 / (n_b m_b^2)), Welch-Satterthwaite df, CI = ratio * exp(+-t SE);
 - paired speedup (baseline and spec runs alternating on two live servers): geometric mean of the per-pair
@@ -53,27 +54,36 @@ MAD_TO_SD = 1.4826  # MAD x this = the standard deviation, for normal noise
 
 
 def robust_cv(values: list[float]) -> float:
-    """1.4826 x median(|x - median|) / median (0 for fewer than 2 values)."""
+    """1.4826 x median(|x - median|) / median (nan for fewer than 2 values: no spread to measure)."""
     if len(values) < 2:
-        return 0.0
+        return float("nan")
     med = statistics.median(values)
     mad = statistics.median(abs(v - med) for v in values)
     return MAD_TO_SD * mad / med if med else float("nan")
 
 
 def summarize(values: list[float], confidence: float = 0.95) -> Summary:
+    """Mean, median, std, CV and the Student-t CI of the mean of a non-negative quantity (tok/s, accept
+    lengths). One value has no spread and no interval: std, CVs and bounds are nan, as the speedup's with
+    one pair. A lower bound below 0 (2 or 3 noisy values: t(0.975, 1) = 12.7) is clipped to 0, the raw
+    bound kept in ``extra["ci95_lo_unclipped"]``; with 5 values it takes a CV above 80%."""
     if not values:
         raise ValueError("no values to summarize")
     n = len(values)
     mean = statistics.fmean(values)
     median = statistics.median(values)
     if n < 2:
-        return Summary(n, mean, median, 0.0, 0.0, mean, mean, 0.0)
+        nan = float("nan")
+        return Summary(n, mean, median, nan, nan, nan, nan, nan)
     std = statistics.stdev(values)
     half = t_ppf(0.5 + confidence / 2, n - 1) * std / math.sqrt(n)
-    return Summary(
-        n, mean, median, std, std / mean if mean else float("nan"), mean - half, mean + half, robust_cv(values)
+    lo = mean - half
+    s = Summary(
+        n, mean, median, std, std / mean if mean else float("nan"), max(lo, 0.0), mean + half, robust_cv(values)
     )
+    if lo < 0:  # a throughput below 0 is no bound at all; the record keeps what the t interval said
+        s.extra["ci95_lo_unclipped"] = lo
+    return s
 
 
 def ratio_of_means(a: list[float], b: list[float], confidence: float = 0.95) -> Ratio:

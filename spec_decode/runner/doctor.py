@@ -183,10 +183,15 @@ def static_checks(engine: str) -> list[Item]:
 
 
 def live_checks(
-    profile_path: Path, window: tuple[float, float], meta: dict, log_lines: list[str], speculative: bool = True
+    profile_path: Path,
+    window: tuple[float, float],
+    meta: dict,
+    log_lines: list[str],
+    speculative: bool = True,
+    log_interval: int | None = None,
 ) -> list[Item]:
     """After one request (its wall-clock window, its meta_info, the server log lines meanwhile) and
-    after the profile's flush (idle or SIGTERM)."""
+    after the profile's flush (idle or SIGTERM). ``log_interval``: the server's engine.decode_log_interval."""
     items = []
     if speculative:
         ranks = profile.read_ranks(profile_path)
@@ -242,20 +247,34 @@ def live_checks(
                 else "speculation is not on in this server: check the --speculative-* flags in server.log",
             )
         )
-    parsed = decode_log.parse_lines(log_lines)
-    decodes = [x for x in parsed if x.kind == "Decode"]
-    items.append(
-        Item(
-            "decode-log lines",
-            bool(decodes),
-            f"{len(decodes)} `Decode batch` lines parsed" if decodes else "no `Decode batch` line our parser reads",
-            ""
-            if decodes
-            else "lower engine.decode_log_interval, or send a golden sample of "
-            "this version's log line to tests/data/logs",
-        )
-    )
+    items.append(decode_log_item(log_lines, meta, speculative, log_interval))
     return items
+
+
+def decode_log_item(log_lines: list[str], meta: dict, speculative: bool, log_interval: int | None) -> Item:
+    """``Decode batch`` lines in the request's window: due only where the request ran at least
+    ``log_interval`` decode batches (one per verify; one per token after the first without speculation).
+    The server writes one every ``engine.decode_log_interval`` batches, counted across requests, so fewer
+    batches may write none (a 32-token warmup at 3 steps: 8 verifies < 10); an unknown interval: due."""
+    decodes = [x for x in decode_log.parse_lines(log_lines) if x.kind == "Decode"]
+    if decodes:
+        return Item("decode-log lines", True, f"{len(decodes)} `Decode batch` lines parsed")
+    done = meta.get("completion_tokens")
+    batches = meta.get("spec_verify_ct") if speculative else (done - 1 if done else None)
+    if log_interval is not None and batches is not None and batches < log_interval:
+        return Item(
+            "decode-log lines",
+            True,
+            f"none due: {batches} decode batches < engine.decode_log_interval={log_interval}",
+        )
+    ran = f" ({batches} decode batches, engine.decode_log_interval={log_interval})" if log_interval else ""
+    return Item(
+        "decode-log lines",
+        False,
+        f"no `Decode batch` line our parser reads{ran}",
+        "lower engine.decode_log_interval below the request's decode batches; if server.log has "
+        "`Decode batch` lines, our parser does not read this version's: send a golden sample to tests/data/logs",
+    )
 
 
 def render(items: list[Item]) -> str:
@@ -269,14 +288,17 @@ def render(items: list[Item]) -> str:
     return "\n".join(lines)
 
 
-def request_checks(run, profile_path: Path, log_path: Path, log_start: int, speculative: bool) -> list[Item]:
+def request_checks(
+    run, profile_path: Path, log_path: Path, log_start: int, speculative: bool, log_interval: int | None = None
+) -> list[Item]:
     """The live items for one measured request (a client.RunRecord): its window in the profile, its
-    meta_info counters, the server log written since ``log_start``."""
+    meta_info counters, the server log written since ``log_start``. ``log_interval``: the job's
+    engine.decode_log_interval (None: unknown, a line is due)."""
     with open(log_path, "rb") as f:
         f.seek(log_start)
         lines = f.read().decode(errors="replace").splitlines()
     meta = {"spec_verify_ct": run.spec_verify_ct, "completion_tokens": run.completion_tokens}
-    return live_checks(profile_path, (run.start_wall, run.end_wall), meta, lines, speculative)
+    return live_checks(profile_path, (run.start_wall, run.end_wall), meta, lines, speculative, log_interval)
 
 
 def warmup_checks(
@@ -285,6 +307,7 @@ def warmup_checks(
     log_path: Path,
     log_start: int,
     speculative: bool,
+    log_interval: int | None = None,
     wait_s: float = 1.0,
     poll_s: float = 0.02,
 ) -> list[Item]:
@@ -295,7 +318,7 @@ def warmup_checks(
     harness time (docs/benchmarks.md)."""
     deadline = time.monotonic() + wait_s
     while True:
-        items = request_checks(warmup, profile_path, log_path, log_start, speculative)
+        items = request_checks(warmup, profile_path, log_path, log_start, speculative, log_interval)
         flushed = all(it.ok for it in items if it.name == PROFILE_ITEM)
         if (flushed and time.time() - warmup.end_wall >= LOG_LAG_S) or time.monotonic() >= deadline:
             return items
@@ -335,7 +358,7 @@ def run(overrides: list[str], root: Path, static_only: bool = False, max_new_tok
             one = client.generate(client.generate_body(prompt, max_new_tokens, 0.0, True), 0, 0)
         finally:
             srv.stop()  # SIGTERM first: the plugin writes what it holds
-        items += request_checks(one, prof, log_path, start, cfg.speculative)
+        items += request_checks(one, prof, log_path, start, cfg.speculative, cfg.engine.decode_log_interval)
     return items
 
 

@@ -48,7 +48,10 @@ def after_warmup(
     every phase, meta_info counters, decode-log lines; a failure is a warning, the job still
     measures), then the switch off: the timed runs run with dormant hooks."""
     if launch == 0 and b.warmup and b.profile and warmup is not None:
-        items = doctor.warmup_checks(warmup, log_path.parent / "profile.jsonl", log_path, log_start, speculative)
+        interval = (rec.config.get("engine") or {}).get("decode_log_interval")  # a line due after so many batches
+        items = doctor.warmup_checks(
+            warmup, log_path.parent / "profile.jsonl", log_path, log_start, speculative, interval
+        )
         rec.doctor = items  # record.payloads.DoctorItem each
         for it in items:
             if not it.ok:

@@ -115,7 +115,8 @@ def test_sweep_records_and_logs_acceptance_and_the_recommendation(tmp_path, head
     assert {"plots/acceptance_histogram.png", "plots/accept_rate_by_position.png"} <= plots
     # two runs per job: no spread can be judged, so no cell competes -- and the tag says so
     assert parent.data.tags["recommendation"] == (
-        "cannot decide: no stable cell: 4 of 4 noisy (> 5%); rerun with more runs or on a quieter machine"
+        "cannot decide: no stable cell: 4 of 4 noisy: unknown spread with 2 run(s) (< 3); "
+        "rerun with benchmark.runs=3 or more (the protocol's 5)"
     )
     doc = json.loads(open(c.download_artifacts(parent.info.run_id, "recommendation.json", str(tmp_path))).read())
     assert len(doc["verdicts"]) == 4

@@ -22,9 +22,10 @@ def test_summary_matches_textbook_t_interval():
     assert s.cv == pytest.approx(s.std / 88.8)
 
 
-def test_single_value_has_degenerate_interval():
+def test_single_value_has_no_interval():
     s = stats.summarize([5.0])
-    assert (s.std, s.ci95_lo, s.ci95_hi) == (0.0, 5.0, 5.0)
+    assert (s.n, s.mean) == (1, 5.0)
+    assert all(math.isnan(x) for x in (s.std, s.cv, s.ci95_lo, s.ci95_hi, s.robust_cv))
     with pytest.raises(ValueError):
         stats.summarize([])
 
