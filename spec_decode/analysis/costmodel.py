@@ -224,7 +224,7 @@ def fit(points: list[Point], max_steps: int = 8) -> Fit:
         row = {
             "steps": k,
             "predicted_tok_s": pred,
-            "lo": pred - half,
+            "lo": max(0.0, pred - half),  # tok/s cannot go below 0 (2 step counts: t with 1 df)
             "hi": pred + half,
             "predicted_accept_len": accept_len,
             "accept_len_from": source,

@@ -119,3 +119,15 @@ def test_nonneg_line_states_fit_quality():
     assert (a, b) == (pytest.approx(0.0, abs=1e-9), pytest.approx(2.0)) and q["r2"] == pytest.approx(1.0)
     a, b, q = nonneg_line([1, 2, 3], [3.0, 2.0, 1.0])  # falling: clamped to a flat line at the mean
     assert (a, b) == (pytest.approx(2.0), 0.0) and q["r2"] == pytest.approx(0.0) and q["rms_ms"] > 0.8
+
+
+def test_two_step_counts_never_predict_a_negative_bound():
+    """ci_smoke's two step counts (1, 3): the residual sd has 1 df (t = 12.7), so the interval is wide; a
+    throughput's lower bound stops at 0 (it printed [-636.1, ...])."""
+    pts = [
+        Point(1, 1.98, 0.01, 1.88, 0.56, 0.1, throughput_tok_s=300.0),
+        Point(3, 3.85, 0.65, 2.17, 0.56, 0.1, throughput_tok_s=240.0),  # far below what the model says
+    ]
+    f = fit(pts)
+    assert all(r["lo"] >= 0.0 for r in f.predictions) and f.best_tok_s[1] >= 0.0
+    assert any(r["lo"] == 0.0 for r in f.predictions)  # the raw t bound went below 0: clipped, not dropped
