@@ -58,6 +58,9 @@ def markdown_summary(table: dict[str, list], sweep_dir: str) -> str:
     )
 
 
+PARTIAL = "partial sweep"  # what a recommendation from a sweep that did not run every planned job says first
+
+
 def where_to_look(sweep_dir: str, parent_run_id: str | None, tracker: Tracker | None, jobs: int = 1) -> str:
     """The lines that end a sweep: where its files are, its MLflow parent run, what to run next (``jobs``:
     how many records it wrote; with none, e.g. a dry run, there is nothing to report)."""
@@ -233,6 +236,8 @@ class SweepCallback(Callback):
             n = len(self.jobs or [])
             text += f"\n{head}{n - sum(x.startswith('  NOT RUN') for x in missing)} of {n} planned job(s) started"
             text += "".join("\n" + x for x in missing)
+            if recs:  # the recommendation above weighed only what ran
+                text += f"\n{PARTIAL}: the recommendation above weighs only the {len(recs)} job(s) that wrote a record"
         print(text, file=sys.stderr)
         Path(self.sweep_dir, "sweep_summary.txt").write_text(text + "\n")
         statuses = {r.status for r in recs}
@@ -273,7 +278,8 @@ class SweepCallback(Callback):
                 c.set_tag(self.parent_run_id, "aa_control", control.tag(control.check(cells)))
                 choice = recommend.recommend(cells)
                 if choice is not None:  # the step recommendation: a tag to filter by, the verdicts in full
-                    c.set_tag(self.parent_run_id, "recommendation", recommend.tag(choice))
+                    partial = f"{PARTIAL}: " if interrupt.interrupted() or missing else ""
+                    c.set_tag(self.parent_run_id, "recommendation", partial + recommend.tag(choice))
                     c.log_dict(self.parent_run_id, choice.as_dict(), "recommendation.json")
             except Exception as e:  # noqa: BLE001 - the summary is a view; the status must still land
                 print(f"warning: sweep summary not logged to MLflow: {type(e).__name__}: {e}", file=sys.stderr)
