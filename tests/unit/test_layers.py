@@ -46,7 +46,12 @@ SIDE_USERS = {  # which floors may import each side package
     "engines": 3,
     "profiler": 3,
 }
-TOP = {"__main__", "hydra_entry", "bench", "tracking"}  # the command modules: above every floor, imported by nothing of ours
+TOP = {
+    "__main__",
+    "hydra_entry",
+    "bench",
+    "tracking",
+}  # the command modules: above every floor, imported by nothing of ours
 KNOWN: set[tuple[str, str]] = set()  # empty: every arrow points down (a new wrong one fails)
 
 

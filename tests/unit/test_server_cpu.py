@@ -147,7 +147,10 @@ def test_server_cpu_sums_per_process_name_over_the_launches():
     assert host.describe_server_cpu({}) is None
     quiet = {**m, "server_cpu_pct.python": 0.0, "server_cpu_ms_per_1k_tok.python": 0.2}  # the resource tracker
     quiet |= {"server_cpu_pct.launcher": 0.3, "server_cpu_ms_per_1k_tok.launcher": 4.0}  # a front at 0%: named
-    assert host.server_cpu_items(quiet) == "rank0 95% (1900 ms), launcher 0% (4 ms), 1 more idle (< 0.5% of a core each); all 115% (2300 ms)"
+    assert (
+        host.server_cpu_items(quiet)
+        == "rank0 95% (1900 ms), launcher 0% (4 ms), 1 more idle (< 0.5% of a core each); all 115% (2300 ms)"
+    )
     # a baseline job's own account (benchmark.paired=false) carried as the spec job's baseline server's
     assert host.as_baseline({"server_cpu_pct": 5.0, "server_cpu_pct.rank0": 4.0, "host_load1": 1.0}) == {
         "baseline_server_cpu_pct": 5.0,
