@@ -7,4 +7,4 @@ where the upload lives); a command module above the floors, as ``bench``.
 from spec_decode.views.tracking import main
 
 if __name__ == "__main__":
-    main()
+    main(prog="python -m spec_decode.tracking")

@@ -22,7 +22,7 @@ from tabulate import tabulate
 
 from spec_decode.analysis import compare as cmp
 from spec_decode.views import starts as starts_view
-from spec_decode.views.metrics_json import to_metrics
+from spec_decode.views.metrics_json import claim, to_metrics
 from spec_decode.views.report import records_of
 
 REBUILD = "rebuild"  # experiments/<name>/rebuild/: ignored by git (.gitignore), so a rerun never dirties git
@@ -75,17 +75,6 @@ def same_metrics_warning(rebuilt: dict, reported: dict, name: str, rev: str) -> 
     )
 
 
-CLAIM = "CLAIM"  # a job's status in a metrics.json that holds a source's figures, not a run of ours
-
-
-def claim(metrics: dict) -> str | None:
-    """What a metrics.json whose every job is a source's claim (status CLAIM ...) holds, or None."""
-    jobs = (metrics.get("cells") or metrics.get("jobs") or {}).values()
-    if jobs and all(str(e.get("status", "")).startswith(CLAIM) for e in jobs):
-        return "holds a source's claim, not a measurement" + (f" ({metrics['note']})" if metrics.get("note") else "")
-    return None
-
-
 def bench_hint(name: str, root: Path) -> str:
     """How to produce experiments/NAME/metrics.json: its DVC stage (``bench@NAME``, or the frozen GPU stage
     whose output it is, with the unfreeze), else the bench command (an experiment no stage holds yet)."""
@@ -95,7 +84,11 @@ def bench_hint(name: str, root: Path) -> str:
     except (OSError, yaml.YAMLError):
         stages = {}
     for stage, spec in stages.items():
-        if name in (spec.get("foreach") or []) and "${item}/metrics.json" in str((spec.get("do") or {}).get("outs")):
+        if (
+            isinstance(spec.get("foreach"), list)
+            and name in spec["foreach"]
+            and "${item}/metrics.json" in str((spec.get("do") or {}).get("outs"))
+        ):
             return f"`dvc repro {stage}@{name}`"
         if out in str(spec.get("outs")) or out in str(spec.get("metrics")):
             return f"`dvc unfreeze {stage} && dvc repro -f {stage}`" if spec.get("frozen") else f"`dvc repro {stage}`"
@@ -126,22 +119,23 @@ def main(args: argparse.Namespace, ap: argparse.ArgumentParser, root: Path) -> N
     """The ``compare`` subcommand: prints the comparison, exits 1 when a cell differs."""
     if len(args.sources) > 2:
         ap.error("compare takes an experiment name (NAME or experiments/NAME), NAME and a sweep, or two sweeps")
-    if len(args.sources) == 2:
-        if args.rev is not None:
-            ap.error(
-                "compare --rev applies to compare NAME alone; for another revision's numbers beside a sweep: "
-                "git show REV:experiments/NAME/metrics.json > /tmp/a.json, then compare /tmp/a.json SWEEP"
-            )
-        try:  # an unreadable source is an input error (exit 2), never read as "a cell differs" (exit 1)
+    if len(args.sources) == 2 and args.rev is not None:
+        ap.error(
+            "compare --rev applies to compare NAME alone; for another revision's numbers beside a sweep: "
+            "git show REV:experiments/NAME/metrics.json > /tmp/a.json, then compare /tmp/a.json SWEEP"
+        )
+    try:  # an unreadable source or record is an input error (exit 2), never read as "a cell differs" (exit 1)
+        if len(args.sources) == 2:
             a, b = (load_sweep(src, args.uri, root) for src in args.sources)
-        except SystemExit as e:
-            if not isinstance(e.code, str):
-                raise
-            ap.error(e.code)
-        names = tuple(args.sources)
-    else:
-        a, b, names = compare_experiment(ap, args.sources[0], args.rev or "HEAD", root)
-    lines, differ = compare(a, b, names, starts_view.for_compare(args.sources[0], a, b, root))
+            names = tuple(args.sources)
+        else:
+            a, b, names = compare_experiment(ap, args.sources[0], args.rev or "HEAD", root)
+        judged = starts_view.for_compare(args.sources[0], a, b, root)
+    except SystemExit as e:
+        if not isinstance(e.code, str):
+            raise
+        ap.error(e.code)
+    lines, differ = compare(a, b, names, judged)
     print("\n".join(lines))
     raise SystemExit(1 if differ else 0)
 

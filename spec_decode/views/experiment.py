@@ -32,6 +32,7 @@ from spec_decode.analysis import concurrency
 from spec_decode.analysis.costmodel import nonneg_line
 from spec_decode.core.config import register_configs
 from spec_decode.views import compare as compare_view
+from spec_decode.views import metrics_json
 from spec_decode.views import starts as starts_view
 from spec_decode.views.metrics_json import records_from_metrics
 from spec_decode.views.plots import write_plots
@@ -160,13 +161,17 @@ def report(name: str, root: Path) -> None:
     metrics.json (the bench stage's output)."""
     d = exp_dir(name, root)
     metrics = reported_metrics(name, root)
+    readme = d / "README.md"
+    if readme.exists() and (lost := [m for m in (BEGIN, END, FACTS_BEGIN, FACTS_END) if m not in readme.read_text()]):
+        raise SystemExit(
+            f"report {name}: {readme} lacks {', '.join(lost)}: add the markers where the table and facts go"
+        )
     record = starts_view.facts(d, metrics, root)  # read (and checked) first: a broken record writes nothing
     recs = records_from_metrics(metrics)
     text, _ = sweep_summary(recs)
     write_plots(recs, d)
     (d / "table.txt").write_text(text + "\n")
     (d / "summary.json").write_text(json.dumps(summary(recs), indent=2, sort_keys=True) + "\n")
-    readme = d / "README.md"
     if readme.exists():
         body = _replace_block(readme.read_text(), BEGIN, END, f"```\n{text}\n```")
         body = _replace_block(body, FACTS_BEGIN, FACTS_END, "\n".join(facts(metrics) + record))
@@ -178,16 +183,22 @@ HEADLINE_BEGIN = "<!-- headline:begin (python -m spec_decode.views.experiment he
 HEADLINE_END = "<!-- headline:end -->"
 
 
-def protocol(name: str, root: Path) -> str:
-    """The experiment's protocol as its config composes it (runs x tokens, warmup, blocks): the headline
-    says what each job ran, for this experiment, not the default's 5 x 500."""
+def protocol(name: str, root: Path, metrics: dict | None = None) -> str:
+    """What each job ran: runs and blocks as the record holds them (``metrics``: each job's run count, its
+    block labels), tokens, warmup and sampling as the experiment's config composes them (the record keeps
+    no token count)."""
     register_configs()
     with initialize_config_dir(config_dir=str((root / "conf").resolve()), version_base="1.3"):
         b = compose("config", overrides=[f"experiment={name}"]).benchmark
+    jobs = (metrics or {}).get("jobs") or {}
+    counts = [e["throughput_tok_s_n"] for e in jobs.values() if isinstance(e.get("throughput_tok_s_n"), int)]
+    runs = statistics.mode(counts) if counts else b.runs
+    labels = {(e.get("axes") or {}).get("benchmark.block", 0) for e in jobs.values()}  # block 0: the default
+    n_blocks = len(labels) if jobs else int(b.blocks)
     greedy = "greedy " if float(b.temperature) == 0.0 else ""
-    blocks = f", {b.blocks} blocks" if int(b.blocks) > 1 else ""
+    blocks = f", {n_blocks} blocks" if n_blocks > 1 else ""
     warmup = f"{b.warmup} warmup" + ("s" if int(b.warmup) != 1 else "")
-    return f"{b.runs} runs x {b.max_new_tokens} {greedy}tokens per job, {warmup}{blocks}"
+    return f"{runs} runs x {b.max_new_tokens} {greedy}tokens per job, {warmup}{blocks}"
 
 
 def headline(metrics: dict, name: str, proto: str) -> str:
@@ -265,7 +276,7 @@ def write_headline(name: str, root: Path, readme: Path) -> str:
             "add both markers where the table belongs, then run this again"
         )
     metrics = reported_metrics(name, root)
-    text = headline(metrics, name, protocol(name, root))
+    text = headline(metrics, name, protocol(name, root, metrics))
     readme.write_text(_replace_block(body, begin, HEADLINE_END, text))
     return text
 
@@ -275,23 +286,20 @@ def reported_metrics(name: str, root: Path) -> dict:
     a drafter experiment (its own report) or a source's claim not run here."""
     path = exp_dir(name, root) / "metrics.json"
     if not path.exists():
-        raise SystemExit(f"{name}: {path} not found; run the bench stage first ({compare_view.bench_hint(name, root)})")
-    metrics = json.loads(path.read_text())
-    if "jobs" not in metrics and "cells" not in metrics:
-        raise SystemExit(
-            f"{name}: {path} has no jobs: a drafter experiment? its report is "
-            f"`python -m spec_decode.views.drafter_experiments report {name}`"
-        )
-    if claim := compare_view.claim(metrics):
+        raise SystemExit(f"{name}: {path} not found: nothing measured yet; {compare_view.bench_hint(name, root)}")
+    try:
+        metrics = metrics_json.read(path)
+    except ValueError as e:
+        raise SystemExit(f"{name}: {str(e).replace('report NAME', f'report {name}')}") from None
+    if claim := metrics_json.claim(metrics):
         raise SystemExit(f"{name}: {path} {claim}; nothing measured to report")
     return metrics
 
 
 def _replace_block(body: str, begin: str, end: str, content: str) -> str:
+    """``body`` with what lies between ``begin`` and ``end`` replaced (the callers refuse a body without them)."""
     block = f"{begin}\n{content}\n{end}"
-    if begin in body and end in body:
-        return re.sub(re.escape(begin) + r".*?" + re.escape(end), lambda _: block, body, flags=re.S)
-    return body + "\n" + block + "\n"
+    return re.sub(re.escape(begin) + r".*?" + re.escape(end), lambda _: block, body, flags=re.S)
 
 
 def main(argv: list[str] | None = None) -> None:

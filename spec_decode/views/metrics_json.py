@@ -6,6 +6,7 @@ report, the headline and compare render)."""
 from __future__ import annotations
 
 import dataclasses
+import json
 import re
 from pathlib import Path
 
@@ -150,6 +151,34 @@ def _axes_from_key(key: str) -> dict:
         "nccl": pairs.get("nccl", "default"),
         "spec.steps": int(pairs["spec.steps"]) if "spec.steps" in pairs else None,
     }
+
+
+def read(path: Path) -> dict:
+    """A sweep's metrics.json, or ValueError naming the file and what it lacks (not JSON, no jobs: a
+    summary.json or a drafter experiment's, an empty sweep)."""
+    try:
+        got = json.loads(path.read_text())
+    except (OSError, ValueError) as e:
+        raise ValueError(f"{path} cannot be read as JSON ({e})") from None
+    if not isinstance(got, dict) or not isinstance(got.get("jobs"), dict):
+        raise ValueError(
+            f"{path} is not a metrics.json (no 'jobs'; summary.json is not one, nor a drafter experiment's: "
+            "python -m spec_decode.views.drafter_experiments report NAME)"
+        )
+    if not got["jobs"]:
+        raise ValueError(f"{path} has no jobs (an empty sweep)")
+    return got
+
+
+CLAIM = "CLAIM"  # a job's status in a metrics.json that holds a source's figures, not a run of ours
+
+
+def claim(metrics: dict) -> str | None:
+    """What a metrics.json whose every job is a source's claim (status CLAIM ...) holds, or None."""
+    jobs = (metrics.get("cells") or metrics.get("jobs") or {}).values()
+    if jobs and all(str(e.get("status", "")).startswith(CLAIM) for e in jobs):
+        return "holds a source's claim, not a measurement" + (f" ({metrics['note']})" if metrics.get("note") else "")
+    return None
 
 
 def records_from_metrics(metrics: dict) -> list[JobRecord]:

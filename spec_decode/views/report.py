@@ -38,7 +38,8 @@ from spec_decode.analysis.host import describe as describe_host
 from spec_decode.core import store
 from spec_decode.core.gc_imports import frozen_imports
 from spec_decode.record.results import JobRecord, collect, performance_only, section
-from spec_decode.views.metrics_json import records_from_metrics
+from spec_decode.views import metrics_json
+from spec_decode.views.metrics_json import claim, records_from_metrics
 from spec_decode.views.plots import cost_models, write_plots
 
 ACCEPTS = (
@@ -326,23 +327,15 @@ def records_at(path: Path) -> tuple[list[JobRecord], Path | None]:
     """The records at ``path`` and where their plots go unless --plots says: the results.json under a sweep
     or job dir (plots beside them), else a metrics.json -- the file, or the one in an experiment dir (no
     plots: the dir keeps its own). ValueError naming the path and what it accepts when there are none."""
+    path = path.parent if path.name == "results.json" and path.is_file() else path  # a job's record: its dir
     if path.is_dir() and (recs := collect(path)):
         return recs, path
     metrics = path / "metrics.json" if path.is_dir() else path
     if not metrics.is_file():
         found = "no results.json under it, no metrics.json in it" if path.is_dir() else "no such file or directory"
         raise ValueError(f"{path}: {found}; {ACCEPTS}")
-    try:
-        body = json.loads(metrics.read_text())
-    except (OSError, ValueError) as e:
-        raise ValueError(f"{metrics}: cannot be read as JSON ({e}); {ACCEPTS}") from None
-    if not isinstance(body, dict) or not isinstance(body.get("jobs"), dict):
-        raise ValueError(
-            f"{metrics}: not a sweep's metrics.json (no 'jobs'); a drafter experiment's report is "
-            "python -m spec_decode.views.drafter_experiments report NAME"
-        )
-    if not body["jobs"]:
-        raise ValueError(f"{metrics}: no jobs (an empty sweep): nothing to report")
+    if what := claim(body := metrics_json.read(metrics)):
+        raise ValueError(f"{metrics} {what}: nothing measured to report")
     return records_from_metrics(body), None
 
 

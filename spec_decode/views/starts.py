@@ -21,6 +21,7 @@ from tabulate import tabulate
 
 from spec_decode.analysis import compare as cmp
 from spec_decode.analysis import starts as st
+from spec_decode.views import metrics_json
 
 
 def _pct(sd: float | None) -> str:
@@ -116,16 +117,11 @@ def experiment_dir(src: str, root: Path) -> Path | None:
 
 
 def read_metrics(path: Path, what: str) -> dict:
-    """A metrics.json file, or an error naming it and what it lacks."""
+    """A metrics.json file (``metrics_json.read``), or an error naming it and what it lacks."""
     try:
-        got = json.loads(path.read_text())
-    except (OSError, ValueError) as e:
-        raise SystemExit(f"{what}: {path} cannot be read as JSON ({e})") from None
-    if not isinstance(got, dict) or not isinstance(got.get("jobs"), dict):
-        raise SystemExit(f"{what}: {path} is not a metrics.json (no 'jobs'; summary.json is not one)")
-    if not got["jobs"]:
-        raise SystemExit(f"{what}: {path} has no jobs (an empty sweep): nothing to compare")
-    return got
+        return metrics_json.read(path)
+    except ValueError as e:
+        raise SystemExit(f"{what}: {e}") from None
 
 
 def recorded(exp: Path, root: Path) -> list[str]:

@@ -236,7 +236,7 @@ class SweepCallback(Callback):
             n = len(self.jobs or [])
             text += f"\n{head}{n - sum(x.startswith('  NOT RUN') for x in missing)} of {n} planned job(s) started"
             text += "".join("\n" + x for x in missing)
-            if recs:  # the recommendation above weighed only what ran
+            if any(r.speculative and r.status == "FINISHED" for r in recs):  # a recommendation weighed what ran
                 text += f"\n{PARTIAL}: the recommendation above weighs only the {len(recs)} job(s) that wrote a record"
         print(text, file=sys.stderr)
         Path(self.sweep_dir, "sweep_summary.txt").write_text(text + "\n")

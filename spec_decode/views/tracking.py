@@ -352,10 +352,8 @@ SYNC_HELP = (
 )
 
 
-def main(argv: list[str] | None = None) -> None:
-    ap = argparse.ArgumentParser(
-        prog="python -m spec_decode.views.tracking", description="Upload job results that never reached MLflow."
-    )
+def main(argv: list[str] | None = None, prog: str = "python -m spec_decode.views.tracking") -> None:
+    ap = argparse.ArgumentParser(prog=prog, description="Upload job results that never reached MLflow.")
     sub = ap.add_subparsers(dest="cmd", required=True)
     s = sub.add_parser("sync", help="log every results.json under DIR not yet in the store", description=SYNC_HELP)
     s.add_argument(

@@ -105,8 +105,9 @@ def test_ctrl_c_while_a_run_is_open_ends_every_run_killed_and_lists_every_job(tm
     summary = (sw / "sweep_summary.txt").read_text()
     assert "interrupted (Ctrl-C / SIGINT): 1 of 2 planned job(s) started" in summary, summary
     assert "  NOT RUN spec.steps=2," in summary, summary
-    # what ran is weighed alone, and the summary says so (no recommendation passes for the sweep's)
-    assert "partial sweep: the recommendation above weighs only the 1 job(s) that wrote a record" in summary
+    assert (
+        "partial sweep" not in summary
+    )  # no spec job finished: nothing was weighed (tests/unit/test_partial_sweep.py)
     assert "KILLED" in summary.splitlines()[0] + summary  # the interrupted baseline, by status
     c = MlflowClient(fresh_store["uri"])
     exp = c.get_experiment_by_name("spec-decode-bench")
@@ -117,7 +118,7 @@ def test_ctrl_c_while_a_run_is_open_ends_every_run_killed_and_lists_every_job(tm
     parent = [r for r in runs if r.data.tags.get("spec_decode.role") == "sweep"][0]
     assert parent.info.status == "KILLED"
     assert parent.data.tags["spec_decode.interrupted"] == "interrupted (Ctrl-C / SIGINT)"
-    assert parent.data.tags.get("recommendation", "partial sweep: ").startswith("partial sweep: ")
+    assert "recommendation" not in parent.data.tags  # no spec job finished: nothing was weighed
     assert "NOT RUN spec.steps=2" in parent.data.tags["mlflow.note.content"]
     children = [r for r in runs if r is not parent]
     assert children and all(r.info.status == "KILLED" for r in children)

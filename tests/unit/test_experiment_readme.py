@@ -107,9 +107,13 @@ def test_headline_names_the_machine_its_numbers_came_from():
     )
 
 
-def test_protocol_is_the_experiments_own():
-    assert protocol("ci_smoke", ROOT) == "3 runs x 64 greedy tokens per job, 1 warmup"
+def test_protocol_is_the_experiments_own_and_the_records_counts():
+    assert protocol("ci_smoke", ROOT) == "3 runs x 64 greedy tokens per job, 1 warmup"  # its config alone
     assert protocol("embedded_h100_concurrency", ROOT) == PROTO + ", 4 blocks"
+    committed = json.loads((ROOT / "experiments/embedded_steps_nccl/metrics.json").read_text())
+    assert protocol("embedded_steps_nccl", ROOT, committed) == PROTO + ", 8 blocks"  # blocks 0-7 in the record
+    jobs = {k: {**e, "throughput_tok_s_n": 2} for k, e in METRICS["jobs"].items()}  # the record, not the config
+    assert protocol("embedded_steps_nccl", ROOT, {"jobs": jobs}) == "2 runs x 500 greedy tokens per job, 1 warmup"
 
 
 def test_bench_hint_names_the_stage_that_writes_the_metrics():
@@ -140,6 +144,8 @@ def test_views_refuse_what_holds_no_measured_jobs_and_write_nothing():
     assert "Traceback" not in p.stderr
     p = _view("compare", "real_shape_h200x2")  # offered by run.py, never measured
     assert p.returncode == 2 and "python -m spec_decode.bench experiment real_shape_h200x2" in p.stderr
+    p = _view("compare", "ci_smoke", "--rev", "deadbeef0")  # the NAME form's own input errors too
+    assert p.returncode == 2 and "experiments/ci_smoke/metrics.json is not in git at deadbeef0" in p.stderr
     for cmd in ("compare", "starts"):  # an unreadable sweep is an input error (2), not "a cell differs" (1)
         p = _view(cmd, "no/such/metrics.json", "ci_smoke")
         assert p.returncode == 2 and "sweep: no/such/metrics.json: no such file or directory" in p.stderr, p.stderr
@@ -154,3 +160,15 @@ def test_unchanged_metrics_warn_and_rebuilt_ones_do_not():
     assert "python -m spec_decode.bench rebuild ci_smoke" in w
     rebuilt = {"jobs": {"nccl=default,spec.steps=1": {"throughput_tok_s": 301.5}}}
     assert same_metrics_warning(rebuilt, committed, "ci_smoke", "HEAD") is None
+
+
+def test_report_refuses_a_readme_without_its_markers_and_writes_nothing(tmp_path):
+    shutil.copytree(ROOT / "conf", tmp_path / "conf")
+    d = tmp_path / "experiments" / "ci_smoke"
+    d.mkdir(parents=True)
+    shutil.copy(ROOT / "experiments/ci_smoke/metrics.json", d)
+    (d / "README.md").write_text(f"# ci_smoke\n\n{experiment.BEGIN}\nold\n{experiment.END}\n")  # no facts markers
+    with pytest.raises(SystemExit, match=r"README.md lacks <!-- facts:begin .*: add the markers"):
+        experiment.report("ci_smoke", tmp_path)
+    assert sorted(p.name for p in d.iterdir()) == ["README.md", "metrics.json"]
+    assert (d / "README.md").read_text().endswith("old\n<!-- table:end -->\n")

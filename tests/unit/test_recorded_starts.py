@@ -230,7 +230,7 @@ def test_record_refuses_what_is_not_a_kept_start_of_the_design(repo, capsys, tmp
         (["docs/data/empty.json"], "has no jobs (an empty sweep)"),
         (["docs/data/fewer.json"], "cell 'spec.steps=1' has 2 blocks, experiments/real_shape_h100x1/metrics.json 3"),
         (["docs/data/cheap.json"], "has no block values (a cheap-mode sweep)"),
-        (["docs/data/summary.json"], "is not a metrics.json (no 'jobs'; summary.json is not one)"),
+        (["docs/data/summary.json"], "is not a metrics.json (no 'jobs'; summary.json is not one"),
         (["docs/data/nothing.json"], "docs/data/nothing.json not found"),
         (["multirun/m.json"], "multirun/m.json is ignored by git"),
         ([str(outside)], "is outside the repository"),
@@ -265,8 +265,8 @@ def test_a_missing_recorded_start_or_a_broken_record_is_named(repo, capsys):
         assert f"recorded start {STARTS[1]} is not the file that was recorded" in str(code) + err, argv
     for text, why in (("[]", 'needs {"starts": [metrics.json paths'), ("{", "not JSON")):
         f.write_text(text)
-        code, _, _ = run(capsys, "starts", EXP)
-        assert str(code).startswith(f"{f}: ") and why in str(code), text
+        code, _, err = run(capsys, "starts", EXP)  # an input error: exit 2, the message on stderr
+        assert code == 2 and f"error: {f}: " in err and why in err, text
 
 
 def test_two_recorded_starts_give_no_interval_and_compare_says_so(repo, capsys):

@@ -339,3 +339,13 @@ def test_compare_points_to_starts_when_a_rebuild_lands_outside_the_rerun_interva
     with pytest.raises(SystemExit):
         experiment.main(["compare", str(H100_STARTS[0]), str(H100_STARTS[2])])
     assert "outside the rerun interval" not in capsys.readouterr().out
+
+
+def test_a_copy_of_one_run_jobs_is_the_same_measurement():
+    """A one-run job's sd is nan (no spread), and nan equals nothing: a copied sweep of such jobs is still
+    recognised as one measurement."""
+    jobs = {"spec.steps=3": {"throughput_tok_s": 443.1, "throughput_tok_s_std": float("nan"), "throughput_tok_s_n": 1}}
+    copy = {"jobs": {"renamed": dict(jobs["spec.steps=3"])}}
+    assert st.same_measurement({"jobs": jobs}, copy) == 1
+    other = {"jobs": {"x": {**jobs["spec.steps=3"], "throughput_tok_s": 440.2}}}
+    assert st.same_measurement({"jobs": jobs}, other) == 0

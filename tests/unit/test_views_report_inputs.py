@@ -75,6 +75,16 @@ def test_an_experiment_dir_renders_its_committed_metrics_json_and_rewrites_no_pl
     assert (tmp_path / "plots" / "throughput_vs_steps.png").is_file() and f"plot: {tmp_path / 'plots'}" in err
 
 
+def test_a_claim_is_refused_and_a_jobs_results_json_is_its_job(tmp_path, capsys):
+    kimi = ROOT / "experiments" / "kimi_k25_rtx6000x8_eagle3"
+    code, out, err = cli(capsys, report.main, str(kimi))
+    assert code == 2 and out == "" and "holds a source's claim, not a measurement" in err
+    job = tmp_path / "job"
+    results.write(job, record())
+    code, out, err = cli(capsys, report.main, str(job / "results.json"))  # the file: read as its job dir
+    assert code == 0 and "1 job(s): 1 FINISHED" in out, err
+
+
 def test_a_dir_with_neither_record_names_itself_and_what_the_report_takes(tmp_path, capsys):
     empty = tmp_path / "nothing_here"
     empty.mkdir()
@@ -84,7 +94,8 @@ def test_a_dir_with_neither_record_names_itself_and_what_the_report_takes(tmp_pa
     assert "an experiment dir (experiments/NAME, its metrics.json) or a metrics.json file, or --mlflow-run ID" in err
     (empty / "metrics.json").write_text(json.dumps({"cells": {}}))  # a drafter experiment's: no jobs
     code, _, err = cli(capsys, report.main, str(empty))
-    assert code == 2 and f"{empty / 'metrics.json'}: not a sweep's metrics.json (no 'jobs')" in err
+    assert code == 2 and f"{empty / 'metrics.json'} is not a metrics.json (no 'jobs'" in err
+    assert "python -m spec_decode.views.drafter_experiments report NAME" in err
 
 
 def test_an_unknown_run_id_is_an_exit_2_naming_the_run_and_store_and_leaves_no_dir(tmp_store, own_tmp, capsys):
