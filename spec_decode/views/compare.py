@@ -11,6 +11,7 @@ NAME may be given as experiments/NAME too. Exit 1 when a cell differs.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import subprocess
@@ -48,6 +49,18 @@ def compare(
     cover += [n.replace(" B ", f" {names[1]} ", 1) for n in starts.notes]
     cover += starts_view.hints(rows, starts)
     return [*table, "", *notes, *cover, f"verdict: {verdict}"], verdict.startswith("DIFFER")
+
+
+@contextlib.contextmanager
+def input_errors(ap: argparse.ArgumentParser):
+    """A source or record that cannot be read (``SystemExit`` with its message) becomes ``ap.error``: exit
+    2, an input error, never read as compare's exit 1 (a cell differs)."""
+    try:
+        yield
+    except SystemExit as e:
+        if not isinstance(e.code, str):
+            raise
+        ap.error(e.code)
 
 
 def load_sweep(src: str, uri: str | None, root: Path | None = None) -> dict:
@@ -124,17 +137,13 @@ def main(args: argparse.Namespace, ap: argparse.ArgumentParser, root: Path) -> N
             "compare --rev applies to compare NAME alone; for another revision's numbers beside a sweep: "
             "git show REV:experiments/NAME/metrics.json > /tmp/a.json, then compare /tmp/a.json SWEEP"
         )
-    try:  # an unreadable source or record is an input error (exit 2), never read as "a cell differs" (exit 1)
+    with input_errors(ap):
         if len(args.sources) == 2:
             a, b = (load_sweep(src, args.uri, root) for src in args.sources)
             names = tuple(args.sources)
         else:
             a, b, names = compare_experiment(ap, args.sources[0], args.rev or "HEAD", root)
         judged = starts_view.for_compare(args.sources[0], a, b, root)
-    except SystemExit as e:
-        if not isinstance(e.code, str):
-            raise
-        ap.error(e.code)
     lines, differ = compare(a, b, names, judged)
     print("\n".join(lines))
     raise SystemExit(1 if differ else 0)

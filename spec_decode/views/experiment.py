@@ -162,7 +162,8 @@ def report(name: str, root: Path) -> None:
     d = exp_dir(name, root)
     metrics = reported_metrics(name, root)
     readme = d / "README.md"
-    if readme.exists() and (lost := [m for m in (BEGIN, END, FACTS_BEGIN, FACTS_END) if m not in readme.read_text()]):
+    body = readme.read_text() if readme.exists() else None
+    if body is not None and (lost := [m for m in (BEGIN, END, FACTS_BEGIN, FACTS_END) if m not in body]):
         raise SystemExit(
             f"report {name}: {readme} lacks {', '.join(lost)}: add the markers where the table and facts go"
         )
@@ -172,8 +173,8 @@ def report(name: str, root: Path) -> None:
     write_plots(recs, d)
     (d / "table.txt").write_text(text + "\n")
     (d / "summary.json").write_text(json.dumps(summary(recs), indent=2, sort_keys=True) + "\n")
-    if readme.exists():
-        body = _replace_block(readme.read_text(), BEGIN, END, f"```\n{text}\n```")
+    if body is not None:
+        body = _replace_block(body, BEGIN, END, f"```\n{text}\n```")
         body = _replace_block(body, FACTS_BEGIN, FACTS_END, "\n".join(facts(metrics) + record))
         readme.write_text(body)
     print(text)
@@ -336,15 +337,12 @@ def main(argv: list[str] | None = None) -> None:
     root = Path(os.environ.get("DVC_ROOT") or Path.cwd())
     if args.cmd == "starts":
         try:
-            sweeps, names = starts_view.gather(
-                args.sources, args.record, root, lambda src: compare_view.load_sweep(src, args.uri, root)
-            )
+            with compare_view.input_errors(ap):  # an unreadable sweep: exit 2, as compare's
+                sweeps, names = starts_view.gather(
+                    args.sources, args.record, root, lambda src: compare_view.load_sweep(src, args.uri, root)
+                )
         except ValueError as e:
             ap.error(str(e))
-        except SystemExit as e:  # an unreadable sweep: an input error (exit 2), as compare's
-            if not isinstance(e.code, str):
-                raise
-            ap.error(e.code)
         print("\n".join(starts_view.table(sweeps, names, root)))
         return
     if args.cmd == "compare":
