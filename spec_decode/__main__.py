@@ -33,7 +33,11 @@ COMMANDS: dict[str, tuple[str, tuple[str, ...], str]] = {
     "doctor": ("spec_decode.runner.doctor", (), "the self-check: plugin, hook targets, one live request"),
     "probe": ("spec_decode.probe.nccl", (), "NCCL all-reduce latency (device and eager) per size"),
     "serve": ("spec_decode.engines.embedded.__main__", (), "the embedded engine's server (SGLang's flags)"),
-    "build": ("spec_decode.engines.embedded.build", (), "build the tiny target or drafter (DVC stages)"),
+    "build": (
+        "spec_decode.engines.embedded.build",
+        (),
+        "build the tiny target or drafter (DVC stages), or a synthetic real-shape pair",
+    ),
 }
 
 ROOT = Path(__file__).resolve().parents[1]

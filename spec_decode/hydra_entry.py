@@ -22,6 +22,7 @@ from spec_decode.record import results
 from spec_decode.record.results import EngineInfo, JobRecord
 from spec_decode.runner import interrupt
 from spec_decode.runner.context import AXES_ENV, JobContext
+from spec_decode.runner.dryrun import WouldRefuse
 from spec_decode.runner.job import JobFailed, run_job
 from spec_decode.runner.preflight import PreflightError
 from spec_decode.views.tracking import PARENT_ENV, Tracker
@@ -131,6 +132,11 @@ def _run(exp, ctx: JobContext, multirun: bool) -> float | None:
         if multirun and os.environ.get("SUBMITIT_EXECUTOR"):
             return None  # one cluster job of the sweep: submitit gets a result, the other jobs go on
         raise
+    except WouldRefuse as e:  # a dry run: nothing recorded, nothing to skip (fail_fast), the sweep exits 2
+        print(f"error: {e}", file=sys.stderr)
+        if multirun:
+            return None
+        raise SystemExit(2) from None
     except PreflightError as e:  # run_job wrote the job's FAILED record: the sweep summary counts it
         print(f"error: {e}", file=sys.stderr)
         _mark_failed(ctx, exp.fail_fast)

@@ -21,7 +21,7 @@ from spec_decode.core import drafter as drafter_rules
 from spec_decode.core.engine_config import ENGINES, EngineConfig
 from spec_decode.core.errors import ConfigError
 from spec_decode.core.groups import HardwareConfig, SpecConfig
-from spec_decode.core.identity import config_hash, flatten, resolved_dict  # noqa: F401 - re-exported
+from spec_decode.core.identity import config_hash, flatten, override_items, resolved_dict  # noqa: F401 - re-exported
 from spec_decode.core.synthetic import SyntheticConfig, SyntheticError, load_table
 
 __all__ = ["ConfigError", "ENGINES", "EngineConfig", "ExperimentConfig", "register_configs", "to_experiment"]
@@ -272,12 +272,25 @@ class ExperimentConfig:
 
 
 def dir_name(overrides: str) -> str:
-    """A safe directory name from a job's overrides: no '/', at most ~100 characters (long ones keep a
-    readable head and a hash of the whole)."""
-    name = overrides.replace("/", "_").replace("\\", "") or "defaults"
-    if len(name) > 100:
-        name = name[:88] + "~" + hashlib.sha256(overrides.encode()).hexdigest()[:10]
-    return name
+    """A safe directory name from a job's overrides: no '/', at most 100 characters. A long one first drops
+    the keys' dotted heads (``spec.steps=3`` -> ``steps=3``: the values, which tell the jobs of a sweep
+    apart, stay whole) where that leaves no two items the same key; if still too long, a readable head
+    and a hash of the whole."""
+    name = _safe(overrides) or "defaults"
+    if len(name) <= 100:
+        return name
+    items = override_items(overrides)
+    keys = [item.split("=", 1)[0].lstrip("+~").rsplit(".", 1)[-1] for item in items]
+    if len(set(keys)) == len(keys):
+        short = _safe(",".join(f"{k}={item.split('=', 1)[1]}" if "=" in item else item for k, item in zip(keys, items)))
+        if len(short) <= 100:
+            return short
+        name = short
+    return name[:88] + "~" + hashlib.sha256(overrides.encode()).hexdigest()[:10]
+
+
+def _safe(text: str) -> str:
+    return text.replace("/", "_").replace("\\", "")
 
 
 def register_configs() -> None:

@@ -188,12 +188,21 @@ def problems(dcfg: dict, tcfg: dict | None, where: str, trained_ids: list[int] |
                 f"{where}: drafter hidden size {dcfg.get('hidden_size')} does not fit the target's "
                 f"{hidden}{' (text_config.hidden_size)' if lm is not tcfg else ''}"
             )
-        if dcfg.get("vocab_size") != lm.get("vocab_size"):
+        missing = [
+            k
+            for k, c in (("vocab_size", dcfg), ("the target's vocab_size", lm))
+            if not isinstance(c.get("vocab_size"), int)
+        ]
+        if missing:
+            out.append(
+                f"{where}: no {' and no '.join(missing)} (an integer) in config.json: the vocabularies cannot be checked"
+            )
+        elif dcfg.get("vocab_size") != lm.get("vocab_size"):
             out.append(
                 f"{where}: drafter vocab_size {dcfg.get('vocab_size')} != target vocab_size {lm.get('vocab_size')}"
             )
         dv = dcfg.get("draft_vocab_size", dcfg.get("vocab_size"))
-        if not (isinstance(dv, int) and dv <= (lm.get("vocab_size") or 0)):
+        if not missing and not (isinstance(dv, int) and dv <= lm["vocab_size"]):
             out.append(f"{where}: drafter draft_vocab_size {dv} exceeds the target vocab ({lm.get('vocab_size')})")
     return out
 

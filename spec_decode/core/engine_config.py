@@ -5,17 +5,58 @@ A new engine adds its schema here and its argv builder in ``spec_decode/engines/
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Optional
+from typing import ClassVar, Optional
 
 from omegaconf import MISSING
 
 from spec_decode.core.errors import ConfigError
 from spec_decode.core.groups import HardwareConfig, SpecConfig
 
+# The flags the runner passes from a config key (engines.common_flags; each engine's engine_flags adds its
+# own, OWNED_FLAGS below). In engine.extra_args such a flag would override the key's value (the server's
+# parser keeps the last) and the record would name a value that did not run. Aliases included.
+COMMON_FLAGS: dict[str, str] = {
+    "--model-path": "model.path",
+    "--model": "model.path",
+    "--speculative-algorithm": "drafter (EAGLE3 with a drafter, none without)",
+    "--speculative-draft-model-path": "drafter.path",
+    "--speculative-draft-model": "drafter.path",
+    "--speculative-num-steps": "spec.steps",
+    "--speculative-eagle-topk": "spec.topk",
+    "--speculative-num-draft-tokens": "spec.num_draft_tokens",
+    "--host": "engine.host",
+    "--port": "engine.port",
+    "--random-seed": "engine.random_seed",
+    "--tp-size": "hardware.tp_size",
+    "--tensor-parallel-size": "hardware.tp_size",
+    "--decode-log-interval": "engine.decode_log_interval",
+}
+
+
+def owned_flag_problems(extra_args: list[str], owned: dict[str, str]) -> list[str]:
+    """engine.extra_args items that set a flag a config key owns: the exact flag or an alias, ``--flag=v``,
+    or a prefix of one (both servers' argparse takes a unique prefix: ``--tp`` is ``--tp-size``)."""
+    out = []
+    for i, arg in enumerate(extra_args):
+        flag = str(arg).split("=", 1)[0]
+        if not flag.startswith("--") or len(flag) < 4:
+            continue
+        hits = sorted({key for f, key in owned.items() if f == flag or f.startswith(flag)})
+        if hits:
+            out.append(
+                f"engine.extra_args[{i}]={arg}: the runner sets this flag from {' / '.join(hits)}; set that key "
+                "instead (a second copy on the command line would override it, and the record would name a "
+                "value that did not run)"
+            )
+    return out
+
 
 @dataclass
 class EngineConfig:
     """What every engine takes (DESIGN 3.1); each engine's own schema adds its fields and limits."""
+
+    # flag -> the key that sets it (COMMON_FLAGS plus the engine's own); refused in extra_args
+    OWNED_FLAGS: ClassVar[dict[str, str]] = COMMON_FLAGS
 
     name: str = MISSING  # embedded | sglang
     launcher: list[str] = field(default_factory=list)  # a leading "python" means this interpreter
@@ -63,6 +104,8 @@ class EngineConfig:
                 raise ConfigError(f"engine.{key}={getattr(self, key)}: must be > 0 seconds")
         if self.decode_log_interval < 1:
             raise ConfigError(f"engine.decode_log_interval={self.decode_log_interval}: must be >= 1")
+        if problems := owned_flag_problems(list(self.extra_args), type(self).OWNED_FLAGS):
+            raise ConfigError("; ".join(problems))
 
     def check(self, spec: SpecConfig, hardware: HardwareConfig) -> None:
         """This engine's limits on the other groups (ConfigError naming the key)."""
@@ -71,6 +114,17 @@ class EngineConfig:
 @dataclass
 class EmbeddedEngineConfig(EngineConfig):
     """Our CPU/CUDA engine (python -m spec_decode.engines.embedded)."""
+
+    OWNED_FLAGS: ClassVar[dict[str, str]] = {  # engines/embedded/launch.py engine_flags
+        **COMMON_FLAGS,
+        "--device": "hardware.device",
+        "--max-running-requests": "engine.max_running_requests",
+        "--disable-overlap-schedule": "engine.disable_overlap_schedule",
+        "--cuda-eager-batching": "engine.cuda_eager_batching",
+        "--cuda-graph-max-bs-decode": "engine.cuda_graph_max_bs_decode",
+        "--enable-torch-compile": "engine.torch_compile",
+        "--proj-split": "engine.proj_split",
+    }
 
     name: str = "embedded"
     max_running_requests: int = 16  # --max-running-requests: the running batch's cap (SGLang's flag)
@@ -135,6 +189,13 @@ class EmbeddedEngineConfig(EngineConfig):
 class SglangEngineConfig(EngineConfig):
     """SGLang 0.5.23 (python -m sglang.launch_server): its own flags."""
 
+    OWNED_FLAGS: ClassVar[dict[str, str]] = {  # engines/sglang.py engine_flags (--trust-remote-code: either)
+        **COMMON_FLAGS,
+        "--max-running-requests": "engine.max_running_requests",
+        "--cuda-graph-max-bs-decode": "engine.cuda_graph_max_bs_decode",
+        "--enable-metrics": "engine.enable_metrics",
+    }
+
     name: str = "sglang"
     cuda_graph_max_bs_decode: Optional[int] = None  # --cuda-graph-max-bs-decode (0.5.20 removed -max-bs)
     # --max-running-requests; null = SGLang's own (48 with speculative decoding, server_args.py 1088-1093;
@@ -152,6 +213,10 @@ class SglangEngineConfig(EngineConfig):
                 f"engine=sglang with hardware={hardware.name} (a CPU profile): SGLang's EAGLE-3 "
                 "path needs GPUs; use a GPU hardware profile, or engine=embedded on CPU"
             )
+        for key in ("max_running_requests", "cuda_graph_max_bs_decode"):
+            value = getattr(self, key)
+            if value is not None and value < 1:
+                raise ConfigError(f"engine.{key}={value}: must be >= 1 (or null: SGLang's own choice)")
 
 
 ENGINES: dict[str, type[EngineConfig]] = {"embedded": EmbeddedEngineConfig, "sglang": SglangEngineConfig}

@@ -24,6 +24,7 @@ from hydra._internal.utils import (
     get_args_parser,  # Hydra's own argv parser: the same flags run.py takes
 )
 from hydra.core.override_parser.overrides_parser import OverridesParser
+from hydra.errors import OverrideParseException
 from omegaconf import DictConfig, OmegaConf
 
 from spec_decode.core.config import ENGINES, ConfigError, ExperimentConfig
@@ -142,12 +143,28 @@ def _unknown(key: str, value: str, how: str, known: dict[str, object]) -> str:
     return f"{how}: {where}{hint}"
 
 
+def _parses(override: str) -> bool:
+    try:
+        OverridesParser.create().parse_overrides([override])
+    except OverrideParseException:
+        return False
+    return True
+
+
 def check_argv(argv: list[str]) -> None:
     """Refuse overrides that name no key of the schema, before Hydra composes or any server starts."""
     known, types = schema_keys(), value_types()
     args = get_args_parser().parse_args(argv)
     errors, bad_values = [], []
-    overrides = OverridesParser.create().parse_overrides(args.overrides)
+    try:
+        overrides = OverridesParser.create().parse_overrides(args.overrides)
+    except OverrideParseException as e:  # Hydra's answer is a traceback: the override and what to do instead
+        bad = next((a for a in args.overrides if not _parses(a)), "")
+        raise ConfigError(
+            f"{bad} ({str(e).splitlines()[0]}): Hydra's override grammar cannot parse it; quote a value that holds '=', "
+            "spaces or brackets, e.g. 'engine.extra_args=[\"--flag=value\"]' (the grammar: "
+            "https://hydra.cc/docs/advanced/override_grammar/basic)"
+        ) from None
     # Options come from conf/ (+ --config-dir); another primary config or search path: Hydra judges them.
     conf_dirs = [CONF_DIR, *([Path(args.config_dir)] if args.config_dir else [])]
     own_groups = not args.config_path and not any(o.key_or_group.startswith("hydra.searchpath") for o in overrides)

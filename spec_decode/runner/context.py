@@ -15,6 +15,7 @@ from spec_decode.runner import provenance as collected
 
 # The keys a sweep varies (views.sweep sets it for each job; hydra_entry reads it into JobContext.sweep_axes).
 AXES_ENV = "SPEC_DECODE_SWEEP_AXES"
+WOULD_REFUSE = "would_refuse.txt"  # a dry-run job that preflight would stop: its errors, one a line (runner.dryrun)
 
 
 class RunLog(Protocol):

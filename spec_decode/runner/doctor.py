@@ -29,9 +29,11 @@ from importlib.metadata import entry_points
 from pathlib import Path
 
 from hydra import compose, initialize_config_dir
+from hydra.errors import HydraException
 
 from spec_decode import __version__
-from spec_decode.core.config import register_configs, to_experiment
+from spec_decode.core.config import ConfigError, register_configs, to_experiment
+from spec_decode.core.overrides import check_argv
 from spec_decode.core.prompts import load_prompts
 from spec_decode.engines import server_extra_env, start_server
 from spec_decode.engines.engine import named
@@ -167,7 +169,7 @@ def check_hook_targets(engine: str, targets=None, root: Path | None = None) -> I
         return Item(
             "hook targets",
             False,
-            "; ".join(problems),
+            "; ".join(dict.fromkeys(problems)),  # a module that is absent: once, not once per target
             "the installed engine moved its EAGLE-3 phases: update TARGETS in "
             "spec_decode/profiler/plugin.py for this version (or install the tested one)",
         )
@@ -371,7 +373,12 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--static-only", action="store_true", help="no server: install and hook checks only")
     p.add_argument("overrides", nargs="*", help="Hydra overrides, as for run.py (engine=sglang ...)")
     args = p.parse_args(argv)
-    items = run(args.overrides, Path.cwd(), static_only=args.static_only)
+    try:  # bad overrides as run.py answers them: the key named, exit 2, no traceback
+        check_argv(args.overrides)
+        items = run(args.overrides, Path.cwd(), static_only=args.static_only)
+    except (ConfigError, HydraException) as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
     print(render(items))
     return 0 if all(it.ok for it in items) else 1
 

@@ -75,6 +75,15 @@ def ensure_baseline(cfg: ExperimentConfig, ctx: JobContext) -> JobRecord | None:
         existing = results.read(bdir)
         if existing and existing.status == "FINISHED":
             return existing
+        if existing and existing.status == "FAILED" and ctx.sweep_dir:  # one try per key and sweep: a launch
+            # can take half an hour (Kimi at tp 8), and what failed it (weights, memory, flags) fails it again
+            why = (existing.error or "no error recorded").splitlines()[0][:300]
+            _say(
+                ctx,
+                f"[baseline] the shared baseline {key} FAILED earlier in this sweep ({why}; its run.log and "
+                f"server.log in {bdir}); not launched again: continuing without a baseline",
+            )
+            return None
         _say(ctx, f"[baseline] measuring the baseline for {key} -> {bdir}")
         name = baseline_name(ctx.run_name)
         bctx = dataclasses.replace(ctx, out_dir=bdir, run_name=name, overrides=name.split(",")[1:])
@@ -87,7 +96,7 @@ def ensure_baseline(cfg: ExperimentConfig, ctx: JobContext) -> JobRecord | None:
 
 def run_job(cfg: ExperimentConfig, ctx: JobContext) -> JobRecord | None:
     """The whole job. Returns its record (None for a dry run). Raises PreflightError before any
-    launch for bad input (a FAILED results.json names the key), JobFailed when the job ran and
+    launch for bad input (dryrun.WouldRefuse in a dry run) (a FAILED results.json names the key), JobFailed when the job ran and
     failed (results.json holds what was measured)."""
     if cfg.dry_run:
         dryrun.dry_run(cfg, ctx)

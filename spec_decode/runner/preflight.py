@@ -22,12 +22,14 @@ from spec_decode.runner import doctor, pairing
 from spec_decode.runner.preflight_items import (
     Preflight,
     check_drafter,
+    check_hub_model,
     check_load,
     check_request_prompts,
     check_synthetic,
     gpu_type_mismatch,
     has_weights,
     interconnect_mismatch,
+    is_hub_id,
     missing_weights,
     read_json,
     visible_gpus,
@@ -81,16 +83,8 @@ def check(cfg: ExperimentConfig, root: Path) -> Preflight:
         tcfg = read_json(model_dir / "config.json", pf, "the model's config.json")
     if has_weights(model_dir):
         pass  # the weights are here
-    elif (
-        engine_of(cfg).resolves_hub_ids
-        and not model_dir.exists()
-        and cfg.model.path.count("/") == 1
-        and not cfg.model.path.startswith((".", "/"))
-    ):
-        pf.warnings.append(
-            f"model.path={cfg.model.path} is not a local directory: SGLang must find it in "
-            "the Hugging Face cache (HF_HUB_OFFLINE=1, nothing is downloaded)"
-        )
+    elif engine_of(cfg).resolves_hub_ids and is_hub_id(path := cfg.model.path, model_dir):
+        tcfg = check_hub_model(path, model_dir, pf, dry) or tcfg  # from the local cache only: the server is offline
     elif cfg.model.synthetic is None:
         pf.need(False, missing_weights(root, cfg.model.path, "model.path"), local=True, dry_run=dry)
     check_synthetic(cfg, root, pf)

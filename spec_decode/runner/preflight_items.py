@@ -5,6 +5,7 @@ them in order; each failure says what to do."""
 from __future__ import annotations
 
 import json
+import os
 import re
 import shutil
 import subprocess
@@ -89,6 +90,52 @@ def has_weights(model_dir: Path) -> bool:
     return any(model_dir.glob("*.safetensors")) or any(model_dir.glob("*.bin"))
 
 
+def hub_cache_dir(environ: dict[str, str]) -> Path:
+    """Where a Hugging Face hub id's files live offline: HF_HUB_CACHE, else $HF_HOME/hub, else
+    ~/.cache/huggingface/hub (huggingface_hub's order; the server inherits this environment)."""
+    if environ.get("HF_HUB_CACHE"):
+        return Path(environ["HF_HUB_CACHE"]).expanduser()
+    home = environ.get("HF_HOME") or str(Path(environ.get("XDG_CACHE_HOME") or "~/.cache") / "huggingface")
+    return Path(home).expanduser() / "hub"
+
+
+def hub_repo_dir(repo_id: str) -> str:
+    return "models--" + repo_id.replace("/", "--")
+
+
+def hub_snapshot(repo_id: str, environ: dict[str, str]) -> Path | None:
+    """The cached snapshot of model ``repo_id`` (refs/main's, else any) holding a config.json; None if absent."""
+    repo = hub_cache_dir(environ) / hub_repo_dir(repo_id)
+    ref = repo / "refs" / "main"
+    if ref.is_file() and (snap := repo / "snapshots" / ref.read_text().strip()).joinpath("config.json").is_file():
+        return snap
+    snaps = sorted(p for p in (repo / "snapshots").glob("*") if (p / "config.json").is_file())
+    return snaps[0] if snaps else None
+
+
+def is_hub_id(path: str, local: Path) -> bool:
+    """``org/name`` with no such local directory: a Hugging Face hub id, which SGLang resolves."""
+    return not local.exists() and path.count("/") == 1 and not path.startswith((".", "/"))
+
+
+def check_hub_model(path: str, local: Path, pf: Preflight, dry_run: bool) -> dict | None:
+    """A hub id must be in the local cache (the server runs with HF_HUB_OFFLINE=1 and downloads nothing);
+    its cached config.json, when there, for the shape checks."""
+    environ = dict(os.environ)
+    snapshot = hub_snapshot(path, environ)
+    pf.need(
+        snapshot is not None,
+        f"model.path={path} is neither a local directory (no {local}) nor in the Hugging Face cache (no snapshot "
+        f"under {hub_cache_dir(environ) / hub_repo_dir(path)}); the server runs offline (HF_HUB_OFFLINE=1) and "
+        f"downloads nothing: fix the path, or fetch the model into the cache first (huggingface-cli download {path})",
+        local=True,
+        dry_run=dry_run,
+    )
+    if snapshot is None or not (snapshot / "config.json").is_file():
+        return None
+    return read_json(snapshot / "config.json", pf, "the model's config.json (Hugging Face cache)")
+
+
 def _git_tracked(root: Path, path: str) -> bool:
     """Whether git tracks files under ``path`` (the index still lists what was deleted from the tree)."""
     try:
@@ -104,10 +151,10 @@ def missing_weights(root: Path, path: str, flag: str) -> str:
     if _git_tracked(root, path):  # the tiny models live in git: DVC would answer "Everything is up to date"
         return f"{flag}={path}: weights not found (config.json + *.safetensors); run `git checkout -- {path}`"
     hint = f"run `dvc pull {path}`"
-    if not _dvc_tracked(root, path):
-        hint += (
-            " (this repo has no DVC pointer for it yet: where the weights live, "
-            f"`dvc add {path} && dvc push`, and commit {path}.dvc)"
+    if not _dvc_tracked(root, path):  # nothing to pull: say so first
+        hint = (
+            f"this repo has no DVC pointer for it yet (`dvc pull` has nothing to fetch): put the weights at {path}, "
+            f"then `dvc add {path} && dvc push` and commit {path}.dvc so that the next machine can pull them"
         )
     return f"{flag}={path}: weights not found (config.json + *.safetensors); {hint}"
 

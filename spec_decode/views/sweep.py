@@ -13,6 +13,7 @@ import atexit
 import functools
 import os
 import sys
+import time
 from pathlib import Path
 
 from hydra._internal.core_plugins.basic_sweeper import (
@@ -24,7 +25,7 @@ from omegaconf import OmegaConf
 
 from spec_decode.record import results
 from spec_decode.runner import interrupt, progress
-from spec_decode.runner.context import AXES_ENV
+from spec_decode.runner.context import AXES_ENV, WOULD_REFUSE
 from spec_decode.views.tracking import PARENT_ENV, Tracker, experiment_tags
 
 # Hydra builds this callback in every run.py, a single job too: what only the summary needs (tabulate, the
@@ -64,7 +65,12 @@ PARTIAL = "partial sweep"  # what a recommendation from a sweep that did not run
 def where_to_look(sweep_dir: str, parent_run_id: str | None, tracker: Tracker | None, jobs: int = 1) -> str:
     """The lines that end a sweep: where its files are, its MLflow parent run, what to run next (``jobs``:
     how many records it wrote; with none, e.g. a dry run, there is nothing to report)."""
-    lines = [f"sweep dir: {sweep_dir} (sweep_summary.txt, plots, one dir per job with results.json and run.log)"]
+    files = (
+        "sweep_summary.txt, plots, one dir per job with results.json and run.log"
+        if jobs
+        else ("sweep_summary.txt, one dir per job with its run.log")
+    )
+    lines = [f"sweep dir: {sweep_dir} ({files})"]
     if parent_run_id and tracker is not None:
         lines.append(f"MLflow parent run: {parent_run_id}")
         lines.append(f"  open: {tracker.ui_command()}  ->  {tracker.ui_url()}")
@@ -75,6 +81,16 @@ def where_to_look(sweep_dir: str, parent_run_id: str | None, tracker: Tracker | 
         + (f"   (or: python -m spec_decode.views.report --mlflow-run {parent_run_id})" if parent_run_id else "")
     )
     return "\n".join(lines)
+
+
+def reasons(error: str, limit: int = 300) -> str:
+    """Every reason an error gives, on one line: a head such as "preflight failed:" and each "  - item" below
+    it (the head alone says nothing), each cut at ``limit`` characters."""
+    lines = [x.strip() for x in error.splitlines() if x.strip()]
+    if not lines:
+        return ""
+    items = "; ".join(x.removeprefix("- ")[:limit] for x in lines[1:])
+    return f"{lines[0][:limit]} {items}" if items else lines[0][:limit]
 
 
 def planned_jobs(config) -> list[str] | None:
@@ -154,6 +170,7 @@ class SweepCallback(Callback):
         self._bar = None  # job i/N, elapsed, ETA (terminal only)
         self._clock: progress.SweepClock | None = None  # job k/N and ETA as plain lines (every console)
         self._labels: list[str] = []  # each planned job by what varies (the console's k/N lines)
+        self._started = 0.0  # when this sweep began: a reused sweep dir's older files are not its own
 
     def __getstate__(self) -> dict:
         # Shipped to submitit/joblib workers: the parent run id travels, the client does not.
@@ -162,6 +179,7 @@ class SweepCallback(Callback):
     def on_multirun_start(self, config, **kwargs) -> None:
         _summary_modules()  # before the sweep starts: never first imported in the atexit path of a Ctrl-C
         interrupt.started()  # the sweep's dir, bar and parent run: from here on a Ctrl-C cleans up
+        self._started = time.time()
         self.sweep_dir = str(Path(config.hydra.sweep.dir).resolve())
         Path(self.sweep_dir).mkdir(parents=True, exist_ok=True)
         root = Path(config.hydra.runtime.cwd)
@@ -291,12 +309,23 @@ class SweepCallback(Callback):
         print(where_to_look(self.sweep_dir, self.parent_run_id, self._tracker, len(recs)), file=sys.stderr)
         global EXIT_STATUS
         refused = [r for r in recs if r.refused]
+        would = [  # this dry run's jobs that preflight would stop (not an earlier sweep's in a reused dir)
+            p for p in sorted(Path(self.sweep_dir).glob(f"*/{WOULD_REFUSE}")) if p.stat().st_mtime >= self._started - 1
+        ]
         if refused and not interrupt.interrupted():
             EXIT_STATUS = 2  # bad input, as a single job's: a script must not read the sweep as clean
             print(
                 f"error: {len(refused)} job(s) refused for bad input (each a FAILED record naming the key; "
                 f"the other jobs ran): exit status 2\n"
-                + "\n".join(f"  {r.label}: {(r.error or '').splitlines()[0][:300]}" for r in refused),
+                + "\n".join(f"  {r.label}: {reasons(r.error or '')}" for r in refused),
+                file=sys.stderr,
+            )
+        elif would and not interrupt.interrupted():
+            EXIT_STATUS = 2  # the dry run's answer: these jobs would not start
+            print(
+                f"error: {len(would)} job(s) of this dry run would be refused by preflight (the other jobs' "
+                f"checks passed): exit status 2\n"
+                + "\n".join(f"  {p.parent.name}: {'; '.join(p.read_text().splitlines())}" for p in would),
                 file=sys.stderr,
             )
         elif recs and not interrupt.interrupted() and not any(r.status == "FINISHED" for r in recs):

@@ -200,8 +200,15 @@ def fixture_copy(tmp_path, name, edit=None, training_ids=None, weights_stub=Fals
 
 
 def dry_errors(tmp_path, *overrides) -> list[str]:
-    p = run_py([*KIMI, *overrides, f"hydra.sweep.dir={tmp_path / 'job'}"])
-    return [line for line in p.stdout.splitlines() if line.startswith("# error")]
+    """The dry run's errors; a dry run with one exits 2, saying which job and why (a script checking a
+    sweep before spending the GPUs reads the status), one without exits 0."""
+    p = run_py([*KIMI, *overrides, f"hydra.sweep.dir={tmp_path / 'job'}"], check=False)
+    errors = [line for line in p.stdout.splitlines() if line.startswith("# error")]
+    assert p.returncode == (2 if errors else 0), p.stderr[-2000:]
+    if errors:
+        assert "1 job(s) of this dry run would be refused by preflight" in p.stderr, p.stderr[-2000:]
+        assert errors[0].removeprefix("# error (would stop this job): ")[:80] in p.stderr
+    return errors
 
 
 def test_kimi_dry_run_passes_preflight_with_the_mla_drafter(tmp_path):

@@ -93,6 +93,18 @@ def test_a_config_error_in_a_sweep_is_one_failed_record_and_exit_2(tmp_path, tmp
     assert kid and kid[0].info.status == "FAILED" and "spec.steps=0" in kid[0].data.tags["status_detail"]
 
 
+def test_a_refused_job_in_a_sweep_is_closed_with_every_reason(tmp_path):
+    """The sweep's last lines name each reason preflight gave, not its head alone ("preflight failed:")."""
+    p = run_py(
+        ["-m", "spec.steps=2", "benchmark.prompts=nope.txt", "drafter.layer_ids=[0,1,2]", "tracking=off"]
+        + [f"hydra.sweep.dir={tmp_path}"],
+        check=False,
+    )
+    assert p.returncode == 2, p.stderr[-2000:]
+    (line,) = [x for x in p.stderr.splitlines() if x.startswith("  ") and ": preflight failed: " in x]
+    assert "benchmark.prompts=nope.txt: file not found" in line and "drafter.layer_ids is ids [0, 1, 2]" in line
+
+
 def test_tracking_off_jobs_carry_checks_and_drift(tmp_path):
     off = ["tracking=off", f"tracking.results_dirs=[{tmp_path}]", *small()]
     run_py(["drafter=none", *off, f"hydra.run.dir={tmp_path / 'a'}"])

@@ -348,3 +348,28 @@ def test_a_sweep_in_which_no_job_finished_exits_1(tmp_path):
     assert p.returncode == 1, p.stderr[-2000:]
     assert "no job of the sweep finished (2 recorded, none FINISHED)" in p.stderr
     assert all(json.loads(f.read_text())["status"] == "FAILED" for f in tmp_path.glob("*/results.json"))
+
+
+def test_a_shared_baseline_that_failed_is_not_launched_again_by_the_next_job(tmp_path):
+    """benchmark.paired=false: the sweep's jobs share one baseline job per key. When its launch fails, the
+    next job says so and goes on without it; it does not start the failed server again (a Kimi start at
+    tp 8 can take half an hour, and what failed it fails it again)."""
+    starts = tmp_path / "starts"
+    p = run_py(
+        [
+            "-m",
+            "spec.steps=1,2",
+            FAULT,
+            "+engine.env.FAULT=every:1:start_crash",  # every server crashes at start; the counter counts them
+            f"+engine.env.FAULT_COUNTER={starts}",
+            "benchmark.paired=false",
+            *small("benchmark.profile=false"),
+            "tracking=off",
+            f"hydra.sweep.dir={tmp_path / 'sweep'}",
+        ],
+        check=False,
+    )
+    assert p.returncode == 1, p.stderr[-2000:]  # no job finished
+    assert starts.read_text() == "xxx", p.stderr[-3000:]  # the baseline once, then each spec server
+    assert p.stderr.count("[baseline] measuring the baseline") == 1
+    assert "FAILED earlier in this sweep" in p.stderr and "not launched again" in p.stderr

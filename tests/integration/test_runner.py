@@ -166,7 +166,11 @@ def test_dry_run_prints_commands_and_env_and_launches_nothing(tmp_path, fresh_st
     assert out.count("# server command:") == 4
     assert "sglang.launch_server" in out and "--tp-size 8" in out and "--cuda-graph-max-bs-decode" in out
     assert out.count("NCCL_PROTO=LL") == 2
-    assert "dvc pull models/drafters/kimi-k2.5-eagle3" in out  # weights absent: warned, not fatal
+    # weights absent, and no DVC pointer for them: warned, not fatal, with what to do first
+    assert "drafter.path=models/drafters/kimi-k2.5-eagle3: weights not found" in out
+    assert "this repo has no DVC pointer for it yet (`dvc pull` has nothing to fetch)" in out
+    # the target is a hub id that is not in this machine's Hugging Face cache: warned here, an error on the box
+    assert "# warning: model.path=moonshotai/Kimi-K2.5 is neither a local directory" in out
     assert not (tmp_path / "mlflow.db").exists()
     assert time.monotonic() - t0 < 60
 

@@ -1,4 +1,4 @@
-"""Deterministic builds of the tiny target and its EAGLE-3 drafter (DVC stages `target`, `drafter`), and
+r"""Deterministic builds of the tiny target and its EAGLE-3 drafter (DVC stages `target`, `drafter`), and
 synthetic real-shape pairs (``synthetic``: seeded random weights, engines/embedded/synthetic.py).
 
     python -m spec_decode.engines.embedded.build target  --corpus data/corpus.txt --out models/tiny/target
@@ -313,8 +313,9 @@ def build_drafter(args: argparse.Namespace) -> None:
 def main(argv: list[str] | None = None) -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     sub = ap.add_subparsers(dest="what", required=True)
+    helps = {"target": "the tiny Llama target (DVC stage target)", "drafter": "its EAGLE-3 drafter (DVC stage drafter)"}
     for name in ("target", "drafter"):
-        p = sub.add_parser(name)
+        p = sub.add_parser(name, help=helps[name])
         p.add_argument("--out", required=True)
         p.add_argument("--seed", type=int, default=0)
         p.add_argument("--threads", type=int, default=2)

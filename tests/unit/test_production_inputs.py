@@ -1,0 +1,142 @@
+"""The production path's bad input, refused before any server starts (a new user's review, 2026-12-06):
+flags in engine.extra_args that a config key owns, SGLang's caps below 1, a hub id that is not in the
+local cache, an override Hydra cannot parse, the doctor's answer to a typo, long job dir names, a drafter
+config without its vocabulary."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from hydra import compose, initialize_config_dir
+
+from spec_decode.core import drafter
+from spec_decode.core.config import ConfigError, dir_name, register_configs, to_experiment
+from spec_decode.engines import server_command
+from spec_decode.runner import doctor, preflight
+
+pytestmark = pytest.mark.unit
+ROOT = Path(__file__).resolve().parents[2]
+register_configs()
+SGLANG = ("engine=sglang", "hardware=h200x8")
+
+
+def experiment(*overrides: str):
+    with initialize_config_dir(config_dir=str(ROOT / "conf"), version_base="1.3"):
+        return to_experiment(compose("config", overrides=list(overrides)))
+
+
+@pytest.mark.parametrize(
+    ("overrides", "key"),
+    [
+        ((*SGLANG, "engine.extra_args=[--tp-size,4]"), "hardware.tp_size"),
+        ((*SGLANG, "engine.extra_args=[--tp,4]"), "hardware.tp_size"),  # argparse takes the unique prefix
+        ((*SGLANG, "engine.extra_args=[--tensor-parallel-size,4]"), "hardware.tp_size"),  # SGLang's alias
+        ((*SGLANG, "engine.extra_args=[--speculative-num-steps,7]"), "spec.steps"),
+        ((*SGLANG, "engine.extra_args=['--max-running-requests=8']"), "engine.max_running_requests"),
+        ((*SGLANG, "engine.extra_args=[--load-format,dummy,--model,x]"), "model.path"),
+        (("engine.extra_args=['--device=cuda']",), "hardware.device"),
+        (("engine.extra_args=[--cpu-threads,'1',--proj-split,4]",), "engine.proj_split"),
+    ],
+)
+def test_a_flag_that_a_key_owns_is_refused_in_extra_args_naming_the_key(overrides, key):
+    with pytest.raises(ConfigError) as e:
+        experiment(*overrides)
+    assert f"the runner sets this flag from {key}; set that key instead" in str(e.value)
+
+
+def test_extra_args_that_no_key_owns_pass_verbatim():
+    cfg = experiment(*SGLANG, "engine.extra_args=[--disable-overlap-schedule,--load-format,dummy]")
+    argv = server_command(cfg, 30000)
+    assert argv[-3:] == ["--disable-overlap-schedule", "--load-format", "dummy"]
+    assert argv.count("--tp-size") == 1
+    experiment("engine.extra_args=[--cpu-threads,'2']")  # the embedded default's own flag
+
+
+@pytest.mark.parametrize("key", ["max_running_requests", "cuda_graph_max_bs_decode"])
+@pytest.mark.parametrize("value", [0, -5])
+def test_sglang_caps_below_one_are_refused(key, value):
+    with pytest.raises(ConfigError, match=f"engine.{key}={value}: must be >= 1"):
+        experiment(*SGLANG, f"engine.{key}={value}")
+
+
+def _hub_errors(monkeypatch, cache: Path, path: str = "acme/llama-x") -> list[str]:
+    monkeypatch.setenv("HF_HUB_CACHE", str(cache))
+    cfg = experiment(*SGLANG, "drafter=none", f"model.path={path}")
+    return [e for e in preflight.check(cfg, ROOT).errors if "model.path=" in e]
+
+
+def test_a_hub_id_not_in_the_local_cache_is_refused_and_one_there_passes(tmp_path, monkeypatch):
+    (err,) = _hub_errors(monkeypatch, tmp_path / "hub")
+    assert "model.path=acme/llama-x is neither a local directory" in err
+    assert str(tmp_path / "hub" / "models--acme--llama-x") in err and "HF_HUB_OFFLINE=1" in err
+    snap = tmp_path / "hub" / "models--acme--llama-x" / "snapshots" / "abc123"
+    snap.mkdir(parents=True)
+    (snap / "config.json").write_text(json.dumps({"num_hidden_layers": 2}))
+    (snap.parents[1] / "refs").mkdir()
+    (snap.parents[1] / "refs" / "main").write_text("abc123")
+    assert _hub_errors(monkeypatch, tmp_path / "hub") == []
+
+
+def test_a_local_looking_path_that_is_missing_is_not_taken_for_a_hub_id_in_the_cache(tmp_path, monkeypatch):
+    """models/kimi-k25 (a typo of a local dir) is a hub id by shape: without it in the cache it is refused."""
+    (err,) = _hub_errors(monkeypatch, tmp_path / "hub", "models/kimi-k25")
+    assert "neither a local directory" in err
+
+
+@pytest.mark.parametrize(
+    "args",
+    [
+        ["spec.step=3"],
+        ["nccl=tunned"],
+        ["engine=sglang"],
+        ["engine=sglang", "hardware=h200x8", "engine.max_running_requests=0"],
+    ],
+)
+def test_the_doctor_answers_bad_overrides_with_one_line_and_exit_2(args):
+    p = subprocess.run(
+        [sys.executable, "-m", "spec_decode.runner.doctor", "--static-only", *args],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert p.returncode == 2, p.stderr
+    assert "Traceback" not in p.stderr and p.stderr.startswith("error: "), p.stderr
+
+
+def test_run_py_names_an_override_that_hydra_cannot_parse():
+    p = subprocess.run(
+        [sys.executable, "run.py", "spec.steps=2", "engine.extra_args=[--device=cuda]", "dry_run=true"],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert p.returncode == 2 and "Traceback" not in p.stderr, p.stderr
+    assert p.stderr.startswith("error: engine.extra_args=[--device=cuda] (") and "quote a value" in p.stderr
+
+
+def test_long_job_dir_names_keep_every_value():
+    name = "drafter=kimi_k25_eagle3,engine=sglang,hardware=rtx_pro_6000x8,model=kimi_k25,nccl=default,spec.steps=1"
+    assert len(name) > 100
+    assert dir_name(name) == name.replace("spec.steps=", "steps=")
+    assert dir_name("nccl=tuned,spec.steps=2") == "nccl=tuned,spec.steps=2"  # short: as is
+    same = "benchmark.runs=2,engine.runs=3," + "x" * 90  # two keys end the same: head and hash
+    assert len(dir_name(same)) == 99 and dir_name(same).startswith("benchmark.runs=2,engine.runs=3,")
+
+
+def test_a_drafter_config_without_its_vocab_says_so():
+    target = {"hidden_size": 64, "vocab_size": 256, "num_hidden_layers": 4}
+    problems = drafter.problems({"architectures": ["LlamaForCausalLMEagle3"], "hidden_size": 64}, target, "d.json")
+    assert any("no vocab_size (an integer) in config.json" in p for p in problems), problems
+    assert not any("exceeds" in p or "None" in p for p in problems), problems
+
+
+def test_a_missing_hook_module_is_named_once(tmp_path):
+    (tmp_path / "sglang").mkdir()  # a source tree without the worker's module
+    item = doctor.check_hook_targets("sglang", root=tmp_path)
+    assert not item.ok and item.detail.count("is not installed") == 1, item.detail
