@@ -21,7 +21,7 @@ from spec_decode.core.overrides import check_composed
 from spec_decode.record import results
 from spec_decode.record.results import EngineInfo, JobRecord
 from spec_decode.runner import interrupt
-from spec_decode.runner.context import AXES_ENV, JobContext
+from spec_decode.runner.context import AXES_ENV, STARTED_ENV, JobContext
 from spec_decode.runner.dryrun import WouldRefuse
 from spec_decode.runner.job import JobFailed, run_job
 from spec_decode.runner.preflight import PreflightError
@@ -73,6 +73,7 @@ def run_from_hydra(cfg: DictConfig) -> float | None:
         overrides=list(hc.overrides.task),
         tracker=None if exp.dry_run else Tracker.from_config(exp.tracking, root),
         sweep_axes=[a for a in os.environ.get(AXES_ENV, "").split(",") if a] if multirun else [],
+        sweep_started=float(os.environ.get(STARTED_ENV) or 0) if multirun else 0.0,
     )
     if multirun and exp.fail_fast and ctx.sweep_dir and (ctx.sweep_dir / "FAILED").exists():
         print(f"skipping {ctx.run_name}: an earlier job failed and fail_fast=true", file=sys.stderr)

@@ -189,13 +189,12 @@ def problems(dcfg: dict, tcfg: dict | None, where: str, trained_ids: list[int] |
                 f"{hidden}{' (text_config.hidden_size)' if lm is not tcfg else ''}"
             )
         missing = [
-            k
-            for k, c in (("vocab_size", dcfg), ("the target's vocab_size", lm))
-            if not isinstance(c.get("vocab_size"), int)
+            w for w, c in (("the drafter's", dcfg), ("the target's", lm)) if not isinstance(c.get("vocab_size"), int)
         ]
         if missing:
             out.append(
-                f"{where}: no {' and no '.join(missing)} (an integer) in config.json: the vocabularies cannot be checked"
+                f"{where}: {' and '.join(missing)} config.json has no vocab_size (an integer): the vocabularies "
+                "cannot be checked; add it"
             )
         elif dcfg.get("vocab_size") != lm.get("vocab_size"):
             out.append(

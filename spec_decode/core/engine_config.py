@@ -34,20 +34,25 @@ COMMON_FLAGS: dict[str, str] = {
 
 
 def owned_flag_problems(extra_args: list[str], owned: dict[str, str]) -> list[str]:
-    """engine.extra_args items that set a flag a config key owns: the exact flag or an alias, ``--flag=v``,
-    or a prefix of one (both servers' argparse takes a unique prefix: ``--tp`` is ``--tp-size``)."""
+    """engine.extra_args items that set a flag a config key owns: the flag or an alias, ``--flag=v``, or a
+    prefix of one (SGLang's argparse takes a unique prefix, ``--tp`` for ``--tp-size``, and refuses an
+    ambiguous one; the embedded engine's parser refuses any prefix)."""
     out = []
     for i, arg in enumerate(extra_args):
         flag = str(arg).split("=", 1)[0]
         if not flag.startswith("--") or len(flag) < 4:
             continue
-        hits = sorted({key for f, key in owned.items() if f == flag or f.startswith(flag)})
-        if hits:
-            out.append(
-                f"engine.extra_args[{i}]={arg}: the runner sets this flag from {' / '.join(hits)}; set that key "
-                "instead (a second copy on the command line would override it, and the record would name a "
-                "value that did not run)"
-            )
+        if flag in owned:
+            what = f"the runner sets this flag from {owned[flag]}"
+        elif hits := sorted(f for f in owned if f.startswith(flag)):
+            keys = " / ".join(sorted({owned[f] for f in hits}))
+            what = f"a prefix of {', '.join(hits)}, which the runner sets from {keys}"
+        else:
+            continue
+        out.append(
+            f"engine.extra_args[{i}]={arg}: {what}; set that key instead (a second copy on the command line "
+            "would override it, and the record would name a value that did not run)"
+        )
     return out
 
 

@@ -15,6 +15,8 @@ from spec_decode.runner import provenance as collected
 
 # The keys a sweep varies (views.sweep sets it for each job; hydra_entry reads it into JobContext.sweep_axes).
 AXES_ENV = "SPEC_DECODE_SWEEP_AXES"
+# When the sweep began (views.sweep sets it for each job): a reused sweep dir's older records are not its own.
+STARTED_ENV = "SPEC_DECODE_SWEEP_STARTED"
 WOULD_REFUSE = "would_refuse.txt"  # a dry-run job that preflight would stop: its errors, one a line (runner.dryrun)
 
 
@@ -44,6 +46,7 @@ class JobContext:
     overrides: list[str] = field(default_factory=list)
     tracker: RunLog | None = None  # MLflow, or None for no MLflow
     sweep_axes: list[str] = field(default_factory=list)  # the keys the sweep varies (nccl, spec.steps, ...)
+    sweep_started: float = 0.0  # when the sweep began (time.time()); 0: unknown
     quiet: bool = False
 
 

@@ -75,7 +75,7 @@ def ensure_baseline(cfg: ExperimentConfig, ctx: JobContext) -> JobRecord | None:
         existing = results.read(bdir)
         if existing and existing.status == "FINISHED":
             return existing
-        if existing and existing.status == "FAILED" and ctx.sweep_dir:  # one try per key and sweep: a launch
+        if failed_in_this_sweep(existing, ctx):  # one try per key and sweep: a launch
             # can take half an hour (Kimi at tp 8), and what failed it (weights, memory, flags) fails it again
             why = (existing.error or "no error recorded").splitlines()[0][:300]
             _say(
@@ -92,6 +92,18 @@ def ensure_baseline(cfg: ExperimentConfig, ctx: JobContext) -> JobRecord | None:
         except JobFailed as e:  # the spec job still runs; it gets no speedup_vs_baseline
             _say(ctx, f"[baseline] {e}; continuing without a baseline")
             return None
+
+
+def failed_in_this_sweep(rec: JobRecord | None, ctx: JobContext) -> bool:
+    """A shared baseline that FAILED in this sweep (not in an earlier one whose dir this sweep reuses: that
+    one is tried again, its cause perhaps fixed)."""
+    return bool(
+        rec is not None
+        and rec.status == "FAILED"
+        and ctx.sweep_dir
+        and ctx.sweep_started
+        and (rec.ended_at or 0) >= ctx.sweep_started
+    )
 
 
 def run_job(cfg: ExperimentConfig, ctx: JobContext) -> JobRecord | None:

@@ -15,8 +15,9 @@ from spec_decode.core.groups import HardwareConfig
 from spec_decode.core.nccl_names import NCCL_VARIABLES
 from spec_decode.core.prompts import load_prompts
 from spec_decode.core.shapes import proj_split_problem
+from spec_decode.engines import server_extra_env
 from spec_decode.engines.engine import engine_of
-from spec_decode.engines.server_process import PASSED_THROUGH
+from spec_decode.engines.server_process import PASSED_THROUGH, server_env
 from spec_decode.record.results import PERFORMANCE_ONLY
 from spec_decode.runner import doctor, pairing
 from spec_decode.runner.preflight_items import (
@@ -83,8 +84,9 @@ def check(cfg: ExperimentConfig, root: Path) -> Preflight:
         tcfg = read_json(model_dir / "config.json", pf, "the model's config.json")
     if has_weights(model_dir):
         pass  # the weights are here
-    elif engine_of(cfg).resolves_hub_ids and is_hub_id(path := cfg.model.path, model_dir):
-        tcfg = check_hub_model(path, model_dir, pf, dry) or tcfg  # from the local cache only: the server is offline
+    elif engine_of(cfg).resolves_hub_ids and is_hub_id(path := cfg.model.path, model_dir, root):
+        # from the local cache only (the server is offline), as the server's environment names it
+        tcfg = check_hub_model(path, model_dir, pf, dry, server_env(server_extra_env(cfg, None))) or tcfg
     elif cfg.model.synthetic is None:
         pf.need(False, missing_weights(root, cfg.model.path, "model.path"), local=True, dry_run=dry)
     check_synthetic(cfg, root, pf)

@@ -91,12 +91,13 @@ def has_weights(model_dir: Path) -> bool:
 
 
 def hub_cache_dir(environ: dict[str, str]) -> Path:
-    """Where a Hugging Face hub id's files live offline: HF_HUB_CACHE, else $HF_HOME/hub, else
-    ~/.cache/huggingface/hub (huggingface_hub's order; the server inherits this environment)."""
-    if environ.get("HF_HUB_CACHE"):
-        return Path(environ["HF_HUB_CACHE"]).expanduser()
+    """Where a Hugging Face hub id's files live offline, in the server's environment: HF_HUB_CACHE, else
+    HUGGINGFACE_HUB_CACHE, else $HF_HOME/hub, else ~/.cache/huggingface/hub (huggingface_hub's order)."""
+    for name in ("HF_HUB_CACHE", "HUGGINGFACE_HUB_CACHE"):
+        if environ.get(name):
+            return Path(os.path.expandvars(environ[name])).expanduser()
     home = environ.get("HF_HOME") or str(Path(environ.get("XDG_CACHE_HOME") or "~/.cache") / "huggingface")
-    return Path(home).expanduser() / "hub"
+    return Path(os.path.expandvars(home)).expanduser() / "hub"
 
 
 def hub_repo_dir(repo_id: str) -> str:
@@ -104,36 +105,43 @@ def hub_repo_dir(repo_id: str) -> str:
 
 
 def hub_snapshot(repo_id: str, environ: dict[str, str]) -> Path | None:
-    """The cached snapshot of model ``repo_id`` (refs/main's, else any) holding a config.json; None if absent."""
+    """The cached snapshot of model ``repo_id`` that an offline load finds: refs/main's, holding a config.json
+    (offline, the revision "main" resolves through refs/main alone); None if absent."""
     repo = hub_cache_dir(environ) / hub_repo_dir(repo_id)
     ref = repo / "refs" / "main"
-    if ref.is_file() and (snap := repo / "snapshots" / ref.read_text().strip()).joinpath("config.json").is_file():
-        return snap
-    snaps = sorted(p for p in (repo / "snapshots").glob("*") if (p / "config.json").is_file())
-    return snaps[0] if snaps else None
+    if not ref.is_file():
+        return None
+    snap = repo / "snapshots" / ref.read_text().strip()
+    return snap if (snap / "config.json").is_file() else None
 
 
-def is_hub_id(path: str, local: Path) -> bool:
-    """``org/name`` with no such local directory: a Hugging Face hub id, which SGLang resolves."""
-    return not local.exists() and path.count("/") == 1 and not path.startswith((".", "/"))
+def is_hub_id(path: str, local: Path, root: Path) -> bool:
+    """``org/name`` that is no path of this checkout: a Hugging Face hub id, which SGLang resolves. A path
+    whose first part exists here (``models/...``), or that DVC or git tracks, is a local path."""
+    if local.exists() or path.count("/") != 1 or path.startswith((".", "/", "~")):
+        return False
+    return not ((root / path.split("/")[0]).exists() or _git_tracked(root, path) or _dvc_tracked(root, path))
 
 
-def check_hub_model(path: str, local: Path, pf: Preflight, dry_run: bool) -> dict | None:
-    """A hub id must be in the local cache (the server runs with HF_HUB_OFFLINE=1 and downloads nothing);
-    its cached config.json, when there, for the shape checks."""
-    environ = dict(os.environ)
+def check_hub_model(path: str, local: Path, pf: Preflight, dry_run: bool, environ: dict[str, str]) -> dict | None:
+    """A hub id must be in the local cache of the server's environment (``environ``: it runs with
+    HF_HUB_OFFLINE=1 and downloads nothing); its cached config.json, for the shape checks."""
     snapshot = hub_snapshot(path, environ)
+    repo = hub_cache_dir(environ) / hub_repo_dir(path)
     pf.need(
         snapshot is not None,
-        f"model.path={path} is neither a local directory (no {local}) nor in the Hugging Face cache (no snapshot "
-        f"under {hub_cache_dir(environ) / hub_repo_dir(path)}); the server runs offline (HF_HUB_OFFLINE=1) and "
-        f"downloads nothing: fix the path, or fetch the model into the cache first (huggingface-cli download {path})",
+        f"model.path={path} is neither a local directory (no {local}) nor in the Hugging Face cache (no "
+        f"{repo}/refs/main with its snapshot's config.json); the server runs offline (HF_HUB_OFFLINE=1) and "
+        f"downloads nothing: fix the path, or fetch the model into that cache first (hf download {path}; the "
+        "cache is HF_HUB_CACHE or HF_HOME, this shell's or engine.env's)",
         local=True,
         dry_run=dry_run,
     )
-    if snapshot is None or not (snapshot / "config.json").is_file():
-        return None
-    return read_json(snapshot / "config.json", pf, "the model's config.json (Hugging Face cache)")
+    return (
+        None
+        if snapshot is None
+        else read_json(snapshot / "config.json", pf, "the model's config.json (Hugging Face cache)")
+    )
 
 
 def _git_tracked(root: Path, path: str) -> bool:

@@ -25,7 +25,7 @@ from omegaconf import OmegaConf
 
 from spec_decode.record import results
 from spec_decode.runner import interrupt, progress
-from spec_decode.runner.context import AXES_ENV, WOULD_REFUSE
+from spec_decode.runner.context import AXES_ENV, STARTED_ENV, WOULD_REFUSE
 from spec_decode.views.tracking import PARENT_ENV, Tracker, experiment_tags
 
 # Hydra builds this callback in every run.py, a single job too: what only the summary needs (tabulate, the
@@ -182,6 +182,8 @@ class SweepCallback(Callback):
         self._started = time.time()
         self.sweep_dir = str(Path(config.hydra.sweep.dir).resolve())
         Path(self.sweep_dir).mkdir(parents=True, exist_ok=True)
+        for stale in Path(self.sweep_dir).glob(f"*/{WOULD_REFUSE}"):  # an earlier dry run's, in a reused dir
+            stale.unlink(missing_ok=True)
         root = Path(config.hydra.runtime.cwd)
         tcfg = config.tracking
         if config.get("dry_run"):
@@ -222,6 +224,7 @@ class SweepCallback(Callback):
             os.environ["SPEC_DECODE_SWEEP_DIR"] = self.sweep_dir
         # what the sweep varies on purpose: the drift guard compares each NCCL profile with its own history
         os.environ[AXES_ENV] = ",".join(sweep_axes(self.jobs))
+        os.environ[STARTED_ENV] = repr(self._started)
         if self._bar is not None:
             self._bar.set_postfix_str(f"; running job {self._bar.n + 1}/{self._bar.total}")
         if self._clock is not None:
@@ -309,9 +312,7 @@ class SweepCallback(Callback):
         print(where_to_look(self.sweep_dir, self.parent_run_id, self._tracker, len(recs)), file=sys.stderr)
         global EXIT_STATUS
         refused = [r for r in recs if r.refused]
-        would = [  # this dry run's jobs that preflight would stop (not an earlier sweep's in a reused dir)
-            p for p in sorted(Path(self.sweep_dir).glob(f"*/{WOULD_REFUSE}")) if p.stat().st_mtime >= self._started - 1
-        ]
+        would = sorted(Path(self.sweep_dir).glob(f"*/{WOULD_REFUSE}"))  # this dry run's jobs that preflight would stop
         if refused and not interrupt.interrupted():
             EXIT_STATUS = 2  # bad input, as a single job's: a script must not read the sweep as clean
             print(
@@ -320,15 +321,20 @@ class SweepCallback(Callback):
                 + "\n".join(f"  {r.label}: {reasons(r.error or '')}" for r in refused),
                 file=sys.stderr,
             )
-        elif would and not interrupt.interrupted():
+        if would and not interrupt.interrupted():
             EXIT_STATUS = 2  # the dry run's answer: these jobs would not start
             print(
-                f"error: {len(would)} job(s) of this dry run would be refused by preflight (the other jobs' "
-                f"checks passed): exit status 2\n"
+                f"error: {len(would)} job(s) of this dry run would be refused by preflight (each with its "
+                f"reasons, also in its dir's {WOULD_REFUSE}): exit status 2\n"
                 + "\n".join(f"  {p.parent.name}: {'; '.join(p.read_text().splitlines())}" for p in would),
                 file=sys.stderr,
             )
-        elif recs and not interrupt.interrupted() and not any(r.status == "FINISHED" for r in recs):
+        if (
+            not (refused or would)
+            and recs
+            and not interrupt.interrupted()
+            and not any(r.status == "FINISHED" for r in recs)
+        ):
             EXIT_STATUS = 1  # run.py exits with it: a script or CI must not read an all-failed sweep as done
             print(
                 f"error: no job of the sweep finished ({len(recs)} recorded, none FINISHED): exit status 1; "

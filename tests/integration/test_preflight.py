@@ -389,3 +389,22 @@ def test_layer_id_minus_one_is_named_as_the_embedding_output_with_the_trained_id
     err = refused(tmp_path, f"drafter.path={d}", "drafter.layer_ids=null")
     assert "served with ids [-1, 3, 4] (-1: the embedding output) -> captured layers [0, 4, 5]" in err, err
     assert "trained on ids [1, 3, 4]" in err
+
+
+def test_a_dry_run_that_would_refuse_exits_2_and_says_why_in_its_dir(tmp_path):
+    """A dry run answers what the real run would: exit 2 for a job that preflight would stop, its reasons in
+    its dir's would_refuse.txt; a sweep in a reused dir counts only its own refusals."""
+    one = tmp_path / "one"
+    p = run_py(
+        ["spec.steps=2", "benchmark.prompts=nope.txt", "dry_run=true", "tracking=off", f"hydra.run.dir={one}"],
+        check=False,
+    )
+    assert p.returncode == 2 and "preflight would stop this job" in p.stderr, p.stderr[-2000:]
+    assert (one / "would_refuse.txt").read_text() == "benchmark.prompts=nope.txt: file not found\n"
+    sweep = [f"hydra.sweep.dir={tmp_path / 'sweep'}", "dry_run=true", "tracking=off"]
+    bad = run_py(["-m", "spec.steps=1,2", "benchmark.prompts=nope.txt", *sweep], check=False)
+    assert bad.returncode == 2 and "2 job(s) of this dry run would be refused" in bad.stderr, bad.stderr[-2000:]
+    assert len(list((tmp_path / "sweep").glob("*/would_refuse.txt"))) == 2
+    ok = run_py(["-m", "spec.steps=1,2", *sweep], check=False)  # the same dir, the cause fixed
+    assert ok.returncode == 0, ok.stderr[-2000:]
+    assert not list((tmp_path / "sweep").glob("*/would_refuse.txt"))

@@ -355,21 +355,23 @@ def test_a_shared_baseline_that_failed_is_not_launched_again_by_the_next_job(tmp
     next job says so and goes on without it; it does not start the failed server again (a Kimi start at
     tp 8 can take half an hour, and what failed it fails it again)."""
     starts = tmp_path / "starts"
-    p = run_py(
-        [
-            "-m",
-            "spec.steps=1,2",
-            FAULT,
-            "+engine.env.FAULT=every:1:start_crash",  # every server crashes at start; the counter counts them
-            f"+engine.env.FAULT_COUNTER={starts}",
-            "benchmark.paired=false",
-            *small("benchmark.profile=false"),
-            "tracking=off",
-            f"hydra.sweep.dir={tmp_path / 'sweep'}",
-        ],
-        check=False,
-    )
+    args = [
+        "-m",
+        "spec.steps=1,2",
+        FAULT,
+        "+engine.env.FAULT=every:1:start_crash",  # every server crashes at start; the counter counts them
+        f"+engine.env.FAULT_COUNTER={starts}",
+        "benchmark.paired=false",
+        *small("benchmark.profile=false"),
+        "tracking=off",
+        f"hydra.sweep.dir={tmp_path / 'sweep'}",
+    ]
+    p = run_py(args, check=False)
     assert p.returncode == 1, p.stderr[-2000:]  # no job finished
     assert starts.read_text() == "xxx", p.stderr[-3000:]  # the baseline once, then each spec server
     assert p.stderr.count("[baseline] measuring the baseline") == 1
     assert "FAILED earlier in this sweep" in p.stderr and "not launched again" in p.stderr
+    # the same sweep dir again (its cause perhaps fixed): the earlier sweep's failure is not this one's
+    again = run_py(args, check=False)
+    assert starts.read_text() == "x" * 6, again.stderr[-3000:]
+    assert again.stderr.count("[baseline] measuring the baseline") == 1

@@ -160,7 +160,8 @@ def test_dry_run_prints_commands_and_env_and_launches_nothing(tmp_path, fresh_st
             "dry_run=true",
             *fresh_store["overrides"],
             f"hydra.sweep.dir={tmp_path / 'dry'}",
-        ]
+        ],
+        env={"HF_HUB_CACHE": str(tmp_path / "hub")},  # an empty cache, whatever this machine's holds
     )
     out = p.stdout
     assert out.count("# server command:") == 4

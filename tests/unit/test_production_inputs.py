@@ -34,6 +34,7 @@ def experiment(*overrides: str):
     [
         ((*SGLANG, "engine.extra_args=[--tp-size,4]"), "hardware.tp_size"),
         ((*SGLANG, "engine.extra_args=[--tp,4]"), "hardware.tp_size"),  # argparse takes the unique prefix
+        ((*SGLANG, "engine.extra_args=[--cuda-graph-max-bs,8]"), "engine.cuda_graph_max_bs_decode"),  # ambiguous
         ((*SGLANG, "engine.extra_args=[--tensor-parallel-size,4]"), "hardware.tp_size"),  # SGLang's alias
         ((*SGLANG, "engine.extra_args=[--speculative-num-steps,7]"), "spec.steps"),
         ((*SGLANG, "engine.extra_args=['--max-running-requests=8']"), "engine.max_running_requests"),
@@ -45,7 +46,9 @@ def experiment(*overrides: str):
 def test_a_flag_that_a_key_owns_is_refused_in_extra_args_naming_the_key(overrides, key):
     with pytest.raises(ConfigError) as e:
         experiment(*overrides)
-    assert f"the runner sets this flag from {key}; set that key instead" in str(e.value)
+    assert f"the runner sets this flag from {key}; set that key instead" in str(e.value) or (
+        f", which the runner sets from {key}; set that key instead" in str(e.value)  # a prefix of the flag
+    )
 
 
 def test_extra_args_that_no_key_owns_pass_verbatim():
@@ -63,28 +66,54 @@ def test_sglang_caps_below_one_are_refused(key, value):
         experiment(*SGLANG, f"engine.{key}={value}")
 
 
-def _hub_errors(monkeypatch, cache: Path, path: str = "acme/llama-x") -> list[str]:
-    monkeypatch.setenv("HF_HUB_CACHE", str(cache))
-    cfg = experiment(*SGLANG, "drafter=none", f"model.path={path}")
+def _hub_errors(monkeypatch, env: dict[str, str], path: str = "acme/llama-x", *extra: str) -> list[str]:
+    for name in ("HF_HUB_CACHE", "HUGGINGFACE_HUB_CACHE", "HF_HOME"):
+        monkeypatch.delenv(name, raising=False)
+    for k, v in env.items():
+        monkeypatch.setenv(k, v)
+    cfg = experiment(*SGLANG, "drafter=none", f"model.path={path}", *extra)
     return [e for e in preflight.check(cfg, ROOT).errors if "model.path=" in e]
 
 
-def test_a_hub_id_not_in_the_local_cache_is_refused_and_one_there_passes(tmp_path, monkeypatch):
-    (err,) = _hub_errors(monkeypatch, tmp_path / "hub")
-    assert "model.path=acme/llama-x is neither a local directory" in err
-    assert str(tmp_path / "hub" / "models--acme--llama-x") in err and "HF_HUB_OFFLINE=1" in err
-    snap = tmp_path / "hub" / "models--acme--llama-x" / "snapshots" / "abc123"
+def _cache(hub: Path, refs_main: bool = True) -> Path:
+    """models--acme--llama-x in the cache ``hub``, as huggingface_hub lays it out."""
+    snap = hub / "models--acme--llama-x" / "snapshots" / "abc123"
     snap.mkdir(parents=True)
     (snap / "config.json").write_text(json.dumps({"num_hidden_layers": 2}))
-    (snap.parents[1] / "refs").mkdir()
-    (snap.parents[1] / "refs" / "main").write_text("abc123")
-    assert _hub_errors(monkeypatch, tmp_path / "hub") == []
+    if refs_main:
+        (snap.parents[1] / "refs").mkdir()
+        (snap.parents[1] / "refs" / "main").write_text("abc123")
+    return hub
 
 
-def test_a_local_looking_path_that_is_missing_is_not_taken_for_a_hub_id_in_the_cache(tmp_path, monkeypatch):
-    """models/kimi-k25 (a typo of a local dir) is a hub id by shape: without it in the cache it is refused."""
-    (err,) = _hub_errors(monkeypatch, tmp_path / "hub", "models/kimi-k25")
-    assert "neither a local directory" in err
+def test_a_hub_id_not_in_the_local_cache_is_refused_and_one_there_passes(tmp_path, monkeypatch):
+    (err,) = _hub_errors(monkeypatch, {"HF_HUB_CACHE": str(tmp_path / "hub")})
+    assert "model.path=acme/llama-x is neither a local directory" in err
+    assert str(tmp_path / "hub" / "models--acme--llama-x") in err and "HF_HUB_OFFLINE=1" in err
+    assert "hf download acme/llama-x" in err
+    assert _hub_errors(monkeypatch, {"HF_HUB_CACHE": str(_cache(tmp_path / "hub"))}) == []
+
+
+def test_a_snapshot_without_refs_main_is_not_found(tmp_path, monkeypatch):
+    """Offline, the revision "main" resolves through refs/main alone: a snapshot without it does not load."""
+    (err,) = _hub_errors(monkeypatch, {"HF_HUB_CACHE": str(_cache(tmp_path / "hub", refs_main=False))})
+    assert "refs/main" in err
+
+
+def test_the_cache_is_the_servers_in_huggingface_hubs_order(tmp_path, monkeypatch):
+    hub = _cache(tmp_path / "home" / "hub")
+    assert _hub_errors(monkeypatch, {"HF_HOME": str(tmp_path / "home")}) == []
+    assert _hub_errors(monkeypatch, {"HUGGINGFACE_HUB_CACHE": str(hub)}) == []
+    # HF_HUB_CACHE comes first: set to an empty cache, the model is not found
+    assert _hub_errors(monkeypatch, {"HUGGINGFACE_HUB_CACHE": str(hub), "HF_HUB_CACHE": str(tmp_path / "e")})
+    # the server's environment: engine.env names the cache for it alone
+    assert _hub_errors(monkeypatch, {}, "acme/llama-x", f"+engine.env.HF_HOME={tmp_path / 'home'}") == []
+
+
+def test_a_missing_path_under_a_local_folder_is_a_local_path_not_a_hub_id(tmp_path, monkeypatch):
+    """models/kimi-k25 (a typo of a local dir; models/ is here) gets the local missing-weights answer."""
+    (err,) = _hub_errors(monkeypatch, {"HF_HUB_CACHE": str(tmp_path / "hub")}, "models/kimi-k25")
+    assert "model.path=models/kimi-k25: weights not found" in err and "Hugging Face" not in err
 
 
 @pytest.mark.parametrize(
@@ -132,7 +161,7 @@ def test_long_job_dir_names_keep_every_value():
 def test_a_drafter_config_without_its_vocab_says_so():
     target = {"hidden_size": 64, "vocab_size": 256, "num_hidden_layers": 4}
     problems = drafter.problems({"architectures": ["LlamaForCausalLMEagle3"], "hidden_size": 64}, target, "d.json")
-    assert any("no vocab_size (an integer) in config.json" in p for p in problems), problems
+    assert any("the drafter's config.json has no vocab_size (an integer)" in p for p in problems), problems
     assert not any("exceeds" in p or "None" in p for p in problems), problems
 
 
