@@ -271,22 +271,26 @@ class ExperimentConfig:
         return "paired" if self.paired else "job"
 
 
+DIR_NAME_MAX = 120  # characters of a job dir's name (after "<num>_" in a sweep)
+
+
 def dir_name(overrides: str) -> str:
-    """A safe directory name from a job's overrides: no '/', at most 100 characters. A long one first drops
-    the keys' dotted heads (``spec.steps=3`` -> ``steps=3``: the values, which tell the jobs of a sweep
-    apart, stay whole) where that leaves no two items the same key; if still too long, a readable head
-    and a hash of the whole."""
+    """A safe directory name from a job's overrides: no '/', at most DIR_NAME_MAX characters. A longer one
+    first drops the keys' dotted heads (``spec.steps=3`` -> ``steps=3``: the values, which tell the jobs of
+    a sweep apart, stay whole) where that leaves no two items the same key; if still too long, a readable
+    head. A shortened name ends with a hash of the whole (``~`` and 6 or 10 hex digits), so two never meet."""
     name = _safe(overrides) or "defaults"
-    if len(name) <= 100:
+    if len(name) <= DIR_NAME_MAX:
         return name
+    digest = hashlib.sha256(overrides.encode()).hexdigest()
     items = override_items(overrides)
     keys = [item.split("=", 1)[0].lstrip("+~").rsplit(".", 1)[-1] for item in items]
     if len(set(keys)) == len(keys):
         short = _safe(",".join(f"{k}={item.split('=', 1)[1]}" if "=" in item else item for k, item in zip(keys, items)))
-        if len(short) <= 100:
-            return short
+        if len(short) <= DIR_NAME_MAX - 7:
+            return f"{short}~{digest[:6]}"
         name = short
-    return name[:88] + "~" + hashlib.sha256(overrides.encode()).hexdigest()[:10]
+    return name[: DIR_NAME_MAX - 11] + "~" + digest[:10]
 
 
 def _safe(text: str) -> str:

@@ -46,12 +46,15 @@ def owned_flag_problems(extra_args: list[str], owned: dict[str, str]) -> list[st
             what = f"the runner sets this flag from {owned[flag]}"
         elif hits := sorted(f for f in owned if f.startswith(flag)):
             keys = " / ".join(sorted({owned[f] for f in hits}))
-            what = f"a prefix of {', '.join(hits)}, which the runner sets from {keys}"
+            what = (
+                f"a prefix of {', '.join(hits)} (SGLang's parser reads a unique prefix as that flag and refuses an "
+                f"ambiguous one; the embedded engine's refuses abbreviations), which the runner sets from {keys}"
+            )
         else:
             continue
         out.append(
-            f"engine.extra_args[{i}]={arg}: {what}; set that key instead (a second copy on the command line "
-            "would override it, and the record would name a value that did not run)"
+            f"engine.extra_args[{i}]={arg}: {what}; set that key instead (a second value on the command line "
+            "would override the key's, and the record would name a value that did not run)"
         )
     return out
 

@@ -86,7 +86,7 @@ def check(cfg: ExperimentConfig, root: Path) -> Preflight:
         pass  # the weights are here
     elif engine_of(cfg).resolves_hub_ids and is_hub_id(path := cfg.model.path, model_dir, root):
         # from the local cache only (the server is offline), as the server's environment names it
-        tcfg = check_hub_model(path, model_dir, pf, dry, server_env(server_extra_env(cfg, None))) or tcfg
+        tcfg = check_hub_model(path, model_dir, root, pf, dry, server_env(server_extra_env(cfg, None))) or tcfg
     elif cfg.model.synthetic is None:
         pf.need(False, missing_weights(root, cfg.model.path, "model.path"), local=True, dry_run=dry)
     check_synthetic(cfg, root, pf)

@@ -5,9 +5,9 @@ them in order; each failure says what to do."""
 from __future__ import annotations
 
 import json
-import os
 import re
 import shutil
+import string
 import subprocess
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -59,8 +59,9 @@ _DVC_TRACKED: dict[tuple, bool] = {}
 
 
 def _dvc_tracked(root: Path, path: str) -> bool:
-    """Whether DVC tracks ``path`` (a .dvc file or a stage output), asked of DVC itself. Only on the
-    missing-weights path: opening the repo costs a second (once per process for the same files)."""
+    """Whether DVC tracks ``path`` (a .dvc file or a stage output), asked of DVC itself. Only where weights
+    are missing (a local path, or a hub id not in the cache): opening the repo costs a second (once per
+    process for the same files)."""
     if (root / f"{path}.dvc").exists():
         return True
     if not (root / "dvc.yaml").exists():
@@ -90,14 +91,22 @@ def has_weights(model_dir: Path) -> bool:
     return any(model_dir.glob("*.safetensors")) or any(model_dir.glob("*.bin"))
 
 
+def _expand(value: str, environ: dict[str, str]) -> Path:
+    """``$VAR`` and a leading ``~`` as the server's shell would read them: from ``environ``, not ours."""
+    text = string.Template(value).safe_substitute(environ)
+    if text == "~" or text.startswith("~/"):
+        text = environ.get("HOME", str(Path.home())) + text[1:]
+    return Path(text)
+
+
 def hub_cache_dir(environ: dict[str, str]) -> Path:
     """Where a Hugging Face hub id's files live offline, in the server's environment: HF_HUB_CACHE, else
     HUGGINGFACE_HUB_CACHE, else $HF_HOME/hub, else ~/.cache/huggingface/hub (huggingface_hub's order)."""
     for name in ("HF_HUB_CACHE", "HUGGINGFACE_HUB_CACHE"):
         if environ.get(name):
-            return Path(os.path.expandvars(environ[name])).expanduser()
+            return _expand(environ[name], environ)
     home = environ.get("HF_HOME") or str(Path(environ.get("XDG_CACHE_HOME") or "~/.cache") / "huggingface")
-    return Path(os.path.expandvars(home)).expanduser() / "hub"
+    return _expand(home, environ) / "hub"
 
 
 def hub_repo_dir(repo_id: str) -> str:
@@ -105,35 +114,45 @@ def hub_repo_dir(repo_id: str) -> str:
 
 
 def hub_snapshot(repo_id: str, environ: dict[str, str]) -> Path | None:
-    """The cached snapshot of model ``repo_id`` that an offline load finds: refs/main's, holding a config.json
-    (offline, the revision "main" resolves through refs/main alone); None if absent."""
+    """The cached snapshot of model ``repo_id`` that an offline load finds: refs/main's (offline, the revision
+    "main" resolves through refs/main alone), with its config.json and weights; None if absent."""
     repo = hub_cache_dir(environ) / hub_repo_dir(repo_id)
     ref = repo / "refs" / "main"
     if not ref.is_file():
         return None
     snap = repo / "snapshots" / ref.read_text().strip()
-    return snap if (snap / "config.json").is_file() else None
+    return snap if has_weights(snap) else None
+
+
+# A Hugging Face repo id: ``org/name``, letters, digits, '-', '_', '.'; no '--' or '..'; not '-' or '.' first.
+_REPO_ID = re.compile(r"^[A-Za-z0-9][\w.-]*/[A-Za-z0-9][\w.-]*$")
 
 
 def is_hub_id(path: str, local: Path, root: Path) -> bool:
-    """``org/name`` that is no path of this checkout: a Hugging Face hub id, which SGLang resolves. A path
-    whose first part exists here (``models/...``), or that DVC or git tracks, is a local path."""
-    if local.exists() or path.count("/") != 1 or path.startswith((".", "/", "~")):
+    """A repo id (``org/name``) that is no path here: SGLang resolves it from the hub's cache. One whose first
+    part exists in the checkout (``models/...``) is a local path."""
+    if local.exists() or not _REPO_ID.match(path) or "--" in path or ".." in path:
         return False
-    return not ((root / path.split("/")[0]).exists() or _git_tracked(root, path) or _dvc_tracked(root, path))
+    return not (root / path.split("/")[0]).exists()
 
 
-def check_hub_model(path: str, local: Path, pf: Preflight, dry_run: bool, environ: dict[str, str]) -> dict | None:
+def check_hub_model(
+    path: str, local: Path, root: Path, pf: Preflight, dry_run: bool, environ: dict[str, str]
+) -> dict | None:
     """A hub id must be in the local cache of the server's environment (``environ``: it runs with
-    HF_HUB_OFFLINE=1 and downloads nothing); its cached config.json, for the shape checks."""
+    HF_HUB_OFFLINE=1 and downloads nothing), weights and all; its cached config.json, for the shape checks.
+    Not there, and git or DVC tracks the path: the local missing-weights answer (``dvc pull`` ...)."""
     snapshot = hub_snapshot(path, environ)
+    if snapshot is None and (_git_tracked(root, path) or _dvc_tracked(root, path)):
+        pf.need(False, missing_weights(root, path, "model.path"), local=True, dry_run=dry_run)
+        return None
     repo = hub_cache_dir(environ) / hub_repo_dir(path)
     pf.need(
         snapshot is not None,
         f"model.path={path} is neither a local directory (no {local}) nor in the Hugging Face cache (no "
-        f"{repo}/refs/main with its snapshot's config.json); the server runs offline (HF_HUB_OFFLINE=1) and "
-        f"downloads nothing: fix the path, or fetch the model into that cache first (hf download {path}; the "
-        "cache is HF_HUB_CACHE or HF_HOME, this shell's or engine.env's)",
+        f"{repo}/refs/main whose snapshot holds config.json and weights); the server runs offline "
+        f"(HF_HUB_OFFLINE=1) and downloads nothing: fix the path, or fetch the model into that cache first "
+        f"(hf download {path}; the cache is HF_HUB_CACHE or HF_HOME, this shell's or engine.env's)",
         local=True,
         dry_run=dry_run,
     )

@@ -171,6 +171,7 @@ class SweepCallback(Callback):
         self._clock: progress.SweepClock | None = None  # job k/N and ETA as plain lines (every console)
         self._labels: list[str] = []  # each planned job by what varies (the console's k/N lines)
         self._started = 0.0  # when this sweep began: a reused sweep dir's older files are not its own
+        self._planned: int | None = None  # how many jobs the basic sweeper launches (None: another sweeper)
 
     def __getstate__(self) -> dict:
         # Shipped to submitit/joblib workers: the parent run id travels, the client does not.
@@ -182,13 +183,15 @@ class SweepCallback(Callback):
         self._started = time.time()
         self.sweep_dir = str(Path(config.hydra.sweep.dir).resolve())
         Path(self.sweep_dir).mkdir(parents=True, exist_ok=True)
-        for stale in Path(self.sweep_dir).glob(f"*/{WOULD_REFUSE}"):  # an earlier dry run's, in a reused dir
+        planned = planned_jobs(config)
+        self._planned = len(planned) if planned is not None else None
+        for stale in self._would_refuse():  # an earlier dry run's, in a reused dir
             stale.unlink(missing_ok=True)
         root = Path(config.hydra.runtime.cwd)
         tcfg = config.tracking
         if config.get("dry_run"):
             return
-        self.jobs = planned_jobs(config)
+        self.jobs = planned
         self._bar = progress.sweep_bar(len(self.jobs)) if self.jobs else None
         self._clock = progress.SweepClock(len(self.jobs)) if self.jobs else None
         self._labels = progress.what_varies(self.jobs) if self.jobs else []
@@ -215,6 +218,15 @@ class SweepCallback(Callback):
                     "upload later: python -m spec_decode.views.tracking sync " + self.sweep_dir,
                     file=sys.stderr,
                 )
+
+    def _would_refuse(self) -> list[Path]:
+        """This sweep's dry-run jobs that preflight would stop (their dirs ``<num>_...``; every dir's with a
+        sweeper that plans no fixed list)."""
+        assert self.sweep_dir is not None
+        nums = range(self._planned) if self._planned is not None else [None]
+        return sorted(
+            p for n in nums for p in Path(self.sweep_dir).glob(f"{'*' if n is None else f'{n}_*'}/{WOULD_REFUSE}")
+        )
 
     def on_job_start(self, config, **kwargs) -> None:
         # Read by run.py in the job's process (also under joblib/submitit: the callback is pickled).
@@ -311,8 +323,10 @@ class SweepCallback(Callback):
                     print(f"warning: could not close the MLflow parent run: {e}", file=sys.stderr)
         print(where_to_look(self.sweep_dir, self.parent_run_id, self._tracker, len(recs)), file=sys.stderr)
         global EXIT_STATUS
-        refused = [r for r in recs if r.refused]
-        would = sorted(Path(self.sweep_dir).glob(f"*/{WOULD_REFUSE}"))  # this dry run's jobs that preflight would stop
+        # the exit status from this sweep's records alone (a reused sweep dir holds an earlier sweep's too)
+        mine = [r for r in recs if (r.ended_at or 0) >= self._started - 2]
+        refused = [r for r in mine if r.refused]
+        would = self._would_refuse()  # this dry run's jobs that preflight would stop
         if refused and not interrupt.interrupted():
             EXIT_STATUS = 2  # bad input, as a single job's: a script must not read the sweep as clean
             print(
@@ -331,13 +345,13 @@ class SweepCallback(Callback):
             )
         if (
             not (refused or would)
-            and recs
+            and mine
             and not interrupt.interrupted()
-            and not any(r.status == "FINISHED" for r in recs)
+            and not any(r.status == "FINISHED" for r in mine)
         ):
             EXIT_STATUS = 1  # run.py exits with it: a script or CI must not read an all-failed sweep as done
             print(
-                f"error: no job of the sweep finished ({len(recs)} recorded, none FINISHED): exit status 1; "
+                f"error: no job of the sweep finished ({len(mine)} recorded, none FINISHED): exit status 1; "
                 f"each job's error is in the summary above and in its run.log",
                 file=sys.stderr,
             )

@@ -408,3 +408,12 @@ def test_a_dry_run_that_would_refuse_exits_2_and_says_why_in_its_dir(tmp_path):
     ok = run_py(["-m", "spec.steps=1,2", *sweep], check=False)  # the same dir, the cause fixed
     assert ok.returncode == 0, ok.stderr[-2000:]
     assert not list((tmp_path / "sweep").glob("*/would_refuse.txt"))
+
+
+def test_a_reused_sweep_dir_exits_on_this_sweeps_jobs_alone(tmp_path):
+    """A sweep dir run again: an earlier sweep's refused record does not make this one exit 2."""
+    sweep = [f"hydra.sweep.dir={tmp_path / 'sweep'}", "dry_run=true", "tracking=off"]
+    first = run_py(["-m", "spec.steps=0,2", *sweep], check=False)  # spec.steps=0: a FAILED record (config)
+    assert first.returncode == 2 and "1 job(s) refused for bad input" in first.stderr, first.stderr[-2000:]
+    again = run_py(["-m", "spec.steps=2", *sweep], check=False)
+    assert again.returncode == 0 and "refused" not in again.stderr, again.stderr[-2000:]

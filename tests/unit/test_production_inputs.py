@@ -16,7 +16,7 @@ from hydra import compose, initialize_config_dir
 from spec_decode.core import drafter
 from spec_decode.core.config import ConfigError, dir_name, register_configs, to_experiment
 from spec_decode.engines import server_command
-from spec_decode.runner import doctor, preflight
+from spec_decode.runner import doctor, preflight, preflight_items
 
 pytestmark = pytest.mark.unit
 ROOT = Path(__file__).resolve().parents[2]
@@ -75,11 +75,13 @@ def _hub_errors(monkeypatch, env: dict[str, str], path: str = "acme/llama-x", *e
     return [e for e in preflight.check(cfg, ROOT).errors if "model.path=" in e]
 
 
-def _cache(hub: Path, refs_main: bool = True) -> Path:
+def _cache(hub: Path, refs_main: bool = True, weights: bool = True) -> Path:
     """models--acme--llama-x in the cache ``hub``, as huggingface_hub lays it out."""
     snap = hub / "models--acme--llama-x" / "snapshots" / "abc123"
     snap.mkdir(parents=True)
     (snap / "config.json").write_text(json.dumps({"num_hidden_layers": 2}))
+    if weights:
+        (snap / "model.safetensors").touch()
     if refs_main:
         (snap.parents[1] / "refs").mkdir()
         (snap.parents[1] / "refs" / "main").write_text("abc123")
@@ -100,14 +102,41 @@ def test_a_snapshot_without_refs_main_is_not_found(tmp_path, monkeypatch):
     assert "refs/main" in err
 
 
+def test_a_snapshot_with_its_config_alone_is_not_found(tmp_path, monkeypatch):
+    """`hf download org/x config.json` fetched no weights: the offline server would fail to load."""
+    (err,) = _hub_errors(monkeypatch, {"HF_HUB_CACHE": str(_cache(tmp_path / "hub", weights=False))})
+    assert "holds config.json and weights" in err
+
+
+def test_a_hub_shaped_path_that_dvc_tracks_gets_the_dvc_answer(tmp_path):
+    """weights/llama (its folder not pulled yet, a DVC stage's output) is a local path: `dvc pull` it."""
+    subprocess.run("git init -q && dvc init -q", shell=True, cwd=tmp_path, check=True)
+    (tmp_path / "dvc.yaml").write_text("stages:\n  make:\n    cmd: echo\n    outs:\n      - weights/llama\n")
+    pf = preflight_items.Preflight()
+    local = tmp_path / "weights" / "llama"
+    assert preflight_items.is_hub_id("weights/llama", local, tmp_path)
+    preflight_items.check_hub_model("weights/llama", local, tmp_path, pf, False, {"HF_HUB_CACHE": str(tmp_path / "h")})
+    assert pf.errors == [
+        "model.path=weights/llama: weights not found (config.json + *.safetensors); run `dvc pull weights/llama`"
+    ]
+
+
+@pytest.mark.parametrize("path", ["org/", "C:/x", "a b/c", "-x/y", "org/na:me", "a--b/c", "a/b..c", "~/x", "/abs/x"])
+def test_only_a_repo_id_is_taken_for_a_hub_id(path, tmp_path):
+    assert not preflight_items.is_hub_id(path, tmp_path / "nothing", tmp_path)
+    assert preflight_items.is_hub_id("meta-llama/Llama-3.1-8B", tmp_path / "nothing", tmp_path)
+
+
 def test_the_cache_is_the_servers_in_huggingface_hubs_order(tmp_path, monkeypatch):
     hub = _cache(tmp_path / "home" / "hub")
     assert _hub_errors(monkeypatch, {"HF_HOME": str(tmp_path / "home")}) == []
     assert _hub_errors(monkeypatch, {"HUGGINGFACE_HUB_CACHE": str(hub)}) == []
     # HF_HUB_CACHE comes first: set to an empty cache, the model is not found
     assert _hub_errors(monkeypatch, {"HUGGINGFACE_HUB_CACHE": str(hub), "HF_HUB_CACHE": str(tmp_path / "e")})
-    # the server's environment: engine.env names the cache for it alone
+    # the server's environment: engine.env names the cache for it alone, and its $VARS expand from there
     assert _hub_errors(monkeypatch, {}, "acme/llama-x", f"+engine.env.HF_HOME={tmp_path / 'home'}") == []
+    env = ("+engine.env.HF_HUB_CACHE=\\${X}/hub", f"+engine.env.X={tmp_path / 'home'}")
+    assert _hub_errors(monkeypatch, {}, "acme/llama-x", *env) == []
 
 
 def test_a_missing_path_under_a_local_folder_is_a_local_path_not_a_hub_id(tmp_path, monkeypatch):
@@ -152,10 +181,13 @@ def test_run_py_names_an_override_that_hydra_cannot_parse():
 def test_long_job_dir_names_keep_every_value():
     name = "drafter=kimi_k25_eagle3,engine=sglang,hardware=rtx_pro_6000x8,model=kimi_k25,nccl=default,spec.steps=1"
     assert len(name) > 100
-    assert dir_name(name) == name.replace("spec.steps=", "steps=")
-    assert dir_name("nccl=tuned,spec.steps=2") == "nccl=tuned,spec.steps=2"  # short: as is
-    same = "benchmark.runs=2,engine.runs=3," + "x" * 90  # two keys end the same: head and hash
-    assert len(dir_name(same)) == 99 and dir_name(same).startswith("benchmark.runs=2,engine.runs=3,")
+    assert dir_name(name) == name  # <= 120 characters: as is
+    longer = name + ",benchmark.runs=3,benchmark.warmup=1"
+    short = dir_name(longer)  # the keys' heads dropped, every value kept, a hash of the whole
+    assert short.startswith(name.replace("spec.steps=", "steps=") + ",runs=3,warmup=1~") and len(short) <= 120
+    assert dir_name("+" + longer) != short  # two jobs that shorten alike keep apart by the hash
+    same = "benchmark.runs=2,engine.runs=3," + "x" * 120  # two keys end the same: head and hash
+    assert len(dir_name(same)) == 120 and dir_name(same).startswith("benchmark.runs=2,engine.runs=3,")
 
 
 def test_a_drafter_config_without_its_vocab_says_so():
