@@ -20,17 +20,16 @@ from spec_decode.engines.engine import engine_of
 from spec_decode.engines.server_process import PASSED_THROUGH, server_env
 from spec_decode.record.results import PERFORMANCE_ONLY
 from spec_decode.runner import doctor, pairing
+from spec_decode.runner.hub_cache import check_hub_model, is_hub_id
 from spec_decode.runner.preflight_items import (
     Preflight,
     check_drafter,
-    check_hub_model,
     check_load,
     check_request_prompts,
     check_synthetic,
     gpu_type_mismatch,
     has_weights,
     interconnect_mismatch,
-    is_hub_id,
     missing_weights,
     read_json,
     visible_gpus,

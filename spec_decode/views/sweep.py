@@ -324,7 +324,7 @@ class SweepCallback(Callback):
         print(where_to_look(self.sweep_dir, self.parent_run_id, self._tracker, len(recs)), file=sys.stderr)
         global EXIT_STATUS
         # the exit status from this sweep's records alone (a reused sweep dir holds an earlier sweep's too)
-        mine = [r for r in recs if (r.ended_at or 0) >= self._started - 2]
+        mine = [r for r in recs if (r.ended_at or r.started_at or 0) >= self._started]
         refused = [r for r in mine if r.refused]
         would = self._would_refuse()  # this dry run's jobs that preflight would stop
         if refused and not interrupt.interrupted():

@@ -16,7 +16,7 @@ from hydra import compose, initialize_config_dir
 from spec_decode.core import drafter
 from spec_decode.core.config import ConfigError, dir_name, register_configs, to_experiment
 from spec_decode.engines import server_command
-from spec_decode.runner import doctor, preflight, preflight_items
+from spec_decode.runner import doctor, hub_cache, preflight, preflight_items
 
 pytestmark = pytest.mark.unit
 ROOT = Path(__file__).resolve().parents[2]
@@ -114,8 +114,8 @@ def test_a_hub_shaped_path_that_dvc_tracks_gets_the_dvc_answer(tmp_path):
     (tmp_path / "dvc.yaml").write_text("stages:\n  make:\n    cmd: echo\n    outs:\n      - weights/llama\n")
     pf = preflight_items.Preflight()
     local = tmp_path / "weights" / "llama"
-    assert preflight_items.is_hub_id("weights/llama", local, tmp_path)
-    preflight_items.check_hub_model("weights/llama", local, tmp_path, pf, False, {"HF_HUB_CACHE": str(tmp_path / "h")})
+    assert hub_cache.is_hub_id("weights/llama", local, tmp_path)
+    hub_cache.check_hub_model("weights/llama", local, tmp_path, pf, False, {"HF_HUB_CACHE": str(tmp_path / "h")})
     assert pf.errors == [
         "model.path=weights/llama: weights not found (config.json + *.safetensors); run `dvc pull weights/llama`"
     ]
@@ -123,8 +123,8 @@ def test_a_hub_shaped_path_that_dvc_tracks_gets_the_dvc_answer(tmp_path):
 
 @pytest.mark.parametrize("path", ["org/", "C:/x", "a b/c", "-x/y", "org/na:me", "a--b/c", "a/b..c", "~/x", "/abs/x"])
 def test_only_a_repo_id_is_taken_for_a_hub_id(path, tmp_path):
-    assert not preflight_items.is_hub_id(path, tmp_path / "nothing", tmp_path)
-    assert preflight_items.is_hub_id("meta-llama/Llama-3.1-8B", tmp_path / "nothing", tmp_path)
+    assert not hub_cache.is_hub_id(path, tmp_path / "nothing", tmp_path)
+    assert hub_cache.is_hub_id("meta-llama/Llama-3.1-8B", tmp_path / "nothing", tmp_path)
 
 
 def test_the_cache_is_the_servers_in_huggingface_hubs_order(tmp_path, monkeypatch):
