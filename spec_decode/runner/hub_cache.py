@@ -10,8 +10,8 @@ from pathlib import Path
 
 from spec_decode.runner.preflight_items import (
     Preflight,
-    _dvc_tracked,
-    _git_tracked,
+    dvc_tracked,
+    git_tracked,
     has_weights,
     missing_weights,
     read_json,
@@ -70,7 +70,7 @@ def check_hub_model(
     HF_HUB_OFFLINE=1 and downloads nothing), weights and all; its cached config.json, for the shape checks.
     Not there, and git or DVC tracks the path: the local missing-weights answer (``dvc pull`` ...)."""
     snapshot = hub_snapshot(path, environ)
-    if snapshot is None and (_git_tracked(root, path) or _dvc_tracked(root, path)):
+    if snapshot is None and (git_tracked(root, path) or dvc_tracked(root, path)):
         pf.need(False, missing_weights(root, path, "model.path"), local=True, dry_run=dry_run)
         return None
     repo = hub_cache_dir(environ) / hub_repo_dir(path)

@@ -97,19 +97,15 @@ def ensure_baseline(cfg: ExperimentConfig, ctx: JobContext) -> JobRecord | None:
 def failed_in_this_sweep(rec: JobRecord | None, ctx: JobContext) -> bool:
     """A shared baseline that FAILED in this sweep (not in an earlier one whose dir this sweep reuses: that
     one is tried again, its cause perhaps fixed)."""
-    return bool(
-        rec is not None
-        and rec.status == "FAILED"
-        and ctx.sweep_dir
-        and ctx.sweep_started
-        and (rec.ended_at or 0) >= ctx.sweep_started
+    return bool(  # sweep_started is set in a sweep alone
+        rec is not None and rec.status == "FAILED" and ctx.sweep_started and (rec.ended_at or 0) >= ctx.sweep_started
     )
 
 
 def run_job(cfg: ExperimentConfig, ctx: JobContext) -> JobRecord | None:
     """The whole job. Returns its record (None for a dry run). Raises PreflightError before any
-    launch for bad input (dryrun.WouldRefuse in a dry run) (a FAILED results.json names the key), JobFailed when the job ran and
-    failed (results.json holds what was measured)."""
+    launch for bad input (a FAILED results.json names the key; in a dry run dryrun.WouldRefuse, no record),
+    JobFailed when the job ran and failed (results.json holds what was measured)."""
     if cfg.dry_run:
         dryrun.dry_run(cfg, ctx)
         return None

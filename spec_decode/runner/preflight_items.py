@@ -57,7 +57,7 @@ def _stat_key(p: Path) -> tuple | None:
 _DVC_TRACKED: dict[tuple, bool] = {}
 
 
-def _dvc_tracked(root: Path, path: str) -> bool:
+def dvc_tracked(root: Path, path: str) -> bool:
     """Whether DVC tracks ``path`` (a .dvc file or a stage output), asked of DVC itself. Only where weights
     are missing (a local path, or a hub id not in the cache): opening the repo costs a second (once per
     process for the same files)."""
@@ -90,7 +90,7 @@ def has_weights(model_dir: Path) -> bool:
     return any(model_dir.glob("*.safetensors")) or any(model_dir.glob("*.bin"))
 
 
-def _git_tracked(root: Path, path: str) -> bool:
+def git_tracked(root: Path, path: str) -> bool:
     """Whether git tracks files under ``path`` (the index still lists what was deleted from the tree)."""
     try:
         out = subprocess.run(
@@ -102,10 +102,10 @@ def _git_tracked(root: Path, path: str) -> bool:
 
 
 def missing_weights(root: Path, path: str, flag: str) -> str:
-    if _git_tracked(root, path):  # the tiny models live in git: DVC would answer "Everything is up to date"
+    if git_tracked(root, path):  # the tiny models live in git: DVC would answer "Everything is up to date"
         return f"{flag}={path}: weights not found (config.json + *.safetensors); run `git checkout -- {path}`"
     hint = f"run `dvc pull {path}`"
-    if not _dvc_tracked(root, path):  # nothing to pull: say so first
+    if not dvc_tracked(root, path):  # nothing to pull: say so first
         hint = (
             f"this repo has no DVC pointer for it yet (`dvc pull` has nothing to fetch): put the weights at {path}, "
             f"then `dvc add {path} && dvc push` and commit {path}.dvc so that the next machine can pull them"

@@ -68,7 +68,7 @@ def where_to_look(sweep_dir: str, parent_run_id: str | None, tracker: Tracker | 
     files = (
         "sweep_summary.txt, plots, one dir per job with results.json and run.log"
         if jobs
-        else ("sweep_summary.txt, one dir per job with its run.log")
+        else "sweep_summary.txt, one dir per job with its run.log"
     )
     lines = [f"sweep dir: {sweep_dir} ({files})"]
     if parent_run_id and tracker is not None:
@@ -223,10 +223,8 @@ class SweepCallback(Callback):
         """This sweep's dry-run jobs that preflight would stop (their dirs ``<num>_...``; every dir's with a
         sweeper that plans no fixed list)."""
         assert self.sweep_dir is not None
-        nums = range(self._planned) if self._planned is not None else [None]
-        return sorted(
-            p for n in nums for p in Path(self.sweep_dir).glob(f"{'*' if n is None else f'{n}_*'}/{WOULD_REFUSE}")
-        )
+        dirs = [f"{n}_*" for n in range(self._planned)] if self._planned is not None else ["*"]
+        return sorted(p for d in dirs for p in Path(self.sweep_dir).glob(f"{d}/{WOULD_REFUSE}"))
 
     def on_job_start(self, config, **kwargs) -> None:
         # Read by run.py in the job's process (also under joblib/submitit: the callback is pickled).

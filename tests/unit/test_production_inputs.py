@@ -18,6 +18,8 @@ from spec_decode.core.config import ConfigError, dir_name, register_configs, to_
 from spec_decode.engines import server_command
 from spec_decode.runner import doctor, hub_cache, preflight, preflight_items
 
+from ..conftest import run_py
+
 pytestmark = pytest.mark.unit
 ROOT = Path(__file__).resolve().parents[2]
 register_configs()
@@ -49,6 +51,23 @@ def test_a_flag_that_a_key_owns_is_refused_in_extra_args_naming_the_key(override
     assert f"the runner sets this flag from {key}; set that key instead" in str(e.value) or (
         f", which the runner sets from {key}; set that key instead" in str(e.value)  # a prefix of the flag
     )
+
+
+@pytest.mark.parametrize(
+    "overrides",
+    [
+        ("hardware=h200x1", "engine.torch_compile=true", "engine.proj_split=4", "engine.cuda_graph_max_bs_decode=4"),
+        ("hardware=h200x1", "engine.cuda_eager_batching=true", "engine.disable_overlap_schedule=true"),
+        (*SGLANG, "engine.max_running_requests=8", "engine.enable_metrics=true"),
+    ],
+)
+def test_every_flag_the_runner_passes_is_one_a_key_owns(overrides):
+    """OWNED_FLAGS lists what engines.common_flags and each engine's engine_flags pass: a flag added there and
+    not here could be given twice through engine.extra_args."""
+    cfg = experiment(*overrides)
+    argv = server_command(cfg, 30000)[len(cfg.engine.launcher) : -len(cfg.engine.extra_args) or None]
+    flags = {a for a in argv if a.startswith("--")} - {"--trust-remote-code"}  # either (engines.sglang)
+    assert flags and flags <= set(type(cfg.engine).OWNED_FLAGS), flags - set(type(cfg.engine).OWNED_FLAGS)
 
 
 def test_extra_args_that_no_key_owns_pass_verbatim():
@@ -167,13 +186,7 @@ def test_the_doctor_answers_bad_overrides_with_one_line_and_exit_2(args):
 
 
 def test_run_py_names_an_override_that_hydra_cannot_parse():
-    p = subprocess.run(
-        [sys.executable, "run.py", "spec.steps=2", "engine.extra_args=[--device=cuda]", "dry_run=true"],
-        cwd=ROOT,
-        capture_output=True,
-        text=True,
-        timeout=120,
-    )
+    p = run_py(["spec.steps=2", "engine.extra_args=[--device=cuda]", "dry_run=true"], check=False, timeout=120)
     assert p.returncode == 2 and "Traceback" not in p.stderr, p.stderr
     assert p.stderr.startswith("error: engine.extra_args=[--device=cuda] (") and "quote a value" in p.stderr
 
