@@ -1,4 +1,4 @@
-"""The drafter experiments (DVC stages lineage_bench@<name>, lineage_report@<name>):
+"""The drafter experiments (DVC stages drafter_bench_scaling, drafter_bench_layer_ids, drafter_report@<name>):
 
     python -m spec_decode.bench drafters drafter_data_scaling                    # sweep -> metrics.json
     python -m spec_decode.views.drafter_experiments report drafter_data_scaling  # table into README + plot

@@ -3,7 +3,8 @@
 Floors, bottom up: core < record < analysis < runner < views. Above them all, imported by nothing of ours:
 the command modules (``__main__``, ``hydra_entry``: Hydra -> run_job, ``bench``: an experiment's sweep ->
 metrics.json). Beside them: parsers (a leaf), probe (``engines.sglang`` only),
-engines (core and its own modules; the embedded engine's processes also run the plugins), profiler (code
+engines (core, analysis (stats for the model builds, control's CPU_NO_NCCL) and its own modules;
+the embedded engine's processes also run the plugins), profiler (code
 that runs inside the server: parsers and the plugin registry only). Every import counts, at module
 level, inside a function or under TYPE_CHECKING alike.
 
@@ -37,7 +38,7 @@ FLOOR = {"core": 0, "record": 1, "analysis": 2, "runner": 3, "views": 4}
 SIDE = {
     "parsers": set(),
     "probe": {"engines.sglang"},  # the ablation launches ranks with the env SGLang's launcher sets
-    "engines": {"core", "analysis"},  # the model builds report stats (analysis.stats)
+    "engines": {"core", "analysis"},  # analysis.stats (the model builds), analysis.control (CPU_NO_NCCL)
     "profiler": {"parsers", "engines.plugins"},
 }
 SIDE_USERS = {  # which floors may import each side package
