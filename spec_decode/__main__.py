@@ -21,7 +21,11 @@ COMMANDS: dict[str, tuple[str, tuple[str, ...], str]] = {
     "run": ("run.py", (), "one job (Hydra overrides; same as `python run.py ...`)"),
     "sweep": ("run.py", ("-m",), "a sweep (same as `python run.py -m ...`)"),
     "report": ("spec_decode.views.report", (), "table + plots of a sweep dir, a metrics.json or an MLflow parent run"),
-    "compare": ("spec_decode.views.experiment", ("compare",), "rebuilt vs reported experiment metrics"),
+    "compare": (
+        "spec_decode.views.experiment",
+        ("compare",),
+        "two sweeps cell by cell, or a rebuild vs an experiment (metrics, starts)",
+    ),
     "bench": ("spec_decode.bench", (), "run an experiment's sweep -> metrics.json (experiment|rebuild|drafters)"),
     "experiment": (
         "spec_decode.views.experiment",
