@@ -168,3 +168,12 @@ def compare_experiment(ap: argparse.ArgumentParser, src: str, rev: str, root: Pa
     if (w := same_metrics_warning(rebuilt, reported, name, rev)) is not None:
         print(w, file=sys.stderr)
     return reported, rebuilt, (f"reported ({rev})", "rebuilt")
+
+
+if __name__ == "__main__":  # the library behind a subcommand: say which command to run, not nothing
+    print(
+        "spec_decode.views.compare is run as `spec-decode compare ...` "
+        "(python -m spec_decode.views.experiment compare ...); see its --help",
+        file=sys.stderr,
+    )
+    sys.exit(2)

@@ -1,5 +1,6 @@
 """The one command line: every command answers --help, an unknown one gets a did-you-mean."""
 
+import ast
 import shutil
 import subprocess
 import sys
@@ -33,3 +34,26 @@ def test_installed_script_forwards_run_to_hydra():
     out = subprocess.run([exe, "run", "--help"], capture_output=True, text=True, timeout=120, cwd=ROOT)
     assert out.returncode == 0, out.stderr
     assert "== Configuration groups ==" in out.stdout and "spec: default" in out.stdout, out.stdout[:500]
+
+
+def _defines_main_without_guard(path: Path) -> bool:
+    tree = ast.parse(path.read_text())
+    has_main = any(isinstance(n, ast.FunctionDef) and n.name == "main" for n in tree.body)
+    guarded = any(isinstance(n, ast.If) and "__main__" in ast.unparse(n.test) for n in tree.body)
+    return has_main and not guarded
+
+
+def test_no_module_with_a_main_is_silent_under_python_m():
+    """`python -m spec_decode.X` of a module that has a main() must do something: run it, or say which command
+    runs it (views.compare and engines.embedded.synthetic are subcommands' libraries)."""
+    silent = [
+        str(p.relative_to(ROOT)) for p in sorted((ROOT / "spec_decode").rglob("*.py")) if _defines_main_without_guard(p)
+    ]
+    assert not silent, f"these define main() but do nothing under python -m: {silent}"
+
+
+def test_a_subcommand_library_names_its_command():
+    out = subprocess.run(
+        [sys.executable, "-m", "spec_decode.views.compare"], capture_output=True, text=True, timeout=60, cwd=ROOT
+    )
+    assert out.returncode == 2 and "spec-decode compare" in out.stderr, (out.returncode, out.stderr)

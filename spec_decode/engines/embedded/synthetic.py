@@ -194,3 +194,14 @@ def add_parser(sub) -> None:
 def main(args: argparse.Namespace) -> None:
     for line in ensure(args.model, args.drafter, args.device, force=args.force):
         print(line, flush=True)
+
+
+if __name__ == "__main__":  # the library behind a subcommand: say which command to run, not nothing
+    import sys
+
+    print(
+        "spec_decode.engines.embedded.synthetic is run as `spec-decode build synthetic ...` "
+        "(python -m spec_decode.engines.embedded.build synthetic ...); see its --help",
+        file=sys.stderr,
+    )
+    sys.exit(2)
