@@ -355,3 +355,14 @@ def facts(exp: Path, metrics: dict, root: Path) -> list[str]:
             for cell, (lo, hi) in ((c, cmp.widened(i, cmp.rerun_of(cells.get(c, {})))) for c, i in sorted(got.items()))
         )
     ]
+
+
+if __name__ == "__main__":  # the library behind a subcommand: say which command to run, not nothing
+    import sys
+
+    print(
+        "spec_decode.views.starts is run as `spec-decode experiment starts ...` "
+        "(python -m spec_decode.views.experiment starts ...); see its --help",
+        file=sys.stderr,
+    )
+    sys.exit(2)

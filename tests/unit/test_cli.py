@@ -52,8 +52,13 @@ def test_no_module_with_a_main_is_silent_under_python_m():
     assert not silent, f"these define main() but do nothing under python -m: {silent}"
 
 
-def test_a_subcommand_library_names_its_command():
-    out = subprocess.run(
-        [sys.executable, "-m", "spec_decode.views.compare"], capture_output=True, text=True, timeout=60, cwd=ROOT
-    )
-    assert out.returncode == 2 and "spec-decode compare" in out.stderr, (out.returncode, out.stderr)
+@pytest.mark.parametrize(
+    "module, command",
+    [
+        ("spec_decode.views.compare", "spec-decode compare"),
+        ("spec_decode.views.starts", "spec-decode experiment starts"),
+    ],
+)
+def test_a_subcommand_library_names_its_command(module, command):
+    out = subprocess.run([sys.executable, "-m", module], capture_output=True, text=True, timeout=60, cwd=ROOT)
+    assert out.returncode == 2 and command in out.stderr, (out.returncode, out.stderr)
