@@ -170,10 +170,7 @@ def compare_experiment(ap: argparse.ArgumentParser, src: str, rev: str, root: Pa
     return reported, rebuilt, (f"reported ({rev})", "rebuilt")
 
 
-if __name__ == "__main__":  # the library behind a subcommand: say which command to run, not nothing
-    print(
-        "spec_decode.views.compare is run as `spec-decode compare ...` "
-        "(python -m spec_decode.views.experiment compare ...); see its --help",
-        file=sys.stderr,
-    )
-    sys.exit(2)
+if __name__ == "__main__":  # the library behind a subcommand
+    from spec_decode.core.errors import run_as
+
+    run_as(__spec__.name, "spec-decode compare", "spec_decode.views.experiment compare")

@@ -357,12 +357,7 @@ def facts(exp: Path, metrics: dict, root: Path) -> list[str]:
     ]
 
 
-if __name__ == "__main__":  # the library behind a subcommand: say which command to run, not nothing
-    import sys
+if __name__ == "__main__":  # the library behind a subcommand
+    from spec_decode.core.errors import run_as
 
-    print(
-        "spec_decode.views.starts is run as `spec-decode experiment starts ...` "
-        "(python -m spec_decode.views.experiment starts ...); see its --help",
-        file=sys.stderr,
-    )
-    sys.exit(2)
+    run_as(__spec__.name, "spec-decode experiment starts", "spec_decode.views.experiment starts")

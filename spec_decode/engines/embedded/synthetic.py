@@ -196,12 +196,7 @@ def main(args: argparse.Namespace) -> None:
         print(line, flush=True)
 
 
-if __name__ == "__main__":  # the library behind a subcommand: say which command to run, not nothing
-    import sys
+if __name__ == "__main__":  # the library behind a subcommand
+    from spec_decode.core.errors import run_as
 
-    print(
-        "spec_decode.engines.embedded.synthetic is run as `spec-decode build synthetic ...` "
-        "(python -m spec_decode.engines.embedded.build synthetic ...); see its --help",
-        file=sys.stderr,
-    )
-    sys.exit(2)
+    run_as(__spec__.name, "spec-decode build synthetic", "spec_decode.engines.embedded.build synthetic")
